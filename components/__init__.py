@@ -1,0 +1,1 @@
+"""KFP components, one folder each (served as kfp_finetune.components)."""

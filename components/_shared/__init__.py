@@ -1,0 +1,1 @@
+"""Code shared by several components."""

@@ -1,0 +1,78 @@
+"""The run workspace layout (DESIGN.md §1) and all-or-nothing writes into it.
+
+    <workspace>/datasets/<name>/   parquet shards + manifest.json
+    <workspace>/models/<name>/     HF-layout model + manifest.json
+    <workspace>/runs/<id>/         resolved torchtune YAML, logs, checkpoints
+    <workspace>/eval/<id>/         evaluation report and samples
+
+A step writes into a hidden temp dir beside the destination and renames it into place only when the content is
+complete, so a failed or killed step never leaves something that looks finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+AREAS = ("datasets", "models", "runs", "eval")
+
+
+def area_dir(workspace: str | os.PathLike, area: str, name: str) -> Path:
+    """`<workspace>/<area>/<name>`, refusing names that would escape the area."""
+    if area not in AREAS:
+        raise ValueError(f"unknown workspace area {area!r}; expected one of {AREAS}")
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"invalid workspace entry name {name!r}: use a plain name without '/'")
+    return Path(workspace) / area / name
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temp dir; on success replace `final` with it, on error remove it."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        stale = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, stale)
+        os.rename(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
+def write_json_atomic(path: str | os.PathLike, data: object) -> None:
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(directory: str | os.PathLike) -> dict | None:
+    """The manifest of a complete entry, or None when there is none (or it is unreadable)."""
+    path = Path(directory) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,1 @@
+"""Pipelines (DAGs) built from the components (served as kfp_finetune.pipelines)."""
