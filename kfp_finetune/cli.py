@@ -1,8 +1,8 @@
 """The `kfp-finetune` command line.
 
 Each subcommand lives in the module that does the work; the module exposes `add_arguments(parser)` and
-`run(args) -> int`. Modules are imported only when their subcommand runs (or help is shown), so commands
-that need no torch never import it.
+`run(args) -> int`. Command modules import heavy libraries (torch, torchtune) inside `run`, so building the
+parser stays fast and commands that need no torch never import it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,21 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": (
+        "kfp_finetune.demo",
+        "Fine-tune the built-in tiny model locally (offline, CPU) and show the results.",
+    ),
     "tiny-model": ("kfp_finetune.tiny.model", "Build a tiny offline HF-layout model torchtune can train."),
+    "trainjob": ("kfp_finetune.commands.trainjob", "Print the TrainJob manifest a fine-tune would create."),
     "tiny-dataset": ("kfp_finetune.tiny.dataset", "Write the synthetic instruct dataset (train + held-out)."),
+    "resolve-config": (
+        "kfp_finetune.commands.resolve_config",
+        "Print the complete torchtune YAML and recipe a run would use, without running it.",
+    ),
+    "component-readmes": (
+        "kfp_finetune.component_readme",
+        "Write components/*/README.md from the component docstrings (--check: fail when one is stale).",
+    ),
 }
 
 

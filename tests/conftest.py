@@ -13,3 +13,27 @@ def workspace(tmp_path):
     path = tmp_path / "workspace"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny Llama-3.2-architecture model (dim 64), built once per session. Treat as read-only."""
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama3_2", family="llama3_2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory):
+    """A tiny Qwen2.5-architecture model (dim 64). Treat as read-only."""
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2_5", family="qwen2_5")
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """The synthetic instruct dataset: {"train.jsonl": path, "eval.jsonl": ..., "*.parquet": ...}."""
+    from kfp_finetune.tiny.dataset import build_tiny_dataset
+
+    return build_tiny_dataset(tmp_path_factory.mktemp("data"))

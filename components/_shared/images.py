@@ -11,4 +11,6 @@ from kfp_finetune import __version__
 COMPONENT_IMAGE = os.environ.get(
     "KFP_FINETUNE_COMPONENT_IMAGE", f"ghcr.io/kfp-finetune/kfp-finetune-component:{__version__}"
 )
-TRAINER_IMAGE = os.environ.get("KFP_FINETUNE_TRAINER_IMAGE", f"ghcr.io/kfp-finetune/kfp-finetune-trainer:{__version__}")
+TRAINER_IMAGE = os.environ.get(
+    "KFP_FINETUNE_TRAINER_IMAGE", f"ghcr.io/kfp-finetune/kfp-finetune-trainer:{__version__}"
+)

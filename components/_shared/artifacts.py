@@ -1,0 +1,60 @@
+"""Output artifacts that point into the workspace: a small manifest file + metadata the KFP UI shows.
+
+Heavy bytes stay in the workspace; the artifact records where they are (workspace-relative path) and what they
+are (source, revision, files, sizes, sha256). Implementations take any object with `.path` and `.metadata`
+(a KFP artifact, or a SimpleNamespace in tests), so they run without KFP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from kfp_finetune.components._shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class ArtifactLike(Protocol):
+    path: str
+    metadata: dict
+
+
+def write_artifact(artifact: ArtifactLike | None, manifest: dict, metadata: dict[str, Any]) -> None:
+    """Write `manifest` as the artifact's file and merge `metadata` into its metadata (JSON-safe values)."""
+    if artifact is None:
+        return
+    path = Path(artifact.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    artifact.metadata.update(json.loads(json.dumps(metadata)))
+
+
+def entry_name(explicit: str, source: str) -> str:
+    """The workspace entry name: `explicit`, else the last meaningful part of the source URI, made path-safe."""
+    if explicit:
+        return explicit
+    base = source.split("@", 1)[0].rstrip("/")
+    base = base.rsplit("/", 1)[-1] or "default"
+    base = re.sub(r"\.(jsonl|json|csv|parquet|arrow|txt)$", "", base)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip(".-") or "default"
+
+
+def remove_stale_temps(final: Path) -> None:
+    """Remove temp dirs a killed earlier attempt left beside `final` (see workspace.atomic_dir)."""
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        log.info("removing %s left by an interrupted earlier attempt", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def workspace_relative(path: Path, workspace: str | os.PathLike) -> str:
+    return Path(path).resolve().relative_to(Path(workspace).resolve()).as_posix()
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

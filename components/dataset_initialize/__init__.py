@@ -1,0 +1,1 @@
+"""dataset-initialize: bring a fine-tuning dataset into the run workspace."""

@@ -1,0 +1,88 @@
+"""The dataset-initialize KFP component (signature + docstring; the implementation is initialize.py)."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Output
+
+from kfp_finetune.components._shared.images import COMPONENT_IMAGE
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def dataset_initialize(
+    source_uri: str,
+    workspace_path: str,
+    train: Output[Dataset],
+    eval: Output[Dataset],
+    name: str = "",
+    dataset_type: str = "instruct",
+    column_map: dict = {},  # noqa: B006 (KFP needs a literal default)
+    train_split: str = "train",
+    eval_split: str = "",
+    eval_fraction: float = 0.0,
+    seed: int = 42,
+    data_format: str = "",
+    subset: str = "",
+    rows_per_shard: int = 100000,
+    num_proc: int = 1,
+    s3_endpoint_url: str = "",
+):
+    """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
+
+    Loads the data with the `datasets` library, keeps the columns the dataset type needs under their
+    canonical names, validates every row (types, nulls, empty values; the error names the first bad rows by
+    index), optionally holds out an eval split, and writes `train/` and `eval/` parquet shards plus a
+    manifest to `<workspace>/datasets/<name>/`. The copy is renamed into place only when complete; a rerun
+    with the same source content and parameters skips the work. Credentials come only from the environment:
+    HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and
+    AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
+
+    Args:
+        source_uri: Where the data is: a dataset repo `hf://<org>/<name>[/<data_dir>][@<revision>]`, or json,
+            jsonl, csv, parquet or arrow files at `s3://<bucket>/<prefix>`, `https://<host>/<file>`,
+            `file:///<path>` or an absolute path (a file or a folder).
+        workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
+        name: Folder name under `datasets/`; default: the repo, file or folder name of the source.
+        dataset_type: `instruct` (columns `input` + `output`, or alpaca `instruction` + optional `input` +
+            `output`), `chat` (OpenAI `messages` or ShareGPT `conversations`) or `text` (`text`).
+        column_map: Canonical column name to source column name, e.g. `{"input": "question", "output":
+            "answer"}`.
+        train_split: Split expression for the training rows, e.g. `train`, `train[:3000]`, `train[:90%]`.
+            For files, splits come from file names as in `datasets`: `train*`; `validation*` / `dev*`;
+            `test*` / `eval*` (the `test` split); a single file or unnamed files are `train`.
+        eval_split: Split expression for held-out rows, e.g. `test` or `train[90%:]`; empty for none.
+        eval_fraction: Fraction of the training rows held out for evaluation (seeded shuffle) when no
+            eval_split is given; 0 for none.
+        seed: Seed of the eval_fraction shuffle; the same seed gives the same split.
+        data_format: `json`, `jsonl`, `csv`, `parquet` or `arrow`; default: detected from the file names
+            (parquet, then arrow, json, csv when the files come in several formats).
+        subset: Configuration (subset) name of a Hub dataset with several.
+        rows_per_shard: Maximum rows per written parquet shard.
+        num_proc: Processes used to parse the source files.
+        s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
+
+    Returns:
+        train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
+            `num_rows`, `columns`, `dataset_type`, `data_style` (input_output, alpaca, openai, sharegpt,
+            text), for chat `conversation_style` and `conversation_column`, for text `text_column`,
+            `column_map`, `source_uri`, `revision`, `commit_sha`, `files` (path, size, sha256).
+        eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
+    """
+    from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+
+    initialize_dataset(
+        source_uri=source_uri,
+        workspace_path=workspace_path,
+        name=name,
+        dataset_type=dataset_type,
+        column_map=column_map,
+        train_split=train_split,
+        eval_split=eval_split,
+        eval_fraction=eval_fraction,
+        seed=seed,
+        data_format=data_format,
+        subset=subset,
+        rows_per_shard=rows_per_shard,
+        num_proc=num_proc,
+        s3_endpoint_url=s3_endpoint_url,
+        output_train=train,
+        output_eval=eval,
+    )

@@ -1,0 +1,1 @@
+"""model-initialize: bring a base model into the run workspace."""

@@ -1,0 +1,58 @@
+"""The model-initialize KFP component (signature + docstring; the implementation is initialize.py)."""
+
+from kfp import dsl
+from kfp.dsl import Model, Output
+
+from kfp_finetune.components._shared.images import COMPONENT_IMAGE
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def model_initialize(
+    source_uri: str,
+    workspace_path: str,
+    model: Output[Model],
+    name: str = "",
+    allow_patterns: list = [],  # noqa: B006 (KFP needs a literal default)
+    base_model_id: str = "",
+    s3_endpoint_url: str = "",
+    max_workers: int = 8,
+):
+    """Bring a base model into the run workspace, verified, for fine-tuning.
+
+    Copies the files training needs (safetensors weights, config and tokenizer files; PyTorch .bin only when
+    the source has no safetensors) to `<workspace>/models/<name>/`, verifies them (config.json parses, all
+    weight shards present and complete, the model family's tokenizer present, sizes and sha256 where the
+    source states them) and writes `original_repo_id.json` for torchtune. The copy is renamed into place only
+    when complete; a rerun with unchanged source content skips the transfer. Credentials come only from the
+    environment: HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+    AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
+
+    Args:
+        source_uri: Where the model is: `hf://<org>/<repo>[/<sub/path>][@<revision>]`, `s3://<bucket>/<prefix>`,
+            `file:///<path>` or an absolute path (e.g. a mounted PVC).
+        workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
+        name: Folder name under `models/`; default: the repo or folder name of the source.
+        allow_patterns: Glob patterns of files to copy; default: `*.safetensors`, `*.json`, `*.txt`, `*.model`,
+            `*.tiktoken`.
+        base_model_id: Model id recorded as the base model of trained adapters; default: the hf:// repo id,
+            else the source URI.
+        s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
+        max_workers: Number of files transferred in parallel.
+
+    Returns:
+        model: A manifest.json; its metadata gives `workspace_path` (relative to the workspace), `source_uri`,
+            `repo_id`, `revision`, `commit_sha`, `model_type`, `weight_format`, `files` (path, size, sha256),
+            `num_files`, `total_bytes` and `reused_existing_copy`.
+    """
+    from kfp_finetune.components.model_initialize.initialize import initialize_model
+
+    initialize_model(
+        source_uri=source_uri,
+        workspace_path=workspace_path,
+        name=name,
+        allow_patterns=allow_patterns,
+        base_model_id=base_model_id,
+        s3_endpoint_url=s3_endpoint_url,
+        max_workers=max_workers,
+        output_model=model,
+    )

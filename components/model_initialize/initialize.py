@@ -1,0 +1,241 @@
+"""Bring a base model into the run workspace (`models/<name>/`): the files training needs, verified.
+
+Sources: hf:// (huggingface_hub.snapshot_download pinned to the resolved commit), s3://, file:// / paths.
+The copy is written to a temp dir and renamed into place only once complete and verified; a rerun whose
+source content is unchanged (same manifest fingerprint) and whose files are all present skips the transfer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.artifacts import (
+    ArtifactLike,
+    entry_name,
+    remove_stale_temps,
+    utc_now,
+    workspace_relative,
+    write_artifact,
+)
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import (
+    MANIFEST,
+    area_dir,
+    atomic_dir,
+    read_manifest,
+    write_json_atomic,
+)
+
+log = get_logger(__name__)
+
+# What training needs: weights, configs, tokenizer files (incl. Llama-3's original/tokenizer.model).
+DEFAULT_ALLOW_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken")
+# Other weight formats, fetched only when a repo has no safetensors (torchtune reads PyTorch .bin too).
+FALLBACK_WEIGHT_PATTERNS = ("*.bin", "*.pth", "*.pt")
+# TensorFlow / Flax weights are never useful here.
+NEVER_PATTERNS = ("*.h5", "*.msgpack", "*.ot", "*.onnx", "*.gguf")
+REPO_ID_FILE = (
+    "original_repo_id.json"  # read by torchtune's HF checkpointer (adapter base_model_name_or_path)
+)
+
+# Tokenizer files torchtune needs per config.json model_type (any one of the alternatives).
+TOKENIZER_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "llama": (("original/tokenizer.model",), ("tokenizer.model",)),
+    "qwen2": (("vocab.json", "merges.txt"),),
+    "qwen2_moe": (("vocab.json", "merges.txt"),),
+    "qwen3": (("vocab.json", "merges.txt"),),
+    "mistral": (("tokenizer.model",),),
+    "gemma": (("tokenizer.model",),),
+    "gemma2": (("tokenizer.model",),),
+    "phi3": (("tokenizer.model",),),
+}
+ANY_TOKENIZER = (
+    ("tokenizer.json",),
+    ("tokenizer.model",),
+    ("vocab.json", "merges.txt"),
+    ("tokenizer.tiktoken",),
+)
+
+
+class ModelVerificationError(RuntimeError):
+    """The copied model is not usable for training; the message says what is missing or wrong."""
+
+
+@dataclass
+class ModelInitResult:
+    path: Path
+    manifest: dict
+    metadata: dict
+    skipped: bool
+
+
+def select_files(paths: list[str], allow_patterns: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The files to fetch: `allow_patterns` (default: what training needs); other weight formats only when
+    there are no safetensors; never TF/Flax weights."""
+    patterns = tuple(allow_patterns) or DEFAULT_ALLOW_PATTERNS
+    if not any(p.endswith(".safetensors") for p in paths):
+        has_bin = any(p.endswith(".bin") for p in paths)
+        patterns += ("*.bin",) if has_bin else FALLBACK_WEIGHT_PATTERNS
+    chosen = [
+        p
+        for p in paths
+        if any(fnmatch.fnmatch(p, pat) for pat in patterns)
+        and not any(fnmatch.fnmatch(p, n) for n in NEVER_PATTERNS)
+    ]
+    return sorted(chosen)
+
+
+def _check_safetensors(path: Path) -> None:
+    """A safetensors file is complete when its header's last data offset matches the file size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ModelVerificationError(f"{path.name} is truncated ({size} bytes)")
+        header_len = struct.unpack("<Q", raw)[0]
+        if header_len > size - 8:
+            raise ModelVerificationError(f"{path.name} has a corrupt header")
+        header = json.loads(f.read(header_len))
+    data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + data_end != size:
+        raise ModelVerificationError(
+            f"{path.name} is {size} bytes, its header says {8 + header_len + data_end}"
+        )
+
+
+def verify_model_dir(model_dir: Path, source: str) -> dict:
+    """Check config.json, the weights (single file or complete sharded index) and the family's tokenizer.
+
+    Returns facts for the metadata: model_type, architectures, weight files and format.
+    """
+
+    def fail(why: str) -> ModelVerificationError:
+        return ModelVerificationError(f"model from {source} is not usable: {why}")
+
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise fail("config.json is missing") from None
+    except ValueError as exc:
+        raise fail(f"config.json does not parse ({exc})") from exc
+    model_type = config.get("model_type", "")
+
+    indexes = sorted(model_dir.glob("*.index.json"))
+    if indexes:
+        weight_map = json.loads(indexes[0].read_text()).get("weight_map", {})
+        weights = sorted(set(weight_map.values()))
+        missing = [w for w in weights if not (model_dir / w).is_file()]
+        if missing:
+            raise fail(f"{indexes[0].name} lists shards that are missing: {', '.join(missing)}")
+    else:
+        weights = sorted(
+            p.relative_to(model_dir).as_posix()
+            for pattern in ("*.safetensors", "*.bin", "*.pth", "*.pt")
+            for p in model_dir.glob(pattern)
+        )
+        if not weights:
+            raise fail("no weights (*.safetensors, *.bin, *.pth)")
+    for weight in weights:
+        if weight.endswith(".safetensors"):
+            try:
+                _check_safetensors(model_dir / weight)
+            except ModelVerificationError as exc:
+                raise fail(str(exc)) from None
+
+    alternatives = TOKENIZER_FILES.get(model_type, ANY_TOKENIZER)
+    if not any(all((model_dir / name).is_file() for name in option) for option in alternatives):
+        wanted = " or ".join("+".join(option) for option in alternatives)
+        raise fail(f"no tokenizer for model_type {model_type or '(unset)'!r}: expected {wanted}")
+    weight_format = "safetensors" if weights[0].endswith(".safetensors") else Path(weights[0]).suffix[1:]
+    return {
+        "model_type": model_type,
+        "architectures": config.get("architectures", []),
+        "weight_files": weights,
+        "weight_format": weight_format,
+    }
+
+
+def _present_copy_matches(final: Path, fingerprint: str, repo_id: str) -> dict | None:
+    manifest = read_manifest(final)
+    if not manifest or manifest.get("fingerprint") != fingerprint or manifest.get("repo_id") != repo_id:
+        return None
+    for record in manifest.get("files", []):
+        path = final / record["path"]
+        if not path.is_file() or path.stat().st_size != record["size"]:
+            return None
+    return manifest
+
+
+def initialize_model(
+    source_uri: str,
+    workspace_path: str,
+    name: str = "",
+    allow_patterns: list[str] | tuple[str, ...] = (),
+    base_model_id: str = "",
+    s3_endpoint_url: str = "",
+    max_workers: int = 8,
+    output_model: ArtifactLike | None = None,
+) -> ModelInitResult:
+    """Fetch the model at `source_uri` into `<workspace_path>/models/<name>/` and describe it in `output_model`."""
+    name = entry_name(name, storage.parse_uri(source_uri).repo_id or source_uri)
+    final = area_dir(workspace_path, "models", name)
+    listing = storage.list_files(source_uri, repo_type="model", endpoint_url=s3_endpoint_url or None)
+    paths = select_files([f.path for f in listing.files], allow_patterns)
+    if not paths:
+        raise storage.StorageError(
+            f"{source_uri}: no files match {list(allow_patterns) or list(DEFAULT_ALLOW_PATTERNS)}; "
+            f"the source holds: {', '.join(f.path for f in listing.files[:20])}"
+        )
+    fingerprint = listing.fingerprint(paths)
+    where = f"{source_uri}" + (f" (commit {listing.commit_sha})" if listing.commit_sha else "")
+    repo_id = base_model_id or listing.uri.repo_id or source_uri
+
+    manifest = _present_copy_matches(final, fingerprint, repo_id)
+    skipped = manifest is not None
+    if skipped:
+        log.info("models/%s already holds %s with a matching manifest: skipping the transfer", name, where)
+    else:
+        remove_stale_temps(final)
+        log.info(
+            "fetching %d of %d files from %s into models/%s", len(paths), len(listing.files), where, name
+        )
+        with atomic_dir(final) as tmp:
+            records = storage.download(listing, paths, tmp, max_workers=max_workers)
+            facts = verify_model_dir(tmp, source_uri)
+            write_json_atomic(tmp / REPO_ID_FILE, {"repo_id": repo_id})
+            manifest = {
+                "kind": "model",
+                "name": name,
+                "source_uri": source_uri,
+                "repo_id": repo_id,
+                "revision": listing.revision,
+                "commit_sha": listing.commit_sha,
+                "fingerprint": fingerprint,
+                "files": [r.as_dict() for r in records],
+                "total_bytes": sum(r.size for r in records),
+                "created_at": utc_now(),
+                **facts,
+            }
+            write_json_atomic(tmp / MANIFEST, manifest)
+        log.info("models/%s is complete: %d files, %d bytes", name, len(records), manifest["total_bytes"])
+
+    metadata = {
+        "workspace_path": workspace_relative(final, workspace_path),
+        "source_uri": manifest["source_uri"],
+        "repo_id": manifest["repo_id"],
+        "revision": manifest["revision"] or "",
+        "commit_sha": manifest["commit_sha"] or "",
+        "model_type": manifest["model_type"],
+        "weight_format": manifest["weight_format"],
+        "num_files": len(manifest["files"]),
+        "total_bytes": manifest["total_bytes"],
+        "files": manifest["files"],
+        "reused_existing_copy": skipped,
+    }
+    write_artifact(output_model, manifest, metadata)
+    return ModelInitResult(final, manifest, metadata, skipped)

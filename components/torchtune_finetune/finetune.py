@@ -1,0 +1,397 @@
+"""The torchtune-finetune step: resolve the run from the input artifacts, train (locally or as a TrainJob),
+hand on the checkpoint as `merged/` + `adapter/`, and report metrics and curves.
+
+Plain Python: the KFP component only unpacks its artifacts and calls `run_finetune`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_finetune.components._shared import html_report
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import area_dir
+from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig, from_flat
+from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, read_metrics_file, summarize
+from kfp_finetune.components.torchtune_finetune.outputs import FinalCheckpoint, finalize_checkpoint
+from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run, tune_command
+from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
+
+log = get_logger(__name__)
+
+BACKENDS = ("trainjob", "local")
+
+
+@dataclass
+class ArtifactInput:
+    """An input artifact as the step sees it: its metadata (from the producing step) and its file."""
+
+    metadata: dict
+    path: str = ""
+
+
+@dataclass
+class FinetuneResult:
+    run: ResolvedRun
+    checkpoint: FinalCheckpoint
+    steps: list[StepMetrics]
+    summary: dict[str, float]
+    wall_seconds: float
+    model_metadata: dict
+    metrics: dict[str, float]
+    report_html: str
+    resolved_yaml: str
+    extra_files: dict[str, str] = field(default_factory=dict)  # name -> text for the train_config artifact
+
+
+def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> Path:
+    relative = metadata.get("workspace_path")
+    if not relative:
+        raise ConfigError(
+            f"{what} artifact has no workspace_path in its metadata: connect it to a "
+            f"{'model' if what == 'base_model' else 'dataset'}-initialize output"
+        )
+    path = Path(workspace) / relative
+    if not path.exists():
+        raise ConfigError(f"{what} points to {path}, which does not exist in this run's workspace")
+    return path
+
+
+def training_settings(
+    settings: dict[str, Any], train_data: ArtifactInput, workspace: str | os.PathLike
+) -> tuple[TorchtuneConfig, list[str]]:
+    """The typed config, with the dataset type and files taken from the Dataset artifact unless overridden."""
+    values = {k: v for k, v in settings.items() if v is not None}
+    # How the data looks comes from dataset-initialize, unless the step overrides it.
+    for key in ("dataset_type", "data_style", "conversation_style", "conversation_column", "text_column"):
+        if key not in values and train_data.metadata.get(key):
+            values[key] = train_data.metadata[key]
+    config = from_flat(values)
+    files = train_data.metadata.get("data_files") or []
+    if not files and not config.dataset.source:
+        raise ConfigError(
+            "train_data has no data_files in its metadata: connect it to dataset-initialize's train output"
+        )
+    data_files = [str(Path(workspace) / f) for f in files]
+    missing = [f for f in data_files if not Path(f).is_file()]
+    if missing:
+        raise ConfigError(f"train_data files are missing from the workspace: {', '.join(missing[:3])}")
+    if data_files and not config.dataset.source:
+        config.dataset.source = train_data.metadata.get("format", "parquet")
+        config.dataset.data_files = data_files
+    return config, data_files
+
+
+def pick_device(requested: str | None, gpus_available: bool) -> str:
+    if requested in (None, "", "auto"):
+        return "cuda" if gpus_available else "cpu"
+    return requested
+
+
+def total_steps(config: dict, num_rows: int | None) -> int | None:
+    """Optimizer steps for the whole run when knowable (for ETA): rows / (batch x accumulation), capped."""
+    per_epoch = None
+    if num_rows:
+        per_epoch = int(num_rows) // (
+            config.get("batch_size", 1) * config.get("gradient_accumulation_steps", 1)
+        )
+    cap = config.get("max_steps_per_epoch")
+    if cap:
+        per_epoch = min(per_epoch, cap) if per_epoch else cap
+    return per_epoch * config.get("epochs", 1) if per_epoch else None
+
+
+def run_finetune(
+    *,
+    workspace: str | os.PathLike,
+    train_data: ArtifactInput,
+    base_model: ArtifactInput,
+    settings: dict[str, Any],
+    run_id: str,
+    task_name: str,
+    backend: str = "local",
+    devices: int = 1,
+    nodes: int = 1,
+    eval_data: ArtifactInput | None = None,
+    launch_trainjob: Callable[[ResolvedRun, int | None], dict[str, str]] | None = None,
+    gpus_available: bool | None = None,
+) -> FinetuneResult:
+    """Validate everything, train, and build the outputs. `launch_trainjob` runs the TrainJob backend (it
+    returns extra files for the train_config artifact, e.g. the manifest) and raises on failure."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    if backend == "local" and nodes > 1:
+        raise ConfigError("backend=local trains on this machine: num_nodes must be 1 (use backend=trainjob)")
+    model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
+    config, _ = training_settings(settings, train_data, workspace)
+    if gpus_available is None:
+        gpus_available = backend == "local" and _cuda_available()
+    config.device = pick_device(config.device, gpus_available)
+    # The TrainJob's name doubles as the run folder's: deterministic per KFP run + task, so a retry finds both.
+    run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name))
+    if backend == "local" and run_dir.exists():
+        log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)
+        shutil.rmtree(run_dir)
+    resolved = resolve_run(config, model_dir, None, run_dir, devices=devices, nodes=nodes)
+    log.info(
+        "recipe %s, base config %s, resolved config %s",
+        resolved.recipe,
+        resolved.config_name,
+        resolved.yaml_path,
+    )
+    steps_planned = total_steps(resolved.config, train_data.metadata.get("num_rows"))
+
+    started = time.monotonic()
+    extra_files: dict[str, str] = {}
+    if backend == "local":
+        from kfp_finetune.components.torchtune_finetune.local_launcher import run_local
+
+        # Several local GPUs: torchrun in standalone mode starts one process per device.
+        torchrun = ["--nproc_per_node", str(devices)] if resolved.distributed else []
+        command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
+        run_local(command, total_steps=steps_planned, cwd=run_dir)
+    else:
+        if launch_trainjob is None:
+            raise ConfigError("backend=trainjob needs a TrainJob launcher")
+        extra_files = launch_trainjob(resolved, steps_planned) or {}
+    wall = time.monotonic() - started
+
+    base_name = base_model.metadata.get("repo_id") or str(model_dir)
+    checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
+    steps = read_metrics_file(resolved.metrics_path) if resolved.metrics_path.is_file() else []
+    summary = summarize(steps)
+    if not steps:
+        raise RuntimeError(f"training logged no steps to {resolved.metrics_path}: check the step log above")
+
+    def rel(path: Path) -> str:
+        return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
+
+    metrics = _metrics(summary, steps, wall)
+    model_metadata = {
+        "workspace_path": rel(checkpoint.merged_dir or checkpoint.adapter_dir),
+        "run_dir": rel(run_dir),
+        "merged_path": rel(checkpoint.merged_dir) if checkpoint.merged_dir else "",
+        "adapter_path": rel(checkpoint.adapter_dir) if checkpoint.adapter_dir else "",
+        "metrics_file": rel(resolved.metrics_path),
+        "base_model": base_name,
+        "base_model_path": base_model.metadata.get("workspace_path", ""),
+        "base_model_revision": base_model.metadata.get("commit_sha")
+        or base_model.metadata.get("revision", ""),
+        "dataset_source": train_data.metadata.get("source_uri", ""),
+        "eval_data_path": (eval_data.metadata.get("workspace_path", "") if eval_data else ""),
+        "recipe": resolved.recipe,
+        "config": resolved.config_name or "user file",
+        "method": config.method,
+        "backend": backend,
+        "epochs": resolved.config.get("epochs"),
+        "steps": len(steps),
+        "files": checkpoint.files,
+        "total_bytes": checkpoint.total_bytes,
+        **{k: v for k, v in metrics.items() if k in ("final_loss", "min_loss", "tokens_per_second")},
+    }
+    return FinetuneResult(
+        run=resolved,
+        checkpoint=checkpoint,
+        steps=steps,
+        summary=summary,
+        wall_seconds=wall,
+        model_metadata=model_metadata,
+        metrics=metrics,
+        report_html=render_report(resolved, steps, metrics, model_metadata),
+        resolved_yaml=resolved.yaml_path.read_text(),
+        extra_files=extra_files,
+    )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -> dict[str, float]:
+    metrics = {
+        "final_loss": summary["final_loss"],
+        "min_loss": summary["min_loss"],
+        "first_loss": summary["first_loss"],
+        "steps": float(len(steps)),
+        "wall_seconds": round(wall, 3),
+    }
+    if "tokens_per_second" in summary:
+        metrics["tokens_per_second"] = summary["tokens_per_second"]
+        # torchtune logs tokens/s per step; over the training wall time that bounds the trained tokens.
+        metrics["trained_tokens_estimate"] = float(round(summary["tokens_per_second"] * wall))
+    if "peak_memory_gib" in summary:
+        metrics["peak_memory_gib"] = summary["peak_memory_gib"]
+    return metrics
+
+
+def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, model_metadata: dict) -> str:
+    c = run.config
+    model = c.get("model", {})
+    settings = [
+        ("recipe", run.recipe),
+        ("base config", run.config_name or "user file"),
+        ("method", model_metadata["method"]),
+        ("base model", model_metadata["base_model"]),
+        ("dataset", model_metadata["dataset_source"] or ", ".join(c["dataset"].get("data_files", [])[:2])),
+        ("epochs / max steps per epoch", f"{c.get('epochs')} / {c.get('max_steps_per_epoch')}"),
+        ("batch size x grad accumulation", f"{c.get('batch_size')} x {c.get('gradient_accumulation_steps')}"),
+        ("optimizer", f"{c['optimizer'].get('_component_')} lr={c['optimizer'].get('lr')}"),
+        ("lr scheduler", (c.get("lr_scheduler") or {}).get("_component_", "none")),
+        ("device / dtype", f"{c.get('device')} / {c.get('dtype')}"),
+    ]
+    if "lora_rank" in model:
+        settings.append(("LoRA rank / alpha / modules", f"{model['lora_rank']} / {model['lora_alpha']} / "
+                         f"{', '.join(model['lora_attn_modules'])}{' + mlp' if model.get('apply_lora_to_mlp') else ''}"))  # fmt: skip
+    charts = [
+        html_report.line_chart("training loss", {"loss": [(s.step, s.loss) for s in steps if s.loss is not None]}, "step"),
+        html_report.line_chart("learning rate", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
+    ]  # fmt: skip
+    if any(s.tokens_per_second for s in steps):
+        charts.append(html_report.line_chart(
+            "tokens/s", {"tokens/s": [(s.step, s.tokens_per_second) for s in steps if s.tokens_per_second]}, "step"))  # fmt: skip
+    results = [(name, value) for name, value in metrics.items()]
+    return html_report.page(
+        "torchtune fine-tune",
+        f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
+        [
+            html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
+            html_report.section("Results", html_report.table(["metric", "value"], results)),
+            html_report.section("Settings", html_report.table(["setting", "value"], settings)),
+            html_report.section(
+                "Resolved torchtune config",
+                f"<pre>{html_report.escape(yaml.safe_dump(c, sort_keys=False))}</pre>",
+            ),
+        ],
+    )
+
+
+# --- the KFP component's entry point -------------------------------------------------------------------------
+
+_STEP_PARAMETERS = {
+    "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
+    "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
+    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name",
+}  # fmt: skip
+
+
+# Integer parameters can't default to None (kfp.local casts every int input with int()), so these values mean
+# "keep the base config's value".
+_UNSET_INTS = {
+    "max_steps_per_epoch": 0, "batch_size": 0, "gradient_accumulation_steps": 0, "lora_rank": 0, "max_seq_len": 0,
+    "num_warmup_steps": -1, "seed": -1,
+}  # fmt: skip
+
+
+def run_component(**params: Any) -> FinetuneResult:
+    """What the component body calls with all its parameters: the rest of them are training settings."""
+    from kfp_finetune.components._shared.artifacts import write_artifact
+    from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_spec_from_task_config
+
+    settings = {
+        k: None if v == _UNSET_INTS.get(k, object()) or v == "" else v
+        for k, v in params.items()
+        if k not in _STEP_PARAMETERS
+    }
+    pod = trainjob_spec_from_task_config(params["kubernetes_config"])
+    backend = params["backend"]
+    devices = params["num_proc_per_node"] or max(pod.gpus, 1)
+    run_id = params["run_id"] or "local"
+    launch = _trainjob_launcher(params, pod, devices, run_id) if backend == "trainjob" else None
+
+    def artifact_input(artifact: Any) -> ArtifactInput | None:
+        return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None
+
+    result = run_finetune(
+        workspace=params["workspace_path"],
+        train_data=artifact_input(params["train_data"]),
+        base_model=artifact_input(params["base_model"]),
+        eval_data=artifact_input(params.get("eval_data")),
+        settings=settings,
+        run_id=run_id,
+        task_name=params["task_name"],
+        backend=backend,
+        devices=devices if backend == "trainjob" or pod.gpus else 1,
+        nodes=params["num_nodes"],
+        launch_trainjob=launch,
+        gpus_available=pod.gpus > 0 if backend == "trainjob" else None,
+    )
+    write_artifact(
+        params["model"], {"kind": "finetuned-model", **result.model_metadata}, result.model_metadata
+    )
+    for name, value in result.metrics.items():
+        params["metrics"].log_metric(name, value)
+    Path(params["report"].path).parent.mkdir(parents=True, exist_ok=True)
+    Path(params["report"].path).write_text(result.report_html)
+    config_dir = Path(params["train_config"].path)
+    config_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in {"torchtune_config.yaml": result.resolved_yaml, **result.extra_files}.items():
+        (config_dir / name).write_text(text)
+    params["train_config"].metadata.update(
+        {
+            "recipe": result.run.recipe,
+            "config": result.run.config_name or "user file",
+            "files": sorted(p.name for p in config_dir.iterdir()),
+        }  # fmt: skip
+    )
+    log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
+    return result
+
+
+def _trainjob_launcher(params: dict[str, Any], pod: Any, devices: int, run_id: str) -> Callable:
+    """Builds the TrainJob for a resolved run and runs it to the end (raising on failure)."""
+    from kfp_finetune.components.torchtune_finetune.trainjob import (
+        build_trainjob,
+        torchrun_args,
+        unmounted_paths,
+    )
+
+    def launch(resolved: ResolvedRun, steps_planned: int | None) -> dict[str, str]:
+        from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+        from kfp_finetune.components.torchtune_finetune.trainjob_launcher import launch_trainjob
+
+        name = trainjob_name(run_id, params["task_name"])
+        unmounted = unmounted_paths([params["workspace_path"]], pod.volume_mounts)
+        if unmounted:
+            raise ConfigError(
+                f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: the pipeline "
+                "must give this task the KFP workspace (dsl.PipelineConfig(workspace=...)) so node pods mount it"
+            )
+        command = tune_command(
+            resolved.recipe, resolved.yaml_path, torchrun_args(name) if resolved.distributed else ()
+        )
+        manifest = build_trainjob(
+            name,
+            command,
+            runtime=params["runtime_name"],
+            runtime_kind=params["runtime_kind"],
+            image=params["trainer_image"] or None,
+            num_nodes=params["num_nodes"],
+            num_proc_per_node=devices,
+            pod=pod,
+            active_deadline_seconds=params["timeout_seconds"] or None,
+            run_id=run_id,
+            task_name=params["task_name"],
+        )
+        api_client = load_api_client()
+        launch_trainjob(
+            manifest,
+            api_client,
+            namespace=current_namespace(),
+            timeout=params["timeout_seconds"] or None,
+            cleanup=params["cleanup_policy"],
+            total_steps=steps_planned,
+        )
+        return {"trainjob.yaml": yaml.safe_dump(manifest, sort_keys=False)}
+
+    return launch

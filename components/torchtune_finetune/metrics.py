@@ -1,0 +1,126 @@
+"""torchtune's metric lines, parsed — one format for the local process, TrainJob pod logs and the metrics file.
+
+torchtune's DiskLogger writes `Step N | loss:2.31 lr:0.0003 tokens_per_second_per_gpu:812.5 ` per logged step
+(plus `peak_memory_*` on CUDA). `TeeMetricLogger` writes the same lines to the file *and* stdout, so a TrainJob's
+pod log carries them too and the launcher can show progress without reading the workspace.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_STEP_LINE = re.compile(r"Step (\d+) \| (.*)$")
+_PAIR = re.compile(r"([A-Za-z_][\w/.-]*):(\S+)")
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def loss(self) -> float | None:
+        return self.values.get("loss")
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.values.get("tokens_per_second_per_gpu")
+
+
+def parse_metric_line(line: str) -> StepMetrics | None:
+    """The metrics of one `Step N | k:v ...` line (anywhere in the line), or None for any other line."""
+    match = _STEP_LINE.search(line.strip())
+    if not match:
+        return None
+    values = {}
+    for name, raw in _PAIR.findall(match.group(2)):
+        try:
+            values[name] = float(raw)
+        except ValueError:
+            continue
+    return StepMetrics(int(match.group(1)), values) if values else None
+
+
+def collect_steps(lines: Iterable[str]) -> list[StepMetrics]:
+    """Step metrics from lines, one entry per step (values logged separately for a step are merged)."""
+    by_step: dict[int, StepMetrics] = {}
+    for line in lines:
+        parsed = parse_metric_line(line)
+        if parsed:
+            by_step.setdefault(parsed.step, StepMetrics(parsed.step)).values.update(parsed.values)
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def read_metrics_file(path: str | Path) -> list[StepMetrics]:
+    return collect_steps(Path(path).read_text().splitlines())
+
+
+def summarize(steps: list[StepMetrics]) -> dict[str, float]:
+    """Final/min loss, mean tokens/s and peak memory over a run's steps (only what was logged)."""
+    losses = [s.loss for s in steps if s.loss is not None and math.isfinite(s.loss)]
+    speeds = [s.tokens_per_second for s in steps if s.tokens_per_second is not None]
+    summary: dict[str, float] = {"logged_steps": float(len(steps))}
+    if losses:
+        summary.update(final_loss=losses[-1], min_loss=min(losses), first_loss=losses[0])
+    if speeds:
+        summary["tokens_per_second"] = sum(speeds) / len(speeds)
+    peaks = [v for s in steps for k, v in s.values.items() if k.startswith("peak_memory")]
+    if peaks:
+        summary["peak_memory_gib"] = max(peaks)
+    return summary
+
+
+def progress_line(
+    metrics: StepMetrics, total_steps: int | None = None, eta_seconds: float | None = None
+) -> str:
+    """One human-readable progress line for the step log."""
+    parts = [f"step {metrics.step}" + (f"/{total_steps}" if total_steps else "")]
+    if metrics.loss is not None:
+        parts.append(f"loss {metrics.loss:.4f}")
+    if metrics.tokens_per_second is not None:
+        parts.append(f"{metrics.tokens_per_second:.1f} tokens/s")
+    if eta_seconds is not None and eta_seconds >= 0:
+        parts.append(f"ETA {int(eta_seconds // 60)}m{int(eta_seconds % 60):02d}s")
+    return "progress: " + " | ".join(parts)
+
+
+class TeeMetricLogger:
+    """A torchtune metric logger (`metric_logger._component_`) that writes DiskLogger's format to a file and stdout.
+
+    Duck-typed to torchtune's MetricLoggerInterface so this module stays importable without torch.
+    """
+
+    def __init__(self, log_dir: str, filename: str = "metrics.txt", **_: object):
+        path = Path(log_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        self._path = path / filename
+        self._file = open(self._path, "a")  # noqa: SIM115 - kept open for the whole run, closed in close()
+
+    def path_to_log_file(self) -> Path:
+        return self._path
+
+    def _write(self, text: str) -> None:
+        self._file.write(text + "\n")
+        self._file.flush()
+        print(text, file=sys.stdout, flush=True)
+
+    def log(self, name: str, data: float, step: int) -> None:
+        self._write(f"Step {step} | {name}:{data}")
+
+    def log_dict(self, payload: Mapping[str, float], step: int) -> None:
+        self._write(f"Step {step} | " + " ".join(f"{name}:{value}" for name, value in payload.items()))
+
+    def log_config(self, config: object) -> None:
+        """The resolved config is already written next to the outputs by the engine."""
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __del__(self) -> None:
+        self.close()

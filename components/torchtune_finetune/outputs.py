@@ -1,0 +1,91 @@
+"""Turn torchtune's last `epoch_N/` folder into what consumers load: `merged/` (an HF model folder with no
+adapter files) and, for PEFT methods, `adapter/` (a PEFT adapter whose config names the base model).
+
+torchtune puts both in one folder, and its `adapter_config.json` lacks `base_model_name_or_path` unless the base
+model folder had `original_repo_id.json`, and lacks `use_dora`; PEFT and serving stacks need both.
+Files are hard-linked from `epoch_N/` when the filesystem allows (no second copy of the weights).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kfp_finetune.components._shared.workspace import atomic_dir, sha256_file
+
+MERGED_DIR = "merged"
+ADAPTER_DIR = "adapter"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+# Kept in epoch_N/ for resuming, never handed to consumers.
+_TRAINING_STATE = {"adapter_model.pt", "recipe_state"}
+
+
+@dataclass
+class FinalCheckpoint:
+    epoch_dir: Path
+    merged_dir: Path | None
+    adapter_dir: Path | None
+    files: dict[str, dict] = field(default_factory=dict)  # run-dir-relative path -> {size, sha256}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["size"] for f in self.files.values())
+
+
+def last_epoch_dir(run_dir: str | os.PathLike) -> Path:
+    epochs = [p for p in Path(run_dir).glob("epoch_*") if p.is_dir() and re.fullmatch(r"epoch_\d+", p.name)]
+    if not epochs:
+        raise FileNotFoundError(f"training wrote no checkpoint: no epoch_N folder in {run_dir}")
+    return max(epochs, key=lambda p: int(p.name.split("_")[1]))
+
+
+def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: str) -> FinalCheckpoint:
+    """Build `merged/` and `adapter/` from the last epoch; `base_model` names the base (repo id or path)."""
+    run_dir = Path(run_dir)
+    epoch = last_epoch_dir(run_dir)
+    adapter_names = {ADAPTER_WEIGHTS, ADAPTER_CONFIG}
+    merged_files = [
+        p
+        for p in epoch.rglob("*")
+        if p.is_file() and p.relative_to(epoch).parts[0] not in _TRAINING_STATE | adapter_names
+    ]
+    has_merged = any(p.name.endswith(".safetensors") for p in merged_files)
+    result = FinalCheckpoint(epoch, None, None)
+    if has_merged:
+        with atomic_dir(run_dir / MERGED_DIR) as tmp:
+            for source in merged_files:
+                _link(source, tmp / source.relative_to(epoch))
+        result.merged_dir = run_dir / MERGED_DIR
+    if method != "full":
+        if not (epoch / ADAPTER_WEIGHTS).is_file():
+            raise FileNotFoundError(f"{method} training wrote no {ADAPTER_WEIGHTS} in {epoch}")
+        with atomic_dir(run_dir / ADAPTER_DIR) as tmp:
+            _link(epoch / ADAPTER_WEIGHTS, tmp / ADAPTER_WEIGHTS)
+            config = json.loads((epoch / ADAPTER_CONFIG).read_text())
+            config["base_model_name_or_path"] = config.get("base_model_name_or_path") or base_model
+            config.setdefault("task_type", "CAUSAL_LM")
+            config["use_dora"] = method == "dora"
+            (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        result.adapter_dir = run_dir / ADAPTER_DIR
+    for folder in (result.merged_dir, result.adapter_dir):
+        for path in sorted(p for p in (folder.rglob("*") if folder else []) if p.is_file()):
+            result.files[path.relative_to(run_dir).as_posix()] = {
+                "size": path.stat().st_size,
+                "sha256": sha256_file(path),
+            }
+    if not result.files:
+        raise FileNotFoundError(f"no model weights in {epoch}: nothing to hand on")
+    return result
+
+
+def _link(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:  # filesystems without hard links (some network volumes)
+        shutil.copy2(source, target)

@@ -1,0 +1,461 @@
+"""Resolve one torchtune run into a single complete YAML, before anything runs.
+
+Order of precedence: the base config from torchtune's registry (the recipe authors' tested hyperparameters),
+then what the model directory dictates (model builder + dims, checkpointer, tokenizer), then the data, then the
+user's typed fields, then the free `overrides`. Every output path is pinned inside the run directory. The result
+is checked with torchtune's own config validation. One file per run sidesteps the CLI-override traps of
+`tune run` (values with `=`, `~key` on missing keys, nodes created without `_component_`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
+from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
+
+RESOLVED_CONFIG = "torchtune_config.yaml"
+METRICS_DIR = "logs"
+METRICS_FILE = "metrics.txt"
+METRIC_LOGGER = "kfp_finetune.components.torchtune_finetune.metrics.TeeMetricLogger"
+
+FINETUNE_RECIPES = {
+    ("full", False): "full_finetune_single_device",
+    ("full", True): "full_finetune_distributed",
+    ("lora", False): "lora_finetune_single_device",
+    ("lora", True): "lora_finetune_distributed",
+}
+# Config-name variants, best first, by method (e.g. "1B_qlora_single_device" → variant "qlora").
+_VARIANTS = {
+    "full": ("full", "full_low_memory", "full_multinode"),
+    "lora": ("lora",),
+    "qlora": ("qlora", "lora"),
+    "dora": ("dora", "lora", "qdora"),
+}
+_DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
+_DATASET_COMPONENTS = {
+    "instruct": "torchtune.datasets.instruct_dataset",
+    "chat": "torchtune.datasets.chat_dataset",
+    "text": "torchtune.datasets.text_completion_dataset",
+}
+# torchao NF4 quantizes in blocks of 64 values with scalers in blocks of 256 (DESIGN.md §5).
+_NF4_MULTIPLE = 64 * 256
+
+
+@dataclass
+class ResolvedRun:
+    recipe: str
+    config_name: str | None
+    config: dict
+    yaml_path: Path
+    run_dir: Path
+    model: ModelDir
+    distributed: bool
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_DIR / METRICS_FILE
+
+
+def tune_command(
+    recipe: str, config_path: str | os.PathLike, torchrun_args: tuple[str, ...] | list[str] = ()
+) -> list[str]:
+    """`tune run [torchrun flags] <recipe> --config <file>`; no flags keeps a single-device recipe in-process."""
+    return ["tune", "run", *torchrun_args, recipe, "--config", str(config_path)]
+
+
+# --- torchtune's registry -------------------------------------------------------------------------------
+
+
+def _registry() -> dict[str, Any]:
+    from torchtune._recipe_registry import get_all_recipes
+
+    return {recipe.name: recipe for recipe in get_all_recipes()}
+
+
+def _config_file(file_path: str) -> Path:
+    import torchtune
+
+    return Path(torchtune.__file__).parent.parent / "recipes" / "configs" / file_path
+
+
+def _config_parts(config_name: str) -> tuple[str, str, str]:
+    """'llama3_2/1B_lora_single_device' → ('llama3_2', '1B', 'lora')."""
+    family, _, rest = config_name.partition("/")
+    size, _, variant = rest.partition("_")
+    return family, size, variant.removesuffix("_single_device")
+
+
+def recipe_method_matches(recipe: str, method: str) -> bool:
+    return ("lora" in recipe) == (method != "full")
+
+
+def select_recipe_and_config(
+    cfg: TorchtuneConfig, model: ModelDir, devices: int, nodes: int
+) -> tuple[str, str | None, Path]:
+    """(recipe, registry config name or None, config file) — explicit choices win, else auto-selection."""
+    registry = _registry()
+    distributed = devices * nodes > 1
+    recipe = cfg.recipe or FINETUNE_RECIPES[("full" if cfg.method == "full" else "lora", distributed)]
+    if recipe not in registry:
+        finetune = sorted(name for name in registry if "finetune" in name)
+        raise ConfigError(
+            f"unknown recipe {recipe!r}; torchtune 0.6.1 fine-tuning recipes: {', '.join(finetune)}"
+        )
+    if "finetune" not in recipe and "qat" not in recipe and "distillation" not in recipe:
+        raise ConfigError(f"recipe {recipe!r} does not fine-tune a model; choose a *_finetune_* recipe")
+    if not recipe_method_matches(recipe, cfg.method):
+        raise ConfigError(
+            f"recipe {recipe!r} does not match method={cfg.method!r}: "
+            + (
+                "use a lora_* recipe for lora/qlora/dora"
+                if cfg.method != "full"
+                else "use a full_* recipe for full"
+            )
+        )
+    if distributed and not registry[recipe].supports_distributed:
+        raise ConfigError(
+            f"recipe {recipe!r} runs on one device but {nodes} node(s) x {devices} device(s) were requested; "
+            "use its *_distributed counterpart or set devices=1, nodes=1"
+        )
+    configs = {c.name: c.file_path for c in registry[recipe].configs}
+
+    if cfg.config:
+        if cfg.config in configs:
+            return recipe, cfg.config, _config_file(configs[cfg.config])
+        path = Path(cfg.config)
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            return recipe, None, path.resolve()
+        all_configs = {c.name for r in registry.values() for c in r.configs}
+        if cfg.config in all_configs:
+            raise ConfigError(f"config {cfg.config!r} belongs to another recipe than {recipe!r}")
+        raise ConfigError(
+            f"unknown config {cfg.config!r} for recipe {recipe!r}: give a registry name "
+            f"(`tune ls`, e.g. {next(iter(sorted(configs)), 'none')}) or a path to a .yaml file"
+        )
+    name = _nearest_config(list(configs), model, cfg.method)
+    return recipe, name, _config_file(configs[name])
+
+
+def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> str:
+    """The family's config (any family's if it has none for this recipe) of the best variant and nearest size."""
+    preferences = _VARIANTS[method]
+    scored = []
+    for name in config_names:
+        family, size, variant = _config_parts(name)
+        params = size_in_parameters(size)
+        if params is None or variant not in preferences:
+            continue
+        other_family = family != model.family.name
+        distance = abs(math.log(params) - math.log(max(model.num_parameters, 1)))
+        scored.append((other_family, preferences.index(variant), distance, name))
+    if not scored:
+        raise ConfigError(f"no torchtune config fits method={method!r}; pass config explicitly")
+    return min(scored)[-1]
+
+
+# --- assembling the config ---------------------------------------------------------------------------------
+
+
+def resolve_run(
+    cfg: TorchtuneConfig,
+    model_dir: str | os.PathLike,
+    data: str | os.PathLike | None,
+    run_dir: str | os.PathLike,
+    devices: int = 1,
+    nodes: int = 1,
+    write: bool = True,
+    validate: bool = True,
+) -> ResolvedRun:
+    """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input."""
+    cfg.check()
+    if devices < 1 or nodes < 1:
+        raise ConfigError(f"devices and nodes must be at least 1 (got devices={devices}, nodes={nodes})")
+    distributed = devices * nodes > 1
+    if distributed and cfg.device == "cpu":
+        raise ConfigError(
+            "torchtune's distributed recipes cannot run on CPU: use devices=1, nodes=1 with device=cpu"
+        )
+    model = inspect_model_dir(model_dir)
+    run_dir = Path(run_dir).resolve()
+    recipe, config_name, config_file = select_recipe_and_config(cfg, model, devices, nodes)
+    base = _load_config_file(config_file)
+
+    config = copy.deepcopy(base)
+    _apply_model(config, base, cfg, model)
+    _apply_data(config, cfg, data)
+    _apply_training(config, cfg, recipe)
+    _apply_paths(config, run_dir)
+    if config.get("device") == "cpu":
+        _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
+    _apply_overrides(config, cfg.overrides, config_name or str(config_file))
+    config = _resolve_interpolations(config)
+    _check_paths_inside(config, run_dir)
+    if validate:
+        validate_config(config)
+
+    yaml_path = run_dir / RESOLVED_CONFIG
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = yaml_path.with_name(f".{yaml_path.name}.tmp")
+        tmp.write_text(render_yaml(config, recipe, config_name))
+        os.replace(tmp, yaml_path)
+    return ResolvedRun(recipe, config_name, config, yaml_path, run_dir, model, distributed)
+
+
+def _load_config_file(path: Path) -> dict:
+    """Load as torchtune does (OmegaConf): YAML 1.1 alone would read `3e-4` as a string."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+
+
+def render_yaml(config: dict, recipe: str, config_name: str | None) -> str:
+    header = (
+        f"# Resolved by kfp-finetune for `tune run {recipe}`; base config: {config_name or 'user file'}\n"
+    )
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def _apply_model(config: dict, base: dict, cfg: TorchtuneConfig, model: ModelDir) -> None:
+    lora = None
+    if cfg.is_peft:
+        base_model = base.get("model") or {}
+        lora = {
+            key: base_model.get(key) for key in model.lora_args() if key.startswith(("lora_", "apply_lora"))
+        }
+        lora.update({k: v for k, v in vars(cfg.lora).items() if v is not None})
+        lora["quantize_base"] = cfg.method == "qlora" or bool(lora.get("quantize_base"))
+        lora["use_dora"] = cfg.method == "dora" or bool(lora.get("use_dora"))
+        if not lora.get("lora_attn_modules"):
+            lora["lora_attn_modules"] = ["q_proj", "v_proj", "output_proj"]
+        if lora.get("apply_lora_to_output") and model.hf_config.get("tie_word_embeddings"):
+            raise ConfigError(
+                "apply_lora_to_output is not possible: this model ties its output projection to the embeddings "
+                "(tie_word_embeddings); set apply_lora_to_output=False"
+            )
+        if lora["quantize_base"]:
+            _check_qlora_dims(model, lora)
+    config["model"] = model.model_node(lora)
+    max_seq_len = cfg.max_seq_len or (base.get("tokenizer") or {}).get("max_seq_len")
+    config["tokenizer"] = model.tokenizer_node(max_seq_len)
+    config["checkpointer"] = model.checkpointer_node(output_dir="${output_dir}")
+    config["resume_from_checkpoint"] = False
+
+
+def _check_qlora_dims(model: ModelDir, lora: dict) -> None:
+    c = model.hf_config
+    dim = c["hidden_size"]
+    head_dim = c.get("head_dim") or dim // c["num_attention_heads"]
+    kv = (c.get("num_key_value_heads") or c["num_attention_heads"]) * head_dim
+    q = c["num_attention_heads"] * head_dim
+    sizes = {"q_proj": dim * q, "k_proj": dim * kv, "v_proj": dim * kv, "output_proj": q * dim}
+    targets = {m: sizes[m] for m in lora["lora_attn_modules"]}
+    if lora.get("apply_lora_to_mlp"):
+        targets["mlp"] = dim * c["intermediate_size"]
+    bad = {name: numel for name, numel in targets.items() if numel % _NF4_MULTIPLE}
+    if bad:
+        detail = ", ".join(f"{name} has {numel} weights" for name, numel in bad.items())
+        raise ConfigError(
+            f"QLoRA cannot quantize this model: {detail}, not a multiple of {_NF4_MULTIPLE} (NF4 blocks of 64 "
+            "with scaler blocks of 256). Use method=lora, or a model with hidden size >= 256."
+        )
+
+
+def data_source(data: str | os.PathLike) -> tuple[str, list[str]]:
+    """(datasets builder, data files) for a data file or a directory of data files."""
+    path = Path(data)
+    if path.is_file():
+        if path.suffix not in _DATA_SUFFIXES:
+            raise ConfigError(f"data file {path} has an unsupported type; use {', '.join(_DATA_SUFFIXES)}")
+        return _DATA_SUFFIXES[path.suffix], [str(path.resolve())]
+    if path.is_dir():
+        for suffix, builder in _DATA_SUFFIXES.items():
+            files = sorted(p for p in path.rglob(f"*{suffix}") if p.is_file() and p.name != "manifest.json")
+            train = [p for p in files if p.name.startswith("train") or p.parent.name == "train"]
+            if files:
+                return builder, [str(p.resolve()) for p in (train or files)]
+        raise ConfigError(f"data directory {path} holds no {', '.join(_DATA_SUFFIXES)} files")
+    raise ConfigError(f"data {str(data)!r} does not exist: pass a data file or a directory of data files")
+
+
+def _apply_data(config: dict, cfg: TorchtuneConfig, data: str | os.PathLike | None) -> None:
+    settings = cfg.dataset
+    if settings.source:
+        source, files = settings.source, settings.data_files
+    elif data is not None:
+        source, files = data_source(data)
+    else:
+        raise ConfigError(
+            "no training data: pass data (a file or folder) or dataset.source (e.g. an HF dataset)"
+        )
+    alpaca = settings.dataset_type == "instruct" and settings.data_style == "alpaca"
+    component = "torchtune.datasets.alpaca_dataset" if alpaca else _DATASET_COMPONENTS[settings.dataset_type]
+    node: dict = {"_component_": component, "source": source}
+    if files:
+        node["data_files"] = list(files)
+    node["split"] = settings.split
+    if settings.dataset_type == "text":
+        node["column"] = settings.text_column or "text"
+    else:
+        node["train_on_input"] = bool(settings.train_on_input)
+        if settings.new_system_prompt is not None:
+            if alpaca:
+                raise ConfigError("new_system_prompt is not supported for alpaca-style data by torchtune")
+            node["new_system_prompt"] = settings.new_system_prompt
+    if settings.dataset_type == "instruct" and settings.column_map:
+        node["column_map"] = dict(settings.column_map)
+    if settings.dataset_type == "chat":
+        node["conversation_column"] = settings.conversation_column or "messages"
+        node["conversation_style"] = settings.conversation_style or "openai"
+    node["packed"] = bool(cfg.packed)
+    if cfg.packed and not config["tokenizer"].get("max_seq_len"):
+        raise ConfigError("packed=True needs max_seq_len (the length packs are filled to)")
+    config["dataset"] = node
+
+
+def _apply_training(config: dict, cfg: TorchtuneConfig, recipe: str) -> None:
+    for key in (
+        "device", "dtype", "batch_size", "epochs", "gradient_accumulation_steps", "max_steps_per_epoch",
+        "compile", "seed", "log_every_n_steps", "enable_activation_checkpointing", "enable_activation_offloading",
+    ):  # fmt: skip
+        value = getattr(cfg, key)
+        if value is not None:
+            config[key] = value
+    if cfg.save_adapter_weights_only is not None:
+        if not cfg.is_peft:
+            raise ConfigError("save_adapter_weights_only applies to lora/qlora/dora, not to method=full")
+        config["save_adapter_weights_only"] = cfg.save_adapter_weights_only
+    if cfg.loss:
+        config["loss"] = {"_component_": cfg.loss}
+    optimizer = config.setdefault("optimizer", {"_component_": "torch.optim.AdamW"})
+    if cfg.optimizer and cfg.optimizer != optimizer.get("_component_"):
+        # A different optimizer keeps only the settings every torch optimizer shares.
+        config["optimizer"] = optimizer = {
+            "_component_": cfg.optimizer,
+            **{k: v for k, v in optimizer.items() if k in ("lr", "weight_decay")},
+        }
+    for key, value in (
+        ("lr", cfg.learning_rate),
+        ("weight_decay", cfg.weight_decay),
+        ("fused", cfg.optimizer_fused),
+    ):
+        if value is not None:
+            optimizer[key] = value
+    if cfg.lr_scheduler or cfg.num_warmup_steps is not None:
+        scheduler = config.setdefault(
+            "lr_scheduler",
+            {"_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"},
+        )
+        if cfg.lr_scheduler:
+            scheduler["_component_"] = cfg.lr_scheduler
+        if cfg.num_warmup_steps is not None:
+            scheduler["num_warmup_steps"] = cfg.num_warmup_steps
+
+
+def _apply_paths(config: dict, run_dir: Path) -> None:
+    config["output_dir"] = str(run_dir)
+    config["checkpointer"]["output_dir"] = str(run_dir)
+    config["metric_logger"] = {
+        "_component_": METRIC_LOGGER,
+        "log_dir": str(run_dir / METRICS_DIR),
+        "filename": METRICS_FILE,
+    }
+    if isinstance(config.get("profiler"), dict):
+        config["profiler"]["output_dir"] = str(run_dir / "profiling")
+
+
+def _apply_cpu(config: dict, recipe: str, dtype_chosen: bool) -> None:
+    """torchtune defaults assume CUDA; these keep a CPU run working (DESIGN.md §5)."""
+    if not dtype_chosen:
+        config["dtype"] = "fp32"
+    config["log_peak_memory_stats"] = False
+    config["enable_activation_offloading"] = False
+    if recipe.startswith("full_") and "bitsandbytes" in str(
+        config.get("optimizer", {}).get("_component_", "")
+    ):
+        config["optimizer"] = {
+            "_component_": "torch.optim.AdamW",
+            **{k: v for k, v in config["optimizer"].items() if k in ("lr", "weight_decay")},
+        }
+    if "optimizer_in_bwd" in config:
+        config["optimizer_in_bwd"] = False
+
+
+def _apply_overrides(config: dict, overrides: dict[str, Any], base_name: str) -> None:
+    """Dotted keys that must exist (`+key` adds a new one, `~key` removes one); values are YAML-typed."""
+    for raw_key, value in overrides.items():
+        key = str(raw_key)
+        add, remove = key.startswith("+"), key.startswith("~")
+        parts = key.lstrip("+~").split(".")
+        node = config
+        for depth, part in enumerate(parts[:-1]):
+            if not isinstance(node.get(part), dict):
+                if add and part not in node:
+                    node[part] = {}
+                else:
+                    missing = ".".join(parts[: depth + 1])
+                    raise ConfigError(_missing_key(key, missing, base_name))
+            node = node[part]
+        leaf = parts[-1]
+        if remove:
+            if leaf not in node:
+                raise ConfigError(_missing_key(key, key.lstrip("~"), base_name))
+            del node[leaf]
+        elif leaf in node or add:
+            node[leaf] = value
+        else:
+            raise ConfigError(_missing_key(key, key, base_name))
+
+
+def _missing_key(key: str, missing: str, base_name: str) -> str:
+    return (
+        f"overrides key {key!r}: {missing!r} does not exist in the resolved config (base {base_name}); "
+        f"check the spelling with `kfp-finetune resolve-config`, or write '+{key.lstrip('+~')}' to add a new key"
+    )
+
+
+def _resolve_interpolations(config: dict) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.create(config), resolve=True)
+
+
+def _check_paths_inside(config: dict, run_dir: Path) -> None:
+    outputs = {
+        "output_dir": config.get("output_dir"),
+        "checkpointer.output_dir": config.get("checkpointer", {}).get("output_dir"),
+        "metric_logger.log_dir": config.get("metric_logger", {}).get("log_dir"),
+        "profiler.output_dir": (config.get("profiler") or {}).get("output_dir"),
+    }
+    for key, value in outputs.items():
+        if value is not None and not Path(value).resolve().is_relative_to(run_dir):
+            raise ConfigError(
+                f"{key}={value} is outside the run directory {run_dir}; outputs must stay inside it"
+            )
+
+
+def validate_config(config: dict) -> None:
+    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable."""
+    from omegaconf import OmegaConf
+    from torchtune.config import validate
+    from torchtune.config._errors import ConfigError as TorchtuneConfigError
+    from torchtune.config._errors import InstantiationError
+
+    try:
+        validate(OmegaConf.create(config))
+    except (TorchtuneConfigError, TypeError) as err:
+        raise ConfigError(f"torchtune rejects the resolved config: {err}") from err
+    except (InstantiationError, ImportError, AttributeError, ValueError) as err:
+        summary = " ".join(str(err).splitlines()[:2])
+        raise ConfigError(
+            f"torchtune cannot load a component named in the config ({summary}); install the package "
+            "that provides it, or choose another component (e.g. optimizer=torch.optim.AdamW)"
+        ) from err

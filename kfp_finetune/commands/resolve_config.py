@@ -1,0 +1,75 @@
+"""`kfp-finetune resolve-config`: show the complete torchtune YAML and recipe a run would use, running nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", required=True, help="HF-layout model folder")
+    parser.add_argument(
+        "--data", help="training data: a json/jsonl/csv/parquet/arrow file or a folder of them"
+    )
+    parser.add_argument("--method", default="lora", choices=["full", "lora", "qlora", "dora"])
+    parser.add_argument("--devices", type=int, default=1, help="processes (GPUs) per node")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--recipe", help="torchtune recipe (default: chosen from method and devices)")
+    parser.add_argument(
+        "--config", help="torchtune config name or YAML file (default: nearest for the model)"
+    )
+    parser.add_argument("--device", help="cuda, cpu, ... (default: the base config's)")
+    parser.add_argument("--run-dir", default="run", help="where the run's outputs would go (default: ./run)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a typed setting (e.g. learning_rate=1e-4, lora_rank=16) or a dotted torchtune key "
+        "(e.g. clip_grad_norm=1.0, +new.key=1, ~profiler); values are YAML",
+    )
+    parser.add_argument("-o", "--output", help="write the YAML here instead of printing it")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kfp_finetune.components.torchtune_finetune.config import ConfigError, from_flat, parse_value
+    from kfp_finetune.components.torchtune_finetune.resolve import render_yaml, resolve_run
+
+    settings: dict = {
+        "method": args.method,
+        "recipe": args.recipe,
+        "config": args.config,
+        "device": args.device,
+    }
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"--set {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        settings[key] = parse_value(value)
+    try:
+        config = from_flat({k: v for k, v in settings.items() if v is not None}, unknown_to_overrides=True)
+        run = resolve_run(
+            config,
+            args.model_dir,
+            args.data,
+            Path(args.run_dir),
+            devices=args.devices,
+            nodes=args.nodes,
+            write=False,
+        )
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    text = render_yaml(run.config, run.recipe, run.config_name)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(
+            f"recipe: {run.recipe}\nconfig: {run.config_name or 'user file'}\nwrote {args.output}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"# recipe: {run.recipe}")
+        print(text, end="")
+    return 0

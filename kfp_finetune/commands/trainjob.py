@@ -1,0 +1,115 @@
+"""`kfp-finetune trainjob --dry-run`: print the TrainJob a fine-tune step would create, without a cluster.
+
+The manifest on stdout is what `kubectl apply -f -` would get; notes (recipe, unmounted paths) go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_RUN_ID = "local"
+DEFAULT_TASK = "torchtune-finetune"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry-run", action="store_true", required=True, help="print the manifest only (the only mode so far)"
+    )
+    parser.add_argument("--model-dir", required=True, help="HF-layout model folder (as the node pods see it)")
+    parser.add_argument(
+        "--data", required=True, help="training data file or folder (as the node pods see it)"
+    )
+    parser.add_argument("--method", default="lora", choices=["full", "lora", "qlora", "dora"])
+    parser.add_argument("--nodes", type=int, default=1, help="number of node pods (default: 1)")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per node; 0 = CPU (default: 1)")
+    parser.add_argument(
+        "--runtime", help="ClusterTrainingRuntime (default: torchtune, or torchtune-cpu with --gpus 0)"
+    )
+    parser.add_argument("--name", help="TrainJob name (default: derived from --run-id and --task)")
+    parser.add_argument("--run-id", default=DEFAULT_RUN_ID, help="KFP run id recorded on the TrainJob")
+    parser.add_argument("--task", default=DEFAULT_TASK, help="KFP task name recorded on the TrainJob")
+    parser.add_argument("--namespace", help="namespace to put in the manifest")
+    parser.add_argument("--image", help="trainer image override (default: the runtime's)")
+    parser.add_argument(
+        "--workspace",
+        help="run workspace directory (default: the folder holding models/<name>, else the current one); "
+        "the resolved YAML goes to <workspace>/runs/<name>/",
+    )
+    parser.add_argument(
+        "--workspace-pvc", help="PVC holding the workspace, mounted in the node pods at the workspace path"
+    )
+    parser.add_argument("--timeout", type=int, help="activeDeadlineSeconds of the TrainJob")
+
+
+def _workspace(args: argparse.Namespace) -> Path:
+    if args.workspace:
+        return Path(args.workspace).absolute()
+    model_dir = Path(args.model_dir).absolute()
+    return model_dir.parent.parent if model_dir.parent.name == "models" else Path.cwd()
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from kfp_finetune.components.torchtune_finetune import trainjob as tj
+    from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
+    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+
+    if args.gpus < 0 or args.nodes < 1:
+        print("error: --gpus must be 0 or more and --nodes at least 1", file=sys.stderr)
+        return 2
+    try:
+        name = tj.validate_name(args.name) if args.name else tj.trainjob_name(args.run_id, args.task)
+        workspace = _workspace(args)
+        config = TorchtuneConfig(method=args.method, device="cpu" if args.gpus == 0 else None)
+        run_dir = workspace / "runs" / name
+        resolved = resolve_run(
+            config,
+            args.model_dir,
+            args.data,
+            run_dir,
+            devices=max(args.gpus, 1),
+            nodes=args.nodes,
+            write=False,
+        )
+    except (ConfigError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    pod = tj.NodePodSettings()
+    if args.gpus:
+        pod.resources = {"limits": {"nvidia.com/gpu": str(args.gpus)}}
+    if args.workspace_pvc:
+        volume, mount = tj.workspace_volume(args.workspace_pvc, str(workspace))
+        pod.volumes.append(volume)
+        pod.volume_mounts.append(mount)
+    # Single-device recipes run in-process only when `tune run` gets no torchrun flag (DESIGN.md §5).
+    torchrun = tj.torchrun_args(name) if resolved.distributed else []
+    manifest = tj.build_trainjob(
+        name,
+        tune_command(resolved.recipe, resolved.yaml_path, torchrun),
+        namespace=args.namespace,
+        runtime=args.runtime or ("torchtune" if args.gpus else "torchtune-cpu"),
+        image=args.image,
+        num_nodes=args.nodes,
+        num_proc_per_node=args.gpus or None,
+        pod=pod,
+        active_deadline_seconds=args.timeout,
+        run_id=args.run_id,
+        task_name=args.task,
+    )
+
+    print(f"# recipe {resolved.recipe}, config {resolved.config_name or 'user file'}", file=sys.stderr)
+    print(f"# resolved YAML (not written by --dry-run): {resolved.yaml_path}", file=sys.stderr)
+    paths = [str(resolved.yaml_path), str(Path(args.model_dir).absolute()), str(Path(args.data).absolute())]
+    missing = tj.unmounted_paths(paths, pod.volume_mounts)
+    if missing:
+        print(
+            "# warning: not on a volume mounted in the node pods (pass --workspace-pvc): "
+            + ", ".join(missing),
+            file=sys.stderr,
+        )
+    yaml.safe_dump(manifest, sys.stdout, sort_keys=False)
+    return 0

@@ -1,0 +1,235 @@
+"""A tiny byte-level BPE tokenizer, written in the file layouts of the real Llama-3.x and Qwen2.5 repos.
+
+The BPE is trained with the `tokenizers` library on a fixed synthetic corpus (the chat-template words, the
+task text of `kfp_finetune.tiny.dataset` and some common English), so the tokenizer depends only on the
+family, never on the model seed. The family's special tokens get small ids right after the base vocabulary.
+
+Files written:
+- both families: `tokenizer.json` (a complete HF `tokenizers` file; torchtune reads its `added_tokens`),
+  `tokenizer_config.json`, `special_tokens_map.json`;
+- Llama-3.x: `original/tokenizer.model` — tiktoken ranks (base64 bytes + space + rank per line);
+- Qwen2.5: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+# Base vocabulary: the 256 bytes + merges learned from the corpus (special tokens come on top).
+BASE_VOCAB_SIZE = 448
+
+# The pre-tokenizer regexes of the real tokenizers (the same ones torchtune uses when encoding).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Every token torchtune 0.6.1's Llama3Tokenizer looks up, in the order of its canonical ids
+# (128000 + i), so the tiny ids keep the same relative layout.
+LLAMA3_SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    "<|image|>",
+    "<|video|>",
+]
+
+# Qwen2.5's added tokens (151643 + i in the real tokenizer).
+QWEN2_5_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+
+LLAMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Common English so the merges also cover ordinary prompts, not only the task.
+_ENGLISH = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had "
+    "by word but not what all were we when your can said there use an each which she do how their if will "
+    "up other about out many then them these so some her would make like him into time has look two more "
+    "write go see number no way could people my than first water been call who oil its now find long down "
+    "day did get come made may part hello world question answer instruction input output response text "
+    "model data train test example please reverse letters word sort list name value true false yes"
+)
+
+
+@dataclass(frozen=True)
+class TinyTokenizer:
+    """What a family's tokenizer looks like once written: ids the model config needs."""
+
+    base_vocab_size: int
+    special_tokens: dict[str, int]  # content -> id
+
+    @property
+    def num_tokens(self) -> int:
+        return self.base_vocab_size + len(self.special_tokens)
+
+
+def training_corpus() -> list[str]:
+    """The fixed corpus the BPE is trained on (independent of any seed the caller passes)."""
+    from kfp_finetune.tiny.dataset import make_example
+
+    rng = random.Random(1234)
+    lines = [_ENGLISH, _ENGLISH.capitalize()]
+    # Chat-template words as both templates tokenize them (role names, blank lines).
+    lines += ["system\n\nuser\n\nassistant\n\n", "system\nuser\nassistant\n"] * 50
+    lines += [" ".join(make_example(rng)) for _ in range(2000)]
+    lines += ["0 1 2 3 4 5 6 7 8 9 10 100 2024 3.14 a, b. c! d? (e) [f] {g} 'h' \"i\" j: k; l-m n_o p/q"]
+    return lines
+
+
+def _byte_level_bpe(pattern: str):
+    """An untrained byte-level BPE that pre-tokenizes like the real family tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _train(pattern: str):
+    from tokenizers import pre_tokenizers, trainers
+
+    tokenizer = _byte_level_bpe(pattern)
+    trainer = trainers.BpeTrainer(
+        vocab_size=BASE_VOCAB_SIZE,
+        show_progress=False,
+        # All 256 bytes, so any text encodes; the trainer orders them like GPT-2 (ids 0..255).
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(training_corpus(), trainer=trainer)
+    return tokenizer
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, inverted (unicode char -> byte)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
+    """Train the tiny BPE and write the family's tokenizer files into `out_dir`."""
+    from tokenizers import AddedToken, processors
+
+    is_llama = family == "llama3_2"
+    tokenizer = _train(LLAMA3_PATTERN if is_llama else QWEN2_PATTERN)
+    vocab = tokenizer.get_vocab()
+    base_vocab_size = len(vocab)
+    specials = LLAMA3_SPECIAL_TOKENS if is_llama else QWEN2_5_SPECIAL_TOKENS
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    special_ids = {t: tokenizer.token_to_id(t) for t in specials}
+    # The special tokens must sit right after the base vocabulary, in list order.
+    assert list(special_ids.values()) == list(range(base_vocab_size, base_vocab_size + len(specials)))
+
+    if is_llama:
+        bos, eos = "<|begin_of_text|>", "<|eot_id|>"
+        # Like the real Llama-3 tokenizer.json: every encoding starts with <|begin_of_text|>.
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, special_ids[bos])]
+        )
+        pad, chat_template, tokenizer_class = None, LLAMA3_CHAT_TEMPLATE, "PreTrainedTokenizerFast"
+    else:
+        bos, eos, pad = None, "<|im_end|>", "<|endoftext|>"
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+        chat_template, tokenizer_class = CHATML_TEMPLATE, "Qwen2TokenizerFast"
+
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    ordered = sorted(vocab.items(), key=lambda item: item[1])
+    if is_llama:
+        # tiktoken ranks: raw token bytes (base64) and the rank, which is the token id.
+        byte_of = _byte_decoder()
+        lines = [
+            base64.b64encode(bytes(byte_of[c] for c in token)).decode("ascii") + f" {rank}"
+            for token, rank in ordered
+        ]
+        (out_dir / "original").mkdir(exist_ok=True)
+        (out_dir / "original" / "tokenizer.model").write_text("\n".join(lines) + "\n", encoding="ascii")
+    else:
+        _write_json(out_dir / "vocab.json", dict(ordered))
+        merges = json.loads(tokenizer.to_str())["model"]["merges"]
+        merge_lines = [" ".join(m) if isinstance(m, list) else m for m in merges]
+        (out_dir / "merges.txt").write_text(
+            "#version: 0.2\n" + "\n".join(merge_lines) + "\n", encoding="utf-8"
+        )
+
+    special_map = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+    special_map = {k: v for k, v in special_map.items() if v is not None}
+    _write_json(out_dir / "special_tokens_map.json", special_map)
+    _write_json(
+        out_dir / "tokenizer_config.json",
+        {
+            **special_map,
+            "additional_special_tokens": [t for t in specials if t not in special_map.values()],
+            "chat_template": chat_template,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 2048,
+            "tokenizer_class": tokenizer_class,
+        },
+    )
+    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)

@@ -1,0 +1,80 @@
+"""An in-process stand-in for the Kubernetes API server, for tests that use the real ``kubernetes`` client.
+
+It serves the subset of the REST API that the TrainJob launcher uses on 127.0.0.1 and drives created TrainJobs the
+way Kubeflow Trainer v2.3 + JobSet would (DESIGN.md §3, §6). Public API (stable; other helpers build on it):
+
+    with KubeStandin(namespace="team-a") as kube:
+        kube.add_runtime("torch-distributed")                 # a minimal ClusterTrainingRuntime
+        kube.scenario("my-job", Scenario.failure("FailedJobs", "boom"))   # or kube.scenario(None, ...) = default
+        api = kubernetes.config.new_client_from_config(config_file=str(kube.kubeconfig_path))
+        ...                                                   # launcher code under test
+        kube.trainjob("my-job"), kube.pods("my-job"), kube.requests
+
+Layout: ``standin`` (the facade), ``_apiserver`` (REST semantics + HTTP transport), ``_controller`` (the simulated
+Trainer/JobSet/kubelet), ``_workload`` (pod templates, pod states, execute-mode command lines), ``_store`` (objects,
+watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constants, errors, routing, selectors).
+
+Served (anything else answers 404 like an unknown path):
+  * ``/apis/trainer.kubeflow.org/v1alpha1``: trainjobs (namespaced create/get/list/watch/delete; cluster-wide
+    list/watch), trainingruntimes (namespaced get/list/watch), clustertrainingruntimes (get/list/watch).
+  * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
+    timestamps, limitBytes), events (namespaced list/watch).
+  * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
+    e.g. ``metadata.name`` or ``involvedObject.name``) on list and watch.
+
+Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` body, optional Retry-After),
+``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
+version", as an ERROR event or as HTTP 410), seeded objects via ``add_object`` (the retry/attach case). Note that
+urllib3 under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
+
+To use the fixture in a test module: ``from tests.support import kube_standin as standin`` and
+``kube_standin = standin.kube_standin`` (a plain import of the name trips ruff's F811 on the fixture arguments).
+
+Known deviations from a real API server:
+  * Unknown fields are always rejected with 422 (a real server answers 400 "strict decoding error" with
+    ``fieldValidation=Strict``, and otherwise drops them with a warning). Non-nullable nulls are pruned.
+  * CEL rules are evaluated for the rule shapes the Trainer CRDs use; transition rules (``oldSelf``) are skipped.
+  * The Trainer webhook's denials (missing runtime, ``PET_*`` in ``trainer.env``) answer 403 Forbidden with the
+    ``admission webhook ... denied the request`` message, as the real webhook does.
+  * No PATCH/PUT (405): status and suspension are driven only by the simulated controller; a suspended TrainJob
+    only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored), no BOOKMARK events,
+    the watch history is never compacted (410 only through the fault), ``events.k8s.io`` is not served.
+  * Deleted pods disappear at once (no graceful-termination MODIFIED step); dependents of a Background delete go
+    right after the owner, within the same request.
+  * Only the ``node`` replicated job gets pods; other replicated jobs of a runtime (initializers) are reported as
+    succeeded in ``jobsStatus``. ``trainer.command == ["tune", "run"]`` is not rewritten the way the Trainer's
+    torchtune path does (no ``PET_*`` env is injected then, as upstream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ._common import TRAINER_API_VERSION, TRAINER_GROUP, TRAINER_VERSION
+from ._schema import default_crd_dir
+from ._types import DEFAULT_LOG_LINES, RecordedRequest, Scenario
+from ._workload import expand_kube_vars
+from .standin import KubeStandin
+
+__all__ = [
+    "DEFAULT_LOG_LINES",
+    "TRAINER_API_VERSION",
+    "TRAINER_GROUP",
+    "TRAINER_VERSION",
+    "KubeStandin",
+    "RecordedRequest",
+    "Scenario",
+    "default_crd_dir",
+    "expand_kube_vars",
+    "kube_standin",
+]
+
+
+@pytest.fixture
+def kube_standin() -> Iterator[KubeStandin]:
+    """A started stand-in (namespace ``team-a``) with ClusterTrainingRuntime ``torch-distributed`` seeded."""
+    with KubeStandin(namespace="team-a") as kube:
+        kube.add_runtime("torch-distributed")
+        yield kube

@@ -1,0 +1,254 @@
+"""The simulated Trainer + JobSet + scheduler + kubelet: drives each TrainJob through its scenario."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
+from ._store import Store
+from ._types import Scenario
+from ._workload import (
+    ExecuteConfig,
+    build_jobs_status,
+    free_port,
+    kill_processes,
+    local_command,
+    mark_running,
+    mark_terminated,
+    new_condition,
+    new_pod,
+    node_pod_template,
+)
+
+# What ended a phase of a job's life: None (the phase ran out), "cancel" (deleted / stand-in stopped),
+# "deadline" (activeDeadlineSeconds), "succeeded" or "failed".
+Outcome = str | None
+Wait = Callable[[float], Outcome]
+
+
+@dataclasses.dataclass
+class JobRun:
+    """Controller bookkeeping for one TrainJob."""
+
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+    thread: threading.Thread | None = None
+
+
+class Controller:
+    """One thread per TrainJob plays the job's :class:`Scenario` (or runs its node command in execute mode)."""
+
+    def __init__(self, store: Store, default_scenario: Scenario) -> None:
+        self.store = store
+        self.scenarios: dict[str | None, Scenario] = {None: default_scenario}
+        self.execute_configs: dict[str | None, ExecuteConfig] = {}
+        self._runs: dict[tuple[str, str], JobRun] = {}
+
+    def start(self, job: dict) -> None:
+        name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+        run = JobRun()
+        with self.store.cond:
+            self._runs[(namespace, name)] = run
+        run.thread = threading.Thread(
+            target=self._drive, args=(namespace, name, run), name=f"standin-{name}", daemon=True
+        )
+        run.thread.start()
+
+    def cancel(self, namespace: str, name: str) -> None:
+        """Stop driving the job (it is being deleted) and kill its processes."""
+        with self.store.cond:
+            run = self._runs.pop((namespace, name), None)
+        if run:
+            run.cancel.set()
+            kill_processes(run.processes)
+
+    def stop(self) -> None:
+        with self.store.cond:
+            runs = list(self._runs.values())
+        for run in runs:
+            run.cancel.set()
+            kill_processes(run.processes)
+        for run in runs:
+            if run.thread and run.thread is not threading.current_thread():
+                run.thread.join(timeout=5)
+
+    # One job's life ---------------------------------------------------------------------------------------------
+
+    def _drive(self, namespace: str, name: str, run: JobRun) -> None:
+        """Pods Pending → Running → terminated, TrainJob jobsStatus and conditions, as a cluster would show them."""
+        store = self.store
+        job = store.find("trainjobs", namespace, name)
+        runtime = store.runtime_of(job) if job else None
+        if job is None or runtime is None:
+            return
+        with store.cond:
+            scenario = self.scenarios.get(name) or self.scenarios[None]
+            execute = self.execute_configs.get(name) or self.execute_configs.get(None)
+        if scenario.execute and execute is None:
+            execute = ExecuteConfig({}, {})
+        if job["spec"].get("suspend"):
+            suspended = new_condition("Suspended", "True", "Suspended", "TrainJob is suspended")
+            self._set_status(namespace, name, [suspended], None)
+            return
+        template, num_nodes, _ = node_pod_template(job, runtime)
+        with store.cond:  # a concurrent DELETE either sees these pods or has cancelled us already
+            if run.cancel.is_set():
+                return
+            pods = [self._create_pod(job, template, rank, scenario) for rank in range(num_nodes)]
+            self._set_status(namespace, name, None, build_jobs_status(runtime, active=1))
+        wait = self._waiter(job, run)
+
+        outcome = wait(float("inf") if scenario.stay_pending else scenario.pending_seconds)
+        if outcome is None:
+            for pod in pods:
+                store.update("pods", namespace, pod, mark_running)
+                store.record_event(
+                    namespace, "Pod", pod, "Scheduled", f"Successfully assigned {namespace}/{pod}", "Normal"
+                )
+                store.record_event(namespace, "Pod", pod, "Started", "Started container node", "Normal")
+            self._set_status(namespace, name, None, build_jobs_status(runtime, active=1, ready=1))
+            if execute is not None:
+                outcome = self._run_processes(namespace, pods, execute, run, wait)
+            else:
+                outcome = self._simulate_run(namespace, pods, scenario, wait)
+        if outcome == "cancel":
+            return
+        if outcome == "deadline":  # the Trainer deletes the JobSet, so the pods go
+            kill_processes(run.processes)
+            for pod in store.job_pods(namespace, name):
+                store.put("pods", pod, "DELETED")
+            condition = new_condition("Failed", "True", *DEADLINE_EXCEEDED)
+        elif outcome == "succeeded":
+            condition = new_condition("Complete", "True", *JOBSET_COMPLETED)
+        elif execute is None:
+            condition = new_condition("Failed", "True", scenario.failure_reason, scenario.failure_message)
+        else:
+            condition = new_condition("Failed", "True", "FailedJobs", JOBSET_FAILED_MESSAGE)
+        counts = {"succeeded": 1} if outcome == "succeeded" else {"failed": 1}
+        self._set_status(namespace, name, [condition], build_jobs_status(runtime, **counts))
+
+    def _waiter(self, job: dict, run: JobRun) -> Wait:
+        """A sleep that ends early with "cancel" or "deadline" (``spec.activeDeadlineSeconds``)."""
+        # creationTimestamp has second granularity: a seeded old job keeps its age, a new one starts now
+        started = min(time.time(), parse_time(job["metadata"]["creationTimestamp"]) + 1.0)
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        deadline_at = started + deadline if deadline else None
+
+        def wait(seconds: float) -> Outcome:
+            end = time.time() + seconds
+            while True:
+                if run.cancel.is_set() or self.store.stopping:
+                    return "cancel"
+                now = time.time()
+                if deadline_at is not None and now >= deadline_at:
+                    return "deadline"
+                if now >= end:
+                    return None
+                run.cancel.wait(min(0.02, end - now))
+
+        return wait
+
+    def _create_pod(self, job: dict, template: dict, rank: int, scenario: Scenario) -> str:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        pod = self.store.put("pods", new_pod(job, template, rank, scenario), "ADDED")
+        pod_name = pod["metadata"]["name"]
+        for event in scenario.pending_events:
+            kind = event.get("kind", "Pod")
+            if kind == "TrainJob" and rank:
+                continue  # once per job, not per pod
+            involved = name if kind == "TrainJob" else pod_name
+            self.store.record_event(
+                namespace,
+                kind,
+                involved,
+                event["reason"],
+                event.get("message", ""),
+                event.get("type", "Warning"),
+            )
+        return pod_name
+
+    def _simulate_run(self, namespace: str, pods: list[str], scenario: Scenario, wait: Wait) -> Outcome:
+        for rank, pod in enumerate(pods[1:], start=1):
+            self.store.append_log(namespace, pod, f"node rank {rank} started\n")
+        for line in scenario.log_lines:
+            self.store.append_log(namespace, pods[0], line.rstrip("\n") + "\n")
+            if outcome := wait(scenario.line_interval):
+                return outcome
+        failed = scenario.outcome == "fail"
+        for rank, pod in enumerate(pods):
+            if not failed:
+                code, reason = 0, "Completed"
+            elif rank == scenario.failed_rank:
+                code, reason = scenario.exit_code, "OOMKilled" if scenario.oom_killed else "Error"
+            else:
+                code, reason = 143, "Error"  # SIGTERM: JobSet tears the other nodes down
+            self.store.update("pods", namespace, pod, lambda p, c=code, r=reason: mark_terminated(p, c, r))
+        return "failed" if failed else "succeeded"
+
+    def _run_processes(
+        self, namespace: str, pods: list[str], config: ExecuteConfig, run: JobRun, wait: Wait
+    ) -> Outcome:
+        master_port = free_port()  # not 29400: jobs of parallel tests must not meet on one rendezvous port
+        readers = []
+        for pod_name in pods:
+            pod = self.store.find("pods", namespace, pod_name)
+            process = None
+            try:
+                argv, env, cwd = local_command(pod, config, master_port)
+                process = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # so a kill reaches the whole process group (torchrun's workers)
+                )
+                run.processes.append(process)
+            except (OSError, ValueError) as error:
+                self.store.append_log(
+                    namespace, pod_name, f"kube-standin: cannot start node command: {error}\n"
+                )
+            reader = threading.Thread(target=self._pump_log, args=(namespace, pod_name, process), daemon=True)
+            reader.start()
+            readers.append((pod_name, process, reader))
+        exit_codes: dict[str, int] = {}
+        while len(exit_codes) < len(readers):
+            for pod_name, process, reader in readers:
+                code = 127 if process is None else process.poll()
+                if pod_name in exit_codes or code is None:
+                    continue
+                reader.join(timeout=5)  # the whole log is in before the pod turns terminal
+                exit_code = exit_codes[pod_name] = 128 - code if code < 0 else code
+                reason = "Completed" if exit_code == 0 else "Error"
+                self.store.update(
+                    "pods", namespace, pod_name, lambda p, c=exit_code, r=reason: mark_terminated(p, c, r)
+                )
+                if exit_code != 0:
+                    kill_processes(run.processes)  # JobSet fails the whole set on one failed job
+            if len(exit_codes) < len(readers) and (outcome := wait(0.02)):
+                return outcome
+        return "succeeded" if not any(exit_codes.values()) else "failed"
+
+    def _pump_log(self, namespace: str, pod: str, process: subprocess.Popen | None) -> None:
+        if process is None or process.stdout is None:
+            return
+        for raw in iter(process.stdout.readline, b""):
+            self.store.append_log(namespace, pod, raw.decode(errors="replace"))
+        process.stdout.close()
+
+    def _set_status(
+        self, namespace: str, name: str, conditions: list[dict] | None, jobs_status: list[dict] | None
+    ) -> None:
+        def mutate(job: dict) -> None:
+            status = job.setdefault("status", {})
+            if conditions is not None:
+                status["conditions"] = conditions
+            if jobs_status is not None:
+                status["jobsStatus"] = jobs_status
+
+        self.store.update("trainjobs", namespace, name, mutate)

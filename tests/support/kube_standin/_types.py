@@ -1,0 +1,150 @@
+"""Public data types: the :class:`Scenario` knobs and the :class:`RecordedRequest` log entries."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ._common import JOBSET_FAILED_MESSAGE, parse_route
+
+#: torchtune DiskLogger-style lines a successful simulated rank 0 prints by default.
+DEFAULT_LOG_LINES = (
+    "Step 1 | loss:2.3026 lr:0.0001 tokens_per_second_per_gpu:123.4",
+    "Step 2 | loss:2.1000 lr:0.0001 tokens_per_second_per_gpu:125.0",
+    "Step 3 | loss:1.9500 lr:0.0001 tokens_per_second_per_gpu:126.1",
+)
+
+
+@dataclasses.dataclass
+class Scenario:
+    """How the simulated controller drives one TrainJob (or every TrainJob without its own scenario).
+
+    Timeline of a simulated job: pods are created Pending; after ``pending_seconds`` they run (unless
+    ``stay_pending``); rank 0 prints ``log_lines`` one every ``line_interval`` seconds (other ranks print one
+    banner line); then pods end and the TrainJob gets ``Complete`` or ``Failed``. ``spec.activeDeadlineSeconds``
+    is honored at every stage (``Failed``/``DeadlineExceeded``, pods deleted).
+
+    Attributes:
+        outcome: ``"succeed"`` or ``"fail"`` (ignored when ``stay_pending`` or ``execute``).
+        log_lines: Lines rank 0 writes to its log while running.
+        line_interval: Seconds between log lines.
+        pending_seconds: Slow start: how long pods stay Pending before running.
+        stay_pending: Never leave Pending (stuck scheduling / image pulls); the TrainJob gets no terminal condition
+            unless ``spec.activeDeadlineSeconds`` expires.
+        pending_events: Events recorded while Pending, as dicts ``{"reason", "message", "type"}`` (type defaults
+            to Warning); each is recorded for every pod, or once for the TrainJob if the dict has
+            ``"kind": "TrainJob"``. A ``FailedScheduling`` event also makes the pods' PodScheduled condition False.
+        waiting_reason: Container waiting reason shown while Pending (e.g. ``"ImagePullBackOff"``); default
+            ``ContainerCreating`` (or none while unschedulable).
+        waiting_message: Message for ``waiting_reason``.
+        failure_reason: TrainJob ``Failed`` condition reason (JobSet's reasons: ``FailedJobs``, ...).
+        failure_message: TrainJob ``Failed`` condition message.
+        exit_code: Exit code of the failing container.
+        oom_killed: The failing container terminates with reason ``OOMKilled`` and exit code 137.
+        failed_rank: Which rank fails (the other ranks are terminated with exit code 143).
+        execute: Run the node command as local subprocesses (see :meth:`KubeStandin.execute`).
+    """
+
+    outcome: str = "succeed"
+    log_lines: tuple[str, ...] | list[str] = DEFAULT_LOG_LINES
+    line_interval: float = 0.02
+    pending_seconds: float = 0.05
+    stay_pending: bool = False
+    pending_events: tuple[dict, ...] | list[dict] = ()
+    waiting_reason: str | None = None
+    waiting_message: str = ""
+    failure_reason: str = "FailedJobs"
+    failure_message: str = JOBSET_FAILED_MESSAGE
+    exit_code: int = 1
+    oom_killed: bool = False
+    failed_rank: int = 0
+    execute: bool = False
+
+    @classmethod
+    def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:
+        """A job whose rank 0 prints ``log_lines`` and then completes."""
+        return cls(outcome="succeed", log_lines=tuple(log_lines), **knobs)
+
+    @classmethod
+    def failure(
+        cls, reason: str = "FailedJobs", message: str = JOBSET_FAILED_MESSAGE, **knobs: Any
+    ) -> Scenario:
+        """A job that fails with the given ``Failed`` condition reason and message."""
+        return cls(outcome="fail", failure_reason=reason, failure_message=message, **knobs)
+
+    @classmethod
+    def oom(cls, **knobs: Any) -> Scenario:
+        """A job whose rank-0 container is OOMKilled (exit code 137) and so fails with ``FailedJobs``."""
+        return cls(outcome="fail", oom_killed=True, exit_code=137, **knobs)
+
+    @classmethod
+    def stuck_pending(
+        cls, *, unschedulable: bool = True, image_pull_backoff: bool = False, **knobs: Any
+    ) -> Scenario:
+        """Pods that never start.
+
+        By default unschedulable: a ``FailedScheduling`` event and no container statuses, as on a cluster. With
+        ``image_pull_backoff``: scheduled, with an ``ImagePullBackOff`` waiting container and ``Failed``/``BackOff``
+        events (``unschedulable`` is then ignored).
+        """
+        events: list[dict] = []
+        if unschedulable and not image_pull_backoff:
+            events.append(
+                {
+                    "reason": "FailedScheduling",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are "
+                    "available: 3 No preemption victims found for incoming pod.",
+                }
+            )
+        if image_pull_backoff:
+            events += [
+                {"reason": "Failed", "message": "Failed to pull image: rpc error: code = NotFound"},
+                {"reason": "BackOff", "message": "Back-off pulling image"},
+            ]
+            knobs.setdefault("waiting_reason", "ImagePullBackOff")
+            knobs.setdefault("waiting_message", "Back-off pulling image")
+        knobs.setdefault("pending_events", tuple(events))
+        return cls(stay_pending=True, **knobs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedRequest:
+    """One request the stand-in received (including rejected ones).
+
+    Attributes:
+        method: HTTP method, e.g. ``"POST"``.
+        path: URL path without the query, e.g. ``/apis/trainer.kubeflow.org/v1alpha1/namespaces/a/trainjobs``.
+        query: Parsed query; each key maps to its last value (``{"propagationPolicy": "Background"}``).
+        body: Parsed JSON body, or None.
+        status: HTTP status code answered.
+    """
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    status: int
+
+    @property
+    def resource(self) -> str | None:
+        """The resource plural the request addressed (``trainjobs``, ``pods``, ``events`` …)."""
+        route = parse_route(self.path)
+        return route.plural if route else None
+
+    @property
+    def name(self) -> str | None:
+        """The object name in the path, if any."""
+        route = parse_route(self.path)
+        return route.name if route else None
+
+    @property
+    def subresource(self) -> str | None:
+        """``"log"`` for pod log requests, else None."""
+        route = parse_route(self.path)
+        return route.subresource if route else None
+
+    def param(self, key: str) -> Any:
+        """A query parameter, or the same key in the JSON body (DeleteOptions travel either way)."""
+        if key in self.query:
+            return self.query[key]
+        return self.body.get(key) if isinstance(self.body, dict) else None

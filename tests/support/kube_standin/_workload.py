@@ -1,0 +1,376 @@
+"""What JobSet, the Job controller and the kubelet make of a TrainJob: pod templates, pods, pod states and,
+in execute mode, the local command line of a node container."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
+from ._types import Scenario
+
+
+@dataclasses.dataclass
+class ExecuteConfig:
+    """Execute mode settings (see ``KubeStandin.execute``): volume name or claimName -> local dir, extra env."""
+
+    volume_dirs: dict[str, str]
+    extra_env: dict[str, str]
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """Strategic-merge-like: dicts merge, lists of keyed dicts merge by key (``mountPath`` for volume mounts,
+    else ``name``), anything else is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = merge_patch(base[key], value) if key in base else copy.deepcopy(value)
+        return merged
+    items = base + patch if isinstance(base, list) and isinstance(patch, list) else []
+    merge_key = next((k for k in ("mountPath", "name") if items and all(k in i for i in items)), None)
+    if merge_key and all(isinstance(i, dict) for i in items):
+        merged_list = list(base)
+        for item in patch:
+            index = next((i for i, old in enumerate(merged_list) if old[merge_key] == item[merge_key]), None)
+            if index is None:
+                merged_list.append(copy.deepcopy(item))
+            else:
+                merged_list[index] = merge_patch(merged_list[index], item)
+        return merged_list
+    return copy.deepcopy(patch)
+
+
+def upsert_env(env: list[dict], additions: list[dict]) -> list[dict]:
+    """``env`` with ``additions`` replacing same-named entries, as the Trainer's apply.UpsertEnvVars."""
+    result = [e for e in env if e["name"] not in {a["name"] for a in additions}]
+    return result + copy.deepcopy(additions)
+
+
+def expand_kube_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion as the kubelet does: ``$$`` escapes, unknown references stay verbatim."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2 : end]
+                    out.append(env[name] if name in env else text[i : end + 1])
+                    i = end + 1
+                    continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def new_condition(type_: str, status: str, reason: str | None, message: str | None) -> dict:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": utc_now(),
+        "observedGeneration": 1,
+    }
+
+
+def condition_true(obj: dict, type_: str) -> bool:
+    return any(
+        c["type"] == type_ and c["status"] == "True" for c in obj.get("status", {}).get("conditions", [])
+    )
+
+
+def has_terminal_condition(obj: dict) -> bool:
+    return condition_true(obj, "Complete") or condition_true(obj, "Failed")
+
+
+def build_jobs_status(runtime: dict, **counts: int) -> list[dict]:
+    """One entry per replicated job; only ``node`` is simulated, the others (initializers) count as succeeded."""
+    statuses = []
+    for replicated in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        entry = {
+            "name": replicated["name"],
+            "active": 0,
+            "ready": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "suspended": 0,
+        }
+        entry.update(counts if replicated["name"] == "node" else {"succeeded": 1})
+        statuses.append(entry)
+    return statuses
+
+
+def mark_running(pod: dict) -> None:
+    """Scheduled, started and ready, as the kubelet reports it."""
+    now = utc_now()
+    pod["spec"].setdefault("nodeName", "standin-node-0")
+    pod["status"] = {
+        "phase": "Running",
+        "startTime": now,
+        "hostIP": "127.0.0.1",
+        "podIP": "127.0.0.1",
+        "qosClass": pod["status"].get("qosClass", "BestEffort"),
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod["spec"].get("containers", [])
+        ],
+    }
+
+
+def mark_terminated(pod: dict, exit_code: int, reason: str) -> None:
+    """The container ended (``reason``: Completed, Error, OOMKilled); the phase follows the exit code."""
+    now = utc_now()
+    pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+    for condition in pod["status"].get("conditions", []):
+        if condition["type"] in ("Ready", "ContainersReady"):
+            condition.update(status="False", reason="PodCompleted" if exit_code == 0 else "PodFailed")
+    for status in pod["status"].get("containerStatuses", []):
+        started = status.get("state", {}).get("running", {}).get("startedAt", now)
+        status.update(ready=False, started=False)
+        status["state"] = {
+            "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now}
+        }
+
+
+def mark_deleting(job: dict) -> None:
+    """What a Foreground deletion shows on the owner while its dependents are being removed."""
+    job["metadata"]["deletionTimestamp"] = utc_now()
+    job["metadata"]["finalizers"] = ["foregroundDeletion"]
+
+
+def node_pod_template(job: dict, runtime: dict) -> tuple[dict, int, str]:
+    """The ``node`` pod template after runtimePatches and the TrainJob's ``trainer`` (the Trainer's job builder)."""
+    replicated = next(
+        (r for r in runtime["spec"]["template"]["spec"]["replicatedJobs"] if r["name"] == "node"),
+        runtime["spec"]["template"]["spec"]["replicatedJobs"][0],
+    )
+    template = copy.deepcopy(replicated["template"]["spec"]["template"])
+    template.setdefault("metadata", {}).setdefault("labels", {}).update(
+        replicated["template"].get("metadata", {}).get("labels") or {}
+    )
+    for patch in job["spec"].get("runtimePatches", []):
+        for patched in (
+            (patch.get("trainingRuntimeSpec") or {})
+            .get("template", {})
+            .get("spec", {})
+            .get("replicatedJobs", [])
+        ):
+            if patched["name"] == replicated["name"]:
+                template = merge_patch(
+                    template, patched.get("template", {}).get("spec", {}).get("template", {})
+                )
+    trainer = job["spec"].get("trainer") or {}
+    policy = runtime["spec"].get("mlPolicy", {})
+    num_nodes = trainer.get("numNodes") or policy.get("numNodes") or 1
+    nproc = str(trainer.get("numProcPerNode") or policy.get("torch", {}).get("numProcPerNode") or "auto")
+    containers = template.setdefault("spec", {}).setdefault("containers", [])
+    node = next((c for c in containers if c["name"] == "node"), None)
+    if node is not None:
+        for key in ("image", "command", "args"):
+            if trainer.get(key):
+                node[key] = copy.deepcopy(trainer[key])
+        if trainer.get("resourcesPerNode"):
+            node["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+        node["env"] = upsert_env(node.get("env", []), trainer.get("env", []))
+        if "torch" in policy and trainer.get("command") != TUNE_ENTRYPOINT:
+            name = job["metadata"]["name"]
+            node["env"] = upsert_env(
+                node["env"],
+                [
+                    {"name": "PET_NNODES", "value": str(num_nodes)},
+                    {"name": "PET_NPROC_PER_NODE", "value": nproc},
+                    {
+                        "name": "PET_NODE_RANK",
+                        "valueFrom": {
+                            "fieldRef": {
+                                "apiVersion": "v1",
+                                "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']",
+                            }
+                        },
+                    },
+                    {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
+                    {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
+                ],
+            )
+        if not any(p.get("containerPort") == MASTER_PORT for p in node.get("ports", [])):
+            node.setdefault("ports", []).append({"containerPort": MASTER_PORT, "protocol": "TCP"})
+    return template, int(num_nodes), nproc
+
+
+def resolve_field_ref(pod: dict, path: str) -> str | None:
+    """The value of an env ``fieldRef`` (downward API) for a pod running on 127.0.0.1."""
+    if match := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
+        return (pod["metadata"].get(match.group(1)) or {}).get(match.group(2))
+    return {
+        "metadata.name": pod["metadata"]["name"],
+        "metadata.namespace": pod["metadata"]["namespace"],
+        "metadata.uid": pod["metadata"]["uid"],
+        "spec.nodeName": pod["spec"].get("nodeName"),
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+        "status.podIP": "127.0.0.1",
+        "status.hostIP": "127.0.0.1",
+    }.get(path)
+
+
+def local_command(
+    pod: dict, config: ExecuteConfig, port: int
+) -> tuple[list[str], dict[str, str], str | None]:
+    """argv, env and cwd of the pod's node container with mapped volumes rewritten to local directories."""
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
+    mounts: list[tuple[str, str]] = []
+    for volume in pod["spec"].get("volumes", []):
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        local = config.volume_dirs.get(volume["name"]) or (claim and config.volume_dirs.get(claim))
+        if not local:
+            continue
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] == volume["name"]:
+                target = os.path.join(local, mount["subPath"]) if mount.get("subPath") else local
+                mounts.append((mount["mountPath"].rstrip("/") or "/", target))
+    mounts.sort(key=lambda m: len(m[0]), reverse=True)
+
+    def rewrite(text: str) -> str:
+        for mount_path, local in mounts:
+            text = re.sub(
+                r"(?<![\w.\-/])" + re.escape(mount_path) + r"(?=/|$|[^\w.\-])", lambda _, d=local: d, text
+            )
+        return text
+
+    env: dict[str, str] = {}
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = rewrite(expand_kube_vars(entry["value"], env))
+        elif field := (entry.get("valueFrom") or {}).get("fieldRef"):
+            value = resolve_field_ref(pod, field["fieldPath"])
+            if value is not None:
+                env[entry["name"]] = value
+    env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
+    env.update(config.extra_env)
+    if not container.get("command"):
+        raise ValueError(
+            "the node container has no command (the image entrypoint is unknown to the stand-in)"
+        )
+    argv = [rewrite(expand_kube_vars(part, env)) for part in container["command"] + container.get("args", [])]
+    cwd = rewrite(container["workingDir"]) if container.get("workingDir") else None
+    return argv, {**os.environ, **env}, cwd
+
+
+def kill_processes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each live process's group, as the kubelet stops a container."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+
+
+def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
+    """Pod ``rank`` of the ``node`` replicated job, Pending, as JobSet + the Job controller + the scheduler make it."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    pod_name = f"{name}-node-0-{rank}-{secrets.token_hex(3)[:5]}"
+    spec = copy.deepcopy(template.get("spec", {}))
+    labels = {
+        **(template.get("metadata", {}).get("labels") or {}),
+        JOBSET_NAME_LABEL: name,
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+        "jobset.sigs.k8s.io/replicatedjob-replicas": "1",
+        "jobset.sigs.k8s.io/job-index": "0",
+        "jobset.sigs.k8s.io/job-key": secrets.token_hex(20),
+        COMPLETION_INDEX_ANNOTATION: str(rank),
+        "batch.kubernetes.io/job-name": f"{name}-node-0",
+        "job-name": f"{name}-node-0",
+    }
+    annotations = {
+        **(template.get("metadata", {}).get("annotations") or {}),
+        COMPLETION_INDEX_ANNOTATION: str(rank),
+        JOBSET_NAME_LABEL: name,
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+    }
+    spec.update(
+        hostname=f"{name}-node-0-{rank}", subdomain=name, restartPolicy=spec.get("restartPolicy", "Never")
+    )
+    unschedulable = next((e for e in scenario.pending_events if e.get("reason") == "FailedScheduling"), None)
+    waiting = {"reason": scenario.waiting_reason or "ContainerCreating"}
+    if scenario.waiting_message:
+        waiting["message"] = scenario.waiting_message
+    container_statuses = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {"waiting": waiting},
+        }
+        for c in spec.get("containers", [])
+    ]
+    scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": utc_now()}
+    if unschedulable:
+        scheduled.update(status="False", reason="Unschedulable", message=unschedulable["message"])
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid4()),
+            "creationTimestamp": utc_now(),
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": f"{name}-node-0",
+                    "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, f"{job['metadata']['uid']}/node-0")),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+        "status": {
+            "phase": "Pending",
+            "conditions": [scheduled],
+            "qosClass": "BestEffort",
+        },
+    }
+    if not unschedulable:
+        pod["spec"]["nodeName"] = f"standin-node-{rank}"
+        pod["status"]["containerStatuses"] = container_statuses
+    return pod

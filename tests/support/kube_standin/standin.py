@@ -1,0 +1,361 @@
+"""The stand-in's public face: :class:`KubeStandin`."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import http.server
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+
+from ._apiserver import ApiServer, Fault
+from ._common import COMPLETION_INDEX_ANNOTATION, KINDS, PLURAL_OF_KIND, TRAINER_API_VERSION, utc_now
+from ._controller import Controller
+from ._schema import default_crd_dir, load_schemas
+from ._store import Store
+from ._types import RecordedRequest, Scenario
+from ._workload import ExecuteConfig, condition_true, has_terminal_condition
+
+
+class KubeStandin:
+    """An in-process Kubernetes API server on 127.0.0.1 with a simulated Trainer/JobSet controller.
+
+    Args:
+        namespace: The namespace written into the kubeconfig context (objects may live in any namespace).
+        token: Bearer token required on every request (401 without it).
+        crd_dir: Directory of the Trainer CRDs; default :func:`default_crd_dir`.
+        default_scenario: Scenario for TrainJobs without their own (default: ``Scenario()`` = quick success).
+
+    Use as a context manager (or call :meth:`start` / :meth:`stop`).
+    """
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        token: str = "standin-token",
+        crd_dir: str | Path | None = None,
+        default_scenario: Scenario | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.token = token
+        schemas = load_schemas((Path(crd_dir) if crd_dir else default_crd_dir()).resolve())
+        self._store = Store()
+        self._controller = Controller(self._store, default_scenario or Scenario())
+        self._api = ApiServer(self._store, self._controller, schemas, token)
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._tmpdir: Path | None = None
+
+    # Lifecycle -------------------------------------------------------------------------------------------------
+
+    def start(self) -> KubeStandin:
+        """Start serving; writes the kubeconfig. Returns self."""
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._api.handler_class())
+        self._server.daemon_threads = True
+        threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="kube-standin",
+            daemon=True,
+        ).start()
+        self._tmpdir = Path(tempfile.mkdtemp(prefix="kube-standin-"))
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "standin", "user": {"token": self.token}}],
+            "contexts": [
+                {
+                    "name": "standin",
+                    "context": {"cluster": "standin", "user": "standin", "namespace": self.namespace},
+                }
+            ],
+            "current-context": "standin",
+        }
+        (self._tmpdir / "kubeconfig").write_text(yaml.safe_dump(config))
+        return self
+
+    def stop(self) -> None:
+        """Stop the server, controller threads and any subprocesses started in execute mode."""
+        with self._store.cond:
+            self._store.stopping = True  # ends watch and log streams, and the controller's waits
+            self._store.cond.notify_all()
+        self._controller.stop()
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def __enter__(self) -> KubeStandin:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:38211``."""
+        assert self._server, "KubeStandin is not started"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """A kubeconfig file (server, bearer token, context namespace) for ``kubernetes.config``."""
+        assert self._tmpdir, "KubeStandin is not started"
+        return self._tmpdir / "kubeconfig"
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """A fresh ``kubernetes.client.ApiClient`` loaded from :attr:`kubeconfig_path` (convenience)."""
+        return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig_path))
+
+    # Objects ---------------------------------------------------------------------------------------------------
+
+    def add_object(self, obj: Mapping[str, Any], *, scenario: Scenario | None = None) -> dict:
+        """Seed an object as if it already existed (no admission webhooks, no request log entry).
+
+        Kinds: ``TrainingRuntime``, ``ClusterTrainingRuntime``, ``TrainJob``, ``Pod``, ``Event``. A TrainJob is
+        checked and defaulted against its CRD schema (ValueError if invalid). A seeded TrainJob (the retry/attach
+        case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
+        has a terminal condition; its ``activeDeadlineSeconds`` counts from its ``creationTimestamp``. Namespaced
+        objects without a namespace get the stand-in's namespace. Returns the stored object (with
+        resourceVersion, uid, creationTimestamp).
+        """
+        obj = copy.deepcopy(dict(obj))
+        plural = PLURAL_OF_KIND.get(obj.get("kind", ""))
+        if plural is None:
+            raise ValueError(f"cannot seed kind {obj.get('kind')!r}; known: {sorted(PLURAL_OF_KIND)}")
+        meta = obj.setdefault("metadata", {})
+        if KINDS[plural][2]:
+            meta.setdefault("namespace", self.namespace)
+        else:
+            meta.pop("namespace", None)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", utc_now())
+        meta.setdefault("generation", 1)
+        if plural == "trainjobs" and (errors := self._api.schemas["trainjobs"].validate(obj)):
+            raise ValueError(f"invalid TrainJob {meta.get('name')}: {errors}")
+        if plural == "trainjobs" and scenario is not None:
+            self.scenario(meta["name"], scenario)
+        stored = copy.deepcopy(self._store.put(plural, obj, "ADDED"))
+        if plural == "trainjobs" and not has_terminal_condition(stored):
+            self._controller.start(stored)
+        return stored
+
+    def add_runtime(
+        self,
+        name: str = "torch-distributed",
+        *,
+        kind: str = "ClusterTrainingRuntime",
+        namespace: str | None = None,
+        image: str = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime",
+        command: list[str] | None = None,
+        num_nodes: int = 1,
+        volumes: list[dict] | None = None,
+        volume_mounts: list[dict] | None = None,
+    ) -> dict:
+        """Seed a minimal torch runtime: one replicated job ``node`` with container ``node``."""
+        container: dict[str, Any] = {"name": "node", "image": image}
+        if command:
+            container["command"] = list(command)
+        if volume_mounts:
+            container["volumeMounts"] = copy.deepcopy(volume_mounts)
+        pod_spec: dict[str, Any] = {"containers": [container]}
+        if volumes:
+            pod_spec["volumes"] = copy.deepcopy(volumes)
+        runtime = {
+            "apiVersion": TRAINER_API_VERSION,
+            "kind": kind,
+            "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+            "spec": {
+                "mlPolicy": {"numNodes": num_nodes, "torch": {}},
+                "template": {
+                    "spec": {
+                        "replicatedJobs": [
+                            {
+                                "name": "node",
+                                "template": {
+                                    "metadata": {
+                                        "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+                                    },
+                                    "spec": {"template": {"spec": pod_spec}},
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+        if namespace:
+            runtime["metadata"]["namespace"] = namespace
+        return self.add_object(runtime)
+
+    def add_event(
+        self,
+        involved_name: str,
+        reason: str,
+        message: str,
+        *,
+        type_: str = "Warning",
+        kind: str = "Pod",
+        namespace: str | None = None,
+    ) -> dict:
+        """Record a core/v1 Event about an object."""
+        return self._store.record_event(
+            namespace or self.namespace, kind, involved_name, reason, message, type_
+        )
+
+    def trainjob(self, name: str, namespace: str | None = None) -> dict | None:
+        """The stored TrainJob (a deep copy), or None if it does not exist (any more)."""
+        return self._store.find("trainjobs", namespace or self.namespace, name)
+
+    def trainjobs(self, namespace: str | None = None) -> list[dict]:
+        """All stored TrainJobs in the namespace."""
+        return self._store.list_objects("trainjobs", namespace or self.namespace)
+
+    def pods(self, job: str | None = None, namespace: str | None = None) -> list[dict]:
+        """Stored pods (deep copies), only those of TrainJob ``job`` if given, ordered by rank."""
+        namespace = namespace or self.namespace
+        pods = (
+            self._store.list_objects("pods", namespace)
+            if job is None
+            else self._store.job_pods(namespace, job)
+        )
+
+        def rank(pod: dict) -> int:
+            return int((pod["metadata"].get("labels") or {}).get(COMPLETION_INDEX_ANNOTATION, 0))
+
+        return sorted(pods, key=rank)
+
+    def events(self, namespace: str | None = None) -> list[dict]:
+        """Stored core/v1 Events in the namespace."""
+        return self._store.list_objects("events", namespace or self.namespace)
+
+    def pod_log(self, pod_name: str, namespace: str | None = None) -> str:
+        """Everything the pod's ``node`` container has logged so far."""
+        return "".join(line for _, line in self._store.log_entries(namespace or self.namespace, pod_name))
+
+    def wait_for_trainjob(
+        self, name: str, *, condition: str | None = None, timeout: float = 10.0, namespace: str | None = None
+    ) -> dict:
+        """Wait until the TrainJob exists (and has ``condition`` True, e.g. ``"Complete"``); returns it."""
+        deadline = time.monotonic() + timeout
+        with self._store.cond:
+            while True:
+                job = self._store.find("trainjobs", namespace or self.namespace, name)
+                if job and (condition is None or condition_true(job, condition)):
+                    return job
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"TrainJob {name} not {condition or 'created'} after {timeout}s: {job}"
+                    )
+                self._store.cond.wait(remaining)
+
+    # Scenarios and faults ------------------------------------------------------------------------------------
+
+    def scenario(self, job: str | None, scenario: Scenario | None = None, **knobs: Any) -> Scenario:
+        """Register the scenario for TrainJob ``job`` (None: the default for all jobs). Knobs build a Scenario.
+
+        With both ``scenario`` and knobs, the knobs replace those fields of ``scenario``. Takes effect for jobs
+        the controller starts afterwards.
+        """
+        chosen = dataclasses.replace(scenario or Scenario(), **knobs)
+        with self._store.cond:
+            self._controller.scenarios[job] = chosen
+        return chosen
+
+    def execute(
+        self,
+        volume_dirs: Mapping[str, str | Path] | None = None,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        job: str | None = None,
+    ) -> None:
+        """Run TrainJobs' node commands as local subprocesses, one per node rank (``job``: only that one).
+
+        The command is the runtime's ``node`` container ``command``/``args`` with the TrainJob's
+        ``trainer.command``/``trainer.args`` replacing them when set; env is the container env + ``trainer.env`` +
+        ``PET_NNODES``/``PET_NPROC_PER_NODE``/``PET_NODE_RANK``/``PET_MASTER_ADDR=127.0.0.1``/``PET_MASTER_PORT``
+        (a free local port per job) + ``extra_env``, over the test process's environment. ``$(VAR)`` references
+        are expanded as the kubelet does; ``fieldRef`` env (name, namespace, labels, annotations, podIP) is
+        resolved, secret/configMap references are not. Volumes: ``volume_dirs`` maps a pod volume *name* or a PVC
+        *claimName* to a local directory; every ``mountPath`` of a mapped volume in the node container (joined with
+        its ``subPath``) is rewritten to that directory wherever it appears as a path prefix in command, args, env
+        values and workingDir. Unmapped volumes are ignored. The working directory is the rewritten
+        ``workingDir`` or else the test process's. Exit code 0 → pod Succeeded, else Failed with the exit code on
+        the container (signals as 128+N); the TrainJob becomes Complete / Failed accordingly.
+
+        Applies to TrainJobs the controller starts afterwards; a per-job registration wins over the global one.
+        The job's scenario still decides the pending phase (``pending_seconds``, ``stay_pending``,
+        ``pending_events``); its log lines and outcome are replaced by the real processes'.
+        ``Scenario(execute=True)`` alone executes with no volume mapping.
+        """
+        config = ExecuteConfig(
+            {key: str(Path(value).resolve()) for key, value in (volume_dirs or {}).items()},
+            dict(extra_env or {}),
+        )
+        with self._store.cond:
+            self._controller.execute_configs[job] = config
+
+    def fail_next(
+        self,
+        count: int = 1,
+        *,
+        status: int = 503,
+        method: str | None = None,
+        path_contains: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """The next ``count`` matching requests get a ``kind: Status`` error (500/503/429 …) and no effect."""
+        with self._store.cond:
+            self._api.faults.append(
+                Fault(count, status, method and method.upper(), path_contains, retry_after)
+            )
+
+    def drop_watch_after(self, events: int, *, times: int = 1, abrupt: bool = False) -> None:
+        """The next ``times`` watch connections are closed by the server after ``events`` events.
+
+        By default the stream ends cleanly (as when the server's watch timeout expires); ``abrupt`` cuts the
+        connection mid-stream instead (the client sees a protocol error).
+        """
+        with self._store.cond:
+            self._api.watch_drops.extend([(events, abrupt)] * times)
+
+    def expire_next_watch(self, *, times: int = 1, as_http_error: bool = False) -> None:
+        """The next ``times`` watches with a resourceVersion get 410 "too old resource version".
+
+        By default as the real server does for watches: HTTP 200 with one ``ERROR`` event carrying a
+        ``Status`` (code 410, reason ``Expired``); ``as_http_error`` answers HTTP 410 (reason ``Gone``) instead.
+        """
+        with self._store.cond:
+            self._api.watch_expiries.extend([as_http_error] * times)
+
+    # Request log -------------------------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, in order."""
+        with self._store.cond:
+            return list(self._api.requests)
+
+    def requests_for(
+        self, method: str | None = None, resource: str | None = None, name: str | None = None
+    ) -> list[RecordedRequest]:
+        """Recorded requests filtered by method, resource plural and object name in the path."""
+        return [
+            r
+            for r in self.requests
+            if (method is None or r.method == method.upper())
+            and (resource is None or r.resource == resource)
+            and (name is None or r.name == name)
+        ]

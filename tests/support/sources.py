@@ -1,0 +1,130 @@
+"""Test sources for the initializer tests: a fake HF-layout model (no torch: numpy weights), the environment
+and child process for talking to the hub stand-in, and moto's S3 server.
+
+`huggingface_hub` and `datasets` read HF_ENDPOINT / HF_HUB_OFFLINE once, at import. The test session is
+offline and may already have imported them, so code that must talk to the hub stand-in runs in a fresh Python
+process with the stand-in's environment (`hub_env` + `run_python`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_fake_model(
+    out_dir: Path, family: str = "llama", *, shards: int = 1, extra_bin: bool = True, seed: int = 0
+) -> Path:
+    """A small HF-layout model folder: config.json, safetensors (optionally sharded + index), tokenizer files,
+    and (extra_bin) PyTorch/TF weights that model-initialize must skip."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {
+        f"model.layers.{i}.mlp.weight": rng.standard_normal((64, 64)).astype(np.float32) for i in range(4)
+    }
+    model_type = {"llama": "llama", "qwen": "qwen2"}[family]
+    (out_dir / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": ["X"]}))
+    (out_dir / "generation_config.json").write_text("{}")
+    if shards == 1:
+        save_file(tensors, str(out_dir / "model.safetensors"))
+    else:
+        names = sorted(tensors)
+        weight_map = {}
+        for i in range(shards):
+            shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {k: tensors[k] for k in names[i::shards]}
+            save_file(part, str(out_dir / shard))
+            weight_map.update(dict.fromkeys(part, shard))
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    if family == "llama":
+        (out_dir / "original").mkdir(exist_ok=True)
+        (out_dir / "original" / "tokenizer.model").write_text("IQ== 0\nIg== 1\n")
+        (out_dir / "original" / "consolidated.00.pth").write_bytes(b"\0" * 2048)
+        (out_dir / "tokenizer.json").write_text(json.dumps({"added_tokens": []}))
+    else:
+        (out_dir / "vocab.json").write_text(json.dumps({"a": 0, "b": 1}))
+        (out_dir / "merges.txt").write_text("#version: 0.2\na b\n")
+    if extra_bin:
+        (out_dir / "pytorch_model.bin").write_bytes(b"\1" * 4096)
+        (out_dir / "tf_model.h5").write_bytes(b"\2" * 1024)
+    (out_dir / "README.md").write_text("# tiny\n")
+    return out_dir
+
+
+def hub_env(endpoint: str, tmp_path: Path, token: str | None = None) -> dict[str, str]:
+    """Environment for a process that talks to the hub stand-in: online, isolated caches, fast retries."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "AWS_"))}
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HUB_OFFLINE="0",
+        HF_DATASETS_OFFLINE="0",
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+        KFP_FINETUNE_RETRY_DELAY="0.1",
+        KFP_FINETUNE_PROGRESS_INTERVAL="0.2",
+        PYTHONPATH=str(ROOT),
+    )
+    if token:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def run_python(
+    code: str, env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Run `code` (with `args` in sys.argv[1:]) in a fresh interpreter; the last stdout line is expected to be
+    JSON (see `result`)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def result(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, f"child failed:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1; yields its endpoint URL. Callers set AWS_* credentials themselves."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def use_s3_credentials(monkeypatch) -> None:
+    """Dummy credentials and no ambient endpoint/profile, so only what a test passes is used."""
+    for key in (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "S3_ENDPOINT_URL",
+        "AWS_PROFILE",
+        "AWS_SESSION_TOKEN",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

@@ -1,0 +1,144 @@
+"""torchtune-finetune with backend=trainjob: the component's own code path (run_component) against the
+Kubernetes API stand-in. Execute mode runs the TrainJob's node command for real, so the outputs can be compared
+with backend=local on the same inputs and seed."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from kfp.dsl import HTML, Artifact, Dataset, Metrics, Model, TaskConfig
+
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+from kfp_finetune.components.model_initialize.initialize import initialize_model
+from kfp_finetune.components.torchtune_finetune.finetune import run_component
+from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
+from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed
+from tests.support import kube_standin as standin
+
+pytestmark = pytest.mark.slow
+kube_standin = standin.kube_standin
+
+RUN_ID = "0d1c7a5e-run"
+WORKSPACE_PVC = "run-0d1c7a5e-kfp-workspace"
+TRAINING = {"method": "lora", "device": "cpu", "batch_size": 4, "gradient_accumulation_steps": 1,
+            "max_steps_per_epoch": 4, "seed": 0, "learning_rate": 1e-3}  # fmt: skip
+
+
+@pytest.fixture
+def inputs(tiny_llama, tiny_dataset, tmp_path):
+    """A workspace filled by the real initializers, and their output artifacts."""
+    workspace = tmp_path / "workspace"
+    model = Model(uri=str(tmp_path / "artifacts" / "base_model"))
+    train, held_out = (
+        Dataset(uri=str(tmp_path / "artifacts" / "train")),
+        Dataset(uri=str(tmp_path / "artifacts" / "eval")),
+    )
+    initialize_model(str(tiny_llama), str(workspace), name="base", output_model=model)
+    initialize_dataset(str(tiny_dataset["train.jsonl"]), str(workspace), name="reverse", eval_fraction=0.1,
+                       output_train=train, output_eval=held_out)  # fmt: skip
+    return workspace, model, train
+
+
+def task_config(workspace: Path, **extra) -> TaskConfig:
+    """What the KFP driver injects: the workspace PVC (mounted where this pod sees it) plus the task's settings."""
+    return TaskConfig(
+        volumes=[{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}],
+        volume_mounts=[{"name": "kfp-workspace", "mountPath": str(workspace)}],
+        **extra,
+    )
+
+
+def call_component(workspace, base_model, train, tmp_path, backend, config, **params):
+    outputs = tmp_path / f"outputs-{backend}"
+    artifacts = {
+        "model": Model(uri=str(outputs / "model")),
+        "metrics": Metrics(uri=str(outputs / "metrics")),
+        "report": HTML(uri=str(outputs / "report")),
+        "train_config": Artifact(uri=str(outputs / "train_config")),
+    }
+    step = {"backend": backend, "runtime_name": "torchtune-cpu", "runtime_kind": "ClusterTrainingRuntime",
+            "num_nodes": 1, "num_proc_per_node": 0, "timeout_seconds": 600, "cleanup_policy": "on-success",
+            "trainer_image": "", "run_id": f"{RUN_ID}-{backend}", "task_name": "torchtune-finetune"}  # fmt: skip
+    result = run_component(
+        workspace_path=str(workspace), train_data=train, base_model=base_model, eval_data=None,
+        kubernetes_config=config, **artifacts, **step, **{**TRAINING, **params},
+    )  # fmt: skip
+    return result, artifacts
+
+
+@pytest.fixture
+def cpu_runtime(kube_standin):
+    runtime = Path(__file__).resolve().parents[1] / "runtimes" / "torchtune-cpu.yaml"
+    import yaml
+
+    kube_standin.add_object(yaml.safe_load(runtime.read_text()))
+    return kube_standin
+
+
+def test_trainjob_backend_matches_local_backend(inputs, cpu_runtime, tmp_path, monkeypatch):
+    kube = cpu_runtime
+    workspace, base_model, train = inputs
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))
+    kube.execute(
+        {WORKSPACE_PVC: workspace}, extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    )
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    config = task_config(
+        workspace,
+        resources={"requests": {"cpu": "2", "memory": "4Gi"}},
+        tolerations=[toleration],
+        node_selector={"pool": "training"},
+        env=[{"name": "HF_HUB_OFFLINE", "value": "1"}],
+    )
+    remote, remote_artifacts = call_component(workspace, base_model, train, tmp_path, "trainjob", config)
+    local, _ = call_component(workspace, base_model, train, tmp_path, "local", TaskConfig())
+
+    # Same inputs and seed, same numbers: the TrainJob ran the same resolved YAML.
+    assert [round(s.loss, 5) for s in remote.steps] == [round(s.loss, 5) for s in local.steps]
+    assert len(remote.steps) == 4
+    assert {Path(p).name for p in remote.checkpoint.files} == {Path(p).name for p in local.checkpoint.files}
+
+    name = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
+    created = kube.requests_for("POST", "trainjobs")[0].body
+    spec = created["spec"]
+    assert spec["trainer"]["command"][:3] == ["tune", "run", "lora_finetune_single_device"]
+    assert spec["trainer"]["resourcesPerNode"]["requests"] == {"cpu": "2", "memory": "4Gi"}
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in spec["trainer"]["env"]
+    pod_patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod_spec = pod_patch["template"]["spec"]["template"]["spec"]
+    assert pod_spec["tolerations"] == [toleration] and pod_spec["nodeSelector"] == {"pool": "training"}
+    assert pod_spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == WORKSPACE_PVC
+    assert created["metadata"]["name"] == name
+    assert kube.trainjob(name) is None, "a successful TrainJob is deleted (cleanup_policy=on-success)"
+
+    files = sorted(p.name for p in Path(remote_artifacts["train_config"].path).iterdir())
+    assert files == ["torchtune_config.yaml", "trainjob.yaml"]
+    assert remote_artifacts["model"].metadata["backend"] == "trainjob"
+    assert remote_artifacts["metrics"].metadata["steps"] == 4
+
+
+def test_trainjob_failure_surfaces_reason_and_keeps_the_job(inputs, cpu_runtime, tmp_path, monkeypatch):
+    kube = cpu_runtime
+    workspace, base_model, train = inputs
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))
+    kube.scenario(None, standin.Scenario.oom())
+    with pytest.raises(TrainJobFailed, match="OOMKilled"):
+        call_component(workspace, base_model, train, tmp_path, "trainjob", task_config(workspace))
+    name = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
+    assert kube.trainjob(name) is not None, "failed TrainJobs are kept for debugging"
+
+
+def test_bad_parameters_fail_before_any_trainjob(inputs, cpu_runtime, tmp_path, monkeypatch):
+    kube = cpu_runtime
+    workspace, base_model, train = inputs
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))
+    with pytest.raises(ValueError, match="lora_rank must be at least 1"):
+        call_component(
+            workspace, base_model, train, tmp_path, "trainjob", task_config(workspace), lora_rank=-3
+        )
+    with pytest.raises(ValueError, match="workspace .* is not among the volumes"):
+        call_component(workspace, base_model, train, tmp_path, "trainjob", TaskConfig())
+    with pytest.raises(ValueError, match="backend must be one of"):
+        call_component(workspace, base_model, train, tmp_path, "slurm", task_config(workspace))
+    assert kube.requests_for("POST", "trainjobs") == []

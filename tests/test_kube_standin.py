@@ -1,0 +1,433 @@
+"""The Kubernetes API stand-in, exercised only through the real ``kubernetes`` client over HTTP."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+import urllib3
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from tests.support import kube_standin as standin
+from tests.support.kube_standin import (
+    TRAINER_API_VERSION,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    KubeStandin,
+    Scenario,
+    expand_kube_vars,
+)
+
+kube_standin = standin.kube_standin  # the shared fixture: a started stand-in with runtime torch-distributed
+
+NS = "team-a"
+
+
+def trainjob(name: str, **spec) -> dict:
+    spec.setdefault("runtimeRef", {"name": "torch-distributed"})
+    return {"apiVersion": TRAINER_API_VERSION, "kind": "TrainJob", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture
+def custom(kube_standin: KubeStandin) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube_standin.api_client())
+
+
+@pytest.fixture
+def core(kube_standin: KubeStandin) -> client.CoreV1Api:
+    return client.CoreV1Api(kube_standin.api_client())
+
+
+def create(custom: client.CustomObjectsApi, body: dict) -> dict:
+    return custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", body)
+
+
+def get(custom: client.CustomObjectsApi, name: str) -> dict:
+    return custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", name)
+
+
+def status_of(error: ApiException) -> dict:
+    return json.loads(error.body)
+
+
+def test_create_get_list_delete(kube_standin, custom):
+    created = create(custom, trainjob("job-a", trainer={"numNodes": 2}))
+    assert created["metadata"]["uid"] and created["spec"]["runtimeRef"] == {
+        "name": "torch-distributed",
+        "kind": "ClusterTrainingRuntime",  # CRD defaults applied
+        "apiGroup": TRAINER_GROUP,
+    }
+    assert get(custom, "job-a")["metadata"]["name"] == "job-a"
+    create(custom, {**trainjob("job-b"), "metadata": {"name": "job-b", "labels": {"team": "x"}}})
+    listed = custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs")
+    assert listed["kind"] == "TrainJobList" and {i["metadata"]["name"] for i in listed["items"]} == {
+        "job-a",
+        "job-b",
+    }
+    selected = custom.list_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", label_selector="team=x"
+    )
+    assert [i["metadata"]["name"] for i in selected["items"]] == ["job-b"]
+
+    kube_standin.wait_for_trainjob("job-a", condition="Complete")
+    assert len(kube_standin.pods("job-a")) == 2
+    custom.delete_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", "job-a", propagation_policy="Background"
+    )
+    assert kube_standin.trainjob("job-a") is None and kube_standin.pods("job-a") == []
+    (deleted,) = kube_standin.requests_for("DELETE", "trainjobs", "job-a")
+    assert deleted.param("propagationPolicy") == "Background"
+    with pytest.raises(ApiException) as error:
+        get(custom, "job-a")
+    assert error.value.status == 404
+    assert status_of(error.value)["reason"] == "NotFound"
+    assert status_of(error.value)["message"] == 'trainjobs.trainer.kubeflow.org "job-a" not found'
+
+
+def test_duplicate_create_is_409(custom):
+    create(custom, trainjob("dup"))
+    with pytest.raises(ApiException) as error:
+        create(custom, trainjob("dup"))
+    assert error.value.status == 409 and status_of(error.value)["reason"] == "AlreadyExists"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "text"),
+    [
+        ({"trainer": {"numNodes": 1, "gpus": 2}}, "spec.trainer.gpus", 'unknown field "spec.trainer.gpus"'),
+        ({"trainer": {"numNodes": "two"}}, "spec.trainer.numNodes", "must be of type integer"),
+        ({"trainer": {"numProcPerNode": "auto"}}, "spec.trainer.numProcPerNode", "must be of type integer"),
+        (
+            {"trainer": {"env": [{"name": "A", "value": 1}]}},
+            "spec.trainer.env[0].value",
+            "must be of type string",
+        ),
+        ({"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", "greater than or equal to 1"),
+        ({"managedBy": "me"}, "spec.managedBy", "ManagedBy must be"),
+    ],
+)
+def test_strict_validation_names_the_field(kube_standin, custom, spec, field, text):
+    with pytest.raises(ApiException) as error:
+        create(custom, trainjob("bad", **spec))
+    status = status_of(error.value)
+    assert error.value.status == 422 and status["reason"] == "Invalid"
+    assert field in status["message"] and text in status["message"]
+    assert field in [cause["field"] for cause in status["details"]["causes"]]
+    assert kube_standin.trainjobs() == []
+
+
+@pytest.mark.parametrize("name", ["Upper", "a" * 64, "1starts-with-digit", "has.dot"])
+def test_name_must_be_rfc1035_label(custom, name):
+    with pytest.raises(ApiException) as error:
+        create(custom, trainjob(name))
+    assert error.value.status == 422
+
+
+def test_webhook_rejects_missing_runtime_and_reserved_env(custom):
+    with pytest.raises(ApiException) as error:
+        create(custom, trainjob("x", runtimeRef={"name": "nope"}))
+    assert error.value.status == 403
+    assert (
+        "specified clusterTrainingRuntime must be created before the TrainJob"
+        in status_of(error.value)["message"]
+    )
+    with pytest.raises(ApiException) as error:
+        create(custom, trainjob("y", trainer={"env": [{"name": "PET_NODE_RANK", "value": "0"}]}))
+    assert error.value.status == 403 and "PET_NODE_RANK" in status_of(error.value)["message"]
+
+
+def test_unauthorized_without_token(kube_standin):
+    api_client = client.ApiClient(client.Configuration(host=kube_standin.url))
+    with pytest.raises(ApiException) as error:
+        client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs"
+        )
+    assert error.value.status == 401
+    assert kube_standin.requests[-1].status == 401
+
+
+def test_watch_sees_added_and_modified_with_increasing_versions(kube_standin, custom):
+    listed = custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs")
+    create(custom, trainjob("w1"))
+    seen = []
+    for event in watch.Watch().stream(
+        custom.list_namespaced_custom_object,
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        NS,
+        "trainjobs",
+        field_selector="metadata.name=w1",
+        resource_version=listed["metadata"]["resourceVersion"],
+        timeout_seconds=5,
+    ):
+        seen.append(event)
+        conditions = event["object"].get("status", {}).get("conditions", [])
+        if any(c["type"] == "Complete" for c in conditions):
+            break
+    assert [e["type"] for e in seen][:2] == ["ADDED", "MODIFIED"]
+    versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in seen]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    assert seen[-1]["object"]["status"]["conditions"][0]["reason"] == "AllJobsCompleted"
+    assert {c["type"] for e in seen for c in e["object"].get("status", {}).get("conditions", [])} == {
+        "Complete"
+    }
+
+
+def test_watch_faults_dropped_stream_and_410(kube_standin, custom):
+    kube_standin.scenario(None, pending_seconds=0.3)
+    create(custom, trainjob("w2"))
+    rv = get(custom, "w2")["metadata"]["resourceVersion"]
+    kube_standin.drop_watch_after(1)
+    stream = custom.list_namespaced_custom_object(
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        NS,
+        "trainjobs",
+        watch=True,
+        resource_version="0",
+        _preload_content=False,
+    )
+    lines = [line for line in stream.read().decode().splitlines() if line]
+    assert len(lines) == 1 and json.loads(lines[0])["type"] == "ADDED"  # the server closed after one event
+
+    kube_standin.drop_watch_after(0, abrupt=True)
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        for _ in watch.Watch().stream(
+            custom.list_namespaced_custom_object, TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs"
+        ):
+            pass
+
+    kube_standin.expire_next_watch()
+    with pytest.raises(ApiException) as error:  # with timeout_seconds the client does not retry a 410
+        for _ in watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            NS,
+            "trainjobs",
+            resource_version=rv,
+            timeout_seconds=2,
+        ):
+            pass
+    assert error.value.status == 410 and "too old resource version" in error.value.reason
+
+    kube_standin.expire_next_watch(as_http_error=True)
+    with pytest.raises(ApiException) as error:
+        custom.list_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", watch=True, resource_version=rv
+        )
+    assert error.value.status == 410 and status_of(error.value)["reason"] == "Gone"
+
+
+def test_injected_5xx_and_429(kube_standin, custom):
+    kube_standin.fail_next(2, status=503, method="POST")
+    for _ in range(2):
+        with pytest.raises(ApiException) as error:
+            create(custom, trainjob("flaky"))
+        assert error.value.status == 503
+    kube_standin.fail_next(status=429)
+    with pytest.raises(ApiException) as error:
+        get(custom, "flaky")
+    assert error.value.status == 429 and status_of(error.value)["reason"] == "TooManyRequests"
+    create(custom, trainjob("flaky"))
+    assert [r.status for r in kube_standin.requests_for("POST", "trainjobs")] == [503, 503, 201]
+    # with Retry-After, urllib3 (under the kubernetes client) retries a GET on 429/503 by itself
+    kube_standin.fail_next(status=503, retry_after=0)
+    assert get(custom, "flaky")["metadata"]["name"] == "flaky"
+    assert [r.status for r in kube_standin.requests_for("GET", "trainjobs", "flaky")] == [429, 503, 200]
+
+
+def test_pods_logs_and_events(kube_standin, custom, core):
+    lines = [
+        f"Step {i} | loss:{2.5 - i / 10:.4f} lr:0.0001 tokens_per_second_per_gpu:12{i}.0" for i in range(1, 6)
+    ]
+    kube_standin.scenario("logs", Scenario.success(lines, line_interval=0.05))
+    create(custom, trainjob("logs", trainer={"numNodes": 2, "numProcPerNode": 1}))
+    pods = []
+    while len(pods) < 2:
+        pods = core.list_namespaced_pod(NS, label_selector="jobset.sigs.k8s.io/jobset-name=logs").items
+    rank0 = next(p for p in pods if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == "0")
+    assert rank0.metadata.name.startswith("logs-node-0-0-")
+    assert rank0.metadata.labels["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
+    env = {e.name: e for e in rank0.spec.containers[0].env}
+    assert env["PET_NNODES"].value == "2" and env["PET_NPROC_PER_NODE"].value == "1"
+    assert env["PET_MASTER_ADDR"].value == "logs-node-0-0.logs" and env["PET_MASTER_PORT"].value == "29400"
+    assert "job-completion-index" in env["PET_NODE_RANK"].value_from.field_ref.field_path
+
+    while core.read_namespaced_pod(rank0.metadata.name, NS).status.phase == "Pending":
+        time.sleep(0.01)
+    response = core.read_namespaced_pod_log(
+        rank0.metadata.name, NS, container="node", follow=True, _preload_content=False
+    )
+    streamed = [line.decode() for line in response.stream(32) if line]
+    assert "".join(streamed).splitlines() == lines
+    assert kube_standin.trainjob("logs")["status"]["conditions"][0]["type"] in ("Complete",)
+    tail = core.read_namespaced_pod_log(rank0.metadata.name, NS, tail_lines=2)
+    assert tail.splitlines() == lines[-2:]
+    followed = watch.Watch().stream(core.read_namespaced_pod_log, rank0.metadata.name, NS, container="node")
+    assert list(followed) == lines
+
+    kube_standin.add_event("logs", "Created", "Created JobSet: logs", type_="Normal", kind="TrainJob")
+    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=logs").items
+    assert [(e.reason, e.involved_object.kind) for e in events] == [("Created", "TrainJob")]
+
+
+def test_failure_oom_and_stuck_pending(kube_standin, custom, core):
+    kube_standin.scenario("boom", Scenario.failure("FailedJobs", "job boom-node-0 failed"))
+    kube_standin.scenario("oom", Scenario.oom())
+    kube_standin.scenario("stuck", Scenario.stuck_pending(image_pull_backoff=True))
+    kube_standin.scenario("no-gpu", Scenario.stuck_pending())
+    for name in ("boom", "oom", "stuck", "no-gpu"):
+        create(custom, trainjob(name))
+    failed = kube_standin.wait_for_trainjob("boom", condition="Failed")
+    assert failed["status"]["conditions"][0]["message"] == "job boom-node-0 failed"
+    assert failed["status"]["jobsStatus"][0]["failed"] == 1
+    kube_standin.wait_for_trainjob("oom", condition="Failed")
+    (oom_pod,) = core.list_namespaced_pod(NS, label_selector="jobset.sigs.k8s.io/jobset-name=oom").items
+    terminated = oom_pod.status.container_statuses[0].state.terminated
+    assert (oom_pod.status.phase, terminated.reason, terminated.exit_code) == ("Failed", "OOMKilled", 137)
+
+    (stuck_pod,) = kube_standin.pods("stuck")
+    pod = core.read_namespaced_pod(stuck_pod["metadata"]["name"], NS)
+    assert pod.status.phase == "Pending"
+    assert pod.status.container_statuses[0].state.waiting.reason == "ImagePullBackOff"
+    events = core.list_namespaced_event(NS, field_selector=f"involvedObject.name={pod.metadata.name}").items
+    assert {e.reason for e in events} == {"Failed", "BackOff"}
+    with pytest.raises(ApiException) as error:  # logs of a waiting container are a 400, as on a cluster
+        core.read_namespaced_pod_log(pod.metadata.name, NS, container="node")
+    assert error.value.status == 400 and "is waiting to start" in status_of(error.value)["message"]
+    assert "conditions" not in kube_standin.trainjob("stuck")["status"]
+
+    (unschedulable,) = core.list_namespaced_pod(
+        NS, label_selector="jobset.sigs.k8s.io/jobset-name=no-gpu"
+    ).items
+    assert unschedulable.status.conditions[0].reason == "Unschedulable"
+    (event,) = core.list_namespaced_event(
+        NS, field_selector=f"involvedObject.name={unschedulable.metadata.name}"
+    ).items
+    assert event.reason == "FailedScheduling" and "Insufficient nvidia.com/gpu" in event.message
+
+
+def test_active_deadline_and_seeded_job(kube_standin, custom):
+    kube_standin.scenario("late", Scenario.stuck_pending())
+    create(custom, trainjob("late", activeDeadlineSeconds=1))
+    failed = kube_standin.wait_for_trainjob("late", condition="Failed", timeout=5)
+    assert failed["status"]["conditions"][0]["reason"] == "DeadlineExceeded"
+    assert kube_standin.pods("late") == []
+
+    kube_standin.add_object({**trainjob("seeded"), "metadata": {"name": "seeded"}})
+    assert get(custom, "seeded")["metadata"]["resourceVersion"]
+    kube_standin.wait_for_trainjob("seeded", condition="Complete")
+    assert kube_standin.requests_for("POST", "trainjobs", "seeded") == []
+
+
+def test_execute_mode_runs_node_commands(kube_standin, custom, core, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    kube_standin.add_runtime("local-torch", command=["/bin/false"])
+    kube_standin.execute(volume_dirs={"run-pvc": workspace})
+    # the workspace PVC arrives through runtimePatches, as the launcher sends it
+    pod_patch = {
+        "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "run-pvc"}}],
+        "containers": [{"name": "node", "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}],
+    }
+    node_patch = {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}}
+    patches = [
+        {
+            "manager": "kfp-finetune",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node_patch]}}},
+        }
+    ]
+    script = (
+        "import os, pathlib; rank = os.environ['PET_NODE_RANK']; print('rank', rank, os.environ['GREETING']);"
+        "pathlib.Path(os.environ['OUT']).joinpath(f'rank{rank}.txt').write_text(os.environ['PET_NNODES'])"
+    )
+    create(
+        custom,
+        trainjob(
+            "run",
+            runtimeRef={"name": "local-torch"},
+            runtimePatches=patches,
+            trainer={
+                "numNodes": 2,
+                "command": [sys.executable, "-c"],
+                "args": [script],
+                "env": [
+                    {"name": "GREETING", "value": "hi"},
+                    {"name": "OUT", "value": "/workspace/$(GREETING)"},
+                ],
+            },
+        ),
+    )
+    (workspace / "hi").mkdir()
+    done = kube_standin.wait_for_trainjob("run", condition="Complete", timeout=20)
+    assert done["status"]["conditions"][0]["type"] == "Complete"
+    assert sorted(p.name for p in (workspace / "hi").iterdir()) == ["rank0.txt", "rank1.txt"]
+    assert (workspace / "hi" / "rank1.txt").read_text() == "2"
+    pods = kube_standin.pods("run")
+    assert [core.read_namespaced_pod_log(p["metadata"]["name"], NS) for p in pods] == [
+        "rank 0 hi\n",
+        "rank 1 hi\n",
+    ]
+    assert [p["status"]["phase"] for p in pods] == ["Succeeded", "Succeeded"]
+
+    create(
+        custom,
+        trainjob(
+            "crash",
+            runtimeRef={"name": "local-torch"},
+            trainer={"command": [sys.executable, "-c", "import sys; print('dying'); sys.exit(3)"]},
+        ),
+    )
+    failed = kube_standin.wait_for_trainjob("crash", condition="Failed", timeout=20)
+    assert failed["status"]["conditions"][0]["reason"] == "FailedJobs"
+    (pod,) = core.list_namespaced_pod(NS, label_selector="jobset.sigs.k8s.io/jobset-name=crash").items
+    assert pod.status.phase == "Failed" and pod.status.container_statuses[0].state.terminated.exit_code == 3
+    assert core.read_namespaced_pod_log(pod.metadata.name, NS) == "dying\n"
+
+
+def test_expand_kube_vars_like_the_kubelet():
+    env = {"A": "x", "B": "y"}
+    assert expand_kube_vars("$(A)/$(B)-$(C)-$$(A)-$A", env) == "x/y-$(C)-$(A)-$A"
+
+
+def test_foreground_delete_dry_run_and_generate_name(kube_standin, custom):
+    dry = custom.create_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", trainjob("dry"), dry_run="All"
+    )
+    assert dry["metadata"]["name"] == "dry" and kube_standin.trainjob("dry") is None
+    generated = create(custom, {**trainjob("unused"), "metadata": {"generateName": "run-"}})
+    name = generated["metadata"]["name"]
+    assert name.startswith("run-") and len(name) > len("run-")
+
+    kube_standin.wait_for_trainjob(name, condition="Complete")
+    rv = get(custom, name)["metadata"]["resourceVersion"]
+    custom.delete_namespaced_custom_object(
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        NS,
+        "trainjobs",
+        name,
+        body=client.V1DeleteOptions(propagation_policy="Foreground"),
+    )
+    events = list(
+        watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            NS,
+            "trainjobs",
+            resource_version=rv,
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=1,
+        )
+    )
+    assert [e["type"] for e in events] == ["MODIFIED", "DELETED"]
+    assert events[0]["object"]["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert (
+        kube_standin.requests_for("DELETE", "trainjobs", name)[0].param("propagationPolicy") == "Foreground"
+    )
+    assert kube_standin.pods(name) == []

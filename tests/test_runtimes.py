@@ -1,0 +1,282 @@
+"""runtimes/: every manifest validates against the Trainer v2.3 CRDs, kustomize is consistent, RBAC is minimal."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kfp_finetune.components.torchtune_finetune import trainjob_launcher
+from kfp_finetune.components.torchtune_finetune.trainjob import NODE
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIMES = REPO / "runtimes"
+CRD_DIR = Path(os.environ.get("KFP_FINETUNE_CRD_DIR", REPO.parent / "shared" / "reference" / "crds"))
+CRD_FILES = {
+    "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+    "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+    "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+}
+_RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+# --- A strict structural-schema check, like `kubectl apply --validate=strict` against the CRD ----------------
+
+
+@functools.cache
+def crd_schema(kind: str) -> dict:
+    crd = yaml.safe_load((CRD_DIR / CRD_FILES[kind]).read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def crd_errors(obj: dict) -> list[str]:
+    """Violations of the object's CRD schema: unknown fields, types, required, enums, sizes, patterns."""
+    kind = obj.get("kind")
+    if kind not in CRD_FILES:
+        return [f"kind {kind!r} is not a Trainer CRD"]
+    errors: list[str] = []
+    name = obj.get("metadata", {}).get("name", "")
+    if kind == "TrainJob" and not (_RFC1035.match(name) and len(name) <= 63):
+        errors.append(f"metadata.name {name!r} is not an RFC 1035 label of at most 63 characters")
+    if obj.get("apiVersion") != "trainer.kubeflow.org/v1alpha1":
+        errors.append(f"apiVersion {obj.get('apiVersion')!r}")
+    body = {k: v for k, v in obj.items() if k != "metadata"}  # metadata is ObjectMeta, checked by the server
+    _check(
+        body,
+        {**crd_schema(kind), "properties": {**crd_schema(kind)["properties"], "metadata": {}}},
+        "",
+        errors,
+    )
+    return errors
+
+
+def _check(value: Any, schema: dict, path: str, errors: list[str]) -> None:
+    if not schema:
+        return
+    if schema.get("x-kubernetes-int-or-string"):
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            errors.append(f"{path}: must be an integer or a string")
+        elif isinstance(value, str) and not re.search(_string_branch(schema).get("pattern", ""), value):
+            errors.append(f"{path}: {value!r} is not a valid quantity")
+        return
+    expected = schema.get("type")
+    checks = {
+        "object": lambda v: isinstance(v, dict),
+        "array": lambda v: isinstance(v, list),
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+    }
+    if expected and not checks[expected](value):
+        errors.append(f"{path}: expected {expected}, got {type(value).__name__}")
+        return
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not one of {schema['enum']}")
+    if isinstance(value, str):
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"{path}: longer than {schema['maxLength']}")
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            errors.append(f"{path}: shorter than {schema['minLength']}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{path}: below {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{path}: above {schema['maximum']}")
+    if isinstance(value, list):
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{path}: more than {schema['maxItems']} items")
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            errors.append(f"{path}: fewer than {schema['minItems']} items")
+        keys = schema.get("x-kubernetes-list-map-keys")
+        if schema.get("x-kubernetes-list-type") == "map" and keys:
+            seen = [tuple(item.get(k) for k in keys) for item in value if isinstance(item, dict)]
+            if len(seen) != len(set(seen)):
+                errors.append(f"{path}: duplicate entries for key {keys}")
+        for index, item in enumerate(value):
+            _check(item, schema.get("items", {}), f"{path}[{index}]", errors)
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing required field {key!r}")
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else key
+            if properties is not None and key in properties:
+                _check(item, properties[key], child, errors)
+            elif isinstance(schema.get("additionalProperties"), dict):
+                _check(item, schema["additionalProperties"], child, errors)
+            elif properties is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
+                errors.append(f"{child}: unknown field")
+
+
+def _string_branch(schema: dict) -> dict:
+    return next((s for s in schema.get("anyOf", []) if s.get("type") == "string"), {})
+
+
+# --- runtimes/ ----------------------------------------------------------------------------------------------
+
+
+def runtime_documents() -> list[tuple[str, dict]]:
+    return [
+        (path.name, doc)
+        for path in sorted(RUNTIMES.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+
+
+def runtimes_by_name() -> dict[str, dict]:
+    return {
+        doc["metadata"]["name"]: doc
+        for _, doc in runtime_documents()
+        if doc["kind"].endswith("TrainingRuntime")
+    }
+
+
+def test_kustomization_lists_every_manifest_and_nothing_else():
+    kustomization = yaml.safe_load((RUNTIMES / "kustomization.yaml").read_text())
+    listed = kustomization["resources"]
+    on_disk = sorted(p.name for p in RUNTIMES.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+    assert len(listed) == len(set(listed))
+    readme = (RUNTIMES / "README.md").read_text()
+    assert "kubectl apply -k runtimes/" in readme
+    for name in on_disk:
+        assert f"`{name}`" in readme, f"runtimes/README.md does not describe {name}"
+
+
+def test_object_names_are_unique_per_kind_and_namespace():
+    keys = [
+        (doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"])
+        for _, doc in runtime_documents()
+    ]
+    assert len(keys) == len(set(keys)), keys
+
+
+@pytest.mark.parametrize("name", ["torchtune", "torchtune-cpu"])
+def test_runtime_validates_against_crd_and_typed_models(name):
+    from kubeflow_trainer_api.models import TrainerV1alpha1ClusterTrainingRuntime
+
+    runtime = runtimes_by_name()[name]
+    assert crd_errors(runtime) == []
+    model = TrainerV1alpha1ClusterTrainingRuntime.from_dict(runtime)
+    assert model.spec.ml_policy.torch is not None
+    assert model.to_dict()["spec"]["template"]["spec"] == runtime["spec"]["template"][
+        "spec"
+    ] or _same_quantities(model.to_dict()["spec"]["template"]["spec"], runtime["spec"]["template"]["spec"])
+
+
+def _same_quantities(a: Any, b: Any) -> bool:
+    """Equal up to quantities written as numbers vs strings."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_quantities(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_quantities(x, y) for x, y in zip(a, b, strict=True))
+    return str(a) == str(b)
+
+
+def test_crd_check_catches_unknown_and_mistyped_fields():
+    runtime = yaml.safe_load(yaml.safe_dump(runtimes_by_name()["torchtune"]))
+    runtime["spec"]["mlPolicy"]["numNode"] = 1
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["image"] = 3
+    errors = crd_errors(runtime)
+    assert any("spec.mlPolicy.numNode: unknown field" in e for e in errors)
+    assert any(e.endswith("image: expected string, got int") for e in errors)
+
+
+@pytest.mark.parametrize("name", ["torchtune", "torchtune-cpu"])
+def test_runtime_has_only_the_trainer_node_job_with_shm_and_no_owned_pvc(name):
+    runtime = runtimes_by_name()[name]
+    template = runtime["spec"]["template"]["spec"]
+    assert "volumeClaimPolicies" not in template
+    assert "initializer" not in yaml.safe_dump(runtime)
+    (job,) = template["replicatedJobs"]
+    assert job["name"] == NODE
+    # The Trainer finds the trainer container through this label (Builder.Trainer, Torch.EnforceMLPolicy).
+    assert job["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
+    pod = job["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == NODE
+    shm = {v["name"]: v for v in pod["volumes"]}[
+        next(m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    ]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert all("persistentVolumeClaim" not in v for v in pod["volumes"])
+    assert runtime["spec"]["mlPolicy"]["torch"] == {}
+    limits = container.get("resources", {}).get("limits", {})
+    assert ("nvidia.com/gpu" in limits) == (name == "torchtune")
+
+
+def test_runtimes_use_the_default_trainer_image(monkeypatch):
+    from kfp_finetune.components._shared import images
+
+    monkeypatch.delenv("KFP_FINETUNE_TRAINER_IMAGE", raising=False)
+    default_image = importlib.reload(images).TRAINER_IMAGE
+    try:
+        for runtime in runtimes_by_name().values():
+            pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+                "spec"
+            ]
+            assert pod["containers"][0]["image"] == default_image
+    finally:
+        monkeypatch.undo()
+        importlib.reload(images)
+
+
+# --- RBAC ---------------------------------------------------------------------------------------------------
+
+
+def rbac_documents() -> list[dict]:
+    return [
+        doc for _, doc in runtime_documents() if doc["apiVersion"].startswith("rbac.authorization.k8s.io/")
+    ]
+
+
+def granted_permissions() -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs granted to pipeline-runner, following the bindings."""
+    roles = {
+        doc["metadata"]["name"]: doc for doc in rbac_documents() if doc["kind"] in ("ClusterRole", "Role")
+    }
+    granted: dict[tuple[str, str], set[str]] = {}
+    for binding in (d for d in rbac_documents() if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        assert {(s["kind"], s["name"], s["namespace"]) for s in binding["subjects"]} == {
+            ("ServiceAccount", "pipeline-runner", "kubeflow")
+        }
+        for rule in roles[binding["roleRef"]["name"]]["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_rbac_grants_exactly_what_the_launcher_uses():
+    assert granted_permissions() == {
+        key: set(verbs) for key, verbs in trainjob_launcher.API_PERMISSIONS.items()
+    }
+
+
+def test_rbac_is_least_privilege():
+    for doc in rbac_documents():
+        for rule in doc.get("rules", []):
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+            assert not {"update", "patch", "deletecollection", "escalate", "bind"} & set(rule["verbs"])
+    # Cluster-wide grants are limited to reading cluster-scoped runtimes.
+    for binding in (d for d in rbac_documents() if d["kind"] == "ClusterRoleBinding"):
+        role = next(d for d in rbac_documents() if d["metadata"]["name"] == binding["roleRef"]["name"])
+        assert [r["resources"] for r in role["rules"]] == [["clustertrainingruntimes"]]
+        assert {v for r in role["rules"] for v in r["verbs"]} <= {"get", "list"}
+    namespaced = [d for d in rbac_documents() if d["kind"] == "RoleBinding"]
+    assert namespaced and all(d["metadata"]["namespace"] == "kubeflow" for d in namespaced)

@@ -1,0 +1,403 @@
+"""The tiny offline model kit and synthetic dataset: what every other test and the demo build on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kfp_finetune import cli
+from kfp_finetune.tiny import RECOMMENDED_TRAINING
+from kfp_finetune.tiny.dataset import build_tiny_dataset
+from kfp_finetune.tiny.model import build_tiny_model, build_torchtune_model, checkpointer_model_type
+
+torch = pytest.importorskip("torch")
+
+FAMILIES = ["llama3_2", "qwen2_5"]
+EXPECTED_FILES = {
+    "llama3_2": {"original/tokenizer.model"},
+    "qwen2_5": {"vocab.json", "merges.txt"},
+}
+COMMON_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {family: build_tiny_model(root / family, family=family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> dict[str, Path]:
+    return build_tiny_dataset(tmp_path_factory.mktemp("tiny-dataset"), train_rows=200, eval_rows=20)
+
+
+def read_config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def file_hashes(model_dir: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(model_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(model_dir.rglob("*"))
+        if path.is_file()
+    }
+
+
+def torchtune_tokenizer(family: str, model_dir: Path):
+    if family == "llama3_2":
+        from torchtune.models.llama3 import llama3_tokenizer
+
+        return llama3_tokenizer(
+            path=str(model_dir / "original" / "tokenizer.model"),
+            special_tokens_path=str(model_dir / "tokenizer.json"),
+        )
+    from torchtune.models.qwen2_5 import qwen2_5_tokenizer
+
+    return qwen2_5_tokenizer(
+        path=str(model_dir / "vocab.json"),
+        merges_file=str(model_dir / "merges.txt"),
+        special_tokens_path=str(model_dir / "tokenizer.json"),
+    )
+
+
+def load_torchtune_state_dict(family: str, model_dir: Path, output_dir: Path, files=("model.safetensors",)):
+    from torchtune.training import FullModelHFCheckpointer
+
+    checkpointer = FullModelHFCheckpointer(
+        checkpoint_dir=str(model_dir),
+        checkpoint_files=list(files),
+        model_type=checkpointer_model_type(family),
+        output_dir=str(output_dir),
+    )
+    return checkpointer.load_checkpoint()["model"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_files_present(models, family):
+    present = set(file_hashes(models[family]))
+    assert present == COMMON_FILES | EXPECTED_FILES[family]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_matches_weights(models, family):
+    from safetensors import safe_open
+
+    config = read_config(models[family])
+    assert config["model_type"] == {"llama3_2": "llama", "qwen2_5": "qwen2"}[family]
+    assert config["tie_word_embeddings"] is True and config["torch_dtype"] == "float32"
+    dim, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim", dim // heads)
+    with safe_open(models[family] / "model.safetensors", framework="pt") as weights:
+        shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+    assert shapes["model.embed_tokens.weight"] == (config["vocab_size"], dim)
+    assert "lm_head.weight" not in shapes  # tied, as in the real small Llama-3.2 / Qwen2.5 checkpoints
+    layers = {int(m.group(1)) for key in shapes if (m := re.match(r"model\.layers\.(\d+)\.", key))}
+    assert layers == set(range(config["num_hidden_layers"]))
+    for layer in layers:
+        prefix = f"model.layers.{layer}."
+        assert shapes[prefix + "self_attn.q_proj.weight"] == (heads * head_dim, dim)
+        assert shapes[prefix + "self_attn.k_proj.weight"] == (kv_heads * head_dim, dim)
+        assert shapes[prefix + "self_attn.o_proj.weight"] == (dim, heads * head_dim)
+        assert shapes[prefix + "mlp.gate_proj.weight"] == (config["intermediate_size"], dim)
+        assert shapes[prefix + "mlp.down_proj.weight"] == (dim, config["intermediate_size"])
+        assert (prefix + "self_attn.q_proj.bias" in shapes) == config.get("attention_bias", False)
+
+    added = {
+        t["content"]: t["id"]
+        for t in json.loads((models[family] / "tokenizer.json").read_text())["added_tokens"]
+    }
+    assert max(added.values()) < config["vocab_size"]
+    eos_ids = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
+    assert {config["bos_token_id"], *eos_ids} <= set(added.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_build_is_deterministic(models, family, tmp_path):
+    again = build_tiny_model(tmp_path / "again", family=family)
+    assert file_hashes(again) == file_hashes(models[family])
+    other_seed = file_hashes(build_tiny_model(tmp_path / "seed1", family=family, seed=1))
+    assert other_seed["model.safetensors"] != file_hashes(again)["model.safetensors"]
+    # The tokenizer depends only on the family, so models of one family share it whatever the seed.
+    assert other_seed["tokenizer.json"] == file_hashes(again)["tokenizer.json"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_torchtune_loads_weights_strictly(models, family, tmp_path):
+    from torchtune.data import Message
+
+    config = read_config(models[family])
+    state_dict = load_torchtune_state_dict(family, models[family], tmp_path)
+    model = build_torchtune_model(family, config)
+    model.load_state_dict(state_dict, strict=True)
+
+    lora = {
+        "lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"],
+        "apply_lora_to_mlp": True,
+        "lora_rank": 8,
+        "lora_alpha": 16,
+    }
+    lora_model = build_torchtune_model(family, config, lora=lora)
+    result = lora_model.load_state_dict(state_dict, strict=False)
+    assert result.unexpected_keys == []
+    assert result.missing_keys and all(".lora_" in key for key in result.missing_keys)
+
+    tokenizer = torchtune_tokenizer(family, models[family])
+    tokens, _ = tokenizer.tokenize_messages(
+        [
+            Message(role="user", content="Uppercase: c a t s", masked=True),
+            Message(role="assistant", content="C A T S"),
+        ]
+    )
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens]))
+    assert logits.shape == (1, len(tokens), config["vocab_size"])
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenizer_round_trips_task_text(models, dataset, family):
+    from tokenizers import Tokenizer
+
+    tokenizer = torchtune_tokenizer(family, models[family])
+    hf_tokenizer = Tokenizer.from_file(str(models[family] / "tokenizer.json"))
+    rows = [json.loads(line) for line in dataset["eval.jsonl"].read_text().splitlines()]
+    for text in [row[column] for row in rows for column in ("input", "output")] + ["Hello world! 123"]:
+        ids = tokenizer.encode(text, add_bos=False, add_eos=False)
+        assert tokenizer.decode(ids) == text
+        # torchtune's encoder (tiktoken / its own BPE) and the HF tokenizer.json agree.
+        assert hf_tokenizer.encode(text, add_special_tokens=False).ids == ids
+
+    # Every letter of the task is a single token, so the task is short and regular.
+    prompt_ids = tokenizer.encode(rows[0]["input"], add_bos=False, add_eos=False)
+    assert len(prompt_ids) == 2 + len(rows[0]["input"].split()) - 1
+
+    added = {
+        t["content"]: t["id"]
+        for t in json.loads((models[family] / "tokenizer.json").read_text())["added_tokens"]
+    }
+    assert {k: v for k, v in tokenizer.special_tokens.items() if k in added} == added
+    if family == "llama3_2":
+        assert tokenizer.bos_id == added["<|begin_of_text|>"] and tokenizer.eot_id == added["<|eot_id|>"]
+    else:
+        assert tokenizer.im_start_id == added["<|im_start|>"] and tokenizer.eos_id == added["<|im_end|>"]
+    # Special tokens come right after the base vocabulary.
+    assert sorted(added.values()) == list(range(min(added.values()), min(added.values()) + len(added)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dim_256_builds_for_qlora(family, tmp_path):
+    from safetensors import safe_open
+
+    model_dir = build_tiny_model(tmp_path / family, family=family, dim=256)
+    config = read_config(model_dir)
+    assert config["hidden_size"] == 256
+    state_dict = load_torchtune_state_dict(family, model_dir, tmp_path / "out")
+    build_torchtune_model(family, config).load_state_dict(state_dict, strict=True)
+    # QLoRA (NF4) quantizes weights in blocks: numel / 64 must be divisible by 256.
+    with safe_open(model_dir / "model.safetensors", framework="pt") as weights:
+        for key in weights.keys():  # noqa: SIM118
+            if key.endswith("proj.weight"):
+                shape = weights.get_slice(key).get_shape()
+                assert (shape[0] * shape[1] // 64) % 256 == 0, key
+
+
+def test_dataset_is_deterministic_and_disjoint(dataset, tmp_path):
+    import pyarrow.parquet as pq
+
+    again = build_tiny_dataset(tmp_path / "again", train_rows=200, eval_rows=20)
+    for name, path in dataset.items():
+        assert again[name].read_bytes() == path.read_bytes(), name
+    other = build_tiny_dataset(tmp_path / "other", seed=1, train_rows=200, eval_rows=20)
+    assert other["train.jsonl"].read_bytes() != dataset["train.jsonl"].read_bytes()
+
+    splits = {}
+    for split, size in (("train", 200), ("eval", 20)):
+        rows = [json.loads(line) for line in dataset[f"{split}.jsonl"].read_text().splitlines()]
+        table = pq.read_table(dataset[f"{split}.parquet"])
+        assert table.column_names == ["input", "output"]
+        assert table.to_pylist() == rows
+        assert len(rows) == size
+        splits[split] = {row["input"] for row in rows}
+    assert len(splits["train"]) == 200
+    assert not splits["train"] & splits["eval"]
+
+
+def test_dataset_rows_follow_the_task(dataset):
+    for line in dataset["train.jsonl"].read_text().splitlines():
+        row = json.loads(line)
+        letters = row["input"].split(": ", 1)[1]
+        assert row["output"] == letters.upper()
+
+
+def test_cli_commands(tmp_path, capsys):
+    assert (
+        cli.main(["tiny-model", str(tmp_path / "m"), "--family", "qwen2_5", "--dim", "32", "--seed", "3"])
+        == 0
+    )
+    assert read_config(tmp_path / "m")["hidden_size"] == 32
+    assert cli.main(["tiny-dataset", str(tmp_path / "d"), "--train-rows", "5", "--eval-rows", "2"]) == 0
+    assert len((tmp_path / "d" / "train.jsonl").read_text().splitlines()) == 5
+    assert str(tmp_path / "d" / "eval.parquet") in capsys.readouterr().out
+
+
+def test_cli_help_does_not_import_torch():
+    code = (
+        "import sys; from kfp_finetune import cli; cli.build_parser(); "
+        "assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "ok"
+
+
+def torchtune_yaml(family: str, model_dir: Path, data_dir: Path, output_dir: Path, settings: dict) -> dict:
+    """A complete torchtune config for a full fine-tune of the tiny model on CPU."""
+    config = read_config(model_dir)
+    model = {
+        "_component_": {
+            "llama3_2": "torchtune.models.llama3_2.llama3_2",
+            "qwen2_5": "torchtune.models.qwen2.qwen2",
+        }[family],
+        "vocab_size": config["vocab_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_heads": config["num_attention_heads"],
+        "num_kv_heads": config["num_key_value_heads"],
+        "embed_dim": config["hidden_size"],
+        "intermediate_dim": config["intermediate_size"],
+        "max_seq_len": config["max_position_embeddings"],
+        "norm_eps": config["rms_norm_eps"],
+        "rope_base": config["rope_theta"],
+        "tie_word_embeddings": True,
+    }
+    if family == "llama3_2":
+        tokenizer = {
+            "_component_": "torchtune.models.llama3.llama3_tokenizer",
+            "path": str(model_dir / "original" / "tokenizer.model"),
+        }
+    else:
+        tokenizer = {
+            "_component_": "torchtune.models.qwen2_5.qwen2_5_tokenizer",
+            "path": str(model_dir / "vocab.json"),
+            "merges_file": str(model_dir / "merges.txt"),
+        }
+    # max_seq_len null: with a limit, torchtune 0.6.1's Qwen2.5 tokenizer masks the final <|im_end|>, so the
+    # model would never learn to stop (see kfp_finetune.tiny.RECOMMENDED_TRAINING).
+    tokenizer.update(special_tokens_path=str(model_dir / "tokenizer.json"), max_seq_len=None)
+    return {
+        "output_dir": str(output_dir),
+        "model": model,
+        "tokenizer": tokenizer,
+        "checkpointer": {
+            "_component_": "torchtune.training.FullModelHFCheckpointer",
+            "checkpoint_dir": str(model_dir),
+            "checkpoint_files": ["model.safetensors"],
+            "recipe_checkpoint": None,
+            "output_dir": str(output_dir),
+            "model_type": checkpointer_model_type(family),
+        },
+        "resume_from_checkpoint": False,
+        "dataset": {
+            "_component_": "torchtune.datasets.instruct_dataset",
+            "source": "json",
+            "data_files": str(data_dir / "train.jsonl"),
+            "split": "train",
+            "train_on_input": False,
+            "packed": False,
+        },
+        "seed": 0,
+        "shuffle": True,
+        "batch_size": settings["batch_size"],
+        "epochs": 1,
+        "max_steps_per_epoch": settings["max_steps_per_epoch"],
+        "gradient_accumulation_steps": 1,
+        "clip_grad_norm": None,
+        "compile": False,
+        "optimizer": {"_component_": "torch.optim.AdamW", "lr": settings["lr"], "weight_decay": 0.0},
+        "optimizer_in_bwd": False,
+        "lr_scheduler": {
+            "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
+            "num_warmup_steps": settings["num_warmup_steps"],
+        },
+        "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
+        "metric_logger": {
+            "_component_": "torchtune.training.metric_logging.DiskLogger",
+            "log_dir": str(output_dir / "logs"),
+            "filename": "log.txt",
+        },
+        "log_every_n_steps": 1,
+        "log_peak_memory_stats": False,
+        "device": "cpu",
+        "dtype": "fp32",
+        "enable_activation_checkpointing": False,
+        "enable_activation_offloading": False,
+    }
+
+
+def greedy_exact_match(
+    family: str, model_dir: Path, weights_dir: Path, rows: list[dict], tmp_path: Path
+) -> float:
+    from torchtune.data import Message
+
+    tokenizer = torchtune_tokenizer(family, model_dir)
+    files = sorted(path.name for path in weights_dir.glob("*.safetensors") if "adapter" not in path.name)
+    model = build_torchtune_model(family, read_config(model_dir))
+    model.load_state_dict(load_torchtune_state_dict(family, weights_dir, tmp_path, files))
+    model.eval()
+    hits = 0
+    for row in rows:
+        user = Message(role="user", content=row["input"], masked=True)
+        if family == "llama3_2":
+            prompt, _ = tokenizer.tokenize_messages(
+                [user, Message(role="assistant", content="")], add_end_tokens=False
+            )
+        else:
+            prompt, _ = tokenizer.tokenize_messages([user], add_eos=False)
+            prompt += [tokenizer.im_start_id, *tokenizer.encode("assistant\n", add_bos=False, add_eos=False)]
+        generated = []
+        with torch.no_grad():
+            for _ in range(12):
+                next_id = int(model(torch.tensor([prompt + generated]))[0, -1].argmax())
+                if next_id in tokenizer.stop_tokens or next_id == getattr(tokenizer, "eot_id", None):
+                    break
+                generated.append(next_id)
+        hits += tokenizer.decode(generated).strip() == row["output"]
+    return hits / len(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_finetune_learns_the_task(models, family, tmp_path):
+    import yaml
+
+    settings = RECOMMENDED_TRAINING["full"]
+    data = build_tiny_dataset(tmp_path / "data")
+    output_dir = tmp_path / "run"
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        yaml.safe_dump(torchtune_yaml(family, models[family], tmp_path / "data", output_dir, settings))
+    )
+    tune = Path(sys.executable).with_name("tune")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    subprocess.run([str(tune), "run", settings["recipe"], "--config", str(config_path)], check=True, env=env)
+
+    losses = [float(v) for v in re.findall(r"loss:([0-9.]+)", (output_dir / "logs" / "log.txt").read_text())]
+    assert len(losses) == settings["max_steps_per_epoch"]
+    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:5]) / 5
+
+    rows = [json.loads(line) for line in data["eval.jsonl"].read_text().splitlines()][:20]
+    base = greedy_exact_match(family, models[family], models[family], rows, tmp_path / "ck-base")
+    tuned = greedy_exact_match(family, models[family], output_dir / "epoch_0", rows, tmp_path / "ck-tuned")
+    assert tuned > base
