@@ -1,3 +1,4 @@
+import logging
 import os
 
 import pytest
@@ -5,6 +6,17 @@ import pytest
 # Tests never reach the internet: nothing may be fetched from a real hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """Libraries called in-process (e.g. KFP's executor) may configure the root logger; a handler bound to one
+    test's captured stdout must not leak log lines into a later test's stdout."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

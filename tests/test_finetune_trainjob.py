@@ -2,8 +2,13 @@
 Kubernetes API stand-in. Execute mode runs the TrainJob's node command for real, so the outputs can be compared
 with backend=local on the same inputs and seed."""
 
+import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +147,46 @@ def test_bad_parameters_fail_before_any_trainjob(inputs, cpu_runtime, tmp_path, 
     with pytest.raises(ValueError, match="backend must be one of"):
         call_component(workspace, base_model, train, tmp_path, "slurm", task_config(workspace))
     assert kube.requests_for("POST", "trainjobs") == []
+
+
+def test_cancelling_the_step_deletes_the_trainjob(inputs, cpu_runtime, tmp_path):
+    """SIGTERM to the step (KFP run cancelled, pod evicted) deletes the running TrainJob and fails the step."""
+
+    kube = cpu_runtime
+    workspace, base_model, train = inputs
+    kube.scenario(
+        None, standin.Scenario(log_lines=[f"Step {i} | loss:2.0" for i in range(1, 600)], line_interval=0.1)
+    )
+    step = textwrap.dedent(f"""
+        import json, sys
+        from kfp.dsl import HTML, Artifact, Dataset, Metrics, Model, TaskConfig
+        from kfp_finetune.components.torchtune_finetune.finetune import run_component
+        base = Model(uri={str(base_model.path)!r}, metadata=json.loads({json.dumps(base_model.metadata)!r}))
+        train = Dataset(uri={str(train.path)!r}, metadata=json.loads({json.dumps(train.metadata)!r}))
+        out = {str(tmp_path / "out")!r}
+        run_component(
+            workspace_path={str(workspace)!r}, train_data=train, base_model=base, eval_data=None,
+            kubernetes_config=TaskConfig(), workspace_pvc="ws-pvc",
+            model=Model(uri=out + "/model"), metrics=Metrics(uri=out + "/metrics"), report=HTML(uri=out + "/report"),
+            train_config=Artifact(uri=out + "/config"), backend="trainjob", runtime_name="torchtune-cpu",
+            runtime_kind="ClusterTrainingRuntime", num_nodes=1, num_proc_per_node=0, timeout_seconds=600,
+            cleanup_policy="never", trainer_image="", run_id="cancel-run", task_name="torchtune-finetune",
+            **json.loads({json.dumps(TRAINING)!r}),
+        )
+    """)
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig_path)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", step], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    name = trainjob_name("cancel-run", "torchtune-finetune")
+    deadline = time.monotonic() + 60
+    while not kube.pods(name):
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, "the TrainJob never started"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode != 0
+    deletes = kube.requests_for("DELETE", "trainjobs", name)
+    assert deletes and deletes[0].param("propagationPolicy") == "Background", output[-2000:]
+    assert kube.trainjob(name) is None, "cancelling deletes the TrainJob even with cleanup_policy=never"

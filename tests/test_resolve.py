@@ -262,6 +262,14 @@ def test_alpaca_style_instruct_data_uses_the_alpaca_builder(tiny_llama, data_fil
         )
 
 
+def test_qwen_with_max_seq_len_warns_about_torchtunes_mask_bug(tiny_qwen, data_file, tmp_path, caplog):
+    resolve(tiny_qwen, data_file, tmp_path, max_seq_len=64)
+    assert "may not learn to stop" in caplog.text
+    caplog.clear()
+    resolve(tiny_qwen, data_file, tmp_path)
+    assert "may not learn to stop" not in caplog.text
+
+
 def test_data_folder_uses_its_train_files(tiny_dataset, tiny_llama, tmp_path):
     run = resolve(tiny_llama, tiny_dataset["train.parquet"].parent, tmp_path)
     assert run.config["dataset"]["source"] == "parquet"

@@ -65,11 +65,17 @@ def test_every_method_trains_and_writes_its_checkpoint(
         assert adapter_files <= names
 
 
-@pytest.mark.parametrize(("method", "ratio"), [("full", 0.5), ("lora", 0.95)])
-def test_loss_falls_on_the_synthetic_task(method, ratio, tiny_llama, tiny_dataset, tmp_path):
+@pytest.mark.parametrize(
+    ("family", "method", "ratio"),
+    [("llama3_2", "full", 0.5), ("qwen2_5", "full", 0.5), ("llama3_2", "lora", 0.95)],
+)
+def test_loss_falls_on_the_synthetic_task(
+    family, method, ratio, tiny_llama, tiny_qwen, tiny_dataset, tmp_path
+):
     """Full fine-tuning learns the task fast; LoRA on a randomly initialised base learns slowly but surely."""
+    model_dir = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen}[family]
     _, result, _ = train(
-        tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run",
+        model_dir, tiny_dataset["train.jsonl"], tmp_path / "run",
         method=method, batch_size=16, max_steps_per_epoch=40, learning_rate=3e-3, num_warmup_steps=5,
     )  # fmt: skip
     losses = [s.loss for s in result.steps]

@@ -75,6 +75,7 @@ def torchtune_finetune(
     trainer_image: str = "",
     run_id: str = "",
     task_name: str = "finetune",
+    workspace_pvc: str = "",
 ):
     """Fine-tune a model with torchtune: full, LoRA, QLoRA or DoRA, on any model family torchtune supports.
 
@@ -141,6 +142,8 @@ def torchtune_finetune(
         trainer_image: Container image for the TrainJob's node pods; empty: the runtime's image.
         run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the run folder and TrainJob).
         task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+        workspace_pvc: PVC of the workspace, mounted in the TrainJob's node pods at workspace_path; empty: the
+            workspace volume KFP forwards through kubernetes_config (KFP >= 2.15).
 
     Returns:
         model: manifest.json; metadata gives `workspace_path` (the merged model, or the adapter with

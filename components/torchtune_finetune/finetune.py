@@ -281,7 +281,7 @@ def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, mod
 _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
-    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name",
+    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "workspace_pvc",
 }  # fmt: skip
 
 
@@ -296,7 +296,10 @@ _UNSET_INTS = {
 def run_component(**params: Any) -> FinetuneResult:
     """What the component body calls with all its parameters: the rest of them are training settings."""
     from kfp_finetune.components._shared.artifacts import write_artifact
-    from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_spec_from_task_config
+    from kfp_finetune.components.torchtune_finetune.trainjob import (
+        trainjob_spec_from_task_config,
+        workspace_volume,
+    )
 
     settings = {
         k: None if v == _UNSET_INTS.get(k, object()) or v == "" else v
@@ -304,6 +307,14 @@ def run_component(**params: Any) -> FinetuneResult:
         if k not in _STEP_PARAMETERS
     }
     pod = trainjob_spec_from_task_config(params["kubernetes_config"])
+    if params.get("workspace_pvc") and not any(
+        m.get("mountPath") == params["workspace_path"] for m in pod.volume_mounts
+    ):
+        # KFP without TaskConfig passthrough (or kfp.local) does not hand us the workspace volume: mount the named
+        # claim in the node pods at the path this step sees, so the resolved YAML's paths hold there too.
+        volume, mount = workspace_volume(params["workspace_pvc"], params["workspace_path"])
+        pod.volumes.append(volume)
+        pod.volume_mounts.append(mount)
     backend = params["backend"]
     devices = params["num_proc_per_node"] or max(pod.gpus, 1)
     run_id = params["run_id"] or "local"
@@ -364,8 +375,8 @@ def _trainjob_launcher(params: dict[str, Any], pod: Any, devices: int, run_id: s
         unmounted = unmounted_paths([params["workspace_path"]], pod.volume_mounts)
         if unmounted:
             raise ConfigError(
-                f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: the pipeline "
-                "must give this task the KFP workspace (dsl.PipelineConfig(workspace=...)) so node pods mount it"
+                f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: give the pipeline "
+                "a workspace (dsl.PipelineConfig(workspace=...)) on KFP >= 2.15, or name its PVC in workspace_pvc"
             )
         command = tune_command(
             resolved.recipe, resolved.yaml_path, torchrun_args(name) if resolved.distributed else ()

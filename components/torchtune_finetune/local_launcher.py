@@ -91,11 +91,12 @@ def run_local(
                     continue
                 line = line[metric_start.start() :]
             tail.append(line)
-            echo(line)
             metrics = parse_metric_line(line)
-            if metrics:
+            if metrics:  # shown as a progress line; the raw line is kept in the run's metrics file
                 steps.append(metrics)
                 echo(progress_line(metrics, total_steps, _eta(started, metrics.step, total_steps)))
+            else:
+                echo(line)
         returncode = process.wait()
     wall = time.monotonic() - started
     if stop.signal_received is not None:

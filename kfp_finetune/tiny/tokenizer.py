@@ -170,7 +170,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def _write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:

@@ -1,0 +1,91 @@
+"""The evaluate KFP component (signature + docstring; the implementation is evaluate.py)."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
+
+from kfp_finetune.components._shared.images import TRAINER_IMAGE
+
+
+@dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
+def evaluate(
+    workspace_path: str,
+    model: Input[Model],
+    eval_data: Input[Dataset],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    samples: Output[Dataset],
+    base_model: Input[Model] = None,
+    max_samples: int = 200,
+    batch_size: int = 8,
+    max_new_tokens: int = 64,
+    max_seq_len: int = 0,
+    seed: int = 0,
+    device: str = "auto",
+    gate_metric: str = "eval_loss",
+    min_improvement: float = 0.0,
+    thresholds: dict = {},  # noqa: B006 (KFP needs a literal default)
+    lm_eval_tasks: list = [],  # noqa: B006
+    lm_eval_limit: int = 0,
+    lm_eval_include_path: str = "",
+    report_samples: int = 20,
+    run_id: str = "",
+    task_name: str = "evaluate",
+) -> NamedTuple("Outputs", [("passed", bool)]):
+    """Tell whether fine-tuning helped: the tuned model against its base on held-out data, with a quality gate.
+
+    Loads both models the way training does (torchtune's component builder and HF checkpointer) and builds
+    the eval examples with the training run's own torchtune dataset builder and tokenizer, so the loss is
+    computed on exactly the tokens training learned (the response; the prompt is masked). For every sample it
+    measures teacher-forced loss, then generates greedily (deterministic) from the training prompt format and
+    scores the answer against the reference: exact match, token F1 and ROUGE-L. Optionally runs lm-eval-harness
+    tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). The quality gate
+    passes when the tuned model beats the base on `gate_metric` by at least `min_improvement` and meets every
+    threshold; wire `passed` into `dsl.If` to export only better models. Runs on CPU, or on a GPU the task
+    requests. Writes samples, report and metrics to `<workspace>/eval/<task>/` too.
+
+    Args:
+        workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
+        model: The tuned model: torchtune-finetune's `model` output (its merged weights are evaluated), or any
+            model-initialize output.
+        eval_data: Held-out split from dataset-initialize (its `eval` output).
+        base_model: The base model to compare with (model-initialize's output); when not connected, the base
+            the fine-tune recorded is used if it is in the workspace, else the tuned model is reported alone.
+        max_samples: Eval rows used, a seeded random subset; 0: all rows.
+        batch_size: Sequences per forward pass, for both loss and generation.
+        max_new_tokens: Generation stops after this many tokens (or at the tokenizer's stop tokens).
+        max_seq_len: Truncate examples to this many tokens; 0: the training run's max_seq_len (else no limit).
+        seed: Chooses the subset and seeds torch; the same seed gives the same results.
+        device: auto (cuda when this step has a GPU, else cpu), cpu or cuda.
+        gate_metric: The metric the tuned model must improve: eval_loss, perplexity, exact_match, token_f1,
+            rouge_l, or an lm-eval metric `lm_eval_<task>_<metric>` (e.g. lm_eval_arc_easy_acc).
+        min_improvement: Required gain of tuned over base on gate_metric, in its units (a loss decrease for
+            eval_loss, absolute points for exact_match: 0.05 = 5 points); 0: not worse. Needs a base model.
+        thresholds: Absolute bounds the tuned model must meet, e.g. {"exact_match": 0.5, "eval_loss": 1.2}:
+            minimums, or maximums for loss and perplexity metrics.
+        lm_eval_tasks: lm-eval-harness task names (e.g. ["arc_easy"]); empty: none. Task data must be
+            reachable from the step (Hub access or a local include path).
+        lm_eval_limit: Examples per lm-eval task; 0: all.
+        lm_eval_include_path: A folder of custom lm-eval task YAMLs (e.g. on a mounted volume); empty: none.
+        report_samples: Number of samples shown in the report (all are in `samples`).
+        run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the eval folder).
+        task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+
+    Returns:
+        metrics: tuned_<m>, base_<m> and delta_<m> (tuned - base) for m in eval_loss, perplexity, exact_match,
+            token_f1, rouge_l (and lm_eval_* metrics), plus num_samples, response_tokens, passed (1/0),
+            gate_improvement and wall_seconds.
+        report: Quality-gate verdict, base vs tuned table with deltas, the training loss curve when the model
+            artifact carries one, and sample prompts with reference, base and tuned outputs.
+        samples: JSON Lines, one per evaluated row: row, prompt, reference, tuned / base generation, per-row
+            loss and exact match.
+        passed: True when the quality gate passes; use with `dsl.If(task.outputs["passed"] == True)`.
+    """
+    parameters = dict(locals())  # taken first: exactly this component's parameters
+    from collections import namedtuple
+
+    from kfp_finetune.components.evaluate.evaluate import run_component
+
+    outputs = namedtuple("Outputs", ["passed"])
+    return outputs(run_component(**parameters))

@@ -1,0 +1,467 @@
+"""The evaluate step: tuned vs base on the held-out split — teacher-forced loss and perplexity on the response
+tokens, greedy generations scored against the reference, optional lm-eval tasks — a quality gate, a report.
+
+Plain Python: the KFP component only unpacks its artifacts and calls `run_component`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
+from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
+from kfp_finetune.components.evaluate import scoring
+from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components.torchtune_finetune.finetune import ArtifactInput
+from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, read_metrics_file
+
+log = get_logger(__name__)
+
+SAMPLES_FILE = "samples.jsonl"
+REPORT_FILE = "report.html"
+METRICS_FILE = "metrics.json"
+_DATASET_BUILDERS = {
+    "instruct": "torchtune.datasets.instruct_dataset",
+    "chat": "torchtune.datasets.chat_dataset",
+    "text": "torchtune.datasets.text_completion_dataset",
+}
+
+
+@dataclass
+class EvalSettings:
+    max_samples: int = 200  # 0: every eval row
+    batch_size: int = 8
+    max_new_tokens: int = 64
+    max_seq_len: int = 0  # 0: the training run's (or no limit)
+    seed: int = 0
+    device: str = "auto"
+    gate_metric: str = "eval_loss"
+    min_improvement: float = 0.0
+    thresholds: dict[str, float] = field(default_factory=dict)
+    lm_eval_tasks: list[str] = field(default_factory=list)
+    lm_eval_limit: int = 0  # 0: every task example
+    lm_eval_include_path: str = ""
+    report_samples: int = 20
+
+    def check(self) -> None:
+        for name in ("batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        for name in ("max_samples", "max_seq_len", "lm_eval_limit", "report_samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more (got {getattr(self, name)})")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda[:N] (got {self.device!r})")
+        # lm-eval metric names are known only after the tasks ran; the others are checked before any work.
+        known = (*scoring.LOSS_METRICS, *scoring.GENERATION_METRICS)
+        for name, metrics in (("gate_metric", [self.gate_metric]), ("thresholds", list(self.thresholds))):
+            unknown = [m for m in metrics if m not in known and not m.startswith("lm_eval_")]
+            if unknown:
+                raise ConfigError(
+                    f"{name} names unknown metric(s) {', '.join(unknown)}: use {', '.join(known)} or lm_eval_<task>_<metric>"
+                )
+        bad = {
+            k: v for k, v in self.thresholds.items() if not isinstance(v, (int, float)) or isinstance(v, bool)
+        }
+        if bad:
+            raise ConfigError(f"thresholds values must be numbers, e.g. {{'exact_match': 0.5}} (got {bad})")
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]  # flat, as logged to the Metrics artifact
+    tuned: dict[str, float]
+    base: dict[str, float] | None
+    gate: scoring.GateResult
+    samples: list[dict]
+    report_html: str
+    output_dir: Path
+    samples_metadata: dict
+
+
+# --- inputs -------------------------------------------------------------------------------------------------
+
+
+def model_folder(workspace: Path, artifact: ArtifactInput, what: str) -> ModelDir:
+    """The HF model folder an artifact points to (the merged model for a fine-tune output), inspected."""
+    meta = artifact.metadata
+    relative = meta.get("merged_path") or meta.get("workspace_path")
+    if not relative:
+        raise ConfigError(
+            f"{what} artifact has no workspace_path in its metadata: connect it to a torchtune-finetune or "
+            "model-initialize output"
+        )
+    path = workspace / relative
+    if not path.is_dir():
+        raise ConfigError(f"{what} points to {path}, which does not exist in this run's workspace")
+    try:
+        return inspect_model_dir(path)
+    except ConfigError as err:
+        raise ConfigError(f"{what}: {err}") from err
+
+
+def base_folder(workspace: Path, base_model: ArtifactInput | None, tuned: ArtifactInput) -> ModelDir | None:
+    """The base model to compare with: the connected input, else the base the fine-tune recorded, if present."""
+    if base_model is not None:
+        return model_folder(workspace, base_model, "base_model")
+    recorded = tuned.metadata.get("base_model_path")
+    if recorded and (workspace / recorded).is_dir():
+        log.info("base_model not connected: comparing with the fine-tune's recorded base model %s", recorded)
+        return model_folder(workspace, ArtifactInput({"workspace_path": recorded}), "base_model")
+    log.warning("no base model to compare with: reporting the tuned model alone")
+    return None
+
+
+@dataclass
+class TunedModel:
+    folder: ModelDir  # tokenizer and architecture; the base model's folder for an adapter-only fine-tune
+    adapter_file: Path | None = None  # epoch_N/adapter_model.pt when the fine-tune saved only its adapter
+    lora_node: dict | None = None  # the training run's LoRA `model` node, to rebuild that model
+
+
+def tuned_model(
+    workspace: Path, model: ArtifactInput, base_dir: ModelDir | None, train_config: dict
+) -> TunedModel:
+    """The merged model folder, or for save_adapter_weights_only runs the base + the run's adapter weights."""
+    meta = model.metadata
+    relative = meta.get("merged_path") or meta.get("workspace_path") or ""
+    path = workspace / relative
+    if not relative or not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return TunedModel(model_folder(workspace, model, "model"))
+    if base_dir is None:
+        raise ConfigError(
+            f"model is a LoRA adapter without merged weights ({path}): connect base_model (model-initialize's "
+            "output) so evaluate can apply the adapter to it"
+        )
+    lora_node = train_config.get("model") or {}
+    run_dir = workspace / meta.get("run_dir", "")
+    epochs = sorted(run_dir.glob("epoch_*/adapter_model.pt"), key=lambda p: int(p.parent.name.split("_")[1]))
+    if "lora_rank" not in lora_node or not meta.get("run_dir") or not epochs:
+        raise ConfigError(
+            f"model is a LoRA adapter without merged weights ({path}) and its fine-tune run folder "
+            f"({run_dir}) lacks the resolved LoRA config or epoch_N/adapter_model.pt evaluate rebuilds it from"
+        )
+    return TunedModel(base_dir, epochs[-1], lora_node)
+
+
+def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
+    from kfp_finetune.components.evaluate.model_eval import tokenizer_fingerprint
+
+    tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
+    base_fingerprint = tokenizer_fingerprint(base)
+    differing = [k for k, v in tokenizer_fingerprint(tuned).items() if base_fingerprint.get(k) != v]
+    if tuned_vocab != base_vocab:
+        differing.append(f"vocab_size {base_vocab} vs {tuned_vocab}")
+    if differing:
+        raise ConfigError(
+            f"base_model ({base.path}) does not share the tuned model's tokenizer ({tuned.path}): "
+            f"{', '.join(differing)} differ. Compare a fine-tuned model with the base it was trained from."
+        )
+
+
+def training_config(workspace: Path, tuned: ArtifactInput) -> dict:
+    """The fine-tune run's resolved torchtune YAML (empty when the model was not trained by this library)."""
+    run_dir = tuned.metadata.get("run_dir")
+    path = workspace / run_dir / "torchtune_config.yaml" if run_dir else None
+    if path is None or not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:
+    meta = eval_data.metadata
+    files = meta.get("data_files") or []
+    if not files or meta.get("num_rows") == 0:
+        raise ConfigError(
+            "eval_data has no rows: give dataset-initialize an eval_split or eval_fraction, and connect its "
+            "`eval` output"
+        )
+    paths = [workspace / f for f in files]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ConfigError(f"eval_data files are missing from the workspace: {', '.join(missing[:3])}")
+    return [str(p) for p in paths]
+
+
+def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str]) -> dict:
+    """The training run's dataset node pointed at the eval files; response-only labels, no packing.
+
+    Column mapping, system prompt and conversation style are kept from training so examples are built
+    (and masked) exactly as the model saw them; without a training config they come from eval_data.
+    """
+    meta = eval_data.metadata
+    node = dict(train_config.get("dataset") or {})
+    if not node.get("_component_"):
+        dataset_type = meta.get("dataset_type", "instruct")
+        if dataset_type not in _DATASET_BUILDERS:
+            raise ConfigError(f"eval_data has dataset_type {dataset_type!r}; expected instruct, chat or text")
+        node = {"_component_": _DATASET_BUILDERS[dataset_type]}
+        if dataset_type == "chat":
+            node["conversation_column"] = meta.get("conversation_column", "messages")
+            node["conversation_style"] = meta.get("conversation_style", "openai")
+        elif dataset_type == "text":
+            node["column"] = meta.get("text_column", "text")
+    suffix = Path(files[0]).suffix
+    node.update(
+        source={".jsonl": "json", ".json": "json"}.get(suffix, suffix.lstrip(".")),
+        data_files=files,
+        split="train",  # a `datasets` builder over plain files names its only split "train"
+        packed=False,
+    )
+    if "train_on_input" in node:
+        node["train_on_input"] = False  # loss on the response only, whatever training did
+    return node
+
+
+def check_columns(node: dict, files: list[str]) -> None:
+    """Fail early, naming the column, when the eval files lack what the dataset builder reads."""
+    import pyarrow.parquet as pq
+
+    if not files[0].endswith(".parquet"):
+        return
+    present = set(pq.read_schema(files[0]).names)
+    column_map = node.get("column_map") or {}
+    component = node["_component_"]
+    if component.endswith("instruct_dataset"):
+        needed = {"prompt": column_map.get("input", "input"), "response": column_map.get("output", "output")}
+    elif component.endswith("chat_dataset"):
+        needed = {"conversation": node.get("conversation_column", "messages")}
+    else:
+        needed = {"text": node.get("column", "text")}
+    for role, column in needed.items():
+        if column not in present:
+            raise ConfigError(
+                f"eval_data lacks the {role} column {column!r} (it has {', '.join(sorted(present))}); "
+                "prepare it with dataset-initialize of the same dataset_type as training"
+            )
+
+
+def pick_rows(num_rows: int, max_samples: int, seed: int) -> list[int]:
+    """All rows, or a seeded random subset of `max_samples` in row order (same seed, same rows)."""
+    import random
+
+    if num_rows == 0:
+        raise ConfigError("eval_data has no rows: nothing to evaluate")
+    if not max_samples or max_samples >= num_rows:
+        return list(range(num_rows))
+    return sorted(random.Random(seed).sample(range(num_rows), max_samples))
+
+
+# --- the run --------------------------------------------------------------------------------------------------
+
+
+def run_evaluate(
+    *,
+    workspace: str | os.PathLike,
+    model: ArtifactInput,
+    eval_data: ArtifactInput,
+    base_model: ArtifactInput | None,
+    settings: EvalSettings,
+    output_name: str,
+) -> EvalResult:
+    """Validate, score both models, gate, and write `<workspace>/eval/<output_name>/` (samples, report)."""
+    from kfp_finetune.components.evaluate import model_eval
+    from kfp_finetune.components.evaluate.report import render_report
+
+    started = time.monotonic()
+    settings.check()
+    if settings.lm_eval_tasks:
+        from kfp_finetune.components.evaluate.lm_eval_tasks import require_lm_eval
+
+        require_lm_eval()
+    workspace = Path(workspace)
+    train_config = training_config(workspace, model)
+    base_dir = base_folder(workspace, base_model, model)
+    tuned = tuned_model(workspace, model, base_dir, train_config)
+    tuned_dir = tuned.folder
+    if tuned.adapter_file is not None and settings.lm_eval_tasks:
+        raise ConfigError(
+            "lm_eval_tasks need merged weights (torchtune's eleuther_eval loads no adapter): fine-tune with "
+            "save_adapter_weights_only=False, or leave lm_eval_tasks empty"
+        )
+    if base_dir is not None:
+        check_same_tokenizer(tuned_dir, base_dir)
+    files = eval_files(workspace, eval_data)
+    node = dataset_node(train_config, eval_data, files)
+    check_columns(node, files)
+    max_seq_len = settings.max_seq_len or (train_config.get("tokenizer") or {}).get("max_seq_len")
+
+    device = model_eval.pick_device(settings.device)
+    dtype = model_eval.pick_dtype(device)
+    tokenizer = model_eval.load_tokenizer(tuned_dir, max_seq_len, train_config.get("tokenizer"))
+    dataset = model_eval.build_dataset(node, tokenizer)
+    rows = pick_rows(len(dataset), settings.max_samples, settings.seed)
+    examples = model_eval.make_examples(dataset, tokenizer, rows)
+    log.info(
+        "evaluating %d of %d eval rows on %s (%s); %d with a prompt to generate from",
+        len(rows), len(dataset), device, str(dtype).removeprefix("torch."),
+        sum(1 for e in examples if e.prompt_tokens),
+    )  # fmt: skip
+
+    scores: dict[str, model_eval.ModelScores] = {}
+    for label, folder in (("tuned", tuned_dir), ("base", base_dir)):
+        if folder is None:
+            continue
+        if label == "tuned" and tuned.adapter_file is not None:
+            log.info("tuned: base model + the fine-tune's adapter %s", tuned.adapter_file)
+            loaded = model_eval.load_adapter_model(folder, tuned.lora_node, tuned.adapter_file, device, dtype)
+        else:
+            loaded = model_eval.load_model(folder, device, dtype)
+        scores[label] = model_eval.score_model(
+            loaded, tokenizer, examples, label=label, batch_size=settings.batch_size,
+            max_new_tokens=settings.max_new_tokens, device=device, dtype=dtype, seed=settings.seed,
+        )  # fmt: skip
+        del loaded
+
+    tuned_values = summarize(scores["tuned"], examples)
+    base = summarize(scores["base"], examples) if "base" in scores else None
+    if settings.lm_eval_tasks:
+        from kfp_finetune.components.evaluate.lm_eval_tasks import run_lm_eval
+
+        for label, folder, values in (("tuned", tuned_dir, tuned_values), ("base", base_dir, base)):
+            if folder is not None and values is not None:
+                values.update(run_lm_eval(folder, settings, device, max_seq_len, label=label))
+
+    gate = scoring.quality_gate(
+        tuned_values, base, settings.gate_metric, settings.min_improvement, settings.thresholds
+    )
+    for line in gate.reasons:
+        log.info("quality gate: %s", line)
+    log.info("quality gate %s", "PASSED" if gate.passed else "FAILED")
+
+    samples = sample_records(examples, scores)
+    wall = time.monotonic() - started
+    metrics = flat_metrics(tuned_values, base, gate, len(examples), scores["tuned"].loss_tokens, wall)
+    steps = training_steps(workspace, model)
+    context = {
+        "tuned_model": model.metadata.get("merged_path") or model.metadata.get("workspace_path", ""),
+        "base_model": os.path.relpath(base_dir.path, workspace.resolve()) if base_dir else "",
+        "eval_data": eval_data.metadata.get("workspace_path") or ", ".join(files[:2]),
+        "device": str(device),
+        "samples": f"{len(examples)} of {len(dataset)} eval rows (seed {settings.seed})",
+        "max_new_tokens": settings.max_new_tokens,
+        "wall_seconds": round(wall, 1),
+    }
+    html = render_report(tuned_values, base, gate, samples[: settings.report_samples], steps, context)
+
+    output_dir = area_dir(workspace, "eval", output_name)
+    with atomic_dir(output_dir) as tmp:
+        (tmp / SAMPLES_FILE).write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
+        (tmp / REPORT_FILE).write_text(html)
+        (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    samples_metadata = {
+        "workspace_path": (output_dir / SAMPLES_FILE).resolve().relative_to(workspace.resolve()).as_posix(),
+        "format": "jsonl",
+        "num_rows": len(samples),
+        "columns": list(samples[0]) if samples else [],
+    }
+    return EvalResult(metrics, tuned_values, base, gate, samples, html, output_dir, samples_metadata)
+
+
+def summarize(scores: Any, examples: list) -> dict[str, float]:
+    """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
+    values = {"eval_loss": scores.eval_loss, "perplexity": _perplexity(scores.eval_loss)}
+    pairs = [(g, e.reference) for g, e in zip(scores.generations, examples, strict=True) if g is not None]
+    for name in scoring.GENERATION_METRICS:
+        if pairs:
+            values[name] = sum(scoring.score_generation(g, r)[name] for g, r in pairs) / len(pairs)
+    return values
+
+
+def _perplexity(loss: float) -> float:
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")
+
+
+def sample_records(examples: list, scores: dict[str, Any]) -> list[dict]:
+    records = []
+    for i, example in enumerate(examples):
+        record: dict[str, Any] = {
+            "row": example.row,
+            "prompt": example.prompt,
+            "reference": example.reference,
+        }
+        for label, result in scores.items():
+            generation = result.generations[i]
+            record[label] = generation
+            record[f"{label}_loss"] = result.example_losses[i]
+            if generation is not None:
+                record[f"{label}_exact_match"] = scoring.exact_match(generation, example.reference)
+        records.append(record)
+    return records
+
+
+def flat_metrics(
+    tuned: dict[str, float],
+    base: dict[str, float] | None,
+    gate: scoring.GateResult,
+    num_samples: int,
+    response_tokens: int,
+    wall: float,
+) -> dict[str, float]:
+    """The Metrics artifact: tuned_*, base_*, delta_* (tuned - base) per metric, and the gate's outcome."""
+    metrics = {f"tuned_{k}": v for k, v in tuned.items()}
+    for name, value in (base or {}).items():
+        metrics[f"base_{name}"] = value
+        if name in tuned:
+            metrics[f"delta_{name}"] = tuned[name] - value
+    metrics.update(
+        num_samples=float(num_samples),
+        response_tokens=float(response_tokens),
+        passed=float(gate.passed),
+        wall_seconds=round(wall, 3),
+    )
+    if gate.improvement is not None:
+        metrics["gate_improvement"] = gate.improvement
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def training_steps(workspace: Path, model: ArtifactInput) -> list[StepMetrics]:
+    relative = model.metadata.get("metrics_file")
+    path = workspace / relative if relative else None
+    return read_metrics_file(path) if path is not None and path.is_file() else []
+
+
+# --- the KFP component's entry point -------------------------------------------------------------------------
+
+
+def run_component(**params: Any) -> bool:
+    """What the component body calls with all its parameters; returns the gate's verdict."""
+    from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
+
+    def artifact_input(artifact: Any) -> ArtifactInput | None:
+        return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None
+
+    settings = EvalSettings(
+        **{name: params[name] for name in EvalSettings.__dataclass_fields__ if name in params}
+    )
+    settings.thresholds = dict(settings.thresholds or {})
+    settings.lm_eval_tasks = list(settings.lm_eval_tasks or [])
+    result = run_evaluate(
+        workspace=params["workspace_path"],
+        model=artifact_input(params["model"]),
+        eval_data=artifact_input(params["eval_data"]),
+        base_model=artifact_input(params.get("base_model")),
+        settings=settings,
+        output_name=trainjob_name(params["run_id"] or "local", params["task_name"] or "evaluate"),
+    )
+    for name, value in result.metrics.items():
+        params["metrics"].log_metric(name, value)
+    Path(params["report"].path).parent.mkdir(parents=True, exist_ok=True)
+    Path(params["report"].path).write_text(result.report_html)
+    samples_path = Path(params["samples"].path)
+    samples_path.parent.mkdir(parents=True, exist_ok=True)
+    samples_path.write_text((result.output_dir / SAMPLES_FILE).read_text())
+    params["samples"].metadata.update(result.samples_metadata)
+    return result.gate.passed

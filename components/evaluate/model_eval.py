@@ -1,0 +1,334 @@
+"""The torch side of evaluation: load a model and its tokenizer the way training does, turn the eval rows into
+examples with torchtune's own dataset builders, then score teacher-forced loss and greedy generations.
+
+Masking matches training because the examples come from the same builder node (instruct_dataset /
+chat_dataset / text_completion_dataset) and tokenizer the run's resolved torchtune YAML used: `labels` are
+the tokens the recipe trained on, everything else is CROSS_ENTROPY_IGNORE_IDX. The generation prompt is the
+training sequence cut where the answer's text begins, so the model sees exactly its training prompt format.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune_model import ModelDir
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Example:
+    """One eval row, tokenized as for training."""
+
+    row: int  # index in the eval data
+    tokens: list[int]
+    labels: list[int]  # CROSS_ENTROPY_IGNORE_IDX where training did not learn
+    prompt_tokens: (
+        list[int] | None
+    )  # the training sequence up to the answer's text; None: nothing to generate
+    prompt: str  # for people: the last user turn
+    reference: str  # the expected answer: the last assistant turn
+
+
+@dataclass
+class ModelScores:
+    loss_sum: float  # summed negative log-likelihood over response tokens
+    loss_tokens: int
+    example_losses: list[float | None]  # mean NLL per example (None: no response tokens)
+    generations: list[str | None]  # None where the example has no prompt (text data)
+    seconds: float
+
+    @property
+    def eval_loss(self) -> float:
+        return self.loss_sum / self.loss_tokens if self.loss_tokens else float("nan")
+
+
+def pick_device(requested: str) -> Any:
+    import torch
+
+    if requested in ("", "auto"):
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        from kfp_finetune.components.torchtune_finetune.config import ConfigError
+
+        raise ConfigError("device=cuda but this step sees no GPU: request one on the task, or use device=cpu")
+    return torch.device(requested)
+
+
+def pick_dtype(device: Any) -> Any:
+    """fp32 on CPU (torchtune's CPU path), bf16 on GPUs that support it — what training uses by default."""
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, training_node: dict | None = None) -> Any:
+    """The model's tokenizer files; settings training added beyond the files (e.g. a prompt_template) kept."""
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    node = model_dir.tokenizer_node(max_seq_len)
+    for key, value in (training_node or {}).items():
+        node.setdefault(key, value)
+    return config.instantiate(OmegaConf.create(node))
+
+
+def load_model(model_dir: ModelDir, device: Any, dtype: Any) -> Any:
+    """The family's component builder with the checkpoint's dims, weights through FullModelHFCheckpointer."""
+    from omegaconf import OmegaConf
+    from torchtune import config, training
+
+    with training.set_default_dtype(dtype), device:
+        model = config.instantiate(OmegaConf.create(model_dir.model_node()))
+    # The checkpointer insists on an output dir outside the checkpoint; loading writes nothing there.
+    with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-") as scratch:
+        checkpointer = config.instantiate(OmegaConf.create(model_dir.checkpointer_node(scratch)))
+        state_dict = checkpointer.load_checkpoint()[training.MODEL_KEY]
+    model.load_state_dict(state_dict)
+    model.eval()
+    return model
+
+
+def load_adapter_model(
+    base_dir: ModelDir, lora_node: dict, adapter_file: Path, device: Any, dtype: Any
+) -> Any:
+    """A LoRA/DoRA model as the LoRA recipe builds it: the training run's `model` node, base weights, then the
+    adapter weights in torchtune's names (`epoch_N/adapter_model.pt`), checked with torchtune's validator."""
+    import torch
+    from omegaconf import OmegaConf
+    from torchtune import config, training
+    from torchtune.modules.peft import validate_missing_and_unexpected_for_lora
+
+    with training.set_default_dtype(dtype), device:
+        model = config.instantiate(OmegaConf.create(lora_node))
+    with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-") as scratch:
+        checkpointer = config.instantiate(OmegaConf.create(base_dir.checkpointer_node(scratch)))
+        base_state_dict = checkpointer.load_checkpoint()[training.MODEL_KEY]
+    base_missing, base_unexpected = model.load_state_dict(base_state_dict, strict=False)
+    for module in model.modules():  # DoRA magnitudes start from the base weights, as in the recipe
+        if hasattr(module, "initialize_dora_magnitude"):
+            module.initialize_dora_magnitude()
+    adapter = torch.load(adapter_file, map_location="cpu", weights_only=True)
+    lora_missing, lora_unexpected = model.load_state_dict(adapter, strict=False)
+    validate_missing_and_unexpected_for_lora(
+        lora_attn_modules=list(lora_node["lora_attn_modules"]),
+        apply_lora_to_mlp=bool(lora_node.get("apply_lora_to_mlp")),
+        apply_lora_to_output=bool(lora_node.get("apply_lora_to_output")),
+        base_missing=base_missing,
+        base_unexpected=base_unexpected,
+        lora_missing=lora_missing,
+        lora_unexpected=lora_unexpected,
+    )
+    model.eval()
+    return model
+
+
+def build_dataset(dataset_node: dict, tokenizer: Any) -> Any:
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    return config.instantiate(OmegaConf.create(dataset_node), tokenizer)
+
+
+def answer_start(tokenizer: Any, messages: list, answer: int, tokens: list[int]) -> int:
+    """Where the answer's text begins in the training tokens: after the assistant header, which training also
+    learns. Found as the common prefix with the same conversation whose answer is blank, so it holds for any
+    chat format the tokenizer writes."""
+    from torchtune.data import Message
+
+    original = messages[answer]
+    blank = Message(role=original.role, content="", masked=original.masked, eot=original.eot)
+    blank_tokens = tokenizer({"messages": [*messages[:answer], blank]})["tokens"]
+    start = 0
+    while start < min(len(tokens), len(blank_tokens)) and tokens[start] == blank_tokens[start]:
+        start += 1
+    return start
+
+
+def make_examples(dataset: Any, tokenizer: Any, rows: Sequence[int]) -> list[Example]:
+    """Examples for the chosen rows. Text (completion) data has no prompt/answer split: loss only."""
+    # SFTDataset keeps its rows and message transform as attributes (torchtune 0.6.1); the transform turns a
+    # row into the same Message list the tokenizer saw, from which the prompt and reference text come.
+    message_transform = getattr(dataset, "_message_transform", None)
+    examples = []
+    for row in rows:
+        sample = dataset[row]
+        tokens, labels = list(sample["tokens"]), [int(x) for x in sample["labels"]]
+        prompt, reference, prompt_tokens = "", "", None
+        if message_transform is not None:
+            messages = message_transform(dataset._data[row])["messages"]
+            answers = [i for i, m in enumerate(messages) if m.role == "assistant"]
+            if answers:
+                last = answers[-1]
+                reference = messages[last].text_content
+                users = [m for m in messages[:last] if m.role == "user"]
+                prompt = users[-1].text_content if users else ""
+                start = answer_start(tokenizer, messages, last, tokens)
+                # A prompt truncated by max_seq_len leaves nothing to generate from.
+                if 0 < start < len(tokens):
+                    prompt_tokens = tokens[:start]
+        else:
+            prompt = str(dataset._data[row].get(getattr(dataset, "_column", "text"), ""))[:200]
+        examples.append(Example(row, tokens, labels, prompt_tokens, prompt, reference))
+    return examples
+
+
+def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def teacher_forced_losses(
+    model: Any, examples: Sequence[Example], batch_size: int, pad_id: int, device: Any
+) -> tuple[float, int, list[float | None]]:
+    """(summed NLL, token count, per-example mean NLL) on the trained tokens, shifted as the recipes do."""
+    import torch
+    import torch.nn.functional as F
+    from torchtune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_sft
+
+    total, count, per_example = 0.0, 0, []
+    with torch.inference_mode():
+        for batch in batches(examples, batch_size):
+            collated = padded_collate_sft(
+                [{"tokens": e.tokens, "labels": e.labels} for e in batch],
+                padding_idx=pad_id,
+                ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            )
+            tokens, labels = collated["tokens"].to(device), collated["labels"].to(device)
+            # Position t predicts token t+1: drop the first label and pad the end, as the recipes do.
+            ignore = torch.full((labels.shape[0], 1), CROSS_ENTROPY_IGNORE_IDX, device=device)
+            labels = torch.hstack((labels[:, 1:], ignore))
+            logits = model(tokens)
+            # Only the trained positions go to fp32: full-vocabulary logits of whole batches are the memory peak.
+            trained = labels != CROSS_ENTROPY_IGNORE_IDX
+            nll = F.cross_entropy(logits[trained].float(), labels[trained], reduction="none")
+            nll_per_row = torch.zeros(labels.shape[0], device=device).index_add_(
+                0, trained.nonzero()[:, 0], nll
+            )
+            for row_nll, row_count in zip(nll_per_row.tolist(), trained.sum(dim=1).tolist(), strict=True):
+                per_example.append(row_nll / row_count if row_count else None)
+                total += row_nll
+                count += row_count
+    return total, count, per_example
+
+
+def greedy_generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[list[int]],
+    *,
+    max_new_tokens: int,
+    device: Any,
+    dtype: Any,
+    rng: Any,
+) -> list[str]:
+    """Greedy continuations of a batch of prompts with torchtune's `generate` (left-padded, KV-cached)."""
+    import torch
+    from torchtune.data import left_pad_sequence
+    from torchtune.generation import generate
+    from torchtune.modules import local_kv_cache
+
+    batch = left_pad_sequence(
+        [torch.tensor(p) for p in prompts], batch_first=True, padding_value=tokenizer.pad_id
+    ).to(device)
+    stop_tokens = list(tokenizer.stop_tokens)
+    with (
+        torch.inference_mode(),
+        local_kv_cache(
+            model,
+            batch_size=batch.shape[0],
+            device=device,
+            dtype=dtype,
+            decoder_max_seq_len=batch.shape[1] + max_new_tokens,
+        ),
+    ):
+        # top_k=1 makes sampling an argmax: greedy whatever the random draw, hence deterministic.
+        output, _ = generate(
+            model,
+            batch,
+            max_generated_tokens=max_new_tokens,
+            pad_id=tokenizer.pad_id,
+            top_k=1,
+            stop_tokens=stop_tokens,
+            rng=rng,
+        )
+    texts = []
+    for row in output[:, batch.shape[1] :].tolist():
+        cut = next((i for i, token in enumerate(row) if token in stop_tokens), len(row))
+        texts.append(decode(tokenizer, row[:cut]))
+    return texts
+
+
+def decode(tokenizer: Any, token_ids: list[int]) -> str:
+    if "skip_special_tokens" in inspect.signature(tokenizer.decode).parameters:
+        return tokenizer.decode(token_ids, skip_special_tokens=True)
+    return tokenizer.decode(token_ids)
+
+
+def score_model(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    *,
+    label: str,
+    batch_size: int,
+    max_new_tokens: int,
+    device: Any,
+    dtype: Any,
+    seed: int,
+    progress: Callable[[str], None] = log.info,
+) -> ModelScores:
+    """Loss over all examples, then greedy generations for those with a prompt, logging progress."""
+    import torch
+
+    started = time.monotonic()
+    torch.manual_seed(seed)
+    loss_sum, loss_tokens, per_example = teacher_forced_losses(
+        model, examples, batch_size, tokenizer.pad_id, device
+    )
+    progress(
+        f"{label}: eval loss {loss_sum / max(loss_tokens, 1):.4f} over {loss_tokens} response tokens "
+        f"({time.monotonic() - started:.1f}s)"
+    )
+    generations: list[str | None] = [None] * len(examples)
+    todo = [i for i, e in enumerate(examples) if e.prompt_tokens]
+    rng = torch.Generator(device=device).manual_seed(seed)
+    generation_started, done = time.monotonic(), 0
+    for batch in batches(todo, batch_size):
+        texts = greedy_generate(
+            model,
+            tokenizer,
+            [examples[i].prompt_tokens for i in batch],
+            max_new_tokens=max_new_tokens,
+            device=device,
+            dtype=dtype,
+            rng=rng,
+        )
+        for i, text in zip(batch, texts, strict=True):
+            generations[i] = text
+        done += len(batch)
+        elapsed = time.monotonic() - generation_started
+        progress(f"{label}: generated {done}/{len(todo)} samples ({done / max(elapsed, 1e-9):.2f} samples/s)")
+    return ModelScores(loss_sum, loss_tokens, per_example, generations, time.monotonic() - started)
+
+
+def tokenizer_fingerprint(model_dir: ModelDir) -> dict[str, str]:
+    """sha256 of the files that define the tokenizer: equal fingerprints tokenize identically."""
+    from kfp_finetune.components._shared.workspace import sha256_file
+
+    files = {arg: Path(p) for arg, p in model_dir.tokenizer_paths.items()}
+    if model_dir.special_tokens_path:
+        files["special_tokens_path"] = Path(model_dir.special_tokens_path)
+    return {
+        "family_tokenizer": model_dir.family.tokenizer,
+        **{arg: sha256_file(p) for arg, p in sorted(files.items())},
+    }

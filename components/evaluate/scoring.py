@@ -1,0 +1,126 @@
+"""Text scores for generations and the quality gate. Plain Python: no torch, unit-testable on its own."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kfp_finetune.components.torchtune_finetune.config import ConfigError
+
+GENERATION_METRICS = ("exact_match", "token_f1", "rouge_l")
+LOSS_METRICS = ("eval_loss", "perplexity")
+# Substrings of metric names where a smaller value is better (losses, perplexities, lm-eval's bits_per_byte).
+_LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "bits_per_byte")
+
+
+def normalize(text: str) -> str:
+    """Whitespace-insensitive form used for matching: surrounding space dropped, inner runs collapsed."""
+    return " ".join(text.split())
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens (punctuation split off), the unit of F1 and ROUGE-L."""
+    return re.findall(r"\w+|[^\w\s]", text.lower())
+
+
+def exact_match(prediction: str, reference: str) -> float:
+    return float(normalize(prediction) == normalize(reference))
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """SQuAD-style bag-of-words F1 between prediction and reference (1.0 when both are empty)."""
+    predicted, expected = words(prediction), words(reference)
+    if not predicted or not expected:
+        return float(predicted == expected)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def rouge_l(prediction: str, reference: str) -> float:
+    """ROUGE-L F-measure: longest common word subsequence, so word order counts (unlike token F1)."""
+    predicted, expected = words(prediction), words(reference)
+    if not predicted or not expected:
+        return float(predicted == expected)
+    previous = [0] * (len(expected) + 1)
+    for word in predicted:
+        current = [0]
+        for j, other in enumerate(expected):
+            current.append(previous[j] + 1 if word == other else max(previous[j + 1], current[j]))
+        previous = current
+    lcs = previous[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(predicted), lcs / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score_generation(prediction: str, reference: str) -> dict[str, float]:
+    return {
+        "exact_match": exact_match(prediction, reference),
+        "token_f1": token_f1(prediction, reference),
+        "rouge_l": rouge_l(prediction, reference),
+    }
+
+
+def lower_is_better(metric: str) -> bool:
+    return any(part in metric for part in _LOWER_IS_BETTER)
+
+
+def improvement(metric: str, tuned: float, base: float) -> float:
+    """How much better tuned is than base, in the metric's units (positive = better, whatever the direction)."""
+    return base - tuned if lower_is_better(metric) else tuned - base
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    metric: str
+    improvement: float | None  # None without a base model
+    reasons: list[str] = field(default_factory=list)  # one line per check, for the log and the report
+
+
+def quality_gate(
+    tuned: dict[str, float],
+    base: dict[str, float] | None,
+    gate_metric: str,
+    min_improvement: float,
+    thresholds: dict[str, float],
+) -> GateResult:
+    """Pass when tuned beats base on `gate_metric` by at least `min_improvement` and meets every threshold
+    (a threshold is a minimum, or a maximum for loss-like metrics). Without a base only thresholds apply."""
+    available = ", ".join(sorted(tuned))
+    if gate_metric not in tuned:
+        raise ConfigError(f"gate_metric {gate_metric!r} is not a computed metric; choose one of: {available}")
+    unknown = [name for name in thresholds if name not in tuned]
+    if unknown:
+        raise ConfigError(f"thresholds name unknown metric(s) {', '.join(unknown)}; known: {available}")
+    result = GateResult(passed=True, metric=gate_metric, improvement=None)
+    if base is not None and gate_metric in base:
+        gain = improvement(gate_metric, tuned[gate_metric], base[gate_metric])
+        result.improvement = gain
+        ok = gain >= min_improvement and math.isfinite(gain)
+        result.passed &= ok
+        direction = "lower" if lower_is_better(gate_metric) else "higher"
+        result.reasons.append(
+            f"{'PASS' if ok else 'FAIL'}: {gate_metric} tuned {tuned[gate_metric]:.4g} vs base "
+            f"{base[gate_metric]:.4g} ({direction} is better): improvement {gain:+.4g}, required "
+            f">= {min_improvement:g}"
+        )
+    else:
+        result.reasons.append(
+            f"SKIP: no base model metrics, so the improvement in {gate_metric} is not checked"
+        )
+    for name, bound in sorted(thresholds.items()):
+        value = tuned[name]
+        ok = value <= bound if lower_is_better(name) else value >= bound
+        result.passed &= ok
+        relation = "<=" if lower_is_better(name) else ">="
+        result.reasons.append(
+            f"{'PASS' if ok else 'FAIL'}: {name} tuned {value:.4g}, required {relation} {float(bound):g}"
+        )
+    return result

@@ -1,0 +1,68 @@
+"""The export KFP component (signature + docstring; the implementation is export.py)."""
+
+from kfp import dsl
+from kfp.dsl import Input, Metrics, Model, Output
+
+from kfp_finetune.components._shared.images import TRAINER_IMAGE
+
+
+# The trainer image: converting weights to another dtype needs torch.
+@dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
+def export(
+    workspace_path: str,
+    model: Input[Model],
+    destination: str,
+    exported: Output[Model],
+    metrics: Input[Metrics] = None,
+    format: str = "merged",
+    dtype: str = "",
+    overwrite: bool = False,
+    s3_endpoint_url: str = "",
+    hf_private: bool = True,
+    run_name: str = "",
+    run_id: str = "",
+    task_name: str = "export",
+    max_workers: int = 8,
+):
+    """Deliver the fine-tuned model where serving and registries read it: S3, the Hugging Face Hub or a volume.
+
+    Exports torchtune-finetune's merged Hugging Face model (safetensors, config, tokenizer; loads with
+    `AutoModelForCausalLM.from_pretrained`, serves with vLLM / TGI / KServe), its PEFT adapter (whose
+    adapter_config.json names the base model), or both (merged at the root, adapter in `adapter/`), optionally
+    converting the weights to bf16/fp16/fp32. Adds a model card (README.md: base model and revision, dataset,
+    method and hyperparameters, training and evaluation metrics, the pipeline run) and `checksums.sha256`.
+    The upload is resumable and verified: files already at the destination with the same content are not sent
+    again (a retry after an interruption sends only the rest; re-exporting the same model transfers nothing),
+    and every file's size and checksum is read back afterwards. A destination holding different content is
+    refused unless `overwrite`. Format, dtype, destination and credentials are checked before any upload.
+    Credentials come only from the environment: HF_TOKEN for the Hub; AWS_ACCESS_KEY_ID /
+    AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
+
+    Args:
+        workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
+        model: The fine-tuned model: torchtune-finetune's `model` output.
+        destination: Where to export: `s3://<bucket>/<prefix>`, `hf://<org>/<repo>[/<folder>][@<branch>]`
+            (created if missing) or an absolute path, e.g. a mounted PVC.
+        metrics: Evaluation results (evaluate's `metrics` output); their numbers go into the model card.
+        format: merged (serving-ready HF model), adapter (PEFT adapter; not for method=full) or both.
+        dtype: Convert floating-point weights to bf16, fp16 or fp32; empty: keep the trained dtype.
+        overwrite: Replace different content at the destination (files not in this export are deleted there);
+            otherwise such a destination fails the step and is left untouched.
+        s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
+        hf_private: Create a missing hf:// repo as private (an existing repo keeps its visibility).
+        run_name: The pipeline run's name for the model card; pass `dsl.PIPELINE_JOB_NAME_PLACEHOLDER`.
+        run_id: The pipeline run's id for the model card; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER`.
+        task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER` (names the staging folder).
+        max_workers: Number of files uploaded in parallel (s3:// and paths).
+
+    Returns:
+        exported: A manifest; `uri` is the destination (for s3:// only in metadata `destination`: KFP
+            uploads object-store artifact URIs itself); metadata gives `destination`, `format`, `dtype`, `state` (created,
+            resumed, unchanged or replaced), `files` (path, size, sha256), `num_files`, `total_bytes`,
+            `uploaded_files`, `manifest_sha256` (of checksums.sha256), `base_model`, `base_model_revision`,
+            `method`, `dataset_source`, `metrics`, `layout` and, for hf://, `commit_sha`.
+    """
+    parameters = dict(locals())  # taken first: exactly this component's parameters
+    from kfp_finetune.components.export.export import run_component
+
+    run_component(**parameters)

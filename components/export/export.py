@@ -1,0 +1,367 @@
+"""Export a fine-tuned model from the workspace to where serving and registries read it.
+
+1. Check everything that can be checked before a byte moves: format against what training produced, dtype,
+   destination URI, credentials in the environment.
+2. Stage the export in the workspace (`<run>/exports/.<task>.tmp-*`): the merged HF folder and/or the PEFT
+   adapter, hard-linked (no copy) unless the weights are converted to another dtype; then the model card
+   (README.md) and `checksums.sha256` (sha256sum format, every other file).
+3. Publish with storage.publish_directory: resumable, verified by reading sizes and checksums back, a no-op
+   when the destination already holds this content, refused when it holds other content (unless overwrite).
+
+Layout: format=merged or adapter puts that folder at the root; format=both puts the merged model at the root
+(transformers loads it as is) and the adapter in `adapter/` (never beside the merged weights: transformers
+would treat a root adapter_config.json as a PEFT model and load the base instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import sha256_file
+from kfp_finetune.components.export.model_card import CardInputs, numeric_metrics, render_card
+
+log = get_logger(__name__)
+
+FORMATS = ("merged", "adapter", "both")
+# Accepted spellings -> (torch dtype name, HF config torch_dtype).
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
+CHECKSUMS = "checksums.sha256"
+CARD = "README.md"
+ADAPTER_SUBDIR = "adapter"
+_INDEX_SUFFIX = ".safetensors.index.json"
+
+
+class ExportError(ValueError):
+    """The export cannot be done as asked; the message says why and what to change."""
+
+
+@dataclass
+class ExportResult:
+    destination: str
+    state: str
+    files: dict[str, dict]  # path in the export -> {size, sha256}
+    manifest_sha256: str
+    uploaded: list[str]
+    metadata: dict
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["size"] for f in self.files.values())
+
+
+def normalize_dtype(dtype: str) -> str:
+    """'' (keep the trained dtype) or a torch dtype name; raise ExportError for anything else."""
+    key = (dtype or "").strip().lower()
+    if not key:
+        return ""
+    if key not in DTYPES:
+        raise ExportError(
+            f"unknown dtype {dtype!r}: use bf16, fp16 or fp32 (or leave empty to keep the weights')"
+        )
+    return DTYPES[key]
+
+
+def check_request(model_metadata: dict, fmt: str, dtype: str, destination: str) -> storage.StorageUri:
+    """Validate format/dtype/destination/credentials against the model; nothing is written."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    normalize_dtype(dtype)
+    method = model_metadata.get("method") or "?"
+    if fmt in ("adapter", "both") and not model_metadata.get("adapter_path"):
+        why = (
+            "a full fine-tune has no adapter"
+            if method == "full"
+            else "the model artifact has no adapter_path (connect torchtune-finetune's model output)"
+        )
+        raise ExportError(
+            f"format={fmt} needs a PEFT adapter, but {why} (method={method}): export format=merged instead."
+        )
+    if fmt in ("merged", "both") and not model_metadata.get("merged_path"):
+        raise ExportError(
+            f"format={fmt} needs merged weights, but the model has none (trained with "
+            "save_adapter_weights_only, or not a torchtune-finetune output): export format=adapter instead."
+        )
+    try:
+        uri = storage.parse_uri(destination)
+    except ValueError as err:
+        raise ExportError(str(err)) from err
+    if uri.scheme not in ("s3", "hf", "file"):
+        raise ExportError(
+            f"cannot export to {destination!r}: use s3://bucket/prefix, hf://org/repo or a path"
+        )
+    if (uri.scheme == "s3" and not uri.path) or (uri.scheme == "file" and uri.path == "/"):
+        # The export owns its destination (overwrite deletes what is not part of it): never a whole bucket/disk.
+        raise ExportError(f"cannot export to {destination!r}: name a folder, e.g. s3://bucket/models/<name>")
+    storage.require_credentials(uri)
+    return uri
+
+
+def export_model(
+    *,
+    workspace: str | os.PathLike,
+    model_metadata: dict,
+    destination: str,
+    format: str = "merged",
+    dtype: str = "",
+    eval_metrics: dict | None = None,
+    overwrite: bool = False,
+    s3_endpoint_url: str = "",
+    hf_private: bool = True,
+    run_name: str = "",
+    run_id: str = "",
+    task_name: str = "export",
+    max_workers: int = 8,
+    output: ArtifactLike | None = None,
+) -> ExportResult:
+    """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported."""
+    uri = check_request(model_metadata, format, dtype, destination)
+    torch_dtype = normalize_dtype(dtype)
+    workspace = Path(workspace)
+    sources = _sources(workspace, model_metadata, format)
+    run_dir = _run_dir(workspace, model_metadata, sources)
+    staging_root = run_dir / "exports"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    for stale in staging_root.glob(f".{task_name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted attempt
+    stage = staging_root / f".{task_name}.tmp-{uuid.uuid4().hex[:8]}"
+    metrics = numeric_metrics(eval_metrics or {})
+    try:
+        layout = _stage(stage, sources, torch_dtype)
+        card = CardInputs(
+            title=_title(uri, model_metadata),
+            model_metadata=model_metadata,
+            format=format,
+            dtype=torch_dtype,
+            layout=layout,
+            training_config=_training_config(workspace, model_metadata),
+            eval_metrics=metrics,
+            run_name=run_name,
+            run_id=run_id,
+            task_name=task_name,
+        )
+        (stage / CARD).write_text(render_card(card))
+        files = _write_checksums(stage)
+        log.info("staged %d files (%s) for %s", len(files), format, uri.raw)
+        published = storage.publish_directory(
+            stage,
+            uri,
+            overwrite=overwrite,
+            marker=CHECKSUMS,
+            endpoint_url=s3_endpoint_url or None,
+            private=hf_private,
+            commit_message=f"Export {format} model from kfp-finetune run {run_name or run_id or 'local'}",
+            max_workers=max_workers,
+        )
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            staging_root.rmdir()  # only when empty: another export task may be staging beside us
+    manifest_sha256 = files[CHECKSUMS]["sha256"]
+    metadata = {
+        "destination": uri.raw,
+        "format": format,
+        "dtype": torch_dtype or "as trained",
+        "state": published.state,
+        "files": files,
+        "num_files": len(files),
+        "total_bytes": published.total_bytes,
+        "uploaded_files": len(published.uploaded),
+        "manifest_sha256": manifest_sha256,
+        "base_model": model_metadata.get("base_model", ""),
+        "base_model_revision": model_metadata.get("base_model_revision", ""),
+        "method": model_metadata.get("method", ""),
+        "dataset_source": model_metadata.get("dataset_source", ""),
+        "metrics": {
+            **{k: model_metadata[k] for k in ("final_loss", "min_loss") if k in model_metadata},
+            **metrics,
+        },
+        "layout": layout,
+        "commit_sha": published.commit_sha or "",
+        "run_id": run_id,
+        "run_name": run_name,
+    }
+    if output is not None:
+        write_artifact(output, {"kind": "exported-model", **metadata}, metadata)
+        # After writing the manifest: KFP derives the artifact's local path from its uri. Not for s3://: KFP's
+        # launcher uploads an output artifact to an object-store uri and fails unless it is under the pipeline
+        # root's bucket, so an S3 destination is recorded in metadata["destination"] and the uri stays KFP's.
+        if uri.scheme != "s3":
+            output.uri = uri.path if uri.scheme == "file" else uri.raw
+    log.info(
+        "exported %s to %s: %s, %d files, %s uploaded",
+        format, uri.raw, published.state, len(files), len(published.uploaded),
+    )  # fmt: skip
+    return ExportResult(uri.raw, published.state, files, manifest_sha256, published.uploaded, metadata)
+
+
+def _sources(workspace: Path, meta: dict, fmt: str) -> dict[str, tuple[str, Path]]:
+    """Export folder ("" = root) -> (kind, source folder in the workspace)."""
+    wanted = {
+        "merged": {"": ("merged", "merged_path")},
+        "adapter": {"": ("adapter", "adapter_path")},
+        "both": {"": ("merged", "merged_path"), ADAPTER_SUBDIR: ("adapter", "adapter_path")},
+    }[fmt]
+    sources = {}
+    for folder, (kind, key) in wanted.items():
+        path = workspace / meta[key]
+        if not path.is_dir():
+            raise ExportError(f"the {kind} model folder {path} ({key}) is not in the workspace")
+        sources[folder] = (kind, path)
+    return sources
+
+
+def _run_dir(workspace: Path, meta: dict, sources: dict[str, tuple[str, Path]]) -> Path:
+    if meta.get("run_dir"):
+        return workspace / meta["run_dir"]
+    return next(iter(sources.values()))[1].parent
+
+
+def _title(uri: storage.StorageUri, meta: dict) -> str:
+    if uri.scheme == "hf":
+        return uri.repo_id.split("/")[-1]
+    base = str(meta.get("base_model") or "model").rstrip("/").split("/")[-1]
+    return f"{base} ({meta.get('method') or 'fine-tuned'})"
+
+
+def _training_config(workspace: Path, meta: dict) -> dict:
+    """The resolved torchtune YAML of the run, when it is in the workspace (for the hyperparameters)."""
+    if not meta.get("run_dir"):
+        return {}
+    path = workspace / meta["run_dir"] / "torchtune_config.yaml"
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _stage(stage: Path, sources: dict[str, tuple[str, Path]], torch_dtype: str) -> dict[str, str]:
+    layout = {}
+    for folder, (kind, source) in sources.items():
+        target = stage / folder if folder else stage
+        converted = 0
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            rel = path.relative_to(source)
+            if rel.as_posix() in (CARD, CHECKSUMS):
+                continue  # ours to write; a copied base-model README would describe the wrong model
+            out = target / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if torch_dtype and path.name.endswith(".safetensors"):
+                converted += _convert_safetensors(path, out, torch_dtype)
+            else:
+                _link(path, out)
+        if torch_dtype:
+            _update_config_and_index(target, torch_dtype)
+        what = "merged model (HF safetensors)" if kind == "merged" else "PEFT adapter"
+        layout[folder] = what + (f", {converted} tensors converted to {torch_dtype}" if converted else "")
+    return layout
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # filesystems without hard links
+        shutil.copy2(source, target)
+
+
+def _convert_safetensors(source: Path, target: Path, torch_dtype: str) -> int:
+    """Write `source` with its floating-point tensors in `torch_dtype`; return how many changed. Unchanged
+    files are linked, so a no-op conversion costs nothing."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    dtype = getattr(torch, torch_dtype)
+    with safe_open(str(source), framework="pt") as f:
+        header = f.metadata() or {}
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    changed = sum(1 for t in tensors.values() if t.is_floating_point() and t.dtype != dtype)
+    if not changed:
+        _link(source, target)
+        return 0
+    converted = {
+        name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in tensors.items()
+    }
+    save_file(converted, str(target), metadata={"format": "pt", **header})
+    return changed
+
+
+def _update_config_and_index(folder: Path, torch_dtype: str) -> None:
+    """Keep config.json's dtype and each index's total_size true to the converted weights. Linked files are
+    replaced, never edited in place (that would change the training run's copy too)."""
+    config = folder / "config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        data["torch_dtype"] = torch_dtype
+        if "dtype" in data:  # newer transformers write `dtype`
+            data["dtype"] = torch_dtype
+        _replace_json(config, data)
+    for index in folder.glob(f"*{_INDEX_SUFFIX}"):
+        data = json.loads(index.read_text())
+        shards = sorted(set(data.get("weight_map", {}).values()))
+        data.setdefault("metadata", {})["total_size"] = sum(_tensor_bytes(folder / s) for s in shards)
+        _replace_json(index, data)
+
+
+def _tensor_bytes(path: Path) -> int:
+    """Bytes of tensor data in a safetensors file, from its header (what HF indexes call total_size)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+
+
+def _replace_json(path: Path, data: Any) -> None:
+    path.unlink()
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _write_checksums(stage: Path) -> dict[str, dict]:
+    """Write checksums.sha256 (sha256sum format) and return every file's {size, sha256}, itself included."""
+    files = {
+        p.relative_to(stage).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(stage.rglob("*"))
+        if p.is_file()
+    }
+    (stage / CHECKSUMS).write_text("".join(f"{f['sha256']}  {path}\n" for path, f in sorted(files.items())))
+    files[CHECKSUMS] = {"size": (stage / CHECKSUMS).stat().st_size, "sha256": sha256_file(stage / CHECKSUMS)}
+    return dict(sorted(files.items()))
+
+
+def run_component(**params: Any) -> ExportResult:
+    """What the component body calls with all its parameters."""
+    metrics = params.get("metrics")
+    return export_model(
+        workspace=params["workspace_path"],
+        model_metadata=dict(params["model"].metadata),
+        destination=params["destination"],
+        format=params["format"],
+        dtype=params["dtype"],
+        eval_metrics=dict(metrics.metadata) if metrics is not None else None,
+        overwrite=params["overwrite"],
+        s3_endpoint_url=params["s3_endpoint_url"],
+        hf_private=params["hf_private"],
+        run_name=params["run_name"],
+        run_id=params["run_id"],
+        task_name=params["task_name"],
+        max_workers=params["max_workers"],
+        output=params["exported"],
+    )

@@ -1,0 +1,175 @@
+"""The model card (README.md) shipped with an export: what the model is, how it was made, how well it did.
+
+Deterministic: the same inputs give the same bytes (no timestamps), so re-exporting unchanged content is
+recognised as already present at the destination.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+# Resolved torchtune config keys worth showing, as (label, dotted key).
+_HYPERPARAMETERS = (
+    ("epochs", "epochs"),
+    ("max steps per epoch", "max_steps_per_epoch"),
+    ("batch size", "batch_size"),
+    ("gradient accumulation steps", "gradient_accumulation_steps"),
+    ("optimizer", "optimizer._component_"),
+    ("learning rate", "optimizer.lr"),
+    ("weight decay", "optimizer.weight_decay"),
+    ("lr scheduler", "lr_scheduler._component_"),
+    ("warmup steps", "lr_scheduler.num_warmup_steps"),
+    ("loss", "loss._component_"),
+    ("LoRA rank", "model.lora_rank"),
+    ("LoRA alpha", "model.lora_alpha"),
+    ("LoRA dropout", "model.lora_dropout"),
+    ("LoRA attention modules", "model.lora_attn_modules"),
+    ("LoRA on MLP", "model.apply_lora_to_mlp"),
+    ("LoRA on output", "model.apply_lora_to_output"),
+    ("max sequence length", "tokenizer.max_seq_len"),
+    ("packed", "dataset.packed"),
+    ("training dtype", "dtype"),
+    ("seed", "seed"),
+)
+_HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HF_DATASET = re.compile(r"^hf://(?:datasets/)?([\w.-]+/[\w.-]+)")
+
+
+@dataclass
+class CardInputs:
+    """Everything the card shows. `layout` maps a folder in the export ("" = root) to what it holds."""
+
+    title: str
+    model_metadata: dict
+    format: str
+    dtype: str
+    layout: dict[str, str]
+    training_config: dict = field(default_factory=dict)
+    eval_metrics: dict = field(default_factory=dict)
+    run_name: str = ""
+    run_id: str = ""
+    task_name: str = ""
+
+
+def lookup(config: dict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def numeric_metrics(metadata: dict) -> dict[str, float]:
+    """The numbers in a Metrics artifact's metadata (bools and non-finite values left out)."""
+    return {
+        key: value
+        for key, value in sorted(metadata.items())
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    }
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _table(rows: list[tuple[str, object]]) -> list[str]:
+    lines = ["| | |", "|---|---|"]
+    lines += [
+        f"| {label} | {_fmt(value).replace('|', '/')} |" for label, value in rows if value not in (None, "")
+    ]
+    return lines
+
+
+def render_card(card: CardInputs) -> str:
+    meta = card.model_metadata
+    base = str(meta.get("base_model") or "")
+    front: dict = {
+        "library_name": "peft" if card.format == "adapter" else "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": ["kfp-finetune", "torchtune", str(meta.get("method") or "finetuned")],
+    }
+    if _HF_REPO_ID.match(base):  # only hub ids: a workspace path means nothing to a reader of the card
+        front["base_model"] = base
+    dataset = _HF_DATASET.match(str(meta.get("dataset_source") or ""))
+    if dataset:
+        front["datasets"] = [dataset.group(1)]
+    lines = ["---", yaml.safe_dump(front, sort_keys=True).strip(), "---", "", f"# {card.title}", ""]
+    lines += [
+        f"Fine-tuned from **{base or 'an unnamed base model'}** with torchtune ({meta.get('method', '?')}, "
+        f"recipe `{meta.get('recipe', '?')}`) by a kfp-finetune pipeline.",
+        "",
+        "## Contents",
+        "",
+        "| folder | content |",
+        "|---|---|",
+    ]
+    lines += [f"| `{folder or '.'}` | {what} |" for folder, what in card.layout.items()]
+    lines += [
+        "",
+        f"Weights dtype: {card.dtype or 'as trained'}. `checksums.sha256` lists every file's sha256",
+    ]
+    lines += ["(`sha256sum -c checksums.sha256`).", "", "## Usage", "", "```python"]
+    adapter_folder = next((f for f, what in card.layout.items() if what.startswith("PEFT")), None)
+    merged_folder = next((f for f, what in card.layout.items() if what.startswith("merged")), None)
+    if merged_folder is not None:
+        lines += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("<this repo or folder>"{_subfolder(merged_folder)})',
+        ]
+    if adapter_folder is not None:
+        lines += [""] if merged_folder is not None else []
+        lines += [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{base or "<base model>"}")',
+            f'model = PeftModel.from_pretrained(base, "<this repo or folder>"{_subfolder(adapter_folder)})',
+        ]
+    lines += ["```", "", "## Training", ""]
+    lines += _table(
+        [
+            ("base model", base),
+            ("base model revision", meta.get("base_model_revision")),
+            ("dataset", meta.get("dataset_source")),
+            ("method", meta.get("method")),
+            ("recipe", meta.get("recipe")),
+            ("torchtune config", meta.get("config")),
+            ("steps", meta.get("steps")),
+            ("final training loss", meta.get("final_loss")),
+            ("min training loss", meta.get("min_loss")),
+            ("tokens/s", meta.get("tokens_per_second")),
+        ]
+    )
+    hyper = [(label, lookup(card.training_config, key)) for label, key in _HYPERPARAMETERS]
+    if any(value is not None for _, value in hyper):
+        lines += ["", "### Hyperparameters", ""] + _table(hyper)
+    lines += ["", "## Evaluation", ""]
+    if card.eval_metrics:
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| {key} | {_fmt(value)} |" for key, value in card.eval_metrics.items()]
+    else:
+        lines.append("No evaluation metrics were passed to the export.")
+    lines += ["", "## Provenance", ""]
+    lines += _table(
+        [
+            ("pipeline run", card.run_name),
+            ("run id", card.run_id),
+            ("export task", card.task_name),
+            ("training run folder", meta.get("run_dir")),
+        ]
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _subfolder(folder: str) -> str:
+    return f', subfolder="{folder}"' if folder else ""

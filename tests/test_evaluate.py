@@ -1,0 +1,455 @@
+"""The evaluate step: scores and gate as plain functions, then real runs on the tiny model fine-tuned on the
+synthetic task (tuned must beat base on loss and exact match), determinism, the report, bad inputs."""
+
+import json
+import math
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kfp_finetune.components.evaluate import scoring
+from kfp_finetune.components.evaluate.evaluate import (
+    ArtifactInput,
+    EvalSettings,
+    dataset_node,
+    pick_rows,
+    run_evaluate,
+)
+from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
+from kfp_finetune.tiny import RECOMMENDED_TRAINING
+from kfp_finetune.tiny.dataset import PROMPT_PREFIX
+
+# The tiny kit's recommended full fine-tune (kfp_finetune.tiny.RECOMMENDED_TRAINING): it reaches exact matches on
+# held-out rows, which LoRA on a random base does not within minutes.
+_FULL = RECOMMENDED_TRAINING["full"]
+TRAINING = {
+    "method": "full",
+    "epochs": 1,
+    "max_steps_per_epoch": _FULL["max_steps_per_epoch"],
+    "batch_size": _FULL["batch_size"],
+    "learning_rate": _FULL["lr"],
+    "num_warmup_steps": _FULL["num_warmup_steps"],
+}
+
+# --- plain functions ---------------------------------------------------------------------------------------
+
+
+def test_generation_scores():
+    assert scoring.exact_match(" c  b a\n", "c b a") == 1.0
+    assert scoring.exact_match("c b", "c b a") == 0.0
+    assert scoring.token_f1("a b c", "c b a") == 1.0  # bag of words: order does not count
+    assert scoring.rouge_l("a b c", "c b a") == pytest.approx(1 / 3)  # longest common subsequence: it does
+    assert scoring.rouge_l("c b a", "c b a") == 1.0
+    assert scoring.token_f1("x y", "c b a") == 0.0
+    assert scoring.token_f1("", "") == 1.0 and scoring.rouge_l("", "a") == 0.0
+
+
+def test_quality_gate_directions_thresholds_and_errors():
+    tuned = {"eval_loss": 1.0, "exact_match": 0.4}
+    base = {"eval_loss": 3.0, "exact_match": 0.1}
+    assert scoring.quality_gate(tuned, base, "eval_loss", 1.9, {}).passed  # loss fell by 2.0
+    assert not scoring.quality_gate(tuned, base, "eval_loss", 2.1, {}).passed
+    gate = scoring.quality_gate(tuned, base, "exact_match", 0.3, {})
+    assert gate.passed and gate.improvement == pytest.approx(0.3)
+    assert not scoring.quality_gate(base, tuned, "exact_match", 0.0, {}).passed  # worse than base
+    assert scoring.quality_gate(tuned, base, "eval_loss", 0, {"exact_match": 0.4, "eval_loss": 1.0}).passed
+    assert not scoring.quality_gate(tuned, base, "eval_loss", 0, {"exact_match": 0.5}).passed
+    assert not scoring.quality_gate(tuned, base, "eval_loss", 0, {"eval_loss": 0.9}).passed  # a maximum
+    no_base = scoring.quality_gate(tuned, None, "eval_loss", 5.0, {})
+    assert no_base.passed and no_base.improvement is None and no_base.reasons[0].startswith("SKIP")
+    with pytest.raises(ConfigError, match="gate_metric 'accuracy'.*exact_match"):
+        scoring.quality_gate(tuned, base, "accuracy", 0, {})
+    with pytest.raises(ConfigError, match="thresholds name unknown metric.*bleu"):
+        scoring.quality_gate(tuned, base, "eval_loss", 0, {"bleu": 0.3})
+
+
+def test_rows_are_a_seeded_subset():
+    assert pick_rows(5, 0, 0) == [0, 1, 2, 3, 4]
+    assert pick_rows(100, 10, 7) == pick_rows(100, 10, 7) != pick_rows(100, 10, 8)
+    assert len(set(pick_rows(100, 10, 7))) == 10
+
+
+def test_dataset_node_keeps_training_columns_and_masks_the_prompt():
+    trained = {
+        "dataset": {
+            "_component_": "torchtune.datasets.instruct_dataset",
+            "source": "json",
+            "data_files": ["/train.jsonl"],
+            "column_map": {"input": "question"},
+            "train_on_input": True,
+            "packed": True,
+            "new_system_prompt": "Be brief.",
+        }
+    }
+    node = dataset_node(trained, ArtifactInput({}), ["/ws/eval/part-0.parquet"])
+    assert node == {
+        "_component_": "torchtune.datasets.instruct_dataset",
+        "source": "parquet",
+        "data_files": ["/ws/eval/part-0.parquet"],
+        "split": "train",
+        "column_map": {"input": "question"},
+        "train_on_input": False,
+        "packed": False,
+        "new_system_prompt": "Be brief.",
+    }
+    chat = dataset_node({}, ArtifactInput({"dataset_type": "chat", "conversation_style": "sharegpt",
+                                           "conversation_column": "conversations"}), ["/e.parquet"])  # fmt: skip
+    assert chat["_component_"] == "torchtune.datasets.chat_dataset"
+    assert (chat["conversation_style"], chat["conversation_column"]) == ("sharegpt", "conversations")
+
+
+# --- real runs ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_llama, tiny_dataset):
+    """A workspace as a pipeline leaves it: base model, eval split, and a finished fine-tune run of the tiny
+    model on the synthetic task (finalized into merged/ + adapter/ like torchtune-finetune does)."""
+    from kfp_finetune.components.torchtune_finetune.local_launcher import run_local
+    from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
+    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+
+    workspace = tmp_path_factory.mktemp("eval-workspace")
+    shutil.copytree(tiny_llama, workspace / "models" / "base")
+    data_dir = workspace / "datasets" / "tiny" / "eval"
+    data_dir.mkdir(parents=True)
+    shutil.copy(tiny_dataset["eval.parquet"], data_dir / "part-00000.parquet")
+
+    cfg = TorchtuneConfig(device="cpu", gradient_accumulation_steps=1, seed=0)
+    for key, value in TRAINING.items():
+        setattr(cfg, key, value)
+    run = resolve_run(
+        cfg, workspace / "models" / "base", tiny_dataset["train.parquet"], workspace / "runs" / "ft"
+    )
+    run_local(tune_command(run.recipe, run.yaml_path), echo=lambda _: None)
+    finalize_checkpoint(run.run_dir, method=cfg.method, base_model="tiny")
+    model = {
+        "workspace_path": "runs/ft/merged",
+        "merged_path": "runs/ft/merged",
+        "adapter_path": "",
+        "run_dir": "runs/ft",
+        "metrics_file": "runs/ft/logs/metrics.txt",
+        "base_model_path": "models/base",
+    }
+    eval_data = {
+        "workspace_path": "datasets/tiny/eval",
+        "data_files": ["datasets/tiny/eval/part-00000.parquet"],
+        "num_rows": 100,
+        "dataset_type": "instruct",
+        "columns": ["input", "output"],
+    }
+    return workspace, model, eval_data
+
+
+def evaluate_in(trained, name: str, base: bool = True, **settings):
+    workspace, model, eval_data = trained
+    return run_evaluate(
+        workspace=workspace,
+        model=ArtifactInput(dict(model)),
+        eval_data=ArtifactInput(dict(eval_data)),
+        base_model=ArtifactInput({"workspace_path": "models/base"}) if base else None,
+        settings=EvalSettings(**{"max_new_tokens": 12, "batch_size": 16, **settings}),
+        output_name=name,
+    )
+
+
+@pytest.fixture(scope="module")
+def evaluation(trained):
+    return evaluate_in(trained, "full", max_samples=0, gate_metric="exact_match")
+
+
+@pytest.mark.slow
+def test_fine_tuning_helped(evaluation):
+    m = evaluation.metrics
+    print({k: round(v, 4) for k, v in m.items()})  # the measured numbers, for the record (pytest -s)
+    assert m["num_samples"] == 100
+    assert m["tuned_eval_loss"] < m["base_eval_loss"] - 1.0
+    assert m["tuned_perplexity"] == pytest.approx(math.exp(m["tuned_eval_loss"]))
+    assert m["tuned_exact_match"] > m["base_exact_match"]
+    assert m["delta_exact_match"] == pytest.approx(m["tuned_exact_match"] - m["base_exact_match"])
+    assert m["tuned_rouge_l"] > m["base_rouge_l"]
+    assert m["passed"] == 1.0 and evaluation.gate.passed
+
+
+@pytest.mark.slow
+def test_outputs_in_the_workspace_samples_and_report(evaluation, trained):
+    workspace = trained[0]
+    assert evaluation.output_dir == workspace / "eval" / "full"
+    lines = (evaluation.output_dir / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 100 and evaluation.samples_metadata["num_rows"] == 100
+    first = json.loads(lines[0])
+    assert first["prompt"].startswith(PROMPT_PREFIX) and first["reference"]
+    assert {"tuned", "base", "tuned_loss", "base_loss", "tuned_exact_match"} <= set(first)
+    matches = [json.loads(line)["tuned_exact_match"] for line in lines]
+    assert sum(matches) / len(matches) == pytest.approx(evaluation.metrics["tuned_exact_match"])
+
+    html = (evaluation.output_dir / "report.html").read_text()
+    assert html == evaluation.report_html
+    for key in ("tuned_eval_loss", "base_eval_loss", "tuned_exact_match", "base_exact_match"):
+        assert f"{evaluation.metrics[key]:.4g}" in html, key
+    assert "PASSED" in html and "training loss" in html and "<svg" in html
+    assert PROMPT_PREFIX in html  # the sample table
+    assert "<script" not in html and 'src="http' not in html
+
+
+@pytest.mark.slow
+def test_same_seed_same_results(trained):
+    first = evaluate_in(trained, "again-1", max_samples=12, seed=3)
+    second = evaluate_in(trained, "again-2", max_samples=12, seed=3)
+    different = {k for k in first.metrics if k != "wall_seconds" and first.metrics[k] != second.metrics[k]}
+    assert not different
+    assert first.samples == second.samples
+    assert [s["row"] for s in first.samples] == pick_rows(100, 12, 3)
+
+
+@pytest.mark.slow
+def test_gate_flips_with_the_threshold(trained):
+    workspace, model, eval_data = trained
+    alone = {k: v for k, v in model.items() if k != "base_model_path"}  # no base: only thresholds decide
+
+    def gate(name: str, **settings):
+        return run_evaluate(
+            workspace=workspace,
+            model=ArtifactInput(dict(alone)),
+            eval_data=ArtifactInput(dict(eval_data)),
+            base_model=None,
+            settings=EvalSettings(max_samples=20, max_new_tokens=12, batch_size=20, **settings),
+            output_name=name,
+        )
+
+    first = gate("gate-measure", gate_metric="eval_loss")
+    assert first.base is None and first.gate.passed and first.gate.improvement is None
+    loss = first.metrics["tuned_eval_loss"]
+    ok = gate("gate-ok", gate_metric="eval_loss", thresholds={"eval_loss": loss * 1.01})
+    assert ok.gate.passed and ok.metrics["passed"] == 1.0 and "PASSED" in ok.report_html
+    failed = gate("gate-fail", gate_metric="eval_loss", thresholds={"eval_loss": loss * 0.99})
+    assert not failed.gate.passed and failed.metrics["passed"] == 0.0 and "FAILED" in failed.report_html
+
+
+@pytest.mark.slow
+def test_min_improvement_and_the_recorded_base(trained, evaluation):
+    # base_model not connected: the fine-tune's recorded base_model_path is compared with.
+    settings = {"base": False, "max_samples": 0, "gate_metric": "exact_match"}
+    gain = evaluation.metrics["delta_exact_match"]
+    enough = evaluate_in(trained, "improve-ok", min_improvement=gain, **settings)
+    assert (
+        enough.base is not None
+        and enough.metrics["base_exact_match"] == evaluation.metrics["base_exact_match"]
+    )
+    assert enough.gate.passed and enough.gate.improvement == pytest.approx(gain)
+    too_much = evaluate_in(trained, "improve-fail", min_improvement=gain + 0.01, **settings)
+    assert not too_much.gate.passed
+
+
+@pytest.mark.slow
+def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset, tmp_path):
+    """save_adapter_weights_only runs hand on only the adapter: evaluate rebuilds base + adapter as the LoRA
+    recipe does, which must score like the merged weights torchtune writes for the same run."""
+    from kfp_finetune.components.torchtune_finetune.local_launcher import run_local
+    from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
+    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+
+    workspace = tmp_path / "workspace"
+    shutil.copytree(tiny_llama, workspace / "models" / "base")
+    (workspace / "datasets").mkdir()
+    shutil.copy(tiny_dataset["eval.parquet"], workspace / "datasets" / "eval.parquet")
+    cfg = TorchtuneConfig(
+        method="lora", device="cpu", batch_size=8, max_steps_per_epoch=20, learning_rate=3e-3, seed=0
+    )
+    run = resolve_run(
+        cfg, workspace / "models" / "base", tiny_dataset["train.parquet"], workspace / "runs" / "lora"
+    )
+    run_local(tune_command(run.recipe, run.yaml_path), echo=lambda _: None)
+    finalize_checkpoint(run.run_dir, method="lora", base_model="tiny")
+
+    def score(model: dict, base: dict | None = {"workspace_path": "models/base"}):  # noqa: B006
+        return run_evaluate(
+            workspace=workspace,
+            model=ArtifactInput({"run_dir": "runs/lora", **model}),
+            eval_data=ArtifactInput({"data_files": ["datasets/eval.parquet"], "num_rows": 100}),
+            base_model=ArtifactInput(base) if base else None,
+            settings=EvalSettings(max_samples=16, batch_size=16, max_new_tokens=6),
+            output_name="adapter",
+        )
+
+    merged = score({"workspace_path": "runs/lora/merged", "merged_path": "runs/lora/merged"})
+    adapter_only = {
+        "workspace_path": "runs/lora/adapter",
+        "merged_path": "",
+        "adapter_path": "runs/lora/adapter",
+    }
+    applied = score(adapter_only)
+    assert applied.metrics["tuned_eval_loss"] == pytest.approx(merged.metrics["tuned_eval_loss"], rel=1e-4)
+    assert applied.metrics["tuned_eval_loss"] < applied.metrics["base_eval_loss"]
+    with pytest.raises(
+        ConfigError, match="model is a LoRA adapter without merged weights.*connect base_model"
+    ):
+        score(adapter_only, base=None)
+
+
+# --- bad input ------------------------------------------------------------------------------------------------
+
+
+def run_with(trained, tmp_path, *, model=None, eval_data=None, base=None):
+    workspace, model_meta, eval_meta = trained
+    return run_evaluate(
+        workspace=workspace,
+        model=ArtifactInput(model if model is not None else dict(model_meta)),
+        eval_data=ArtifactInput(eval_data if eval_data is not None else dict(eval_meta)),
+        base_model=ArtifactInput(base) if base is not None else None,
+        settings=EvalSettings(max_samples=2),
+        output_name="bad",
+    )
+
+
+@pytest.mark.slow
+def test_no_eval_rows(trained, tmp_path):
+    with pytest.raises(ConfigError, match="eval_data has no rows"):
+        run_with(trained, tmp_path, eval_data={"data_files": [], "num_rows": 0, "dataset_type": "instruct"})
+
+
+@pytest.mark.slow
+def test_prompt_column_missing(trained, tmp_path):
+    workspace = trained[0]
+    table = pa.Table.from_pylist([{"question": "Uppercase: a b c d", "output": "A B C D"}])
+    pq.write_table(table, workspace / "datasets" / "renamed.parquet")
+    eval_data = {"data_files": ["datasets/renamed.parquet"], "num_rows": 1, "dataset_type": "instruct"}
+    with pytest.raises(ConfigError, match="eval_data lacks the prompt column 'input'.*question"):
+        run_with(trained, tmp_path, eval_data=eval_data)
+
+
+@pytest.mark.slow
+def test_model_files_missing(trained, tmp_path):
+    workspace = trained[0]
+    with pytest.raises(ConfigError, match="model points to .*runs/gone/merged, which does not exist"):
+        run_with(trained, tmp_path, model={"workspace_path": "runs/gone/merged"})
+    no_weights = workspace / "models" / "no-weights"
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(workspace / "models" / "base" / name, no_weights / name)
+    shutil.copytree(workspace / "models" / "base" / "original", no_weights / "original")
+    with pytest.raises(ConfigError, match="base_model: model directory .*no-weights has no weights"):
+        run_with(trained, tmp_path, base={"workspace_path": "models/no-weights"})
+    with pytest.raises(ConfigError, match="model artifact has no workspace_path"):
+        run_with(trained, tmp_path, model={})
+
+
+@pytest.mark.slow
+def test_tokenizer_mismatch(trained, tmp_path, tiny_qwen):
+    workspace = trained[0]
+    shutil.copytree(tiny_qwen, workspace / "models" / "qwen")
+    with pytest.raises(ConfigError, match="base_model .*qwen.* does not share the tuned model's tokenizer"):
+        run_with(trained, tmp_path, base={"workspace_path": "models/qwen"})
+
+
+def test_bad_settings_name_the_parameter():
+    for settings, message in (
+        (EvalSettings(batch_size=0), "batch_size must be at least 1"),
+        (EvalSettings(max_samples=-1), "max_samples must be 0 or more"),
+        (EvalSettings(device="tpu"), "device must be auto, cpu or cuda"),
+        (EvalSettings(thresholds={"exact_match": "high"}), "thresholds values must be numbers"),
+        (EvalSettings(gate_metric="accuracy"), "gate_metric names unknown metric.*accuracy.*exact_match"),
+        (EvalSettings(thresholds={"bleu": 0.3}), "thresholds names unknown metric.*bleu"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            settings.check()
+
+
+def test_lm_eval_results_flatten():
+    from kfp_finetune.components.evaluate.lm_eval_tasks import flatten_results
+
+    results = {
+        "arc_easy": {"alias": "arc_easy", "acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.25}
+    }
+    assert flatten_results(results) == {"lm_eval_arc_easy_acc": 0.5, "lm_eval_arc_easy_acc_norm": 0.25}
+
+
+# Runs in a child process: huggingface_hub reads HF_HOME when first imported.
+_LM_EVAL_SCRIPT = """
+import json, shutil, sys
+from pathlib import Path
+from transformers import GPT2Config, GPT2LMHeadModel
+from kfp_finetune.components.evaluate.evaluate import ArtifactInput, EvalSettings, run_evaluate
+
+workspace, hf_home, tokenizer_dir, tasks_dir, model, eval_data = sys.argv[1:]
+# torchtune 0.6.1's lm-eval wrapper starts by loading "gpt2" (never used): a tiny one in the offline cache.
+snapshot = Path(hf_home) / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
+snapshot.mkdir(parents=True)
+(snapshot.parents[1] / "refs").mkdir()
+(snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+vocab = json.loads((Path(tokenizer_dir) / "vocab.json").read_text())
+config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_positions=64, vocab_size=len(vocab) + 1)
+GPT2LMHeadModel(config).save_pretrained(snapshot)
+for name in ("vocab.json", "merges.txt"):
+    shutil.copy(Path(tokenizer_dir) / name, snapshot / name)
+result = run_evaluate(
+    workspace=workspace,
+    model=ArtifactInput(json.loads(model)),
+    eval_data=ArtifactInput(json.loads(eval_data)),
+    base_model=ArtifactInput({"workspace_path": "models/base"}),
+    settings=EvalSettings(max_samples=4, max_new_tokens=8, lm_eval_tasks=["kfp_tiny"], lm_eval_limit=20,
+                          lm_eval_include_path=tasks_dir, gate_metric="lm_eval_kfp_tiny_perplexity"),
+    output_name="lm-eval",
+)
+print("RESULT " + json.dumps(result.metrics))
+"""
+
+
+@pytest.mark.slow
+def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_dataset, tmp_path):
+    """A local lm-eval task (data on disk, so offline) scored for tuned and base through eleuther_eval."""
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional kfp-finetune[lm-eval] extra")
+    import os
+    import subprocess
+    import sys
+
+    workspace, model, eval_data = trained
+    tasks_dir = tmp_path / "tasks"
+    tasks_dir.mkdir()
+    (tasks_dir / "kfp_tiny.yaml").write_text(
+        "task: kfp_tiny\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs: {{data_files: {{test: {tiny_dataset['eval.jsonl']}}}}}\n"
+        "test_split: test\n"
+        "output_type: loglikelihood\n"
+        'doc_to_text: "{{input}}\\n"\n'
+        'doc_to_target: "{{output}}"\n'
+        "metric_list:\n"
+        "  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
+        "  - {metric: perplexity, aggregation: perplexity, higher_is_better: false}\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    args = [
+        str(workspace),
+        str(tmp_path / "hf"),
+        str(tiny_qwen),
+        str(tasks_dir),
+        json.dumps(model),
+        json.dumps(eval_data),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _LM_EVAL_SCRIPT, *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert {"tuned_lm_eval_kfp_tiny_acc", "base_lm_eval_kfp_tiny_acc"} <= set(metrics)
+    assert metrics["tuned_lm_eval_kfp_tiny_perplexity"] < metrics["base_lm_eval_kfp_tiny_perplexity"]
+    assert metrics["passed"] == 1.0
+
+
+def test_lm_eval_needs_the_extra(workspace, monkeypatch):
+    """Checked before any model is loaded."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as in an image without kfp-finetune[lm-eval]
+    with pytest.raises(ConfigError, match=r"lm_eval_tasks needs lm-eval.*kfp-finetune\[lm-eval\]"):
+        run_evaluate(
+            workspace=workspace,
+            model=ArtifactInput({"workspace_path": "models/tuned"}),
+            eval_data=ArtifactInput({"data_files": ["eval.parquet"]}),
+            base_model=None,
+            settings=EvalSettings(lm_eval_tasks=["arc_easy"]),
+            output_name="lm-eval",
+        )
