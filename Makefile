@@ -21,8 +21,14 @@ $(STAMP): pyproject.toml setup.py
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) -m kfp_finetune.cli demo --output demo_output
 
-test: setup lint
+test: setup lint check-compiled
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+compile: setup
+	$(PY) -m kfp_finetune.cli compile --output compiled
+
+check-compiled: setup
+	$(PY) -m kfp_finetune.cli compile --check --output compiled
 
 lint: setup
 	$(PY) -m ruff check .
@@ -31,3 +37,29 @@ lint: setup
 format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+# Container images (images/README.md). Tags: $(IMAGE_REGISTRY)/kfp-finetune-{component,trainer}:<package version>,
+# the names the components and runtimes use by default. Set IMAGE_REGISTRY to your registry, then push the two
+# tags and compile with KFP_FINETUNE_COMPONENT_IMAGE / KFP_FINETUNE_TRAINER_IMAGE set to them.
+IMAGE_REGISTRY ?= ghcr.io/kfp-finetune
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CONTAINER_ENGINE ?= $(if $(shell command -v docker),docker,podman)
+IMAGE_BUILD_ARGS ?=
+
+.PHONY: images
+images:
+	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_ARGS) -f images/component/Dockerfile -t $(IMAGE_REGISTRY)/kfp-finetune-component:$(IMAGE_TAG) .
+	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_ARGS) -f images/trainer/Dockerfile -t $(IMAGE_REGISTRY)/kfp-finetune-trainer:$(IMAGE_TAG) .
+
+# Benchmarks (benchmarks/README.md): measurements, not tests, so not part of `make test`. Options go in BENCH_ARGS,
+# e.g. `make bench BENCH_ARGS="--quick"` or `BENCH_ARGS="--only launcher,peer --repeats 5 --max-load 1.0"`.
+BENCH_ARGS ?=
+BENCH_STAMP := $(ENV_DIR)/.kfp-finetune-bench
+
+.PHONY: bench
+bench: setup $(BENCH_STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m benchmarks.run $(BENCH_ARGS)
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[train,test,bench]'
+	@touch $(BENCH_STAMP)

@@ -20,9 +20,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("kfp_finetune.tiny.model", "Build a tiny offline HF-layout model torchtune can train."),
     "trainjob": ("kfp_finetune.commands.trainjob", "Print the TrainJob manifest a fine-tune would create."),
     "tiny-dataset": ("kfp_finetune.tiny.dataset", "Write the synthetic instruct dataset (train + held-out)."),
+    "compile": (
+        "kfp_finetune.commands.compile",
+        "Compile every pipeline and component to YAML (or --check it).",
+    ),
     "resolve-config": (
         "kfp_finetune.commands.resolve_config",
         "Print the complete torchtune YAML and recipe a run would use, without running it.",
+    ),
+    "upload": (
+        "kfp_finetune.commands.upload",
+        "Upload a pipeline to a KFP backend (creates it, or adds a version).",
+    ),
+    "run": ("kfp_finetune.commands.run_pipeline", "Start one run of a pipeline on a KFP backend."),
+    "schedule": (
+        "kfp_finetune.commands.schedule",
+        "Create a recurring run (cron or interval) on a KFP backend.",
+    ),
+    "list-runtimes": (
+        "kfp_finetune.commands.list_runtimes",
+        "List the Kubeflow Trainer runtimes (ClusterTrainingRuntimes) visible to you.",
     ),
     "component-readmes": (
         "kfp_finetune.component_readme",

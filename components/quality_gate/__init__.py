@@ -1,0 +1,1 @@
+"""quality-gate: the evaluate decision as a single-output task that `dsl.If` branches on."""

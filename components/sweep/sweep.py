@@ -1,0 +1,73 @@
+"""Sweep helpers: the trial grid, and choosing the best trial by an evaluate metric.
+
+The best trial's artifacts are passed on as they are (their bytes stay in the workspace); only the small
+manifest files and metadata are copied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+from typing import Any
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.evaluate.scoring import lower_is_better
+
+log = get_logger(__name__)
+
+
+def trial_grid(learning_rates: list, lora_ranks: list) -> list[dict[str, Any]]:
+    """Every (learning rate, LoRA rank) pair as a named trial; names are unique and DNS-friendly."""
+    if not learning_rates or not lora_ranks:
+        raise ValueError(
+            "sweep needs at least one learning rate and one LoRA rank (use [0] to keep the config's)"
+        )
+    trials = []
+    for lr, rank in itertools.product(learning_rates, lora_ranks):
+        if float(lr) < 0 or int(rank) < 0:
+            raise ValueError(
+                f"learning rates and ranks must be positive (0: the config's); got lr={lr}, rank={rank}"
+            )
+        name = f"trial-lr{float(lr):g}-r{int(rank)}".replace(".", "p").replace("+", "").replace("-0", "-m0")
+        trials.append({"trial_name": name.lower(), "learning_rate": float(lr), "lora_rank": int(rank)})
+    if len({t["trial_name"] for t in trials}) != len(trials):
+        raise ValueError("sweep values repeat: each learning rate and rank may appear once")
+    return trials
+
+
+def best_trial(eval_metrics: list[dict], metric: str) -> int:
+    """Index of the trial whose tuned `metric` is best (lower for losses, else higher)."""
+    key = f"tuned_{metric}"
+    values = [m.get(key) for m in eval_metrics]
+    if not values or any(v is None for v in values):
+        known = sorted(
+            k.removeprefix("tuned_")
+            for k in (eval_metrics[0] if eval_metrics else {})
+            if k.startswith("tuned_")
+        )
+        raise ValueError(f"metric {metric!r} is not in every trial's evaluation; known: {', '.join(known)}")
+    pick = min if lower_is_better(metric) else max
+    return values.index(pick(values))
+
+
+def select_best(models: list, eval_metrics: list, best_model: Any, best_metrics: Any, metric: str) -> bool:
+    """Copy the best trial's model and metrics artifacts to the outputs; return whether it passed its gate."""
+    if len(models) != len(eval_metrics) or not models:
+        raise ValueError(
+            f"got {len(models)} models and {len(eval_metrics)} evaluations: one of each per trial"
+        )
+    metadata = [dict(m.metadata) for m in eval_metrics]
+    index = best_trial(metadata, metric)
+    for position, values in enumerate(metadata):
+        marker = "<- best" if position == index else ""
+        log.info("trial %d (%s): %s=%.6g %s", position, models[position].metadata.get("run_dir", "?"), metric,
+                 values[f"tuned_{metric}"], marker)  # fmt: skip
+    for source, target in ((models[index], best_model), (eval_metrics[index], best_metrics)):
+        target.metadata.update(source.metadata)
+        if Path(source.path).is_file():
+            Path(target.path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source.path, target.path)
+    best_model.metadata["sweep_metric"] = metric
+    best_model.metadata["sweep_trial"] = index
+    return bool(metadata[index].get("passed", False))

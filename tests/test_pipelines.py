@@ -1,0 +1,186 @@
+"""The pipelines: golden YAML current, reloadable and nestable, carrying their platform config; and whole DAGs
+run end to end under kfp.local on the tiny model (local backend, and the trainjob backend through the Kubernetes
+API stand-in's execute mode)."""
+
+# No `from __future__ import annotations`: KFP reads pipeline signatures' annotations as types.
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp import compiler, dsl, local
+from kfp.components import load_component_from_file
+
+from kfp_finetune.commands.compile import stale_files
+from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, sweep_pipeline
+from tests.support import kube_standin as standin
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED = ROOT / "compiled"
+kube_standin = standin.kube_standin
+
+
+def test_compiled_yaml_is_current():
+    assert stale_files(COMPILED) == []
+
+
+def _argument_for(spec_type: str):
+    return {
+        "STRING": "x",
+        "NUMBER_INTEGER": 1,
+        "NUMBER_DOUBLE": 0.5,
+        "BOOLEAN": True,
+        "LIST": [],
+        "STRUCT": {},
+    }[spec_type]
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_compiled_pipeline_reloads_and_nests_in_a_larger_pipeline(name, tmp_path):
+    reloaded = load_component_from_file(str(COMPILED / f"{name}.yaml"))
+    spec = next(yaml.safe_load_all((COMPILED / f"{name}.yaml").read_text()))
+    inputs = spec["root"].get("inputDefinitions", {})
+    required = {
+        key: _argument_for(p["parameterType"])
+        for key, p in inputs.get("parameters", {}).items()
+        if not p.get("isOptional")
+    }
+    artifacts = inputs.get("artifacts", {})
+
+    @dsl.pipeline(name="outer", pipeline_config=dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(size="1Gi")))
+    def outer():
+        upstream = {
+            key: dsl.importer(
+                artifact_uri=f"s3://bucket/{key}",
+                artifact_class=dsl.Model if "Model" in a["artifactType"]["schemaTitle"] else dsl.Dataset,
+            ).output
+            for key, a in artifacts.items()
+        }
+        reloaded(**required, **upstream).set_display_name(f"nested {name}")
+
+    target = tmp_path / "outer.yaml"
+    compiler.Compiler().compile(outer, str(target))
+    outer_spec = next(yaml.safe_load_all(target.read_text()))
+    nested = set(spec["components"]) & set(outer_spec["components"])
+    assert nested, f"{name}'s components are not in the outer pipeline"
+
+
+def test_compiled_finetune_pipeline_carries_secrets_timeouts_and_workspace():
+    spec, platform = yaml.safe_load_all((COMPILED / "finetune-pipeline.yaml").read_text())
+    kubernetes = platform["platforms"]["kubernetes"]
+    assert kubernetes["pipelineConfig"]["workspace"]["size"] == "100Gi"
+    executors = kubernetes["deploymentSpec"]["executors"]
+    assert all(int(e["activeDeadlineSeconds"]) > 0 for e in executors.values())
+    for step in ("exec-model-initialize", "exec-dataset-initialize", "exec-export"):
+        secrets = executors[step]["secretAsEnv"]
+        names = [s["secretNameParameter"]["componentInputParameter"] for s in secrets]
+        assert [n.removeprefix("pipelinechannel--") for n in names] == ["hf_token_secret", "s3_secret"]
+        assert all(s["optional"] for s in secrets)
+        assert {"secretKey": "HF_TOKEN", "envVar": "HF_TOKEN"} in secrets[0]["keyToEnv"]
+    assert "secretAsEnv" not in executors["exec-torchtune-finetune"], "no credentials reach training"
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    required = sorted(k for k, p in inputs.items() if not p.get("isOptional"))
+    assert required == ["data_uri", "export_destination", "model_uri"], (
+        "a recurring run needs only the essentials"
+    )
+    assert all(p.get("description") for p in inputs.values()), "every parameter is documented for the UI"
+
+
+# --- whole DAGs under kfp.local ------------------------------------------------------------------------------
+
+FAST_TRAINING = {
+    "tune_backend": "local", "tune_device": "cpu", "tune_gpus_per_node": 0, "tune_batch_size": 8,
+    "tune_max_steps_per_epoch": 12, "tune_learning_rate": 3e-3, "tune_seed": 0,
+    "eval_max_samples": 12, "eval_max_new_tokens": 10, "eval_device": "cpu", "data_eval_fraction": 0.02,
+}  # fmt: skip
+
+
+def run_locally(tmp_path, pipeline, **arguments):
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(tmp_path / "pipeline_root"),
+        workspace_root=str(tmp_path / "workspace"),
+    )
+    return pipeline(**arguments)
+
+
+@pytest.mark.slow
+def test_finetune_pipeline_end_to_end_exports_when_the_gate_passes(tiny_llama, tiny_dataset, tmp_path):
+    destination = tmp_path / "exported"
+    task = run_locally(
+        tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
+        export_destination=str(destination), **FAST_TRAINING,
+    )  # fmt: skip
+    outputs = task.outputs
+    assert outputs["passed"] is True
+    evaluation = outputs["eval_metrics"].metadata
+    assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
+    assert outputs["train_metrics"].metadata["steps"] == 12
+    assert "<svg" in Path(outputs["train_report"].path).read_text()
+    assert "base" in Path(outputs["eval_report"].path).read_text()
+    assert outputs["model"].metadata["recipe"] == "lora_finetune_single_device"
+    files = {p.name for p in destination.iterdir()}
+    assert {"config.json", "README.md", "checksums.sha256", "model-00001-of-00001.safetensors"} <= files
+    assert "adapter_config.json" not in files
+
+
+@pytest.mark.slow
+def test_finetune_pipeline_gate_blocks_the_export(tiny_llama, tiny_dataset, tmp_path):
+    destination = tmp_path / "exported"
+    task = run_locally(
+        tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
+        export_destination=str(destination), eval_thresholds={"exact_match": 0.99},
+        **{**FAST_TRAINING, "tune_max_steps_per_epoch": 2},
+    )  # fmt: skip
+    assert task.outputs["passed"] is False
+    assert not destination.exists(), "a model that fails the gate is not exported"
+
+
+@pytest.mark.slow
+def test_finetune_pipeline_with_the_trainjob_backend(
+    kube_standin, tiny_llama, tiny_dataset, tmp_path, monkeypatch
+):
+    kube = kube_standin
+    kube.add_object(yaml.safe_load((ROOT / "runtimes" / "torchtune-cpu.yaml").read_text()))
+    workspace_pvc = "run-kfp-workspace"
+    kube.execute(
+        {workspace_pvc: tmp_path / "workspace"},
+        extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))  # inherited by the step subprocesses
+    destination = tmp_path / "exported"
+    task = run_locally(
+        tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
+        export_destination=str(destination),
+        **{**FAST_TRAINING, "tune_backend": "trainjob", "tune_runtime": "torchtune-cpu",
+           "tune_workspace_pvc": workspace_pvc},
+    )  # fmt: skip
+    created = kube.requests_for("POST", "trainjobs")
+    assert len(created) == 1
+    spec = created[0].body["spec"]
+    assert spec["runtimeRef"]["name"] == "torchtune-cpu"
+    assert spec["trainer"]["command"][:3] == ["tune", "run", "lora_finetune_single_device"]
+    assert task.outputs["model"].metadata["backend"] == "trainjob"
+    assert task.outputs["train_metrics"].metadata["steps"] == 12
+    assert task.outputs["passed"] is True and (destination / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_sweep_pipeline_exports_the_best_trial(tiny_llama, tiny_dataset, tmp_path):
+    destination = tmp_path / "exported"
+    task = run_locally(
+        tmp_path, sweep_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
+        export_destination=str(destination), sweep_learning_rates=[1e-6, 3e-3], sweep_lora_ranks=[8],
+        sweep_metric="eval_loss",
+        **{k: v for k, v in FAST_TRAINING.items() if k != "tune_learning_rate"},
+    )  # fmt: skip
+    best = task.outputs["best_model"].metadata
+    assert best["sweep_trial"] == 1, "lr 3e-3 learns in 12 steps, lr 1e-6 does not"
+    assert "trial-lr0p003-r8" in best["run_dir"]
+    assert (
+        task.outputs["best_eval_metrics"].metadata["tuned_eval_loss"]
+        < task.outputs["best_eval_metrics"].metadata["base_eval_loss"]
+    )
+    assert task.outputs["passed"] is True and (destination / "config.json").is_file()
