@@ -1,0 +1,569 @@
+"""images/: the Dockerfiles are pinned, non-root and take their versions from pyproject.toml; the component
+image's requirement set installs, imports and compiles without torch; the trainer's resolves; the registry overlay
+retags the runtimes.
+
+No container engine runs here, so the Dockerfiles are read statically and their requirement sets are checked
+for real with pip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from kfp_finetune import __version__
+from kfp_finetune.components._shared import images
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILES = {
+    "component": REPO / "images" / "component" / "Dockerfile",
+    "trainer": REPO / "images" / "trainer" / "Dockerfile",
+}
+OVERLAY = REPO / "images" / "registry-overlay"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+IMAGE_USER = "1000"
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|ACCESS_KEY|API_KEY|CREDENTIAL", re.IGNORECASE)
+
+
+# --- A small Dockerfile reader -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    arguments: str
+    line: int
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[Instruction]
+
+    def all(self, keyword: str) -> list[Instruction]:
+        return [i for i in self.instructions if i.keyword == keyword]
+
+    def env(self) -> dict[str, str]:
+        values: dict[str, str] = {}
+        for instruction in self.all("ENV"):
+            for item in shlex.split(instruction.arguments):
+                key, _, value = item.partition("=")
+                values[key] = value
+        return values
+
+    def run_text(self) -> str:
+        return "\n".join(i.arguments for i in self.all("RUN"))
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Instructions with their continuation lines joined; comments and blank lines dropped."""
+    instructions: list[Instruction] = []
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction is ignored by Docker too
+        if not pending:
+            start = number
+        continued = line.endswith("\\")
+        pending.append(line[:-1].rstrip() if continued else line)
+        if not continued:
+            keyword, _, arguments = " ".join(part for part in pending if part).partition(" ")
+            instructions.append(Instruction(keyword.upper(), arguments.strip(), start))
+            pending = []
+    assert not pending, "the Dockerfile ends inside a continued instruction"
+    return instructions
+
+
+def build_stages(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """The global ARG defaults and the stages, with `${ARG}` in FROM replaced by its default."""
+    instructions = parse_dockerfile(path.read_text())
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for instruction in instructions:
+        if instruction.keyword == "FROM":
+            words = instruction.arguments.split()
+            base = re.sub(r"\$\{?(\w+)\}?", lambda m: global_args[m.group(1)], words[0])
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(base, name, []))
+        elif not stages:
+            assert instruction.keyword == "ARG", f"{path}:{instruction.line}: only ARG may precede FROM"
+            key, _, value = instruction.arguments.partition("=")
+            global_args[key] = value
+        else:
+            stages[-1].instructions.append(instruction)
+    return global_args, stages
+
+
+def final_stage(name: str) -> Stage:
+    return build_stages(DOCKERFILES[name])[1][-1]
+
+
+def pip_commands(stage: Stage) -> list[list[str]]:
+    """Every `pip ...` command in the stage's RUN instructions, as words after `pip`."""
+    commands = []
+    for run in stage.all("RUN"):
+        lexer = shlex.shlex(run.arguments, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        words: list[str] = []
+        for token in [*lexer, ";"]:
+            if token.strip(";&|"):
+                words.append(token)
+                continue
+            if words[:1] in (["pip"], ["pip3"]):
+                commands.append(words[1:])
+            elif words[1:3] == ["-m", "pip"]:
+                commands.append(words[3:])
+            words = []
+    return commands
+
+
+def positional_arguments(pip_words: list[str]) -> list[str]:
+    """What pip is asked to install or build: words that are neither options nor option values."""
+    options_with_values = {"-c", "--constraint", "-w", "--wheel-dir"}
+    result, skip = [], False
+    for word in pip_words[1:]:
+        if skip:
+            skip = False
+        elif word in options_with_values:
+            skip = True
+        elif not word.startswith("-"):
+            result.append(word)
+    return result
+
+
+# --- The Dockerfiles -----------------------------------------------------------------------------------------
+
+
+def test_reader_joins_continuations_and_substitutes_base_image_args(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        textwrap.dedent(
+            """\
+            # comment
+            ARG BASE=python:3.12.12-slim-bookworm
+            FROM ${BASE} AS build
+            RUN set -eu; \\
+                # comment inside
+                pip wheel --no-deps --wheel-dir /w .
+            FROM $BASE
+            ENV A=1 \\
+                B="two words"
+            USER 1000
+            """
+        )
+    )
+    global_args, stages = build_stages(dockerfile)
+    assert global_args == {"BASE": "python:3.12.12-slim-bookworm"}
+    assert [(s.base, s.name) for s in stages] == [
+        ("python:3.12.12-slim-bookworm", "build"),
+        (global_args["BASE"], None),
+    ]
+    assert stages[0].run_text() == "set -eu; pip wheel --no-deps --wheel-dir /w ."
+    assert pip_commands(stages[0]) == [["wheel", "--no-deps", "--wheel-dir", "/w", "."]]
+    assert positional_arguments(pip_commands(stages[0])[0]) == ["."]
+    assert stages[1].env() == {"A": "1", "B": "two words"}
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_dockerfile_uses_only_known_instructions(image):
+    # No ADD (it fetches URLs and unpacks archives) and nothing BuildKit-only: docker, podman and buildah build it.
+    known = {"ARG", "FROM", "ENV", "RUN", "COPY", "USER", "WORKDIR", "LABEL"}
+    instructions = parse_dockerfile(DOCKERFILES[image].read_text())
+    assert instructions and {i.keyword for i in instructions} <= known
+    assert not [i for i in instructions if i.arguments.startswith("--mount")], "RUN --mount needs BuildKit"
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_base_images_are_pinned_to_a_full_version_tag(image):
+    _, stages = build_stages(DOCKERFILES[image])
+    stage_names = {s.name for s in stages if s.name}
+    for stage in stages:
+        if stage.base in stage_names:
+            continue
+        repository, _, tag = stage.base.rpartition(":")
+        assert repository and "/" not in tag, f"{stage.base} has no tag"
+        assert tag != "latest" and re.match(r"\d+\.\d+\.\d+", tag), f"{stage.base}: pin a full version tag"
+
+
+def test_trainer_base_torch_satisfies_the_train_extra():
+    global_args, _ = build_stages(DOCKERFILES["trainer"])
+    repository, _, tag = global_args["PYTORCH_IMAGE"].rpartition(":")
+    assert repository == "pytorch/pytorch"
+    torch_version = Version(tag.split("-")[0])
+    (torch_requirement,) = [
+        Requirement(r) for r in PYPROJECT["optional-dependencies"]["train"] if Requirement(r).name == "torch"
+    ]
+    assert torch_version in torch_requirement.specifier, (
+        f"the trainer base image has torch {torch_version}; pyproject's train extra wants {torch_requirement}"
+    )
+    assert "-cuda" in tag, "the trainer image needs a CUDA build of torch"
+
+
+def test_component_base_python_satisfies_requires_python():
+    global_args, _ = build_stages(DOCKERFILES["component"])
+    repository, _, tag = global_args["PYTHON_IMAGE"].rpartition(":")
+    assert repository == "python"
+    python_version = Version(re.match(r"\d+\.\d+\.\d+", tag).group(0))
+    assert python_version in SpecifierSet(PYPROJECT["requires-python"])
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_pip_installs_only_the_project_so_versions_come_from_pyproject(image):
+    _, stages = build_stages(DOCKERFILES[image])
+    commands = [words for stage in stages for words in pip_commands(stage)]
+    assert commands, "no pip command found"
+    for words in commands:
+        assert words[0] in ("install", "wheel"), words
+        targets = positional_arguments(words)
+        assert targets, words
+        for target in targets:
+            # Local paths to the project (its source or its wheel), never a package name from an index.
+            assert target == "." or target.startswith(("/tmp/wheels/kfp_finetune-", "${wheel}[")), (
+                f"{image}: `pip {' '.join(words)}` installs {target!r}: put dependencies in pyproject.toml"
+            )
+        other_sources = (
+            "-r",
+            "--requirement",
+            "-i",
+            "--index-url",
+            "--extra-index-url",
+            "-f",
+            "--find-links",
+        )
+        assert not [w for w in words if w.startswith(other_sources)], words
+
+
+def test_trainer_keeps_the_base_images_torch():
+    run_text = final_stage("trainer").run_text()
+    (install,) = [words for words in pip_commands(final_stage("trainer")) if words[0] == "install"]
+    constraint = install[install.index("--constraint") + 1]
+    assert f"> {constraint}" in run_text and '"torch==" + version("torch")' in run_text
+    extras = dict(i.arguments.split("=", 1) for i in final_stage("trainer").all("ARG"))["EXTRAS"].split(",")
+    assert set(extras) <= set(PYPROJECT["optional-dependencies"]) and "train" in extras
+
+
+def test_wheel_stage_copies_everything_the_package_is_built_from():
+    setup_py = (REPO / "setup.py").read_text()
+    package_folders = set(re.findall(r'"kfp_finetune[.\w]*": "(\w+)"', setup_py))
+    assert package_folders == {"kfp_finetune", "components", "pipelines"}
+    for image in DOCKERFILES:
+        assert set(copied_sources(image)) == {
+            "pyproject.toml",
+            "setup.py",
+            PYPROJECT["readme"],
+            *package_folders,
+        }
+
+
+def copied_sources(image: str) -> list[str]:
+    """Files and folders the wheel stage copies from the build context."""
+    _, stages = build_stages(DOCKERFILES[image])
+    (wheel_stage,) = [s for s in stages if s.name == "wheel"]
+    return [source for copy in wheel_stage.all("COPY") for source in copy.arguments.split()[:-1]]
+
+
+def test_dockerignore_admits_exactly_what_the_images_copy():
+    lines = [
+        line
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "the build context is a whitelist"
+    admitted = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    for image in DOCKERFILES:
+        assert set(copied_sources(image)) == admitted
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_runs_as_a_numeric_non_root_user_in_group_zero(image):
+    stage = final_stage(image)
+    (user,) = stage.all("USER")
+    assert user.arguments == IMAGE_USER, "a numeric uid lets Kubernetes verify runAsNonRoot"
+    assert f"useradd --uid {IMAGE_USER} --gid 0 " in stage.run_text()
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_hf_home_and_caches_are_under_the_users_writable_home(image):
+    stage = final_stage(image)
+    env = stage.env()
+    home = env["HOME"]
+    run_text = stage.run_text()
+    # Owned by the user and by group 0 with group = user permissions: writable by uid 1000 and by any uid in group 0.
+    assert f'chown -R {IMAGE_USER}:0 "$HOME"' in run_text
+    assert 'chmod -R g=u "$HOME"' in run_text
+    cache_variables = ["XDG_CACHE_HOME", "HF_HOME"]
+    if image == "trainer":
+        cache_variables += ["TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"]
+    for variable in cache_variables:
+        assert env[variable].startswith(home + "/"), f"{variable}={env[variable]} is outside {home}"
+    assert stage.all("WORKDIR")[-1].arguments == home
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_no_secrets_are_baked_in(image):
+    global_args, stages = build_stages(DOCKERFILES[image])
+    names = set(global_args)
+    for stage in stages:
+        names |= set(stage.env())
+        names |= {i.arguments.split("=", 1)[0] for i in stage.all("ARG")}
+        for copy in stage.all("COPY"):
+            assert not re.search(r"\.env\b|netrc|credentials|\.aws|token", copy.arguments, re.IGNORECASE)
+    assert not [name for name in names if SECRET_NAME.search(name)]
+
+
+def make_images_dry_run(*variables: str) -> list[str]:
+    """The commands `make images` would run, with spaces normalised."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("IMAGE_REGISTRY", "IMAGE_TAG", "IMAGE_BUILD_ARGS")
+    }
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", "images", *variables],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [" ".join(line.split()) for line in result.stdout.splitlines()]
+
+
+def default_images(monkeypatch) -> list[str]:
+    """images.py's defaults, without any override from the environment."""
+    monkeypatch.delenv("KFP_FINETUNE_COMPONENT_IMAGE", raising=False)
+    monkeypatch.delenv("KFP_FINETUNE_TRAINER_IMAGE", raising=False)
+    try:
+        module = importlib.reload(images)
+        return [module.COMPONENT_IMAGE, module.TRAINER_IMAGE]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(images)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_images_tags_the_images_the_components_use_by_default(monkeypatch):
+    component_image, trainer_image = default_images(monkeypatch)
+    assert make_images_dry_run("CONTAINER_ENGINE=podman") == [
+        f"podman build -f images/component/Dockerfile -t {component_image} .",
+        f"podman build -f images/trainer/Dockerfile -t {trainer_image} .",
+    ]
+    assert make_images_dry_run("CONTAINER_ENGINE=docker", "IMAGE_REGISTRY=registry.example.com/ml") == [
+        f"docker build -f images/component/Dockerfile -t registry.example.com/ml/kfp-finetune-component:{__version__} .",
+        f"docker build -f images/trainer/Dockerfile -t registry.example.com/ml/kfp-finetune-trainer:{__version__} .",
+    ]
+
+
+# --- The registry overlay ------------------------------------------------------------------------------------
+
+
+def test_registry_overlay_retags_the_runtimes_trainer_image(monkeypatch):
+    overlay = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../../runtimes"]
+    (image,) = overlay["images"]
+    trainer_image = default_images(monkeypatch)[1]
+    assert f"{image['name']}:{__version__}" == trainer_image
+    assert image["newTag"] == __version__, "bump the example tag with the package version"
+
+
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed"
+)
+def test_registry_overlay_renders_with_the_new_image_everywhere_and_nothing_else_changed():
+    def render(folder: Path) -> list[dict]:
+        result = subprocess.run(
+            ["kubectl", "kustomize", str(folder)], capture_output=True, text=True, check=True
+        )
+        return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+    base, overlaid = render(REPO / "runtimes"), render(OVERLAY)
+    image = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())["images"][0]
+    expected = f"{image['newName']}:{image['newTag']}"
+    runtimes = [doc for doc in overlaid if doc["kind"] == "ClusterTrainingRuntime"]
+    assert runtimes
+    for runtime in runtimes:
+        for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+            for container in job["template"]["spec"]["template"]["spec"]["containers"]:
+                assert container["image"] == expected
+    assert yaml.safe_dump_all(overlaid).replace(expected, "IMAGE") == yaml.safe_dump_all(base).replace(
+        f"{image['name']}:{__version__}", "IMAGE"
+    )
+
+
+# --- Requirement sets, installed and resolved for real -----------------------------------------------------
+
+# Runs inside the component image's environment: import and compile everything, report what happened.
+COMPILE_EVERYTHING = r"""
+import importlib, importlib.util, json, pkgutil, sys
+from pathlib import Path
+
+from kfp import compiler
+from kfp.dsl.base_component import BaseComponent
+
+import kfp_finetune.components
+import kfp_finetune.pipelines
+from kfp_finetune.components._shared.images import COMPONENT_IMAGE
+
+out = Path(sys.argv[1])
+modules = [
+    f"kfp_finetune.components.{m.name}.component"
+    for m in pkgutil.iter_modules(kfp_finetune.components.__path__)
+    if m.ispkg and importlib.util.find_spec(f"kfp_finetune.components.{m.name}.component")
+]
+modules += [m.name for m in pkgutil.walk_packages(kfp_finetune.pipelines.__path__, "kfp_finetune.pipelines.")]
+compiled, seen, light_packages = [], set(), set()
+for module_name in modules:
+    module = importlib.import_module(module_name)
+    for attribute, value in vars(module).items():
+        if isinstance(value, BaseComponent) and id(value) not in seen:
+            seen.add(id(value))
+            compiler.Compiler().compile(value, str(out / f"{module_name}.{attribute}.yaml"))
+            compiled.append(f"{module_name}.{attribute}")
+            container = value.component_spec.implementation.container
+            if container is not None and container.image == COMPONENT_IMAGE:
+                light_packages.add(module_name.rsplit(".", 1)[0])
+imported = []
+for package in sorted(light_packages):
+    for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        importlib.import_module(info.name)
+        imported.append(info.name)
+print(json.dumps({
+    "compiled": compiled,
+    "component_image_packages": sorted(light_packages),
+    "imported": imported,
+    "torch_installed": importlib.util.find_spec("torch") is not None,
+    "torch_loaded": "torch" in sys.modules,
+}))
+"""
+
+
+def build_context(destination: Path) -> Path:
+    """The files the Dockerfiles copy, as a build context would hold them."""
+    destination.mkdir()
+    for source in copied_sources("component"):
+        path = REPO / source
+        if path.is_dir():
+            shutil.copytree(path, destination / source, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, destination / source)
+    return destination
+
+
+def clean_environment() -> dict[str, str]:
+    dropped = ("PYTHONPATH", "VIRTUAL_ENV", "KFP_FINETUNE_COMPONENT_IMAGE", "KFP_FINETUNE_TRAINER_IMAGE")
+    return {k: v for k, v in os.environ.items() if k not in dropped}
+
+
+@pytest.mark.slow
+def test_component_image_requirements_install_import_and_compile_without_torch(tmp_path):
+    context = build_context(tmp_path / "context")
+    venv = tmp_path / "venv"
+    env = clean_environment()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
+    python = venv / "bin" / "python"
+    # What the component image's Dockerfile installs: the project, no extras, resolved for real.
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(context)],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = tmp_path / "compiled"
+    out.mkdir()
+    result = subprocess.run(
+        [str(python), "-I", "-c", COMPILE_EVERYTHING, str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not report["torch_installed"] and not report["torch_loaded"]
+    no_torch = subprocess.run(
+        [str(python), "-I", "-c", "import torch"], cwd=tmp_path, env=env, capture_output=True
+    )
+    assert no_torch.returncode != 0
+    component_folders = sorted(p.parent.name for p in (REPO / "components").glob("*/component.py"))
+    compiled_modules = {name.rsplit(".", 1)[0] for name in report["compiled"]}
+    assert {f"kfp_finetune.components.{folder}.component" for folder in component_folders} <= compiled_modules
+    assert len(list(out.glob("*.yaml"))) == len(report["compiled"])
+    # The components that run on the component image import completely in it, implementation included.
+    assert {
+        "kfp_finetune.components.dataset_initialize",
+        "kfp_finetune.components.model_initialize",
+    } <= set(report["component_image_packages"])
+    assert {f"{package}.component" for package in report["component_image_packages"]} < set(
+        report["imported"]
+    )
+
+
+@pytest.mark.slow
+def test_trainer_image_requirements_resolve_with_a_torch_in_range(tmp_path):
+    """The trainer's extras resolve together (a dry run: nothing is installed, no CUDA wheel is fetched)."""
+    extras = dict(i.arguments.split("=", 1) for i in final_stage("trainer").all("ARG"))["EXTRAS"]
+    context = build_context(tmp_path / "context")
+    # The trainer keeps its base image's torch; here the CPU build `make setup` installs stands in for it.
+    makefile = (REPO / "Makefile").read_text()
+    local_torch = re.search(r"^TORCH_VERSION \?= (\S+)", makefile, re.MULTILINE).group(1)
+    constraint = tmp_path / "torch.txt"
+    constraint.write_text(f"torch=={local_torch}\n")
+    report_path = tmp_path / "report.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report_path),
+            "--constraint",
+            str(constraint),
+            f"{context}[{extras}]",
+        ],
+        check=True,
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    resolved = {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+        for item in json.loads(report_path.read_text())["install"]
+    }
+    wanted = [
+        Requirement(r) for extra in extras.split(",") for r in PYPROJECT["optional-dependencies"][extra]
+    ]
+    for requirement in wanted:
+        name = requirement.name.lower().replace("_", "-")
+        assert name in resolved and Version(resolved[name]) in requirement.specifier, (
+            requirement,
+            resolved.get(name),
+        )
+    assert Version(resolved["torch"]).base_version == Version(local_torch).base_version
+    assert not [name for name in resolved if name.startswith("nvidia-")], "a CUDA torch slipped in"
