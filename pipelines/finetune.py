@@ -40,6 +40,19 @@ def step(task: dsl.PipelineTask, display_name: str, timeout_seconds: int) -> dsl
     return task
 
 
+def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -> dsl.PipelineTask:
+    """The export step as every pipeline runs it: retried, time-limited, with credentials from Secrets."""
+    task = export(
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        **export_arguments,
+    )
+    step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
+    task.set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)
+    return with_credentials(task, hf_token_secret, s3_secret)
+
+
 class PreparedInputs(NamedTuple):
     model: Model
     train: Dataset
@@ -403,8 +416,10 @@ def finetune_pipeline(
         quality_gate(passed=tuned.outputs["passed"], gate_metric=eval_gate_metric), "Quality gate", 600
     )
     with dsl.If(gate.output == True, name="quality-gate-passed"):  # noqa: E712 (a KFP condition)
-        publish = export(
-            workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        publish(
+            "Export model",
+            hf_token_secret,
+            s3_secret,
             model=tuned.outputs["model"],
             metrics=tuned.outputs["eval_metrics"],
             destination=export_destination,
@@ -413,12 +428,7 @@ def finetune_pipeline(
             overwrite=export_overwrite,
             hf_private=export_hf_private,
             s3_endpoint_url=s3_endpoint_url,
-            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
-        step(publish, "Export model", settings.EXPORT_TIMEOUT_SECONDS)
-        publish.set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)
-        with_credentials(publish, hf_token_secret, s3_secret)
     return FinetuneOutputs(
         model=tuned.outputs["model"],
         train_metrics=tuned.outputs["train_metrics"],

@@ -11,10 +11,9 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import Metrics, Model
 
-from kfp_finetune.components.export.component import export
 from kfp_finetune.components.sweep.component import select_best, sweep_grid
 from kfp_finetune.pipelines import settings
-from kfp_finetune.pipelines.finetune import prepare_inputs, step, tune_and_evaluate, with_credentials
+from kfp_finetune.pipelines.finetune import prepare_inputs, publish, step, tune_and_evaluate
 
 
 class SweepOutputs(NamedTuple):
@@ -161,8 +160,10 @@ def sweep_pipeline(
     )
     step(best, "Select the best trial", 600)
     with dsl.If(best.outputs["Output"] == True, name="best-trial-passed"):  # noqa: E712 (a KFP condition)
-        publish = export(
-            workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        publish(
+            "Export the best model",
+            hf_token_secret,
+            s3_secret,
             model=best.outputs["best_model"],
             metrics=best.outputs["best_metrics"],
             destination=export_destination,
@@ -170,12 +171,7 @@ def sweep_pipeline(
             dtype=export_dtype,
             overwrite=export_overwrite,
             s3_endpoint_url=s3_endpoint_url,
-            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
-        step(publish, "Export the best model", settings.EXPORT_TIMEOUT_SECONDS)
-        publish.set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)
-        with_credentials(publish, hf_token_secret, s3_secret)
     return SweepOutputs(
         best_model=best.outputs["best_model"],
         best_eval_metrics=best.outputs["best_metrics"],
