@@ -49,6 +49,11 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], raw_cells: bo
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _axis(value: float) -> str:
+    """Axis labels: whole numbers for large values (tokens/s), 4 significant digits otherwise."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def line_chart(
     title: str,
     series: dict[str, Sequence[tuple[float, float]]],
@@ -77,8 +82,8 @@ def line_chart(
         f'<text x="{left}" y="16" font-size="13" font-weight="600">{escape(title)}</text>',
         f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#8c959f"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#8c959f"/>',
-        f'<text x="{left - 4}" y="{top + 4}" font-size="11" text-anchor="end">{y1:.4g}</text>',
-        f'<text x="{left - 4}" y="{height - bottom}" font-size="11" text-anchor="end">{y0:.4g}</text>',
+        f'<text x="{left - 4}" y="{top + 4}" font-size="11" text-anchor="end">{_axis(y1)}</text>',
+        f'<text x="{left - 4}" y="{height - bottom}" font-size="11" text-anchor="end">{_axis(y0)}</text>',
         f'<text x="{left}" y="{height - bottom + 14}" font-size="11">{x0:g}</text>',
         f'<text x="{width - right}" y="{height - bottom + 14}" font-size="11" text-anchor="end">{x1:g}</text>',
         f'<text x="{(left + width - right) / 2}" y="{height - 4}" font-size="11" text-anchor="middle">'
