@@ -224,16 +224,6 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
     return schema, {source(c): c for c in wanted}
 
 
-def _string_problem(value) -> str | None:
-    if value is None:
-        return "is null"
-    if not isinstance(value, str):
-        return f"is a {type(value).__name__}, not a string"
-    if not value.strip():
-        return "is empty"
-    return None
-
-
 def _message_problem(messages, style: str) -> str | None:
     role_key, text_key, roles = ("role", "content", OPENAI_ROLES) if style == "openai" else (
         "from", "value", SHAREGPT_ROLES
@@ -273,6 +263,51 @@ def validate(ds, schema: Schema, split: str, batch_size: int = 1000) -> None:
         if not ok:
             want = "a list of messages" if chat else "strings"
             raise DatasetValidationError(f"{split}: column {column!r} has type {arrow_type}, expected {want}")
+    if not chat:
+        bad_count, bad = _blank_string_rows(ds, [c for c in schema.columns if c in present])
+    else:
+        bad_count, bad = _bad_message_rows(ds, present, schema, batch_size)
+    if bad:
+        raise DatasetValidationError(
+            f"{split}: {bad_count} of {len(ds)} rows are not valid {schema.style} data; first: "
+            + "; ".join(bad)
+        )
+
+
+def _blank_string_rows(ds, columns: list[str], batch_size: int = 100_000) -> tuple[int, list[str]]:
+    """Null or blank values in required string columns, found with Arrow kernels (types are checked already;
+    optional string columns may hold anything of that type)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad: list[str] = []
+    bad_count = 0
+    start = 0
+    for batch in ds.select_columns(columns).with_format("arrow").iter(batch_size=batch_size):
+        problems = []
+        for column in columns:
+            values = batch.column(column)
+            null = pc.is_null(values)
+            if pa.types.is_null(values.type):
+                blank = null
+            else:
+                blank = pc.and_(
+                    pc.invert(null), pc.equal(pc.utf8_trim_whitespace(pc.fill_null(values, "x")), "")
+                )
+            problems.append((column, null, blank))
+        any_bad = problems[0][1]
+        for _, null, blank in problems:
+            any_bad = pc.or_(any_bad, pc.or_(null, blank))
+        rows = pc.indices_nonzero(any_bad).to_pylist()
+        bad_count += len(rows)
+        for row in rows[: max(0, MAX_REPORTED_ROWS - len(bad))]:
+            column, null, _ = next(p for p in problems if p[1][row].as_py() or p[2][row].as_py())
+            bad.append(f"row {start + row}: {column} {'is null' if null[row].as_py() else 'is empty'}")
+        start += batch.num_rows
+    return bad_count, bad
+
+
+def _bad_message_rows(ds, present: list[str], schema: Schema, batch_size: int) -> tuple[int, list[str]]:
     bad: list[str] = []
     bad_count = 0
     start = 0
@@ -283,21 +318,15 @@ def validate(ds, schema: Schema, split: str, batch_size: int = 1000) -> None:
                 value = batch[column][offset]
                 if column in schema.optional:
                     problem = None if value is None or isinstance(value, str) else "is not a string"
-                elif chat:
-                    problem = _message_problem(value, schema.style)
                 else:
-                    problem = _string_problem(value)
+                    problem = _message_problem(value, schema.style)
                 if problem:
                     bad_count += 1
                     if len(bad) < MAX_REPORTED_ROWS:
                         bad.append(f"row {start + offset}: {column} {problem}")
                     break
         start += rows
-    if bad:
-        raise DatasetValidationError(
-            f"{split}: {bad_count} of {len(ds)} rows are not valid {schema.style} data; first: "
-            + "; ".join(bad)
-        )
+    return bad_count, bad
 
 
 # --- writing -----------------------------------------------------------------------------------------------
