@@ -433,17 +433,23 @@ def test_gpus_per_node_counts_like_the_trainer():
 # --- `kfp-finetune trainjob --dry-run` -----------------------------------------------------------------------------
 
 
-def dry_run(capsys, *argv: str) -> tuple[dict, str]:
-    from kfp_finetune.cli import main
+def dry_run(*argv: str) -> tuple[dict, str]:
+    """The CLI in its own process: its stdout is exactly what `| kubectl apply -f -` would read (in-process,
+    threads left by earlier tests could write into the captured stdout)."""
+    import subprocess
+    import sys
 
-    assert main(["trainjob", "--dry-run", *argv]) == 0
-    out, err = capsys.readouterr()
-    return yaml.safe_load(out), err
+    done = subprocess.run(
+        [sys.executable, "-m", "kfp_finetune.cli", "trainjob", "--dry-run", *argv],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return yaml.safe_load(done.stdout), done.stderr
 
 
-def test_dry_run_single_device_cpu(capsys, tiny_llama, tiny_dataset, tmp_path):
+def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     manifest, notes = dry_run(
-        capsys,
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "0",
         "--workspace", str(tmp_path), "--run-id", RUN_ID, "--task", TASK,
     )  # fmt: skip
@@ -462,9 +468,8 @@ def test_dry_run_single_device_cpu(capsys, tiny_llama, tiny_dataset, tmp_path):
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
-def test_dry_run_multi_node_gpus_with_workspace_pvc(capsys, tiny_llama, tiny_dataset, tmp_path):
+def test_dry_run_multi_node_gpus_with_workspace_pvc(tiny_llama, tiny_dataset, tmp_path):
     manifest, notes = dry_run(
-        capsys,
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "4",
         "--nodes", "2", "--name", "nightly-tune", "--runtime", "my-runtime", "--workspace", str(tmp_path),
         "--workspace-pvc", "ws-claim", "--namespace", "team-a", "--timeout", "3600",
