@@ -119,34 +119,7 @@ class ModelDir:
 
     def model_node(self, lora: dict | None = None) -> dict:
         """The `model:` config node: component builder + dims (+ LoRA settings for adapter methods)."""
-        component = self.family.lora_builder if lora is not None else self.family.builder
-        accepted = set(inspect.signature(_import(component)).parameters)
-        node: dict = {"_component_": component}
-        for hf_key, arg in _HF_TO_BUILDER.items():
-            if arg in accepted and self.hf_config.get(hf_key) is not None:
-                node[arg] = self.hf_config[hf_key]
-        scaling = self.hf_config.get("rope_scaling") or {}
-        if "scale_factor" in accepted and scaling.get("factor") is not None:
-            node["scale_factor"] = scaling["factor"]
-        if "attn_dropout" in accepted:
-            node["attn_dropout"] = 0.0
-        if self.family.name.startswith("qwen2") and "tie_word_embeddings" in accepted:
-            # torchtune's Qwen2 LoRA builder defaults to untied embeddings; the checkpoint decides.
-            node["tie_word_embeddings"] = bool(self.hf_config.get("tie_word_embeddings", False))
-        missing = [
-            name
-            for name, param in inspect.signature(_import(component)).parameters.items()
-            if param.default is inspect.Parameter.empty and name not in node and name not in (lora or {})
-        ]
-        if missing:
-            raise ConfigError(
-                f"config.json in {self.path} lacks what {component} needs: {', '.join(missing)}; "
-                "is this a complete HF model config?"
-            )
-        for key, value in (lora or {}).items():
-            if key in accepted and value is not None:
-                node[key] = value
-        return node
+        return builder_node(self.family, self.hf_config, lora, where=str(self.path))
 
     def lora_args(self) -> set[str]:
         return set(inspect.signature(_import(self.family.lora_builder)).parameters)
@@ -168,6 +141,46 @@ class ModelDir:
             "output_dir": output_dir,
             "model_type": self.family.model_type,
         }
+
+
+def builder_node(
+    family: Family, hf_config: dict, lora: dict | None = None, where: str = "the model folder"
+) -> dict:
+    """The family's component builder (LoRA builder when `lora` is given) with every dimension from an HF
+    config.json; only arguments the builder accepts are passed."""
+    component = family.lora_builder if lora is not None else family.builder
+    accepted = set(inspect.signature(_import(component)).parameters)
+    node: dict = {"_component_": component}
+    for hf_key, arg in _HF_TO_BUILDER.items():
+        if arg in accepted and hf_config.get(hf_key) is not None:
+            node[arg] = hf_config[hf_key]
+    scaling = hf_config.get("rope_scaling") or {}
+    if "scale_factor" in accepted and scaling.get("factor") is not None:
+        node["scale_factor"] = scaling["factor"]
+    if "attn_dropout" in accepted:
+        node["attn_dropout"] = 0.0
+    if family.name.startswith("qwen2") and "tie_word_embeddings" in accepted:
+        # torchtune's Qwen2 LoRA builder defaults to untied embeddings; the checkpoint decides.
+        node["tie_word_embeddings"] = bool(hf_config.get("tie_word_embeddings", False))
+    missing = [
+        name
+        for name, param in inspect.signature(_import(component)).parameters.items()
+        if param.default is inspect.Parameter.empty and name not in node and name not in (lora or {})
+    ]
+    if missing:
+        raise ConfigError(
+            f"config.json in {where} lacks what {component} needs: {', '.join(missing)}; "
+            "is this a complete HF model config?"
+        )
+    for key, value in (lora or {}).items():
+        if key in accepted and value is not None:
+            node[key] = value
+    return node
+
+
+def instantiate(node: dict):
+    """Build what a config node describes (outside a recipe, e.g. for the tiny kit and evaluation)."""
+    return _import(node["_component_"])(**{k: v for k, v in node.items() if k != "_component_"})
 
 
 def _import(dotted: str):

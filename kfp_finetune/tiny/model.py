@@ -49,31 +49,12 @@ def checkpointer_model_type(family: str) -> str:
     return _FAMILY_CONFIG[family]["checkpointer_model_type"]
 
 
-def model_builder_kwargs(config: dict) -> dict:
-    """Keyword arguments for the family's torchtune component builder, read from an HF `config.json`."""
-    return {
-        "vocab_size": config["vocab_size"],
-        "num_layers": config["num_hidden_layers"],
-        "num_heads": config["num_attention_heads"],
-        "num_kv_heads": config["num_key_value_heads"],
-        "embed_dim": config["hidden_size"],
-        "intermediate_dim": config["intermediate_size"],
-        "max_seq_len": config["max_position_embeddings"],
-        "norm_eps": config["rms_norm_eps"],
-        "rope_base": config["rope_theta"],
-        "tie_word_embeddings": config["tie_word_embeddings"],
-    }
-
-
 def build_torchtune_model(family: str, config: dict, lora: dict | None = None):
-    """The torchtune model for an HF config: the family's component builder, or its LoRA builder."""
-    from torchtune.models.llama3_2 import llama3_2, lora_llama3_2
-    from torchtune.models.qwen2 import lora_qwen2, qwen2
+    """The torchtune model for an HF config, built exactly as fine-tuning builds it (the family's component
+    builder, or its LoRA builder, with dims from the config)."""
+    from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, instantiate
 
-    kwargs = model_builder_kwargs(config)
-    if family == "llama3_2":
-        return lora_llama3_2(**kwargs, **lora) if lora else llama3_2(**kwargs)
-    return lora_qwen2(**kwargs, **lora) if lora else qwen2(**kwargs)
+    return instantiate(builder_node(FAMILIES[family], config, lora))
 
 
 def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_heads: int, tokens) -> dict:
