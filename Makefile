@@ -6,23 +6,47 @@ STAMP := $(ENV_DIR)/.kfp-finetune-setup
 # torch first and exactly: a CPU wheel for 2.13.0 lies on local disk, while an unpinned torch pulls a CUDA build.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+# The trainer image's stack (extras train + lm-eval): lm-eval needs transformers<5, so huggingface_hub<1 and an
+# older datasets than the main environment gets (pyproject.toml). It lives in a second environment, where the
+# tests of what the trainer image runs (training, evaluation with lm-eval tasks, export, storage) run again.
+LM_EVAL_ENV_DIR := $(CURDIR)/.venv-lm-eval
+LM_EVAL_PY := $(LM_EVAL_ENV_DIR)/bin/python
+LM_EVAL_STAMP := $(LM_EVAL_ENV_DIR)/.kfp-finetune-setup
+LM_EVAL_TESTS ?= tests/test_training.py tests/test_evaluate.py tests/test_export.py tests/test_storage.py
+MAIN_EXTRAS := train,test
+LM_EVAL_EXTRAS := train,test,lm-eval
 
-.PHONY: setup demo test lint format compile check-compiled
+# $(call make-env,<env dir>,<extras>): a virtualenv with torch, then kfp-finetune (editable) with the extras.
+define make-env
+	@test -x $(1)/bin/python || python3 -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet torch==$(TORCH_VERSION)
+	$(1)/bin/python -m pip install --quiet -e '.[$(2)]'
+	@touch $(1)/.kfp-finetune-setup
+endef
+
+.PHONY: setup setup-lm-eval demo test test-lm-eval lint format compile check-compiled
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py
-	@test -x $(PY) || python3 -m venv $(ENV_DIR)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e '.[train,test]'
-	@touch $(STAMP)
+	$(call make-env,$(ENV_DIR),$(MAIN_EXTRAS))
+
+setup-lm-eval: $(LM_EVAL_STAMP)
+
+$(LM_EVAL_STAMP): pyproject.toml setup.py
+	$(call make-env,$(LM_EVAL_ENV_DIR),$(LM_EVAL_EXTRAS))
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) -m kfp_finetune.cli demo --output demo_output
 
 test: setup lint check-compiled
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-lm-eval
+
+# KFP_FINETUNE_REQUIRE_LM_EVAL: the lm-eval test fails here instead of skipping when lm-eval does not import.
+test-lm-eval: setup-lm-eval
+	HF_HUB_OFFLINE=1 KFP_FINETUNE_REQUIRE_LM_EVAL=1 $(LM_EVAL_PY) -m pytest $(LM_EVAL_TESTS)
 
 compile: setup
 	$(PY) -m kfp_finetune.cli compile --output compiled

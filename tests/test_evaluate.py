@@ -3,7 +3,10 @@ synthetic task (tuned must beat base on loss and exact match), determinism, the 
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -400,10 +403,10 @@ print("RESULT " + json.dumps(result.metrics))
 @pytest.mark.slow
 def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_dataset, tmp_path):
     """A local lm-eval task (data on disk, so offline) scored for tuned and base through eleuther_eval."""
-    pytest.importorskip("lm_eval", reason="lm-eval is the optional kfp-finetune[lm-eval] extra")
-    import os
-    import subprocess
-    import sys
+    if os.environ.get("KFP_FINETUNE_REQUIRE_LM_EVAL"):
+        import lm_eval  # noqa: F401  (`make test-lm-eval`: its environment has the extra, so no skipping)
+    else:
+        pytest.importorskip("lm_eval", reason="the kfp-finetune[lm-eval] extra; `make test-lm-eval` runs it")
 
     workspace, model, eval_data = trained
     tasks_dir = tmp_path / "tasks"
@@ -441,8 +444,6 @@ def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_datas
 
 def test_lm_eval_needs_the_extra(workspace, monkeypatch):
     """Checked before any model is loaded."""
-    import sys
-
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as in an image without kfp-finetune[lm-eval]
     with pytest.raises(ConfigError, match=r"lm_eval_tasks needs lm-eval.*kfp-finetune\[lm-eval\]"):
         run_evaluate(
@@ -453,3 +454,25 @@ def test_lm_eval_needs_the_extra(workspace, monkeypatch):
             settings=EvalSettings(lm_eval_tasks=["arc_easy"]),
             output_name="lm-eval",
         )
+
+
+def test_offline_step_without_the_wrappers_gpt2_is_refused_before_loading(workspace, tmp_path):
+    """torchtune's lm-eval wrapper loads "gpt2" first: offline with an empty cache, say so before any model load."""
+    if not os.environ.get("KFP_FINETUNE_REQUIRE_LM_EVAL"):
+        pytest.importorskip("lm_eval", reason="the kfp-finetune[lm-eval] extra; `make test-lm-eval` runs it")
+    script = (
+        "import sys\n"
+        "from kfp_finetune.components.evaluate.evaluate import ArtifactInput, EvalSettings, run_evaluate\n"
+        "run_evaluate(workspace=sys.argv[1], model=ArtifactInput({'workspace_path': 'models/tuned'}),\n"
+        "             eval_data=ArtifactInput({'data_files': ['eval.parquet']}), base_model=None,\n"
+        "             settings=EvalSettings(lm_eval_tasks=['arc_easy']), output_name='lm-eval')\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "empty-hf-home"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(workspace)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("kfp_finetune.components.torchtune_finetune.config.ConfigError: lm_eval_tasks:")
+    assert "'gpt2'" in error and "HF_HUB_OFFLINE" in error and str(tmp_path / "empty-hf-home") in error
+    assert not (workspace / "eval").exists()

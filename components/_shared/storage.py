@@ -373,9 +373,9 @@ def _hf_endpoint() -> str | None:
 def _hf_error(exc: Exception, uri: StorageUri, repo_type: str) -> StorageError | None:
     """Turn a hub client error into a message that names the repo and says what to do."""
     from huggingface_hub.errors import (
+        EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
-        RemoteEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -397,7 +397,9 @@ def _hf_error(exc: Exception, uri: StorageUri, repo_type: str) -> StorageError |
         return StorageError(
             f"revision {uri.revision!r} not found in {repo}: use a branch, tag or commit sha."
         )
-    if isinstance(exc, RemoteEntryNotFoundError):
+    # A missing remote file (hub 1.x: RemoteEntryNotFoundError, 0.x: EntryNotFoundError) is an HTTP error; a
+    # missing cached file (LocalEntryNotFoundError) is not.
+    if isinstance(exc, EntryNotFoundError) and isinstance(exc, HfHubHTTPError):
         return StorageError(f"a file is missing in {repo}: {exc}".splitlines()[0])
     if isinstance(exc, RepositoryNotFoundError):
         hint = "check the name, and the token's access" if has_token else "if it is private, set HF_TOKEN"

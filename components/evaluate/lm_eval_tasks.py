@@ -3,8 +3,8 @@
 The recipe's own `evaluate()` only prints a table, so we set it up as `tune run eleuther_eval` would (same
 config keys: model, checkpointer, tokenizer, tasks, limit, ...) and hand its model wrapper to lm-eval's
 `evaluate` to get the numbers. Needs `kfp-finetune[lm-eval]` (lm-eval>=0.4.5,<0.4.10, DESIGN.md §4).
-Note: torchtune 0.6.1's wrapper initialises lm-eval's HFLM with `pretrained="gpt2"`, so the step needs Hub
-access or `gpt2` in its Hugging Face cache.
+Note: torchtune 0.6.1's wrapper initialises lm-eval's HFLM with `pretrained="gpt2"` (then swaps in the
+torchtune model), so the step needs Hub access or `gpt2` in its Hugging Face cache.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from kfp_finetune.components.torchtune_finetune.config import ConfigError
 log = get_logger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 4096  # the eleuther_evaluation configs' max_seq_length
+WRAPPER_PLACEHOLDER_MODEL = "gpt2"  # what torchtune 0.6.1's _LLMEvalWrapper hands HFLM before its own model
 
 
 def recipe_config(
@@ -78,6 +79,17 @@ def require_lm_eval() -> None:
             f"lm_eval_tasks needs lm-eval in the step's image ({err}): install kfp-finetune[lm-eval] "
             "(lm-eval>=0.4.5,<0.4.10), or leave lm_eval_tasks empty"
         ) from err
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(
+        try_to_load_from_cache(WRAPPER_PLACEHOLDER_MODEL, "config.json"), str
+    ):
+        raise ConfigError(
+            f"lm_eval_tasks: torchtune's eleuther_eval loads {WRAPPER_PLACEHOLDER_MODEL!r} from the Hugging Face "
+            f"Hub before it swaps in the tuned model, but HF_HUB_OFFLINE is set and {constants.HF_HUB_CACHE} "
+            f"has no {WRAPPER_PLACEHOLDER_MODEL!r}: allow the step Hub access, or put {WRAPPER_PLACEHOLDER_MODEL!r} "
+            "in the image's Hugging Face cache (HF_HOME)"
+        )
 
 
 def run_lm_eval(
