@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +61,10 @@ def kube():
     with KubeStandin(namespace="team-a") as standin:
         standin.add_object(yaml.safe_load((REPO / "runtimes" / "torchtune-cpu.yaml").read_text()))
         yield standin
+        # Checked while the API still serves: a launcher's watch and log threads end because run() stopped
+        # them, not because the server went away. A leftover one would log into whatever runs next.
+        leftover = [t.name for t in threading.enumerate() if t.name.startswith(("watch-", "pods-", "log-"))]
+        assert not leftover, f"launcher threads still running after run() returned: {leftover}"
 
 
 class Sleeps(list):

@@ -24,6 +24,7 @@ import json
 import math
 import re
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -41,6 +42,7 @@ LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_LOG_LINES = 50
+THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
 
 #: Every API call the launcher makes, as (apiGroup, resource) -> verbs; runtimes/rbac.yaml grants exactly these.
 API_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -145,13 +147,55 @@ def _timestamp_ns(line: str) -> tuple[int | None, str]:
     return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]
 
 
-def _watch_events(list_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict]:
+class _Streams:
+    """The watch and log responses being read, so that stopping can cut them: a read blocked on a quiet stream
+    would otherwise keep its thread, and its output, alive after run() returned (up to the watch timeout)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: set[Any] = set()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def reading(self, response: Any) -> Iterator[Any]:
+        with self._lock:
+            self._open.add(response)
+            closed = self._closed
+        try:
+            if closed:
+                _shut_down(response)
+            yield response
+        finally:
+            with self._lock:
+                self._open.discard(response)
+            response.close()
+            response.release_conn()
+
+    def close_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            responses = list(self._open)
+        for response in responses:
+            _shut_down(response)
+
+
+def _shut_down(response: Any) -> None:
+    """End a streaming urllib3 response from another thread: shutdown() wakes a blocked read, close() does not."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _watch_events(
+    list_fn: Callable[..., Any], *args: Any, streams: _Streams, **kwargs: Any
+) -> Iterator[dict]:
     """One watch request as parsed events; a 410 ERROR event is raised as ApiException(410)."""
     from kubernetes.client.exceptions import ApiException
     from kubernetes.watch.watch import iter_resp_lines
 
     response = list_fn(*args, watch=True, _preload_content=False, **kwargs)
-    try:
+    with streams.reading(response):
         for line in iter_resp_lines(response):
             event = json.loads(line)
             if event.get("type") == "ERROR":
@@ -160,9 +204,6 @@ def _watch_events(list_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Ite
                     status=status.get("code", 500), reason=status.get("message", "watch error")
                 )
             yield event
-    finally:
-        response.close()
-        response.release_conn()
 
 
 class TrainJobLauncher:
@@ -228,6 +269,8 @@ class TrainJobLauncher:
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._streams = _Streams()
+        self._threads: list[threading.Thread] = []
         self._changed = threading.Event()  # the TrainJob or a pod changed, or a thread died
         self._trainjob: dict | None = None
         self._trainjob_seen = False
@@ -262,11 +305,22 @@ class TrainJobLauncher:
         finally:
             self._stop.set()
             self._restore_signal_handlers(previous)
+            self._stop_threads()
+
+    def _stop_threads(self) -> None:
+        """Cut the open streams and wait for the watch and log threads: nothing of this run may run on
+        (or print) after it returned."""
+        self._streams.close_all()
+        deadline = time.monotonic() + THREAD_STOP_TIMEOUT
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     # Create / attach --------------------------------------------------------------------------------------------
 
     def _api(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         def on_retry(error: BaseException, delay: float) -> None:
+            if self._stop.is_set():  # a watch or log thread after the end: no retries, no log lines
+                raise error
             status = getattr(error, "status", None)
             self.log.warning("Kubernetes API %s; retrying in %.1fs", status or type(error).__name__, delay)
 
@@ -393,7 +447,8 @@ class TrainJobLauncher:
         log_thread = threading.Thread(
             target=self._guard(self._stream_logs), name=f"log-{self.name}", daemon=True
         )
-        for thread in [*threads, log_thread]:
+        self._threads = [*threads, log_thread]
+        for thread in self._threads:
             thread.start()
         next_pending_report = self.pending_warning_after
         pending_since: float | None = None
@@ -476,6 +531,7 @@ class TrainJobLauncher:
                 for event in _watch_events(
                     list_fn,
                     *args,
+                    streams=self._streams,
                     resource_version=resource_version,
                     timeout_seconds=self.watch_timeout,
                     allow_watch_bookmarks=True,
@@ -610,7 +666,7 @@ class TrainJobLauncher:
                     _request_timeout=(10, self.log_read_timeout),
                     **kwargs,
                 )
-                try:
+                with self._streams.reading(response):
                     for raw in iter_resp_lines(response):
                         stamp, line = _timestamp_ns(raw)
                         if stamp is not None and last_ns is not None:
@@ -623,9 +679,6 @@ class TrainJobLauncher:
                             shown_at_last = shown_at_last + 1 if stamp == last_ns else 1
                             last_ns = stamp
                         self._show(line)
-                finally:
-                    response.close()
-                    response.release_conn()
             except ApiException as error:
                 if error.status == 404:
                     return  # the pod is gone
@@ -640,7 +693,7 @@ class TrainJobLauncher:
                 if not (is_retryable(error) or _is_connection_error(error)):
                     raise
                 continue  # silent for too long or the connection dropped: reconnect
-            if self._pod_finished(pod_name):
+            if self._stop.is_set() or self._pod_finished(pod_name):
                 return
 
     def _pod_finished(self, pod_name: str) -> bool:
