@@ -262,12 +262,29 @@ def test_alpaca_style_instruct_data_uses_the_alpaca_builder(tiny_llama, data_fil
         )
 
 
-def test_qwen_with_max_seq_len_warns_about_torchtunes_mask_bug(tiny_qwen, data_file, tmp_path, caplog):
-    resolve(tiny_qwen, data_file, tmp_path, max_seq_len=64)
-    assert "may not learn to stop" in caplog.text
-    caplog.clear()
-    resolve(tiny_qwen, data_file, tmp_path)
-    assert "may not learn to stop" not in caplog.text
+def test_qwen_with_max_seq_len_still_trains_on_every_examples_end_token(tiny_qwen, data_file, tmp_path):
+    """torchtune 0.6.1's Qwen tokenizers mask the end token whenever max_seq_len is set; the resolved YAML names
+    our fixed builder, which torchtune's config system builds into the dataset the recipe trains on."""
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    run = resolve(tiny_qwen, data_file, tmp_path, max_seq_len=64)
+    resolved = OmegaConf.load(run.yaml_path)
+    assert resolved.tokenizer._component_ == (
+        "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_5_tokenizer"
+    )
+    tokenizer = config.instantiate(resolved.tokenizer)
+    assert tokenizer.max_seq_len == 64
+    example = config.instantiate(resolved.dataset, tokenizer)[0]
+    assert len(example["tokens"]) < 64
+    assert example["tokens"][-1] == example["labels"][-1] == tokenizer.eos_id
+
+
+def test_only_the_qwen_families_use_a_fixed_tokenizer():
+    fixed = {
+        name for name, family in FAMILIES.items() if not family.tokenizer.startswith("torchtune.models.")
+    }
+    assert fixed == {"qwen2", "qwen2_5"}
 
 
 def test_data_folder_uses_its_train_files(tiny_dataset, tiny_llama, tmp_path):

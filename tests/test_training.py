@@ -83,6 +83,20 @@ def test_loss_falls_on_the_synthetic_task(
     assert last < ratio * first, f"loss did not fall clearly: first steps {first:.3f}, last steps {last:.3f}"
 
 
+def test_qwen_with_a_max_seq_len_that_cuts_nothing_trains_as_without_one(tiny_qwen, tiny_dataset, tmp_path):
+    """The task's rows are ~20 tokens, so max_seq_len=64 cuts nothing: the step losses must be those of a run
+    without it. torchtune 0.6.1's own Qwen tokenizer would leave every end token out of the loss."""
+    losses = {}
+    for max_seq_len in (None, 64):
+        _, result, _ = train(
+            tiny_qwen, tiny_dataset["train.jsonl"], tmp_path / f"run-{max_seq_len}",
+            method="full", max_steps_per_epoch=2, max_seq_len=max_seq_len,
+        )  # fmt: skip
+        losses[max_seq_len] = [s.loss for s in result.steps]
+    assert len(losses[64]) == 2
+    assert losses[64] == pytest.approx(losses[None], rel=1e-5)
+
+
 def test_failure_reports_exit_code_and_last_lines(tmp_path):
     script = "import sys\nfor i in range(80): print(f'line {i}')\nsys.exit(3)"
     with pytest.raises(TrainingFailed, match="exit code 3") as failure:

@@ -57,10 +57,11 @@ FAMILIES: dict[str, Family] = {
                "torchtune.models.phi3.phi3_mini_tokenizer", _SPM),
         Family("phi4", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI4",
                "torchtune.models.phi4.phi4_tokenizer", {"vocab_path": "vocab.json", "merges_path": "merges.txt"}),
+        # torchtune's Qwen tokenizers, fixed not to mask every example's end token when max_seq_len is set.
         Family("qwen2", "torchtune.models.qwen2.qwen2", "torchtune.models.qwen2.lora_qwen2", "QWEN2",
-               "torchtune.models.qwen2.qwen2_tokenizer", _QWEN_BPE),
+               "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_tokenizer", _QWEN_BPE),
         Family("qwen2_5", "torchtune.models.qwen2.qwen2", "torchtune.models.qwen2.lora_qwen2", "QWEN2",
-               "torchtune.models.qwen2_5.qwen2_5_tokenizer", _QWEN_BPE),
+               "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_5_tokenizer", _QWEN_BPE),
     ]
 }  # fmt: skip
 

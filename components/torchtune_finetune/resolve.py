@@ -18,11 +18,8 @@ from typing import Any
 
 import yaml
 
-from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
-
-log = get_logger(__name__)
 
 RESOLVED_CONFIG = "torchtune_config.yaml"
 METRICS_DIR = "logs"
@@ -248,14 +245,6 @@ def _apply_model(config: dict, base: dict, cfg: TorchtuneConfig, model: ModelDir
             _check_qlora_dims(model, lora)
     config["model"] = model.model_node(lora)
     max_seq_len = cfg.max_seq_len or (base.get("tokenizer") or {}).get("max_seq_len")
-    if max_seq_len and model.family.name.startswith("qwen2"):
-        # torchtune 0.6.1's Qwen2 tokenizer truncates the loss mask with "mask the last token", even when nothing
-        # is cut, so the final <|im_end|> is never trained and the model does not learn to stop.
-        log.warning(
-            "max_seq_len=%s with a %s tokenizer: torchtune 0.6.1 masks every example's final end token, so the "
-            "tuned model may not learn to stop generating; leave max_seq_len empty unless examples must be cut",
-            max_seq_len, model.family.name,
-        )  # fmt: skip
     config["tokenizer"] = model.tokenizer_node(max_seq_len)
     config["checkpointer"] = model.checkpointer_node(output_dir="${output_dir}")
     config["resume_from_checkpoint"] = False

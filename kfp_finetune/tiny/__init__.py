@@ -18,10 +18,7 @@ This module imports neither torch nor torchtune.
 # thread, other jobs running): mean loss of the first 5 / last 10 steps, greedy exact match on 50 held-out
 # rows (the untrained base scores 0.0), wall time of `tune run` (~5 s of it is start-up).
 #
-# Two traps the settings avoid:
-# - Qwen2.5 (torchtune 0.6.1): a tokenizer `max_seq_len` makes `truncate()` mask the final <|im_end|>
-#   even when nothing is cut, so the model never learns to stop; keep `tokenizer.max_seq_len: null`.
-#   Hence `max_seq_len: 0`, which means "no limit" to the finetune component (rows are ~20 tokens).
+# `max_seq_len: 0` means "no limit" to the finetune component (rows are ~20 tokens). A trap the settings avoid:
 # - LoRA cannot reach exact matches on a *random* base within minutes: the tied embedding/output layer,
 #   the norms and the random attention stay frozen. LoRA settings below give a clear loss drop (enough to
 #   test the pipeline's mechanics and an eval-loss gate); use full fine-tuning for an exact-match gate.
