@@ -179,7 +179,7 @@ def tune_and_evaluate(
         tune_backend: trainjob (Kubeflow Trainer) or local (in the step's own pod; small models).
         tune_device: cuda, cpu or auto (cuda when GPUs are requested).
         tune_runtime: ClusterTrainingRuntime for the TrainJob (see runtimes/).
-        tune_num_nodes: TrainJob nodes.
+        tune_num_nodes: TrainJob nodes; more than 1 needs a ReadWriteMany workspace.
         tune_gpus_per_node: GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.
         tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
         tune_cleanup_policy: on-success (keep failed TrainJobs), always or never.
@@ -344,7 +344,7 @@ def finetune_pipeline(
         tune_backend: trainjob (Kubeflow Trainer) or local (in the step's own pod; small models).
         tune_device: cuda, cpu or auto (cuda when GPUs are requested).
         tune_runtime: ClusterTrainingRuntime for the TrainJob (see runtimes/).
-        tune_num_nodes: TrainJob nodes.
+        tune_num_nodes: TrainJob nodes; more than 1 needs a ReadWriteMany workspace.
         tune_gpus_per_node: GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.
         tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
         tune_cleanup_policy: on-success (keep failed TrainJobs), always or never.

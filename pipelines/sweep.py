@@ -91,7 +91,7 @@ def sweep_pipeline(
         tune_backend: trainjob (Kubeflow Trainer) or local (in the step's own pod; small models).
         tune_device: cuda, cpu or auto (cuda when GPUs are requested).
         tune_runtime: ClusterTrainingRuntime for the TrainJobs (see runtimes/).
-        tune_num_nodes: Nodes per TrainJob.
+        tune_num_nodes: Nodes per TrainJob; more than 1 needs a ReadWriteMany workspace.
         tune_gpus_per_node: GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.
         tune_timeout_seconds: Each TrainJob is deleted and its step fails after this long; 0: no limit.
         eval_max_samples: Held-out rows evaluated per trial; 0: all.

@@ -26,6 +26,7 @@ kube_standin = standin.kube_standin
 
 RUN_ID = "0d1c7a5e-run"
 WORKSPACE_PVC = "run-0d1c7a5e-kfp-workspace"
+STEP_POD, STEP_NODE = "finetune-step-pod", "kfp-node-a"
 TRAINING = {"method": "lora", "device": "cpu", "batch_size": 4, "gradient_accumulation_steps": 1,
             "max_steps_per_epoch": 4, "seed": 0, "learning_rate": 1e-3}  # fmt: skip
 
@@ -67,17 +68,22 @@ def call_component(workspace, base_model, train, tmp_path, backend, config, **pa
             "trainer_image": "", "run_id": f"{RUN_ID}-{backend}", "task_name": "torchtune-finetune"}  # fmt: skip
     result = run_component(
         workspace_path=str(workspace), train_data=train, base_model=base_model, eval_data=None,
-        kubernetes_config=config, **artifacts, **step, **{**TRAINING, **params},
+        kubernetes_config=config, **artifacts, **{**step, **TRAINING, **params},
     )  # fmt: skip
     return result, artifacts
 
 
 @pytest.fixture
-def cpu_runtime(kube_standin):
+def cpu_runtime(kube_standin, monkeypatch):
+    """The CPU runtime, and this process as the KFP step pod on STEP_NODE holding the run workspace: a
+    ReadWriteOnce claim (many clusters' default storage class), so node pods can only start on STEP_NODE."""
     runtime = Path(__file__).resolve().parents[1] / "runtimes" / "torchtune-cpu.yaml"
     import yaml
 
     kube_standin.add_object(yaml.safe_load(runtime.read_text()))
+    kube_standin.add_claim(WORKSPACE_PVC, "ReadWriteOnce")
+    kube_standin.add_running_pod(STEP_POD, STEP_NODE, claims=(WORKSPACE_PVC,))
+    monkeypatch.setenv("KFP_POD_NAME", STEP_POD)  # what KFP sets in every step pod
     return kube_standin
 
 
@@ -114,6 +120,12 @@ def test_trainjob_backend_matches_local_backend(inputs, cpu_runtime, tmp_path, m
     pod_spec = pod_patch["template"]["spec"]["template"]["spec"]
     assert pod_spec["tolerations"] == [toleration] and pod_spec["nodeSelector"] == {"pool": "training"}
     assert pod_spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == WORKSPACE_PVC
+    # The ReadWriteOnce workspace is attached to the step's node: the node pod was pinned there and ran there.
+    node_terms = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert node_terms["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [STEP_NODE]}]}
+    ]
+    assert [e for e in kube.events() if e["reason"] == "FailedAttachVolume"] == []
     assert created["metadata"]["name"] == name
     assert kube.trainjob(name) is None, "a successful TrainJob is deleted (cleanup_policy=on-success)"
 
@@ -146,6 +158,11 @@ def test_bad_parameters_fail_before_any_trainjob(inputs, cpu_runtime, tmp_path, 
         call_component(workspace, base_model, train, tmp_path, "trainjob", TaskConfig())
     with pytest.raises(ValueError, match="backend must be one of"):
         call_component(workspace, base_model, train, tmp_path, "slurm", task_config(workspace))
+    gpu_nodes = task_config(workspace, resources={"limits": {"nvidia.com/gpu": "1"}})
+    with pytest.raises(ValueError, match="num_nodes=2 needs a workspace every node can mount.*ReadWriteOnce"):
+        call_component(
+            workspace, base_model, train, tmp_path, "trainjob", gpu_nodes, num_nodes=2, device="cuda"
+        )
     assert kube.requests_for("POST", "trainjobs") == []
 
 
@@ -154,6 +171,7 @@ def test_cancelling_the_step_deletes_the_trainjob(inputs, cpu_runtime, tmp_path)
 
     kube = cpu_runtime
     workspace, base_model, train = inputs
+    kube.add_claim("ws-pvc", "ReadWriteMany")
     kube.scenario(
         None, standin.Scenario(log_lines=[f"Step {i} | loss:2.0" for i in range(1, 600)], line_interval=0.1)
     )

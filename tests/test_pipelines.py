@@ -145,6 +145,7 @@ def test_finetune_pipeline_with_the_trainjob_backend(
     kube = kube_standin
     kube.add_object(yaml.safe_load((ROOT / "runtimes" / "torchtune-cpu.yaml").read_text()))
     workspace_pvc = "run-kfp-workspace"
+    kube.add_claim(workspace_pvc, "ReadWriteMany")
     kube.execute(
         {workspace_pvc: tmp_path / "workspace"},
         extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},

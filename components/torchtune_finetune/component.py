@@ -135,7 +135,7 @@ def torchtune_finetune(
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process).
         runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune).
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
-        num_nodes: Nodes (pods) for the TrainJob.
+        num_nodes: Nodes (pods) for the TrainJob; more than 1 needs a ReadWriteMany workspace.
         num_proc_per_node: Processes per node; 0: one per GPU requested on this task (1 without GPUs).
         timeout_seconds: The TrainJob is deleted and this step fails after this long; 0: no limit.
         cleanup_policy: Delete the TrainJob on-success (keep failed ones for debugging), always, or never.

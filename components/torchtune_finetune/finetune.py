@@ -369,6 +369,7 @@ def _trainjob_launcher(params: dict[str, Any], pod: Any, devices: int, run_id: s
 
     def launch(resolved: ResolvedRun, steps_planned: int | None) -> dict[str, str]:
         from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+        from kfp_finetune.components.torchtune_finetune.placement import place_node_pods
         from kfp_finetune.components.torchtune_finetune.trainjob_launcher import launch_trainjob
 
         name = trainjob_name(run_id, params["task_name"])
@@ -381,6 +382,11 @@ def _trainjob_launcher(params: dict[str, Any], pod: Any, devices: int, run_id: s
         command = tune_command(
             resolved.recipe, resolved.yaml_path, torchrun_args(name) if resolved.distributed else ()
         )
+        api_client = load_api_client()
+        namespace = current_namespace()
+        placed = place_node_pods(
+            pod, api_client=api_client, namespace=namespace, num_nodes=params["num_nodes"]
+        )
         manifest = build_trainjob(
             name,
             command,
@@ -389,16 +395,15 @@ def _trainjob_launcher(params: dict[str, Any], pod: Any, devices: int, run_id: s
             image=params["trainer_image"] or None,
             num_nodes=params["num_nodes"],
             num_proc_per_node=devices,
-            pod=pod,
+            pod=placed,
             active_deadline_seconds=params["timeout_seconds"] or None,
             run_id=run_id,
             task_name=params["task_name"],
         )
-        api_client = load_api_client()
         launch_trainjob(
             manifest,
             api_client,
-            namespace=current_namespace(),
+            namespace=namespace,
             timeout=params["timeout_seconds"] or None,
             cleanup=params["cleanup_policy"],
             total_steps=steps_planned,

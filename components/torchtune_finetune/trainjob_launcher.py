@@ -44,12 +44,14 @@ LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_LOG_LINES = 50
 THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
 
-#: Every API call the launcher makes, as (apiGroup, resource) -> verbs; runtimes/rbac.yaml grants exactly these.
+#: Every API call the trainjob backend makes (this launcher and placement.py), as (apiGroup, resource) -> verbs;
+#: runtimes/rbac.yaml grants exactly these.
 API_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (tj.GROUP, "trainjobs"): ("create", "get", "list", "watch", "delete"),
     (tj.GROUP, "trainingruntimes"): ("get",),
     (tj.GROUP, "clustertrainingruntimes"): ("get",),
     ("", "pods"): ("get", "list", "watch"),
+    ("", "persistentvolumeclaims"): ("get",),
     ("", "pods/log"): ("get",),
     ("", "events"): ("list",),
 }

@@ -34,6 +34,7 @@ KINDS = {  # plural -> (api group ("" = core), kind, namespaced)
     "clustertrainingruntimes": (TRAINER_GROUP, "ClusterTrainingRuntime", False),
     "pods": ("", "Pod", True),
     "events": ("", "Event", True),
+    "persistentvolumeclaims": ("", "PersistentVolumeClaim", True),
 }
 PLURAL_OF_KIND = {kind: plural for plural, (_, kind, _) in KINDS.items()}
 

@@ -19,6 +19,7 @@ from ._workload import (
     local_command,
     mark_running,
     mark_terminated,
+    multi_attach_error,
     new_condition,
     new_pod,
     node_pod_template,
@@ -102,7 +103,9 @@ class Controller:
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1))
         wait = self._waiter(job, run)
 
-        outcome = wait(float("inf") if scenario.stay_pending else scenario.pending_seconds)
+        attach_blocked = self._attach_volumes(namespace, pods)
+        stay_pending = scenario.stay_pending or attach_blocked
+        outcome = wait(float("inf") if stay_pending else scenario.pending_seconds)
         if outcome is None:
             for pod in pods:
                 store.update("pods", namespace, pod, mark_running)
@@ -151,6 +154,24 @@ class Controller:
                 run.cancel.wait(min(0.02, end - now))
 
         return wait
+
+    def _attach_volumes(self, namespace: str, pods: list[str]) -> bool:
+        """Record a FailedAttachVolume event for each pod whose ReadWriteOnce claim is attached to another node;
+        such pods never start. True if any is blocked."""
+        store = self.store
+        with store.cond:
+            claims = {
+                c["metadata"]["name"]: c for c in store.list_objects("persistentvolumeclaims", namespace)
+            }
+            everyone = store.list_objects("pods", namespace)
+        blocked = False
+        for pod_name in pods:
+            pod = next(p for p in everyone if p["metadata"]["name"] == pod_name)
+            others = [p for p in everyone if p["metadata"]["name"] not in pods]
+            if error := multi_attach_error(pod, claims, others):
+                store.record_event(namespace, "Pod", pod_name, "FailedAttachVolume", error, "Warning")
+                blocked = True
+        return blocked
 
     def _create_pod(self, job: dict, template: dict, rank: int, scenario: Scenario) -> str:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]

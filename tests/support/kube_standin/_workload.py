@@ -371,6 +371,53 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
         },
     }
     if not unschedulable:
-        pod["spec"]["nodeName"] = f"standin-node-{rank}"
+        pod["spec"]["nodeName"] = required_node(spec) or f"standin-node-{rank}"
         pod["status"]["containerStatuses"] = container_statuses
     return pod
+
+
+def required_node(spec: dict) -> str | None:
+    """The node a required node affinity pins the pod to (``matchFields`` on ``metadata.name``), as the
+    scheduler would place it; other node-selector terms are not simulated."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and field.get("values"):
+                return field["values"][0]
+    return None
+
+
+def claim_names(pod: dict) -> set[str]:
+    return {
+        volume["persistentVolumeClaim"]["claimName"]
+        for volume in pod["spec"].get("volumes") or []
+        if volume.get("persistentVolumeClaim")
+    }
+
+
+def multi_attach_error(pod: dict, claims: Mapping[str, dict], other_pods: list[dict]) -> str | None:
+    """The attach/detach controller's error when a ReadWriteOnce claim of ``pod`` is in use on another node.
+
+    ``claims``: PVC objects by name; ``other_pods``: the namespace's other pods. The volume is attached where a
+    running pod uses it (a pod stuck before its containers start holds no attachment).
+    """
+    for claim in sorted(claim_names(pod)):
+        pvc = claims.get(claim)
+        modes = ((pvc or {}).get("status") or {}).get("accessModes") or ((pvc or {}).get("spec") or {}).get(
+            "accessModes"
+        )
+        if modes != ["ReadWriteOnce"]:
+            continue
+        users = [
+            other["metadata"]["name"]
+            for other in other_pods
+            if claim in claim_names(other)
+            and other["spec"].get("nodeName") not in (None, pod["spec"].get("nodeName"))
+            and (other.get("status") or {}).get("phase") == "Running"
+        ]
+        if users:
+            volume = (pvc.get("spec") or {}).get("volumeName") or f"pvc-{pvc['metadata']['uid']}"
+            return f'Multi-Attach error for volume "{volume}" Volume is already used by pod(s) {", ".join(users)}'
+    return None

@@ -123,7 +123,9 @@ class KubeStandin:
     def add_object(self, obj: Mapping[str, Any], *, scenario: Scenario | None = None) -> dict:
         """Seed an object as if it already existed (no admission webhooks, no request log entry).
 
-        Kinds: ``TrainingRuntime``, ``ClusterTrainingRuntime``, ``TrainJob``, ``Pod``, ``Event``. A TrainJob is
+        Kinds: ``TrainingRuntime``, ``ClusterTrainingRuntime``, ``TrainJob``, ``Pod``, ``Event``,
+        ``PersistentVolumeClaim`` (node pods mounting a ReadWriteOnce claim that a running pod on another node
+        uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster). A TrainJob is
         checked and defaulted against its CRD schema (ValueError if invalid). A seeded TrainJob (the retry/attach
         case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
         has a terminal condition; its ``activeDeadlineSeconds`` counts from its ``creationTimestamp``. Namespaced
@@ -198,6 +200,43 @@ class KubeStandin:
         if namespace:
             runtime["metadata"]["namespace"] = namespace
         return self.add_object(runtime)
+
+    def add_claim(self, name: str, *access_modes: str, namespace: str | None = None) -> dict:
+        """A bound PersistentVolumeClaim (volume ``pv-<name>``) with these access modes."""
+        return self.add_object(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
+                "spec": {
+                    "accessModes": list(access_modes),
+                    "resources": {"requests": {"storage": "10Gi"}},
+                    "volumeName": f"pv-{name}",
+                },
+                "status": {"phase": "Bound", "accessModes": list(access_modes)},
+            }
+        )
+
+    def add_running_pod(
+        self, name: str, node: str, *, claims: tuple[str, ...] = (), namespace: str | None = None
+    ) -> dict:
+        """A running pod on ``node`` that mounts ``claims`` (e.g. the KFP step that launches the TrainJob)."""
+        return self.add_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "main", "image": "kfp-finetune-trainer"}],
+                    "volumes": [
+                        {"name": f"claim-{i}", "persistentVolumeClaim": {"claimName": claim}}
+                        for i, claim in enumerate(claims)
+                    ],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
 
     def add_event(
         self,
