@@ -1,7 +1,7 @@
 """Bring a fine-tuning dataset into the run workspace (`datasets/<name>/`) as validated parquet shards.
 
 Loads with the `datasets` library (HF dataset repos, or json / jsonl / csv / parquet / arrow files or folders
-from s3://, https://, file:// and paths), selects a split expression (`train[:3000]`, `train[90%:]`), maps
+from s3://, https://, file:// and paths; JSON Lines files are streamed into its Arrow format by pyarrow), selects a split expression (`train[:3000]`, `train[90%:]`), maps
 columns to the canonical names of the dataset type, validates every row before writing, optionally holds out
 an eval split, and writes `train/` and `eval/` parquet shards plus a manifest. Rows stream from the Arrow cache
 on disk to the shards, so memory does not grow with the dataset.
@@ -152,6 +152,10 @@ class _Source:
             # Split names come from file/folder names as in `datasets` (train*, validation*/dev*, test*/eval*);
             # a single file or unnamed files form the `train` split.
             data_files = _files_by_split(files, root)
+            if self.format == "json" and split in data_files:
+                streamed = _read_json_lines(data_files[split], Path(cache_dir) / f"{split}.arrow")
+                if streamed is not None:
+                    return streamed
             return datasets.load_dataset(
                 self.format, data_files=data_files, split=split, cache_dir=cache_dir, num_proc=num_proc
             )
@@ -161,6 +165,39 @@ class _Source:
             if "Unknown split" in str(exc) or "Bad split" in str(exc):
                 raise ValueError(f"{self.uri}: split {split!r}: {exc}") from exc
             raise
+
+
+def _read_json_lines(files: list[str], arrow_path: Path):
+    """JSON Lines files as a `datasets.Dataset` on a memory-mapped Arrow file, or None when pyarrow cannot read
+    them as one table (not JSON Lines, a field or type that changes after the first block, files that differ):
+    then the caller uses the `datasets` JSON builder, which handles those.
+
+    pyarrow's multithreaded reader streams blocks straight into the Arrow file: about 3x faster than the `datasets`
+    JSON builder, which re-parses rows in Python to infer types. Same types either way (that builder also parses
+    with pyarrow), and memory stays flat as with `load_dataset`.
+    """
+    import datasets
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+
+    arrow_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
+    try:
+        with pa.OSFile(str(arrow_path), "wb") as sink:
+            for file in files:
+                for batch in pa_json.open_json(file):
+                    if writer is None:
+                        writer = pa.ipc.new_stream(sink, batch.schema)
+                    writer.write_batch(batch)
+            if writer is None:
+                return None  # no rows: the datasets builder reports the empty split
+            writer.close()
+    except (pa.ArrowInvalid, ValueError) as error:
+        log.info(
+            "reading %s with the datasets JSON builder (%s)", ", ".join(files), str(error).splitlines()[0]
+        )
+        return None
+    return datasets.Dataset.from_file(str(arrow_path))
 
 
 def _files_by_split(files: list[str], root: Path) -> dict[str, list[str]]:
@@ -333,15 +370,23 @@ def _bad_message_rows(ds, present: list[str], schema: Schema, batch_size: int) -
 
 
 def write_shards(ds, out_dir: Path, rows_per_shard: int) -> list[Path]:
-    """Write `ds` as parquet shards `part-0000k-of-0000n.parquet`, batch by batch from the Arrow cache."""
+    """Write `ds` as parquet shards `part-0000k-of-0000n.parquet`, batch by batch from the Arrow cache.
+
+    Shards are written by a thread each (up to one per CPU): pyarrow encodes and compresses without the GIL.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     out_dir.mkdir(parents=True, exist_ok=True)
     num_shards = max(1, math.ceil(len(ds) / rows_per_shard))
-    paths = []
-    for index in range(num_shards):
-        path = out_dir / f"part-{index:05d}-of-{num_shards:05d}.parquet"
-        ds.shard(num_shards, index, contiguous=True).to_parquet(str(path))
-        paths.append(path)
-    return paths
+    shards = {
+        out_dir / f"part-{index:05d}-of-{num_shards:05d}.parquet": ds.shard(
+            num_shards, index, contiguous=True
+        )
+        for index in range(num_shards)
+    }
+    with ThreadPoolExecutor(max_workers=min(num_shards, os.cpu_count() or 1)) as pool:
+        list(pool.map(lambda path: shards[path].to_parquet(str(path)), shards))
+    return list(shards)
 
 
 def _split_records(files: list[Path], root: Path) -> list[dict]:
