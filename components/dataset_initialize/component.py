@@ -56,7 +56,7 @@ def dataset_initialize(
             (parquet, then arrow, json, csv when the files come in several formats).
         subset: Configuration (subset) name of a Hub dataset with several.
         rows_per_shard: Maximum rows per written parquet shard.
-        num_proc: Processes the datasets library uses to parse source files (JSON Lines use pyarrow's threads).
+        num_proc: Processes the datasets library uses to parse source files (JSON Lines are streamed by pyarrow).
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
 
     Returns:
