@@ -156,9 +156,11 @@ def test_bad_parameters_fail_before_any_trainjob(inputs, cpu_runtime, tmp_path, 
         )
     with pytest.raises(ValueError, match="workspace .* is not among the volumes"):
         call_component(workspace, base_model, train, tmp_path, "trainjob", TaskConfig())
+    gpu_nodes = task_config(workspace, resources={"limits": {"nvidia.com/gpu": "1"}})
+    with pytest.raises(ValueError, match="backend=local trains in this step's own pod, which has no GPU"):
+        call_component(workspace, base_model, train, tmp_path, "local", gpu_nodes)
     with pytest.raises(ValueError, match="backend must be one of"):
         call_component(workspace, base_model, train, tmp_path, "slurm", task_config(workspace))
-    gpu_nodes = task_config(workspace, resources={"limits": {"nvidia.com/gpu": "1"}})
     with pytest.raises(ValueError, match="num_nodes=2 needs a workspace every node can mount.*ReadWriteOnce"):
         call_component(
             workspace, base_model, train, tmp_path, "trainjob", gpu_nodes, num_nodes=2, device="cuda"

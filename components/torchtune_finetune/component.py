@@ -132,7 +132,8 @@ def torchtune_finetune(
         compile: torch.compile the model and loss.
         seed: Random seed; -1: the base config's.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes.
-        backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process).
+        backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with
+            the step pod's own resources, so CPU unless GPUs are applied to the pod itself).
         runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune).
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         num_nodes: Nodes (pods) for the TrainJob; more than 1 needs a ReadWriteMany workspace.

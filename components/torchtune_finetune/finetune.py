@@ -316,6 +316,12 @@ def run_component(**params: Any) -> FinetuneResult:
         pod.volumes.append(volume)
         pod.volume_mounts.append(mount)
     backend = params["backend"]
+    if backend == "local" and pod.gpus and not _cuda_available():
+        # KFP applies the task's accelerator settings to the TrainJob (RESOURCES passthrough), not to this pod.
+        raise ConfigError(
+            f"backend=local trains in this step's own pod, which has no GPU: the task's {pod.gpus} GPU(s) per node "
+            "are forwarded to TrainJobs only. Use backend=trainjob, or drop the accelerator settings to train on CPU"
+        )
     devices = params["num_proc_per_node"] or max(pod.gpus, 1)
     run_id = params["run_id"] or "local"
     launch = _trainjob_launcher(params, pod, devices, run_id) if backend == "trainjob" else None
