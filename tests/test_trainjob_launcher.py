@@ -242,6 +242,14 @@ def test_timeout_while_running_deletes_and_fails_with_the_last_lines(kube):
     assert kube.trainjob(NAME) is None
 
 
+def test_quiet_streams_are_cut_when_run_returns(kube):
+    """With a minute-long server-side watch timeout, no watch or log thread of the run outlives run()."""
+    kube.scenario(None, Scenario.failure())
+    with pytest.raises(TrainJobFailed):
+        launcher(kube, watch_timeout=60, log_read_timeout=300).run()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("watch-", "pods-", "log-"))]
+
+
 def test_suspended_trainjob_is_reported_and_waited_on(kube, user_log):
     job = manifest()
     job["spec"]["suspend"] = True
