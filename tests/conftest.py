@@ -1,3 +1,4 @@
+import contextlib
 import logging
 import os
 
@@ -8,15 +9,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-@pytest.fixture(autouse=True)
-def _root_logger_restored():
+@contextlib.contextmanager
+def root_logger_restored():
     """Libraries called in-process (e.g. KFP's executor) may configure the root logger; a handler bound to one
     test's captured stdout must not leak log lines into a later test's stdout."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    with root_logger_restored():
+        yield
 
 
 @pytest.fixture
@@ -49,3 +58,16 @@ def tiny_dataset(tmp_path_factory):
     from kfp_finetune.tiny.dataset import build_tiny_dataset
 
     return build_tiny_dataset(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def component_pipeline_run(tmp_path_factory, tiny_llama, tiny_dataset):
+    """One kfp.local run of the components' test DAG (tests/support/component_pipeline.py) on the tiny model;
+    the finetune, evaluate and export component tests each check their step's outputs of it."""
+    from tests.support.component_pipeline import run_component_pipeline
+
+    # Set up before any test's own logger guard (session scope), so it needs its own.
+    with root_logger_restored():
+        return run_component_pipeline(
+            tiny_llama, tiny_dataset["train.jsonl"], tmp_path_factory.mktemp("component-pipeline")
+        )

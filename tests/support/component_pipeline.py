@@ -1,0 +1,167 @@
+"""The components' test DAG: initialize → torchtune-finetune (LoRA, local backend, CPU) → evaluate and export,
+plus steps that look into the workspace, run under kfp.local on the tiny model.
+
+The tests of torchtune-finetune, evaluate and export as KFP components each check their own step's outputs
+of one shared run (the `component_pipeline_run` session fixture in tests/conftest.py), so the tiny model is
+fine-tuned once for all of them instead of once per test.
+"""
+
+# No `from __future__ import annotations`: KFP reads the pipeline signature's annotations as types.
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from kfp import dsl, local
+from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model
+
+from kfp_finetune.components.dataset_initialize.component import dataset_initialize
+from kfp_finetune.components.evaluate.component import evaluate
+from kfp_finetune.components.export.component import export
+from kfp_finetune.components.model_initialize.component import model_initialize
+from kfp_finetune.components.torchtune_finetune.component import torchtune_finetune
+
+PIPELINE_NAME = "components-test"
+TRAINING_STEPS = 30
+EVAL_SAMPLES = 40
+# The gate's required eval-loss gain: 30 LoRA steps cut the loss by well over this on the tiny task.
+MIN_IMPROVEMENT = 1.0
+
+
+class Outputs(NamedTuple):
+    model: Model
+    train_metrics: Metrics
+    train_report: HTML
+    train_config: Artifact
+    checkpoint_listing: str
+    eval_metrics: Metrics
+    eval_report: HTML
+    eval_samples: Dataset
+    passed: bool
+    eval_folder_listing: str
+    exported: Model
+
+
+@dsl.component(install_kfp_package=False)
+def inspect_checkpoint(workspace_path: str, model: Input[Model]) -> str:
+    """Runs inside the pipeline: kfp.local deletes the workspace when the run ends."""
+    import json
+    import os
+
+    def listing(rel: str) -> list:
+        root = os.path.join(workspace_path, rel)
+        return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+    adapter = os.path.join(workspace_path, model.metadata["adapter_path"], "adapter_config.json")
+    return json.dumps(
+        {
+            "merged": listing(model.metadata["merged_path"]),
+            "adapter": listing(model.metadata["adapter_path"]),
+            "adapter_config": json.load(open(adapter)),
+        }
+    )
+
+
+@dsl.component(install_kfp_package=False)
+def read_eval_folder(workspace_path: str, samples: Input[Dataset]) -> str:
+    """Runs inside the pipeline: kfp.local deletes the workspace when the run ends."""
+    import json
+    import os
+
+    folder = os.path.dirname(os.path.join(workspace_path, samples.metadata["workspace_path"]))
+    with open(os.path.join(folder, "samples.jsonl")) as f:
+        rows = sum(1 for _ in f)
+    return json.dumps({"files": sorted(os.listdir(folder)), "rows": rows})
+
+
+@dsl.pipeline(
+    name=PIPELINE_NAME, pipeline_config=dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(size="1Gi"))
+)
+def component_pipeline(model_uri: str, data_uri: str, export_destination: str) -> Outputs:
+    model_task = model_initialize(
+        source_uri=model_uri, workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, name="base"
+    )
+    data_task = dataset_initialize(
+        source_uri=data_uri, workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, name="reverse", eval_fraction=0.1
+    )
+    tune = torchtune_finetune(
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        train_data=data_task.outputs["train"],
+        eval_data=data_task.outputs["eval"],
+        base_model=model_task.outputs["model"],
+        method="lora",
+        backend="local",
+        device="cpu",
+        batch_size=8,
+        gradient_accumulation_steps=1,
+        max_steps_per_epoch=TRAINING_STEPS,
+        learning_rate=3e-3,
+        num_warmup_steps=0,
+        seed=0,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    )
+    checkpoint = inspect_checkpoint(
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, model=tune.outputs["model"]
+    )
+    evaluation = evaluate(
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        model=tune.outputs["model"],
+        base_model=model_task.outputs["model"],
+        eval_data=data_task.outputs["eval"],
+        max_samples=EVAL_SAMPLES,
+        batch_size=20,
+        max_new_tokens=12,
+        device="cpu",
+        gate_metric="eval_loss",
+        min_improvement=MIN_IMPROVEMENT,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    )
+    eval_folder = read_eval_folder(
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, samples=evaluation.outputs["samples"]
+    )
+    exported = export(
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        model=tune.outputs["model"],
+        metrics=tune.outputs["metrics"],
+        destination=export_destination,
+        format="both",
+        dtype="bf16",
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    )
+    return Outputs(
+        model=tune.outputs["model"],
+        train_metrics=tune.outputs["metrics"],
+        train_report=tune.outputs["report"],
+        train_config=tune.outputs["train_config"],
+        checkpoint_listing=checkpoint.output,
+        eval_metrics=evaluation.outputs["metrics"],
+        eval_report=evaluation.outputs["report"],
+        eval_samples=evaluation.outputs["samples"],
+        passed=evaluation.outputs["passed"],
+        eval_folder_listing=eval_folder.output,
+        exported=exported.outputs["exported"],
+    )
+
+
+@dataclass(frozen=True)
+class ComponentPipelineRun:
+    outputs: dict  # the pipeline's outputs by name (see Outputs)
+    export_destination: Path
+
+
+def run_component_pipeline(model_dir: Path, train_data: Path, root: Path) -> ComponentPipelineRun:
+    """Runs the DAG on `model_dir` and `train_data` with everything it writes under `root`."""
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(root / "pipeline_root"),
+        workspace_root=str(root / "workspace"),
+    )
+    destination = root / "pvc" / "models" / "tiny-tuned"
+    task = component_pipeline(
+        model_uri=str(model_dir), data_uri=str(train_data), export_destination=str(destination)
+    )
+    return ComponentPipelineRun(outputs=task.outputs, export_destination=destination)
