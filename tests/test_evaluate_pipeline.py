@@ -1,7 +1,7 @@
 """evaluate as a KFP component after a real fine-tune, under kfp.local: initializers → torchtune-finetune
-(local backend, CPU) → evaluate with a min_improvement gate. The pipeline run is the one the finetune and export
-component tests share (tests/support/component_pipeline.py). That `passed` drives a `dsl.If` around export is
-proven on the real pipeline, both ways, by tests/test_pipelines.py."""
+(local backend, CPU) → evaluate with a min_improvement gate → quality-gate → `dsl.If`. The pipeline run is the
+one the finetune and export component tests share (tests/support/component_pipeline.py). The real pipeline's
+gated export is proven both ways by tests/test_pipelines.py."""
 
 import json
 import re
@@ -23,6 +23,7 @@ def test_evaluate_after_finetune_in_a_local_pipeline(component_pipeline_run):
     assert values["tuned_eval_loss"] < values["base_eval_loss"] - MIN_IMPROVEMENT
     assert values["delta_eval_loss"] < -MIN_IMPROVEMENT and values["gate_improvement"] > MIN_IMPROVEMENT
     assert outputs["passed"] is True and values["passed"] == 1.0
+    assert component_pipeline_run.gate_marker.read_text() == "passed"  # the dsl.If branch ran
 
     samples = outputs["eval_samples"]
     assert re.fullmatch(r"eval/[a-z0-9-]+/samples.jsonl", samples.metadata["workspace_path"])

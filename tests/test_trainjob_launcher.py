@@ -56,6 +56,11 @@ def user_log():
     logger.removeHandler(recorder)
 
 
+def launcher_threads() -> list[str]:
+    """Names of running watch / pod-watch / log threads of any TrainJobLauncher."""
+    return [t.name for t in threading.enumerate() if t.name.startswith(("watch-", "pods-", "log-"))]
+
+
 @pytest.fixture
 def kube():
     with KubeStandin(namespace="team-a") as standin:
@@ -63,7 +68,7 @@ def kube():
         yield standin
         # Checked while the API still serves: a launcher's watch and log threads end because run() stopped
         # them, not because the server went away. A leftover one would log into whatever runs next.
-        leftover = [t.name for t in threading.enumerate() if t.name.startswith(("watch-", "pods-", "log-"))]
+        leftover = launcher_threads()
         assert not leftover, f"launcher threads still running after run() returned: {leftover}"
 
 
@@ -247,7 +252,7 @@ def test_quiet_streams_are_cut_when_run_returns(kube):
     kube.scenario(None, Scenario.failure())
     with pytest.raises(TrainJobFailed):
         launcher(kube, watch_timeout=60, log_read_timeout=300).run()
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(("watch-", "pods-", "log-"))]
+    assert not launcher_threads()
 
 
 def test_suspended_trainjob_is_reported_and_waited_on(kube, user_log):

@@ -384,14 +384,7 @@ class TrainJobLauncher:
                     raise TrainJobError(
                         f"creating TrainJob {self.namespace}/{self.name} failed: {_api_message(error)}"
                     ) from None
-            existing = self._api(
-                self.custom.get_namespaced_custom_object,
-                tj.GROUP,
-                tj.VERSION,
-                self.namespace,
-                tj.PLURAL,
-                self.name,
-            )
+            existing = self._get_trainjob()
             self._require_ours(existing)
             if terminal_state(existing) != "Failed":
                 self.log.info(
@@ -405,6 +398,16 @@ class TrainJobLauncher:
             self._delete(reason="replacing a failed attempt")
             self._wait_gone()
         raise TrainJobError(f"TrainJob {self.namespace}/{self.name} keeps coming back; giving up")
+
+    def _get_trainjob(self) -> dict:
+        return self._api(
+            self.custom.get_namespaced_custom_object,
+            tj.GROUP,
+            tj.VERSION,
+            self.namespace,
+            tj.PLURAL,
+            self.name,
+        )
 
     def _require_ours(self, existing: Mapping[str, Any]) -> None:
         wanted = self.manifest["metadata"].get("labels") or {}
@@ -422,14 +425,7 @@ class TrainJobLauncher:
 
         for delay in Backoff(initial=0.2, maximum=5.0, attempts=30, sleep=self.backoff.sleep).delays():
             try:
-                self._api(
-                    self.custom.get_namespaced_custom_object,
-                    tj.GROUP,
-                    tj.VERSION,
-                    self.namespace,
-                    tj.PLURAL,
-                    self.name,
-                )
+                self._get_trainjob()
             except ApiException as error:
                 if error.status == 404:
                     return

@@ -19,6 +19,7 @@ from kfp_finetune.components.dataset_initialize.component import dataset_initial
 from kfp_finetune.components.evaluate.component import evaluate
 from kfp_finetune.components.export.component import export
 from kfp_finetune.components.model_initialize.component import model_initialize
+from kfp_finetune.components.quality_gate.component import quality_gate
 from kfp_finetune.components.torchtune_finetune.component import torchtune_finetune
 
 PIPELINE_NAME = "components-test"
@@ -74,10 +75,17 @@ def read_eval_folder(workspace_path: str, samples: Input[Dataset]) -> str:
     return json.dumps({"files": sorted(os.listdir(folder)), "rows": rows})
 
 
+@dsl.component(install_kfp_package=False)
+def mark_gate_passed(marker_path: str):
+    """Records that the quality gate's `dsl.If` branch ran."""
+    with open(marker_path, "w") as f:
+        f.write("passed")
+
+
 @dsl.pipeline(
     name=PIPELINE_NAME, pipeline_config=dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(size="1Gi"))
 )
-def component_pipeline(model_uri: str, data_uri: str, export_destination: str) -> Outputs:
+def component_pipeline(model_uri: str, data_uri: str, export_destination: str, gate_marker: str) -> Outputs:
     model_task = model_initialize(
         source_uri=model_uri, workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, name="base"
     )
@@ -118,6 +126,9 @@ def component_pipeline(model_uri: str, data_uri: str, export_destination: str) -
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
     )
+    verdict = quality_gate(passed=evaluation.outputs["passed"], gate_metric="eval_loss")
+    with dsl.If(verdict.output == True):  # noqa: E712 - a KFP condition, not a Python comparison
+        mark_gate_passed(marker_path=gate_marker)
     eval_folder = read_eval_folder(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, samples=evaluation.outputs["samples"]
     )
@@ -151,6 +162,7 @@ def component_pipeline(model_uri: str, data_uri: str, export_destination: str) -
 class ComponentPipelineRun:
     outputs: dict  # the pipeline's outputs by name (see Outputs)
     export_destination: Path
+    gate_marker: Path  # written by a step inside `dsl.If(quality gate passed)`
 
 
 def run_component_pipeline(model_dir: Path, train_data: Path, root: Path) -> ComponentPipelineRun:
@@ -161,7 +173,11 @@ def run_component_pipeline(model_dir: Path, train_data: Path, root: Path) -> Com
         workspace_root=str(root / "workspace"),
     )
     destination = root / "pvc" / "models" / "tiny-tuned"
+    marker = root / "gate-passed.txt"
     task = component_pipeline(
-        model_uri=str(model_dir), data_uri=str(train_data), export_destination=str(destination)
+        model_uri=str(model_dir),
+        data_uri=str(train_data),
+        export_destination=str(destination),
+        gate_marker=str(marker),
     )
-    return ComponentPipelineRun(outputs=task.outputs, export_destination=destination)
+    return ComponentPipelineRun(outputs=task.outputs, export_destination=destination, gate_marker=marker)
