@@ -71,3 +71,19 @@ def component_pipeline_run(tmp_path_factory, tiny_llama, tiny_dataset):
         return run_component_pipeline(
             tiny_llama, tiny_dataset["train.jsonl"], tmp_path_factory.mktemp("component-pipeline")
         )
+
+
+@pytest.fixture
+def log_lines():
+    """Messages logged by kfp_finetune (its root logger does not propagate to pytest's caplog)."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler = Collect()
+    logger = logging.getLogger("kfp_finetune")
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)

@@ -17,12 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kfp_finetune.components.dataset_initialize.initialize import (
-    DatasetValidationError,
-    detect_format,
-    initialize_dataset,
-    iter_rows,
-)
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset, iter_rows
+from kfp_finetune.components.dataset_initialize.sources import DatasetValidationError, detect_format
 from kfp_finetune.tiny.dataset import build_tiny_dataset
 from tests.support.hub_standin import HubStandin
 from tests.support.sources import hub_env, moto_s3, result, run_python, use_s3_credentials
@@ -74,8 +70,9 @@ def test_detect_format():
     assert detect_format(["a.txt"], "jsonl") == ("json", ["a.txt"])
     assert detect_format(["train.jsonl", "train.parquet", "eval.jsonl"]) == ("parquet", ["train.parquet"])
     assert detect_format(["a.csv", "b.jsonl"], "csv") == ("csv", ["a.csv"])
+    assert detect_format(["corpus/a.txt", "corpus/b.txt"]) == ("text", ["corpus/a.txt", "corpus/b.txt"])
     with pytest.raises(ValueError, match="set data_format"):
-        detect_format(["a.txt"])
+        detect_format(["a.dat"])
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "parquet", "arrow"])
@@ -155,7 +152,7 @@ def test_json_lines_streamed_by_pyarrow_match_the_datasets_json_builder(tmp_path
     """JSON Lines take a faster path than `datasets.load_dataset("json")`: same rows, same column types."""
     import datasets
 
-    from kfp_finetune.components.dataset_initialize.initialize import _read_json_lines
+    from kfp_finetune.components.dataset_initialize.sources import _read_json_lines
 
     rows = [
         {
@@ -236,7 +233,7 @@ def test_chat_and_text_types(tmp_path, workspace):
             [{"input": "a", "output": "b"}] * 3
             + [{"input": "a", "output": None}, {"input": " ", "output": "b"}],
             {},
-            r"2 of 5 rows .* first: row 3: output is null; row 4: input is empty",
+            r"2 of 5 rows .* first: bad.jsonl line 4: output is null; bad.jsonl line 5: input is empty",
         ),
         ([{"input": "a", "output": 1}], {}, r"column 'output' has type int64, expected strings"),
         (
@@ -245,15 +242,15 @@ def test_chat_and_text_types(tmp_path, workspace):
                 {"messages": [{"role": "robot", "content": "b"}]},
             ],
             {"dataset_type": "chat"},
-            r"row 1: messages message 0 has role 'robot'",
+            r"bad.jsonl line 2: messages message 0 has role 'robot'",
         ),
-        ([{"messages": []}], {"dataset_type": "chat"}, r"row 0: messages is not a non-empty list"),
+        ([{"messages": []}], {"dataset_type": "chat"}, r"bad.jsonl line 1: messages is not a non-empty list"),
         (
             [{"dialog": "x"}],
             {"dataset_type": "chat"},
             r"`messages` \(OpenAI\) or `conversations` \(ShareGPT\)",
         ),
-        ([{"text": "ok"}, {"text": None}], {"dataset_type": "text"}, r"row 1: text is null"),
+        ([{"text": "ok"}, {"text": None}], {"dataset_type": "text"}, r"bad.jsonl line 2: text is null"),
     ],
 )
 def test_validation_errors_name_columns_and_first_bad_rows(tmp_path, workspace, rows, kwargs, message):
@@ -262,6 +259,129 @@ def test_validation_errors_name_columns_and_first_bad_rows(tmp_path, workspace, 
         initialize_dataset(str(src), str(workspace), name="bad", **kwargs)
     assert not (workspace / "datasets" / "bad").exists()
     assert not [p for p in (workspace / "datasets").iterdir()]  # no temp or scratch dirs left
+
+
+def test_validation_errors_name_the_source_line_not_the_shuffled_index(tmp_path, workspace):
+    rows = [{"input": f"i{i}", "output": f"o{i}"} for i in range(200)]
+    rows[150]["output"] = " "
+    src = tmp_path / "d.jsonl"
+    # A blank line before the bad row: it is skipped by the reader but counts as a line of the file.
+    lines = [json.dumps(r) for r in rows]
+    src.write_text("\n".join(lines[:100] + [""] + lines[100:]) + "\n")
+    with pytest.raises(
+        DatasetValidationError, match=r"1 of \d+ rows .* first: d.jsonl line 152: output is empty"
+    ):
+        initialize_dataset(str(src), str(workspace), eval_fraction=0.5, seed=3)
+    # A slice keeps the file's numbering.
+    with pytest.raises(DatasetValidationError, match=r"d.jsonl line 152: output is empty"):
+        initialize_dataset(str(src), str(workspace), train_split="train[120:]")
+
+
+def test_validation_errors_name_the_file_of_a_folder_and_its_row_or_line(tmp_path, workspace):
+    rows = [{"input": f"i{i}", "output": f"o{i}"} for i in range(6)]
+    bad = [*rows[:4], {"input": "x", "output": None}, rows[5]]
+    folder = tmp_path / "folder"
+    write_rows(folder / "train-0.jsonl", rows, "jsonl")
+    write_rows(folder / "train-1.jsonl", bad, "jsonl")
+    with pytest.raises(DatasetValidationError, match=r"first: train-1.jsonl line 5: output is null"):
+        initialize_dataset(str(folder), str(workspace))
+
+    for fmt, location in (("parquet", "row 4"), ("json", "row 4"), ("arrow", "row 4")):
+        many = tmp_path / fmt
+        write_rows(many / f"train-0.{fmt}", rows, fmt)
+        write_rows(many / f"train-1.{fmt}", bad, fmt)
+        with pytest.raises(DatasetValidationError, match=rf"first: train-1.{fmt} {location}: output is null"):
+            initialize_dataset(str(many), str(workspace), name=fmt)
+
+    # CSV: the header is line 1, and a quoted value may span lines.
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text('input,output\n"two\nlines",a\nb,c\n\nd,\n')
+    with pytest.raises(DatasetValidationError, match=r"first: d.csv line 6: output is null"):
+        initialize_dataset(str(csv_file), str(workspace), name="csv")
+
+
+def test_per_row_system_prompt_is_written_as_openai_messages(tmp_path, workspace, log_lines):
+    rows = [
+        {"persona": "You are terse.", "question": "q0", "answer": "a0", "extra": 1},
+        {"persona": None, "question": "q1", "answer": "a1", "extra": 2},
+        {"persona": " ", "question": "q2", "answer": "a2", "extra": 3},
+    ]
+    src = write_rows(tmp_path / "sys.jsonl", rows, "jsonl")
+    res = initialize_dataset(
+        str(src), str(workspace), column_map={"input": "question", "output": "answer", "system": "persona"}
+    )
+    meta = res.train_metadata
+    assert (meta["dataset_type"], meta["data_style"], meta["columns"]) == ("chat", "openai", ["messages"])
+    assert (meta["conversation_style"], meta["conversation_column"]) == ("openai", "messages")
+    assert rows_of(meta, workspace) == [
+        {
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "q0"},
+                {"role": "assistant", "content": "a0"},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]},
+        {"messages": [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]},
+    ]
+    assert any("per-row system prompt (column 'persona')" in line for line in log_lines)
+    assert "columns not used by input_output data, dropped: extra" in log_lines
+
+    alpaca = [
+        {"system": "Be exact.", "instruction": "Add", "input": "1 1", "output": "2"},
+        {"system": "Be exact.", "instruction": "Say hi", "input": "", "output": "hi"},
+    ]
+    res = initialize_dataset(
+        str(write_rows(tmp_path / "alpaca.parquet", alpaca, "parquet")), str(workspace), eval_fraction=0.5
+    )
+    written = rows_of(res.train_metadata, workspace) + rows_of(res.eval_metadata, workspace)
+    users = sorted(m["messages"][1]["content"] for m in written)
+    assert users == ["Add\n\n1 1", "Say hi"]
+    assert all(m["messages"][0] == {"role": "system", "content": "Be exact."} for m in written)
+    assert res.eval_metadata["dataset_type"] == "chat"
+
+
+def test_eval_split_without_the_optional_system_column(tmp_path, workspace):
+    folder = tmp_path / "splits"
+    write_rows(folder / "train.jsonl", [{"system": "S", "input": "i", "output": "o"}] * 2, "jsonl")
+    write_rows(folder / "test.jsonl", [{"input": "j", "output": "p"}], "jsonl")
+    res = initialize_dataset(str(folder), str(workspace), eval_split="test")
+    assert rows_of(res.eval_metadata, workspace) == [
+        {"messages": [{"role": "user", "content": "j"}, {"role": "assistant", "content": "p"}]}
+    ]
+    write_rows(folder / "test.jsonl", [{"input": "j"}], "jsonl")
+    with pytest.raises(
+        DatasetValidationError, match=r"lacks column\(s\) \['output'\] that the train split has"
+    ):
+        initialize_dataset(str(folder), str(workspace), name="bad", eval_split="test")
+
+
+def test_text_files_one_row_per_line(tmp_path, workspace, log_lines):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("first line\n\nsecond line\n")
+    (corpus / "b.txt").write_text("third line\n   \nfourth line")
+    res = initialize_dataset(str(corpus), str(workspace), dataset_type="text")
+    meta = res.train_metadata
+    assert (meta["dataset_type"], meta["text_column"], res.manifest["source_format"]) == (
+        "text",
+        "text",
+        "text",
+    )
+    assert [r["text"] for r in rows_of(meta, workspace)] == [
+        "first line",
+        "second line",
+        "third line",
+        "fourth line",
+    ]
+    assert "skipped 2 blank line(s) of the text files" in log_lines
+
+    single = initialize_dataset(str(corpus / "a.txt"), str(workspace), name="one", dataset_type="text")
+    assert single.train_metadata["num_rows"] == 2
+    with pytest.raises(
+        DatasetValidationError, match=r"needs column\(s\) 'input', 'output'; the data has \['text'\]"
+    ):
+        initialize_dataset(str(corpus), str(workspace), name="bad")
 
 
 def test_empty_split_is_an_error(tmp_path, workspace):

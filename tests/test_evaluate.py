@@ -16,6 +16,7 @@ from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.evaluate import (
     ArtifactInput,
     EvalSettings,
+    check_columns,
     dataset_node,
     pick_rows,
     run_evaluate,
@@ -101,6 +102,65 @@ def test_dataset_node_keeps_training_columns_and_masks_the_prompt():
                                            "conversation_column": "conversations"}), ["/e.parquet"])  # fmt: skip
     assert chat["_component_"] == "torchtune.datasets.chat_dataset"
     assert (chat["conversation_style"], chat["conversation_column"]) == ("sharegpt", "conversations")
+
+
+ALPACA_ROWS = [
+    {"instruction": "Uppercase:", "input": "c a t s", "output": "C A T S"},
+    {"instruction": "Uppercase: d o g s", "input": "", "output": "D O G S"},
+]
+
+
+@pytest.mark.parametrize(
+    "train_config",
+    [
+        {
+            "dataset": {
+                "_component_": "torchtune.datasets.alpaca_dataset",
+                "source": "parquet",
+                "data_files": ["/train.parquet"],
+                "split": "train",
+                "train_on_input": True,
+            }
+        },  # fmt: skip
+        {},  # a model not trained by this library: the builder comes from eval_data's data_style
+    ],
+    ids=["from-training", "from-eval-data"],
+)
+def test_alpaca_eval_examples_are_built_as_training_builds_them(tmp_path, tiny_llama, train_config):
+    """Alpaca data trains with torchtune's alpaca_dataset (its prompt template); evaluate builds the same
+    examples: template in the prompt, loss on the response only, the output as the generation reference."""
+    from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
+
+    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components.evaluate import model_eval
+
+    files = [str(tmp_path / "eval.parquet")]
+    pq.write_table(pa.Table.from_pylist(ALPACA_ROWS), files[0])
+    meta = ArtifactInput({"dataset_type": "instruct", "data_style": "alpaca"})
+    node = dataset_node(train_config, meta, files)
+    assert node["_component_"] == "torchtune.datasets.alpaca_dataset" and node["train_on_input"] is False
+    check_columns(node, files)
+
+    tokenizer = model_eval.load_tokenizer(inspect_model_dir(tiny_llama), None)
+    dataset = model_eval.build_dataset(node, tokenizer)
+    examples = model_eval.make_examples(dataset, tokenizer, [0, 1])
+    for example, row in zip(examples, ALPACA_ROWS, strict=True):
+        assert example.reference == row["output"]
+        assert "### Instruction:" in example.prompt and row["instruction"] in example.prompt
+        assert row["input"] in example.prompt
+        # Generation starts where the answer's text starts in the training sequence.
+        answer = example.tokens[len(example.prompt_tokens) :]
+        assert example.tokens[: len(example.prompt_tokens)] == example.prompt_tokens
+        assert model_eval.decode(tokenizer, answer).strip() == row["output"]
+        assert "### Response:" in model_eval.decode(tokenizer, example.prompt_tokens)
+        trained = [t for t in example.labels if t != CROSS_ENTROPY_IGNORE_IDX]  # the response only
+        assert model_eval.decode(tokenizer, trained).strip() == row["output"]
+
+    pq.write_table(pa.Table.from_pylist([{"input": "c a t s", "output": "C A T S"}]), files[0])
+    with pytest.raises(
+        ConfigError, match="lacks the instruction column 'instruction' that training's .*alpaca"
+    ):
+        check_columns(node, files)
 
 
 # --- real runs ------------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import subprocess
 import sys
@@ -29,22 +28,6 @@ from tests.support.sources import (
     use_s3_credentials,
     write_fake_model,
 )
-
-
-@pytest.fixture
-def log_lines():
-    """Messages logged by kfp_finetune (its root logger does not propagate to pytest's caplog)."""
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    handler = Collect()
-    logger = logging.getLogger("kfp_finetune")
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
 
 
 def artifact(tmp_path: Path) -> SimpleNamespace:

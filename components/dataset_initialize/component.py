@@ -28,23 +28,28 @@ def dataset_initialize(
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
     Loads the data with the `datasets` library, keeps the columns the dataset type needs under their
-    canonical names, validates every row (types, nulls, empty values; the error names the first bad rows by
-    index), optionally holds out an eval split, and writes `train/` and `eval/` parquet shards plus a
-    manifest to `<workspace>/datasets/<name>/`. The copy is renamed into place only when complete; a rerun
+    canonical names (the step log lists the columns dropped), validates every row (types, nulls, empty
+    values; the error names the first bad rows by source file and line — JSON Lines, CSV, txt — or row index
+    within the file — parquet, arrow, JSON arrays), optionally holds out an eval split, and writes `train/` and
+    `eval/` parquet shards plus a manifest to `<workspace>/datasets/<name>/`. Instruct rows with a per-row
+    `system` column are written as OpenAI `messages` (system, user, assistant; alpaca's input follows the
+    instruction after a blank line) with dataset_type `chat`, so training keeps the system prompt with the same
+    masking. Plain-text files (`.txt`) give one row per line; blank lines are skipped. The copy is renamed into place only when complete; a rerun
     with the same source content and parameters skips the work. Credentials come only from the environment:
     HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and
     AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
 
     Args:
         source_uri: Where the data is: a dataset repo `hf://<org>/<name>[/<data_dir>][@<revision>]`, or json,
-            jsonl, csv, parquet or arrow files at `s3://<bucket>/<prefix>`, `https://<host>/<file>`,
+            jsonl, csv, parquet, arrow or txt files at `s3://<bucket>/<prefix>`, `https://<host>/<file>`,
             `file:///<path>` or an absolute path (a file or a folder).
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
         name: Folder name under `datasets/`; default: the repo, file or folder name of the source.
         dataset_type: `instruct` (columns `input` + `output`, or alpaca `instruction` + optional `input` +
-            `output`), `chat` (OpenAI `messages` or ShareGPT `conversations`) or `text` (`text`).
+            `output`; optional `system`), `chat` (OpenAI `messages` or ShareGPT `conversations`) or `text`
+            (`text`, or the lines of .txt files).
         column_map: Canonical column name to source column name, e.g. `{"input": "question", "output":
-            "answer"}`.
+            "answer", "system": "persona"}`.
         train_split: Split expression for the training rows, e.g. `train`, `train[:3000]`, `train[:90%]`.
             For files, splits come from file names as in `datasets`: `train*`; `validation*` / `dev*`;
             `test*` / `eval*` (the `test` split); a single file or unnamed files are `train`.
@@ -52,8 +57,8 @@ def dataset_initialize(
         eval_fraction: Fraction of the training rows held out for evaluation (seeded shuffle) when no
             eval_split is given; 0 for none.
         seed: Seed of the eval_fraction shuffle; the same seed gives the same split.
-        data_format: `json`, `jsonl`, `csv`, `parquet` or `arrow`; default: detected from the file names
-            (parquet, then arrow, json, csv when the files come in several formats).
+        data_format: `json`, `jsonl`, `csv`, `parquet`, `arrow` or `text`; default: detected from the file
+            names (parquet, then arrow, json, csv, txt when the files come in several formats).
         subset: Configuration (subset) name of a Hub dataset with several.
         rows_per_shard: Maximum rows per written parquet shard.
         num_proc: Processes the datasets library uses to parse source files (JSON Lines are streamed by pyarrow).
@@ -61,28 +66,32 @@ def dataset_initialize(
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
-            `num_rows`, `columns`, `dataset_type`, `data_style` (input_output, alpaca, openai, sharegpt,
-            text), for chat `conversation_style` and `conversation_column`, for text `text_column`,
+            `num_rows`, `columns`, `dataset_type` (as written: `chat` for instruct rows with a system prompt),
+            `data_style` (input_output, alpaca, openai, sharegpt, text), for chat `conversation_style` and `conversation_column`, for text `text_column`,
             `column_map`, `source_uri`, `revision`, `commit_sha`, `files` (path, size, sha256).
         eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
     """
+    from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components._shared.storage import StorageError
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 
-    initialize_dataset(
-        source_uri=source_uri,
-        workspace_path=workspace_path,
-        name=name,
-        dataset_type=dataset_type,
-        column_map=column_map,
-        train_split=train_split,
-        eval_split=eval_split,
-        eval_fraction=eval_fraction,
-        seed=seed,
-        data_format=data_format,
-        subset=subset,
-        rows_per_shard=rows_per_shard,
-        num_proc=num_proc,
-        s3_endpoint_url=s3_endpoint_url,
-        output_train=train,
-        output_eval=eval,
-    )
+    # ValueError: bad parameters, URIs, splits and rows (DatasetValidationError) are all the user's to fix.
+    with usage_errors(StorageError, ValueError):
+        initialize_dataset(
+            source_uri=source_uri,
+            workspace_path=workspace_path,
+            name=name,
+            dataset_type=dataset_type,
+            column_map=column_map,
+            train_split=train_split,
+            eval_split=eval_split,
+            eval_fraction=eval_fraction,
+            seed=seed,
+            data_format=data_format,
+            subset=subset,
+            rows_per_shard=rows_per_shard,
+            num_proc=num_proc,
+            s3_endpoint_url=s3_endpoint_url,
+            output_train=train,
+            output_eval=eval,
+        )

@@ -29,11 +29,15 @@ log = get_logger(__name__)
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.html"
 METRICS_FILE = "metrics.json"
+# The torchtune builder for each data style dataset-initialize writes (as the fine-tune's resolver picks them).
 _DATASET_BUILDERS = {
-    "instruct": "torchtune.datasets.instruct_dataset",
-    "chat": "torchtune.datasets.chat_dataset",
+    "input_output": "torchtune.datasets.instruct_dataset",
+    "alpaca": "torchtune.datasets.alpaca_dataset",
+    "openai": "torchtune.datasets.chat_dataset",
+    "sharegpt": "torchtune.datasets.chat_dataset",
     "text": "torchtune.datasets.text_completion_dataset",
 }
+_DEFAULT_STYLE = {"instruct": "input_output", "chat": "openai", "text": "text"}
 
 
 @dataclass
@@ -195,20 +199,23 @@ def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:
 def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str]) -> dict:
     """The training run's dataset node pointed at the eval files; response-only labels, no packing.
 
-    Column mapping, system prompt and conversation style are kept from training so examples are built
+    Builder, column mapping, system prompt and conversation style are kept from training so examples are built
     (and masked) exactly as the model saw them; without a training config they come from eval_data.
     """
     meta = eval_data.metadata
     node = dict(train_config.get("dataset") or {})
     if not node.get("_component_"):
-        dataset_type = meta.get("dataset_type", "instruct")
-        if dataset_type not in _DATASET_BUILDERS:
-            raise ConfigError(f"eval_data has dataset_type {dataset_type!r}; expected instruct, chat or text")
-        node = {"_component_": _DATASET_BUILDERS[dataset_type]}
-        if dataset_type == "chat":
+        style = meta.get("data_style") or _DEFAULT_STYLE.get(meta.get("dataset_type", "instruct"), "")
+        if style not in _DATASET_BUILDERS:
+            raise ConfigError(
+                f"eval_data has dataset_type {meta.get('dataset_type')!r} / data_style {style!r}; expected "
+                f"instruct, chat or text (styles {', '.join(_DATASET_BUILDERS)})"
+            )
+        node = {"_component_": _DATASET_BUILDERS[style]}
+        if style in ("openai", "sharegpt"):
             node["conversation_column"] = meta.get("conversation_column", "messages")
-            node["conversation_style"] = meta.get("conversation_style", "openai")
-        elif dataset_type == "text":
+            node["conversation_style"] = meta.get("conversation_style", style)
+        elif style == "text":
             node["column"] = meta.get("text_column", "text")
     suffix = Path(files[0]).suffix
     node.update(
@@ -217,31 +224,44 @@ def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str])
         split="train",  # a `datasets` builder over plain files names its only split "train"
         packed=False,
     )
-    if "train_on_input" in node:
-        node["train_on_input"] = False  # loss on the response only, whatever training did
+    if "train_on_input" in node or node["_component_"].endswith("alpaca_dataset"):
+        node["train_on_input"] = (
+            False  # loss on the response only, whatever training did (alpaca: default True)
+        )
     return node
+
+
+def needed_columns(node: dict) -> dict[str, str] | None:
+    """{role: column} the node's torchtune builder reads; None for a builder this library does not write."""
+    column_map = node.get("column_map") or {}
+    builder = node["_component_"].rsplit(".", 1)[-1]
+    if builder == "instruct_dataset":
+        return {"prompt": column_map.get("input", "input"), "response": column_map.get("output", "output")}
+    if builder == "alpaca_dataset":
+        return {
+            "instruction": column_map.get("instruction", "instruction"),
+            "response": column_map.get("output", "output"),
+        }
+    if builder == "chat_dataset":
+        return {"conversation": node.get("conversation_column", "messages")}
+    if builder == "text_completion_dataset":
+        return {"text": node.get("column", "text")}
+    return None
 
 
 def check_columns(node: dict, files: list[str]) -> None:
     """Fail early, naming the column, when the eval files lack what the dataset builder reads."""
     import pyarrow.parquet as pq
 
-    if not files[0].endswith(".parquet"):
+    needed = needed_columns(node)
+    if needed is None or not files[0].endswith(".parquet"):
         return
     present = set(pq.read_schema(files[0]).names)
-    column_map = node.get("column_map") or {}
-    component = node["_component_"]
-    if component.endswith("instruct_dataset"):
-        needed = {"prompt": column_map.get("input", "input"), "response": column_map.get("output", "output")}
-    elif component.endswith("chat_dataset"):
-        needed = {"conversation": node.get("conversation_column", "messages")}
-    else:
-        needed = {"text": node.get("column", "text")}
     for role, column in needed.items():
         if column not in present:
             raise ConfigError(
-                f"eval_data lacks the {role} column {column!r} (it has {', '.join(sorted(present))}); "
-                "prepare it with dataset-initialize of the same dataset_type as training"
+                f"eval_data lacks the {role} column {column!r} that training's {node['_component_']} reads (it "
+                f"has {', '.join(sorted(present))}); prepare train and eval data with one dataset-initialize step"
             )
 
 

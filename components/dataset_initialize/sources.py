@@ -1,0 +1,312 @@
+"""Where dataset-initialize reads rows from: format detection, loading a split expression with the `datasets`
+library, and where each loaded row came from (file and line), so validation errors point into the user's files.
+
+Every loaded row carries its position in the source (`SOURCE_ROW`) until validation is done; `Loaded.where`
+turns that position into "train.jsonl line 7" (JSON Lines, CSV, text: the file's own line number) or
+"data.parquet row 3" (parquet, arrow, JSON arrays: the row index in that file).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.logs import get_logger
+
+log = get_logger(__name__)
+
+FORMATS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "text",
+}
+FORMAT_PREFERENCE = ("parquet", "arrow", "json", "csv", "text")  # typed formats first
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+# Files beside the data that are not data (HF dataset cards, save_to_disk metadata).
+NOT_DATA = ("README.md", ".gitattributes", "dataset_info.json", "state.json", "dataset_dict.json")
+SOURCE_ROW = "__source_row"  # the row's index in the source split(s), kept until validation
+
+
+class DatasetValidationError(ValueError):
+    """The data does not fit the dataset type; the message names the columns and first bad rows."""
+
+
+def _suffix(path: str) -> str:
+    pure = PurePosixPath(path)
+    if pure.suffix in COMPRESSION_SUFFIXES:
+        pure = pure.with_suffix("")
+    return pure.suffix.lower()
+
+
+def detect_format(paths: list[str], explicit: str = "") -> tuple[str, list[str]]:
+    """The `datasets` packaged builder for these files and the data files among them."""
+    candidates = [p for p in paths if PurePosixPath(p).name not in NOT_DATA]
+    if explicit:
+        explicit = {"jsonl": "json", "txt": "text"}.get(explicit, explicit)
+        if explicit not in set(FORMATS.values()):
+            raise ValueError(f"data_format {explicit!r} is not one of json, jsonl, csv, parquet, arrow, text")
+        matching = [p for p in candidates if FORMATS.get(_suffix(p)) == explicit]
+        return explicit, matching or candidates
+    formats = {FORMATS[_suffix(p)] for p in candidates if _suffix(p) in FORMATS}
+    if not formats:
+        raise ValueError(
+            f"no data files (json, jsonl, csv, parquet, arrow, txt) among: {', '.join(paths[:10])}; "
+            "set data_format if the files have other extensions"
+        )
+    # The same data is often published in several formats (e.g. jsonl + parquet): take the most exact one.
+    fmt = next(f for f in FORMAT_PREFERENCE if f in formats)
+    if len(formats) > 1:
+        log.warning("found %s files; reading the %s ones (set data_format to choose)", sorted(formats), fmt)
+    return fmt, [p for p in candidates if FORMATS.get(_suffix(p)) == fmt]
+
+
+def split_names(expression: str) -> list[str]:
+    """The split names of a `datasets` split expression (`train[:10%]+test` -> train, test), in order."""
+    names = [re.split(r"[\[(]", part, maxsplit=1)[0].strip() for part in expression.split("+")]
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class Loaded:
+    """Rows of a split expression with a `SOURCE_ROW` column, and `where(source_row)` naming file and line."""
+
+    ds: object  # datasets.Dataset
+    where: Callable[[int], str]
+
+
+class Source:
+    """Loads splits from one source; files from s3/https are fetched once into a temp dir in the workspace."""
+
+    def __init__(self, uri: str, listing: storage.Listing, data_format: str, subset: str, scratch: Path):
+        self.uri, self.listing, self.subset, self.scratch = uri, listing, subset, scratch
+        self.is_hub = listing.uri.scheme == "hf"
+        self.format, self.data_files = (
+            ("", []) if self.is_hub else detect_format([f.path for f in listing.files], data_format)
+        )
+        self._local_root: Path | None = None
+
+    def _root(self) -> Path:
+        if self._local_root is None:
+            if self.listing.uri.scheme == "file":  # read in place; a single file is listed by its name
+                path = Path(self.listing.uri.path)
+                self._local_root = path if path.is_dir() else path.parent
+            else:
+                self._local_root = self.scratch / "raw"
+                storage.download(self.listing, self.data_files, self._local_root)
+        return self._local_root
+
+    def load(self, expression: str, num_proc: int) -> Loaded:
+        """The rows of a split expression (`train`, `train[:3000]`, `train[90%:]+test`).
+
+        Whole named splits are loaded (the `datasets` cache holds them anyway), numbered, then sliced here, so
+        a row's number is its place in its source files whatever the slice.
+        """
+        import datasets
+        import numpy as np
+
+        try:
+            instruction = datasets.ReadInstruction.from_spec(expression)
+        except (ValueError, AssertionError) as exc:
+            raise ValueError(f"{self.uri}: split {expression!r}: {exc}") from exc
+        splits, offsets, files, offset = {}, {}, {}, 0
+        for name in split_names(expression):
+            splits[name], files[name] = self._load_split(name, num_proc)
+            offsets[name] = offset
+            offset += len(splits[name])
+        parts = []
+        for part in instruction.to_absolute({name: len(ds) for name, ds in splits.items()}):
+            ds = splits[part.splitname]
+            numbers = np.arange(offsets[part.splitname], offsets[part.splitname] + len(ds), dtype=np.int64)
+            parts.append(ds.add_column(SOURCE_ROW, numbers).select(range(part.from_, part.to)))
+        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        if len(ds) == 0:
+            raise DatasetValidationError(f"{self.uri}: split {expression!r} is empty (no rows)")
+        locator = _Locator(self.format, offsets, {n: len(d) for n, d in splits.items()}, files, self.scratch)
+        return Loaded(ds, locator.where)
+
+    def _load_split(self, split: str, num_proc: int) -> tuple[object, list[str]]:
+        """One whole named split and the files it was read from, in order (none for the Hub)."""
+        import datasets
+
+        datasets.disable_progress_bars()  # per-batch bars garble step logs; we log per split and shard
+        cache_dir = str(self.scratch / "cache")
+        num_proc = num_proc if num_proc > 1 else None
+        try:
+            if self.is_hub:
+                # Retried as a whole: files already in the cache are not fetched again.
+                return storage.with_retries(
+                    lambda: datasets.load_dataset(
+                        self.listing.uri.repo_id,
+                        self.subset or None,
+                        revision=self.listing.commit_sha,
+                        data_dir=self.listing.uri.path or None,
+                        split=split,
+                        cache_dir=cache_dir,
+                        token=os.environ.get("HF_TOKEN") or False,
+                        num_proc=num_proc,
+                    ),
+                    what=f"load {self.uri} split {split!r}",
+                ), []
+            root = self._root()
+            # Split names come from file/folder names as in `datasets` (train*, validation*/dev*, test*/eval*);
+            # a single file or unnamed files form the `train` split.
+            data_files = _files_by_split([str(root / p) for p in self.data_files], root)
+            if split not in data_files:
+                raise ValueError(
+                    f"{self.uri}: split {split!r}: the files form the split(s) {sorted(data_files)} (named as "
+                    "in `datasets`: train*, validation*/dev*, test*/eval*); choose one of them"
+                )
+            if self.format == "json":
+                streamed = _read_json_lines(data_files[split], Path(cache_dir) / f"{split}.arrow")
+                if streamed is not None:
+                    return streamed, data_files[split]
+            ds = datasets.load_dataset(
+                self.format, data_files={split: data_files[split]}, split=split, cache_dir=cache_dir,
+                num_proc=num_proc,
+            )  # fmt: skip
+            return ds, data_files[split]
+        except ValueError as exc:
+            if "corresponds to no data" in str(exc):
+                raise DatasetValidationError(f"{self.uri}: split {split!r} is empty (no rows)") from exc
+            if "Unknown split" in str(exc) or "Bad split" in str(exc):
+                raise ValueError(f"{self.uri}: split {split!r}: {exc}") from exc
+            raise
+
+
+def _read_json_lines(files: list[str], arrow_path: Path):
+    """JSON Lines files as a `datasets.Dataset` on a memory-mapped Arrow file, or None when pyarrow cannot read
+    them as one table (not JSON Lines, a field or type that changes after the first block, files that differ):
+    then the caller uses the `datasets` JSON builder, which handles those.
+
+    pyarrow's streaming reader parses block by block in C++ straight into the Arrow file: about 3x faster than the
+    `datasets` JSON builder, which also re-parses rows in Python to infer types. Same types either way (that
+    builder parses with pyarrow too), and memory stays flat as with `load_dataset`. Needs pyarrow >= 20.
+    """
+    import datasets
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+
+    arrow_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
+    try:
+        with pa.OSFile(str(arrow_path), "wb") as sink:
+            for file in files:
+                for batch in pa_json.open_json(file):
+                    if writer is None:
+                        writer = pa.ipc.new_stream(sink, batch.schema)
+                    writer.write_batch(batch)
+            if writer is None:
+                return None  # no rows: the datasets builder reports the empty split
+            writer.close()
+    except (pa.ArrowInvalid, ValueError) as error:
+        log.info(
+            "reading %s with the datasets JSON builder (%s)", ", ".join(files), str(error).splitlines()[0]
+        )
+        return None
+    return datasets.Dataset.from_file(str(arrow_path))
+
+
+def _files_by_split(files: list[str], root: Path) -> dict[str, list[str]]:
+    """Group `files` into splits with the `datasets` library's own file-name conventions."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    if len(files) == 1:
+        return {"train": files}
+    resolved = DataFilesDict.from_patterns(get_data_patterns(str(root)), base_path=str(root))
+    chosen = {os.path.realpath(f): f for f in files}
+    result = {}
+    for split, split_files in resolved.items():
+        matched = sorted({chosen[r] for r in map(os.path.realpath, split_files) if r in chosen})
+        if matched:
+            result[split] = matched
+    return result or {"train": sorted(files)}
+
+
+# --- where a row came from -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Locator:
+    """Maps a `SOURCE_ROW` number back to its split, file and line. Work happens only for reported rows."""
+
+    format: str
+    offsets: dict[str, int]  # split -> number of its first row
+    lengths: dict[str, int]
+    files: dict[str, list[str]]  # split -> files in load order (the `datasets` builders keep that order)
+    scratch: Path
+
+    def where(self, source_row: int) -> str:
+        split = next(s for s, o in self.offsets.items() if o <= source_row < o + self.lengths[s])
+        row = source_row - self.offsets[split]
+        files = self.files[split]
+        if not files:  # a Hub dataset: its files are the library's business
+            return f"split {split!r} row {row}"
+        for file in files:
+            count = row + 1 if len(files) == 1 else self._rows_in(file)
+            if row < count:
+                return f"{Path(file).name} {self._line(file, row)}"
+            row -= count
+        raise AssertionError(f"source row {source_row} is past the end of split {split!r}")
+
+    def _rows_in(self, file: str) -> int:
+        import datasets
+
+        if self.format == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(file).metadata.num_rows
+        if self.format == "text":
+            with _open_text(file) as lines:
+                return sum(1 for _ in lines)
+        ds = datasets.load_dataset(
+            self.format, data_files=[file], split="train", cache_dir=str(self.scratch / "locate")
+        )
+        return len(ds)
+
+    def _line(self, file: str, row: int) -> str:
+        """`line N` (1-based) where the file is line-oriented, else `row N` (0-based) within the file."""
+        if self.format == "text":
+            return f"line {row + 1}"
+        if self.format == "json" and _is_json_lines(file):
+            with _open_text(file) as lines:
+                seen = -1
+                for number, line in enumerate(lines, start=1):
+                    seen += bool(line.strip())  # pyarrow and the datasets JSON builder skip blank lines
+                    if seen == row:
+                        return f"line {number}"
+        if self.format == "csv":
+            with _open_text(file, newline="") as text:
+                reader = csv.reader(text)
+                next(reader, None)  # the header
+                start, index = reader.line_num + 1, 0
+                for record in reader:  # a quoted value may span lines: a record starts after the previous one
+                    if record:  # pandas skips blank lines
+                        if index == row:
+                            return f"line {start}"
+                        index += 1
+                    start = reader.line_num + 1
+        return f"row {row}"
+
+
+def _is_json_lines(file: str) -> bool:
+    with _open_text(file) as lines:
+        return next((not line.lstrip().startswith("[") for line in lines if line.strip()), False)
+
+
+def _open_text(file: str, newline: str | None = None) -> io.TextIOBase:
+    """A source file as text, decompressed as `datasets` would."""
+    import fsspec
+
+    compression = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}.get(PurePosixPath(file).suffix)
+    return io.TextIOWrapper(
+        fsspec.open(file, "rb", compression=compression).open(), encoding="utf-8", newline=newline
+    )

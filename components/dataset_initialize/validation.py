@@ -1,0 +1,179 @@
+"""What each dataset type needs, and the check of every row against it.
+
+Errors name the source file and its own line for the first bad rows (see sources.Loaded.where), and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kfp_finetune.components.dataset_initialize.sources import SOURCE_ROW, DatasetValidationError
+
+DATASET_TYPES = ("instruct", "chat", "text")
+MAX_REPORTED_ROWS = 5
+OPENAI_ROLES = {"system", "user", "assistant", "tool", "ipython"}
+SHAREGPT_ROLES = {"system", "human", "gpt", "tool", "function_call", "observation"}
+
+
+@dataclass
+class Schema:
+    """What a dataset type needs: `style` names the variant; `columns` the canonical column names written."""
+
+    style: str
+    columns: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+
+def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, str]) -> tuple[Schema, dict]:
+    """The schema for `dataset_type` given the source columns, and the rename {source: canonical}.
+
+    `column_map` maps canonical names to source column names, as in torchtune ({"input": "question"}).
+    """
+    if dataset_type not in DATASET_TYPES:
+        raise ValueError(f"dataset_type {dataset_type!r} is not one of {', '.join(DATASET_TYPES)}")
+
+    def source(canonical: str) -> str:
+        return column_map.get(canonical, canonical)
+
+    if dataset_type == "instruct":
+        alpaca = source("instruction") in columns
+        schema = Schema("alpaca", ("instruction", "output"), ("input", "system")) if alpaca else Schema(
+            "input_output", ("input", "output"), ("system",)
+        )  # fmt: skip
+    elif dataset_type == "chat":
+        if source("messages") in columns:
+            schema = Schema("openai", ("messages",))
+        elif source("conversations") in columns:
+            schema = Schema("sharegpt", ("conversations",))
+        else:
+            raise DatasetValidationError(
+                f"chat data needs a `messages` (OpenAI) or `conversations` (ShareGPT) column; the data has "
+                f"{columns}. Map another name with column_map, e.g. {{'messages': 'dialog'}}."
+            )
+    else:
+        schema = Schema("text", ("text",))
+    missing = [
+        repr(c) + (f" (mapped to {source(c)!r})" if source(c) != c else "")
+        for c in schema.columns
+        if source(c) not in columns
+    ]
+    if missing:
+        raise DatasetValidationError(
+            f"{dataset_type} data ({schema.style}) needs column(s) {', '.join(missing)}; the data has {columns}. "
+            "Map other names with column_map, e.g. {'input': 'question', 'output': 'answer'}."
+        )
+    wanted = schema.columns + tuple(c for c in schema.optional if source(c) in columns)
+    return schema, {source(c): c for c in wanted}
+
+
+def _message_problem(messages, style: str) -> str | None:
+    role_key, text_key, roles = ("role", "content", OPENAI_ROLES) if style == "openai" else (
+        "from", "value", SHAREGPT_ROLES
+    )  # fmt: skip
+    if messages is None:
+        return "is null"
+    if not isinstance(messages, list) or not messages:
+        return "is not a non-empty list of messages"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or role_key not in message or text_key not in message:
+            return f"message {i} lacks {role_key!r}/{text_key!r}"
+        if message[role_key] not in roles:
+            return f"message {i} has {role_key} {message[role_key]!r} (expected one of {sorted(roles)})"
+        if not isinstance(message[text_key], str):
+            return f"message {i} {text_key} is {type(message[text_key]).__name__}, not a string"
+    return None
+
+
+def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_size: int = 1000) -> None:
+    """Check types and every row; raise DatasetValidationError naming the first bad rows' files and lines.
+
+    `ds` carries the `SOURCE_ROW` column; `where` turns its values into "file line N".
+    """
+    import pyarrow as pa
+
+    if len(ds) == 0:
+        raise DatasetValidationError(f"the {split} split is empty")
+    present = [c for c in schema.columns + schema.optional if c in ds.column_names]
+    chat = schema.style in ("openai", "sharegpt")
+    for column in present:
+        arrow_type = ds.data.schema.field(column).type
+        if chat and column in schema.columns:
+            ok = pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+        else:
+            ok = (
+                pa.types.is_string(arrow_type)
+                or pa.types.is_large_string(arrow_type)
+                or pa.types.is_null(arrow_type)
+            )
+        if not ok:
+            want = "a list of messages" if chat and column in schema.columns else "strings"
+            raise DatasetValidationError(
+                f"{split}: column {column!r} has type {arrow_type}, expected {want}: fix the column in the "
+                "source files, or map another column to it with column_map"
+            )
+    if not chat:
+        bad_count, bad = _blank_string_rows(ds, [c for c in schema.columns if c in present], where)
+    else:
+        bad_count, bad = _bad_message_rows(ds, present, schema, where, batch_size)
+    if bad:
+        raise DatasetValidationError(
+            f"{split}: {bad_count} of {len(ds)} rows are not valid {schema.style} data; first: "
+            + "; ".join(bad)
+            + ". Fix or remove these rows in the source and run again."
+        )
+
+
+def _blank_string_rows(
+    ds, columns: list[str], where: Callable[[int], str], batch_size: int = 100_000
+) -> tuple[int, list[str]]:
+    """Null or blank values in required string columns, found with Arrow kernels (types are checked already;
+    optional string columns may hold anything of that type)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad: list[str] = []
+    bad_count = 0
+    for batch in ds.select_columns([*columns, SOURCE_ROW]).with_format("arrow").iter(batch_size=batch_size):
+        problems = []
+        for column in columns:
+            values = batch.column(column)
+            null = pc.is_null(values)
+            if pa.types.is_null(values.type):
+                blank = null
+            else:
+                blank = pc.and_(
+                    pc.invert(null), pc.equal(pc.utf8_trim_whitespace(pc.fill_null(values, "x")), "")
+                )
+            problems.append((column, null, blank))
+        any_bad = problems[0][1]
+        for _, null, blank in problems:
+            any_bad = pc.or_(any_bad, pc.or_(null, blank))
+        rows = pc.indices_nonzero(any_bad).to_pylist()
+        bad_count += len(rows)
+        for row in rows[: max(0, MAX_REPORTED_ROWS - len(bad))]:
+            column, null, _ = next(p for p in problems if p[1][row].as_py() or p[2][row].as_py())
+            location = where(batch.column(SOURCE_ROW)[row].as_py())
+            bad.append(f"{location}: {column} {'is null' if null[row].as_py() else 'is empty'}")
+    return bad_count, bad
+
+
+def _bad_message_rows(
+    ds, present: list[str], schema: Schema, where: Callable[[int], str], batch_size: int
+) -> tuple[int, list[str]]:
+    bad: list[str] = []
+    bad_count = 0
+    for batch in ds.select_columns([*present, SOURCE_ROW]).iter(batch_size=batch_size):
+        for offset in range(len(batch[SOURCE_ROW])):
+            for column in present:
+                value = batch[column][offset]
+                if column in schema.optional:
+                    problem = None if value is None or isinstance(value, str) else "is not a string"
+                else:
+                    problem = _message_problem(value, schema.style)
+                if problem:
+                    bad_count += 1
+                    if len(bad) < MAX_REPORTED_ROWS:
+                        bad.append(f"{where(batch[SOURCE_ROW][offset])}: {column} {problem}")
+                    break
+    return bad_count, bad
