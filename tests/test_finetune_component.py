@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import test_finetune_trainjob
+from tests.support import kube_standin as standin
 from tests.support.component_pipeline import TRAINING_STEPS
 
 pytestmark = pytest.mark.slow
+# Fixtures: the real initializers' workspace and the Kubernetes API stand-in with the CPU runtime.
+kube_standin = standin.kube_standin
+finetune_inputs = test_finetune_trainjob.inputs
+finetune_cpu_runtime = test_finetune_trainjob.cpu_runtime
 
 
 def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
@@ -47,3 +53,29 @@ def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
     config_dir = Path(outputs["train_config"].path)
     assert sorted(p.name for p in config_dir.iterdir()) == ["torchtune_config.yaml"]
     assert f"max_steps_per_epoch: {TRAINING_STEPS}" in (config_dir / "torchtune_config.yaml").read_text()
+
+
+def test_adapter_only_checkpoints_with_a_merged_export_fail_before_training(
+    finetune_inputs, finetune_cpu_runtime, tmp_path, monkeypatch
+):
+    """The step refuses what the export step would refuse only after training, evaluation and the gate."""
+    from kfp_finetune.components.torchtune_finetune.config import ConfigError
+
+    call_component, task_config = test_finetune_trainjob.call_component, test_finetune_trainjob.task_config
+
+    kube = finetune_cpu_runtime
+    workspace, base_model, train = finetune_inputs
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))
+    message = (
+        "save_adapter_weights_only=True saves no merged weights, but export_format=merged publishes them"
+    )
+    for backend in ("trainjob", "local"):
+        with pytest.raises(ConfigError, match=message):
+            call_component(
+                workspace, base_model, train, tmp_path, backend, task_config(workspace),
+                save_adapter_weights_only=True, export_format="merged",
+            )  # fmt: skip
+    assert kube.requests_for("POST", "trainjobs") == [], "no TrainJob was created"
+    assert not (workspace / "runs").exists() or not any((workspace / "runs").rglob("*")), (
+        "nothing was trained"
+    )

@@ -431,3 +431,51 @@ def test_foreground_delete_dry_run_and_generate_name(kube_standin, custom):
         kube_standin.requests_for("DELETE", "trainjobs", name)[0].param("propagationPolicy") == "Foreground"
     )
     assert kube_standin.pods(name) == []
+
+
+# --- validation without the CRD files (a fresh clone): the typed models -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "text"),
+    [
+        ({"trainer": {"numNodes": 1, "gpus": 2}}, "spec.trainer.gpus", 'unknown field "spec.trainer.gpus"'),
+        ({"trainer": {"numNodes": "two"}}, "spec.trainer.numNodes", "must be of type integer"),
+        (
+            {"trainer": {"env": [{"name": "A", "value": 1}]}},
+            "spec.trainer.env[0].value",
+            "must be of type string",
+        ),
+        ({"runtimeRef": {"kind": "ClusterTrainingRuntime"}}, "spec.runtimeRef.name", "Required value"),
+        ({"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", "greater than or equal to 1"),
+        ({"managedBy": "me"}, "spec.managedBy", "ManagedBy must be"),
+        (
+            {"trainer": {"resourcesPerNode": {"limits": {"cpu": [1]}}}},
+            "resourcesPerNode.limits.cpu",
+            "object",
+        ),
+    ],
+)
+def test_typed_model_validation_names_the_field(spec, field, text):
+    from tests.support.kube_standin._typed_schema import typed_model_validators
+
+    errors = typed_model_validators()["trainjobs"].validate(trainjob("bad", **spec))
+    assert any(field in path and text in message for path, message in errors), errors
+
+
+def test_typed_model_validation_defaults_and_accepts_a_full_trainjob():
+    from tests.support.kube_standin._typed_schema import typed_model_validators
+
+    job = trainjob(
+        "ok", trainer={"numNodes": 2, "resourcesPerNode": {"limits": {"cpu": 2, "nvidia.com/gpu": "1"}}},
+        runtimePatches=[{"manager": "kfp-finetune.kubeflow.org", "trainingRuntimeSpec": {}}],
+    )  # fmt: skip
+    assert typed_model_validators()["trainjobs"].validate(job) == []
+    assert job["spec"]["runtimeRef"] == {
+        "name": "torch-distributed", "apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime"}  # fmt: skip
+    assert (job["spec"]["managedBy"], job["spec"]["suspend"]) == (
+        "trainer.kubeflow.org/trainjob-controller",
+        False,
+    )
+    for name in ("Upper", "a" * 64, "1starts-with-digit", "has.dot"):
+        assert typed_model_validators()["trainjobs"].validate(trainjob(name)) != [], name

@@ -185,3 +185,22 @@ def test_sweep_pipeline_exports_the_best_trial(tiny_llama, tiny_dataset, tmp_pat
         < task.outputs["best_eval_metrics"].metadata["base_eval_loss"]
     )
     assert task.outputs["passed"] is True and (destination / "config.json").is_file()
+
+
+@pytest.mark.parametrize("pipeline", [finetune_pipeline, sweep_pipeline], ids=lambda p: p.name)
+def test_the_fine_tune_step_learns_the_pipelines_export_format(pipeline, tmp_path):
+    """So that an adapter-only checkpoint the export could not publish is refused before training."""
+    target = tmp_path / "pipeline.yaml"
+    compiler.Compiler().compile(pipeline, str(target))
+    spec = next(yaml.safe_load_all(target.read_text()))
+    wiring = {
+        name: task["inputs"]["parameters"].get("export_format")
+        for dag in [spec["root"], *spec["components"].values()]
+        for name, task in (dag.get("dag") or {}).get("tasks", {}).items()
+        if name in ("tune-and-evaluate", "torchtune-finetune")
+    }
+    assert wiring["torchtune-finetune"] == {"componentInputParameter": "export_format"}
+    assert (
+        wiring["tune-and-evaluate"]["componentInputParameter"].removeprefix("pipelinechannel--")
+        == "export_format"
+    )

@@ -411,3 +411,89 @@ def test_bad_model_dirs(tiny_llama, data_file, tmp_path):
         "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))  # fmt: skip
     with pytest.raises(ConfigError, match="missing weight shards .*model-00001-of-00002"):
         resolve(sharded, data_file, tmp_path)
+
+
+# --- the checkpoint the export needs ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def adapter_only_base_config(tmp_path):
+    """A base config that saves only the adapter, as torchtune's 70B LoRA and 405B QLoRA configs do."""
+    from kfp_finetune.components.torchtune_finetune.resolve import _config_file
+
+    base = yaml.safe_load(_config_file("llama3_2/1B_lora_single_device.yaml").read_text())
+    base["save_adapter_weights_only"] = True
+    path = tmp_path / "adapter_only.yaml"
+    path.write_text(yaml.safe_dump(base))
+    return str(path)
+
+
+def resolve_for_export(model_dir, data, tmp_path, export_format, **settings):
+    cfg = TorchtuneConfig(**settings)
+    return resolve_run(cfg, model_dir, data, tmp_path / "run", validate=False, export_format=export_format)
+
+
+@pytest.mark.parametrize("export_format", ["merged", "both"])
+def test_a_merged_export_makes_an_adapter_only_base_config_save_merged_weights(
+    export_format, adapter_only_base_config, tiny_llama, data_file, tmp_path
+):
+    import logging
+
+    from kfp_finetune.components.torchtune_finetune import resolve as resolve_module
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    resolve_module.log.addHandler(handler)
+    try:
+        run = resolve_for_export(
+            tiny_llama, data_file, tmp_path, export_format, config=adapter_only_base_config
+        )
+    finally:
+        resolve_module.log.removeHandler(handler)
+    assert run.config["save_adapter_weights_only"] is False
+    assert "save_adapter_weights_only: false" in run.yaml_path.read_text()
+    (said,) = [r.getMessage() for r in records if "save_adapter_weights_only" in r.getMessage()]
+    assert f"export_format={export_format} publishes them" in said and adapter_only_base_config in said
+
+
+def test_an_adapter_export_or_no_export_keeps_the_base_configs_adapter_only_checkpoints(
+    adapter_only_base_config, tiny_llama, data_file, tmp_path
+):
+    for export_format in ("adapter", ""):
+        run = resolve_for_export(
+            tiny_llama, data_file, tmp_path, export_format, config=adapter_only_base_config
+        )
+        assert run.config["save_adapter_weights_only"] is True
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"save_adapter_weights_only": True}, {"overrides": {"save_adapter_weights_only": True}}],
+    ids=["parameter", "overrides"],
+)
+@pytest.mark.parametrize("export_format", ["merged", "both"])
+def test_asking_for_adapter_only_checkpoints_and_a_merged_export_is_refused(
+    settings, export_format, tiny_llama, data_file, tmp_path
+):
+    message = (
+        f"save_adapter_weights_only=True saves no merged weights, but export_format={export_format} publishes "
+        "them: set save_adapter_weights_only=False .*, or export_format=adapter"
+    )
+    with pytest.raises(ConfigError, match=message):
+        resolve_for_export(tiny_llama, data_file, tmp_path, export_format, **settings)
+    assert not (tmp_path / "run").exists()
+    run = resolve_for_export(tiny_llama, data_file, tmp_path, "adapter", **settings)
+    assert run.config["save_adapter_weights_only"] is True
+
+
+def test_exports_that_cannot_work_are_refused(tiny_llama, data_file, tmp_path):
+    with pytest.raises(
+        ConfigError, match="export_format=adapter needs a LoRA adapter, but method=full trains none"
+    ):
+        resolve_for_export(tiny_llama, data_file, tmp_path, "adapter", method="full")
+    with pytest.raises(
+        ConfigError, match="export_format must be one of merged, adapter, both \\(got 'gguf'\\)"
+    ):
+        resolve_for_export(tiny_llama, data_file, tmp_path, "gguf")
+    assert not (tmp_path / "run").exists()

@@ -330,16 +330,16 @@ def test_trainjob_deleted_by_someone_else(kube):
     run = launcher(kube)
     import threading
 
-    def delete_soon() -> None:
-        kube.wait_for_trainjob(NAME)
-        time.sleep(0.3)
+    def delete_once_watched() -> None:
+        # The launcher lists before it watches: once its watch is open, it has seen the TrainJob.
+        kube.wait_for_request("GET", "trainjobs", where=lambda r: r.query.get("watch", "").lower() == "true")
         from kubernetes import client
 
         client.CustomObjectsApi(kube.api_client()).delete_namespaced_custom_object(
             tj.GROUP, tj.VERSION, "team-a", tj.PLURAL, NAME
         )
 
-    threading.Thread(target=delete_soon, daemon=True).start()
+    threading.Thread(target=delete_once_watched, daemon=True).start()
     with pytest.raises(TrainJobError, match="was deleted by someone else"):
         run.run()
 
@@ -362,7 +362,8 @@ def test_second_launcher_for_the_same_task_attaches(kube):
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.setdefault("first", first.run()))
     thread.start()
-    kube.wait_for_trainjob(NAME)
+    # The first POST's answer, not the stored object: the object is stored before its 201 is logged.
+    assert kube.wait_for_request("POST", "trainjobs").status == 201
     second = launcher(kube, cleanup="never").run()
     thread.join(60)  # returns when the first launcher is done; generous for loaded CI machines
     assert outcome["first"].created and not second.created

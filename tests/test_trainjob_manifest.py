@@ -10,7 +10,7 @@ import yaml
 
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
 from tests.support.kube_standin import KubeStandin, expand_kube_vars
-from tests.test_runtimes import RUNTIMES, crd_errors
+from tests.test_runtimes import RUNTIMES, manifest_errors
 
 RUN_ID = "8d5c1e0a-4a1b-4c55-9a3e-0f6b2d1c7e42"
 TASK = "torchtune-finetune"
@@ -245,7 +245,7 @@ def test_manifest_validates_against_crd_schema_and_typed_models():
     from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
     manifest = full_manifest()
-    assert crd_errors(manifest) == []
+    assert manifest_errors(manifest) == []
     model = TrainerV1alpha1TrainJob.from_dict(manifest)
     assert model.spec.trainer.num_nodes == 2
     assert model.spec.runtime_patches[0].manager == tj.PATCH_MANAGER
@@ -385,7 +385,7 @@ def test_task_config_from_the_driver_json():
     # The workspace PVC is mounted in the node pods at the path the KFP pod sees, so the YAML's paths hold.
     assert pod["containers"][0]["volumeMounts"] == [{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}]
     assert tj.unmounted_paths([CONFIG, "/kfp-workspace/models/m"], pod["containers"][0]["volumeMounts"]) == []
-    assert crd_errors(manifest) == []
+    assert manifest_errors(manifest) == []
 
 
 def test_task_config_from_the_kfp_dataclass_and_empty_parts():
@@ -462,7 +462,7 @@ def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
         str(tmp_path / "runs" / name / "torchtune_config.yaml"),
     ]  # fmt: skip
     assert "resourcesPerNode" not in manifest["spec"]["trainer"]
-    assert crd_errors(manifest) == [] and tj.validate_trainjob(manifest) is None
+    assert manifest_errors(manifest) == [] and tj.validate_trainjob(manifest) is None
     assert "recipe lora_finetune_single_device" in notes
     assert "warning: not on a volume mounted in the node pods" in notes
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
@@ -487,7 +487,7 @@ def test_dry_run_multi_node_gpus_with_workspace_pvc(tiny_llama, tiny_dataset, tm
     pod = node_patch(manifest)["spec"]
     assert pod["volumes"] == [{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "ws-claim"}}]
     assert pod["containers"][0]["volumeMounts"] == [{"name": "kfp-workspace", "mountPath": str(tmp_path)}]
-    assert crd_errors(manifest) == []
+    assert manifest_errors(manifest) == []
     assert "recipe lora_finetune_distributed" in notes
     # The model and data live outside the workspace here, so they are flagged; the YAML path is mounted.
     assert str(tmp_path / "runs") not in notes.split("warning:")[-1]

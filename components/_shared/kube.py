@@ -1,8 +1,8 @@
 """Kubernetes client loading and retry/backoff for API calls.
 
 Inside a KFP step the pod's service account is the identity (and its namespace the place to create objects);
-on a laptop the kubeconfig is. Transient API errors (429, 5xx, dropped connections) are retried with
-exponential backoff; every other error surfaces at once.
+on a laptop the kubeconfig is. Transient API errors (408, 429, 5xx, dropped connections) are retried with
+exponential backoff; every other error (other 4xx, local validation) surfaces at once.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 T = TypeVar("T")
 
@@ -123,6 +123,8 @@ def is_retryable(error: BaseException) -> bool:
     if isinstance(error, ApiException):
         # status 0 = the client could not reach the server at all
         return error.status in RETRYABLE_STATUSES or error.status == 0
+    if isinstance(error, ValueError):
+        return False  # e.g. urllib3's LocationValueError (a bad server URL): the same on every try
     return isinstance(error, Urllib3Error | ConnectionError | TimeoutError)
 
 

@@ -210,7 +210,9 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 def is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: timeouts, dropped connections, 408/429/5xx. Walks the cause chain because the hub
-    client wraps a failed HEAD (e.g. a 500) into a LocalEntryNotFoundError."""
+    client wraps a failed HEAD (e.g. a 500) into a LocalEntryNotFoundError. Other 4xx and local validation errors
+    (ValueError, TypeError, LookupError: bad URLs, parameters, content) are permanent, even when raised while
+    handling a transient one."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     transport_errors = _transport_errors()
@@ -224,6 +226,8 @@ def is_transient(exc: BaseException) -> bool:
             return code in (408, 429) or code >= 500
         if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, ssl.SSLCertVerificationError):
             return False  # an untrusted certificate stays untrusted
+        if isinstance(exc, ValueError | TypeError | LookupError) and not isinstance(exc, transport_errors):
+            return False
         if isinstance(exc, (*transport_errors, urllib.error.URLError)):
             return True
         exc = exc.__cause__ or exc.__context__

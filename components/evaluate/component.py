@@ -86,7 +86,9 @@ def evaluate(
     parameters = dict(locals())  # taken first: exactly this component's parameters
     from collections import namedtuple
 
-    from kfp_finetune.components.evaluate.evaluate import run_component
+    from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components.evaluate.evaluate import ConfigError, run_component
 
     outputs = namedtuple("Outputs", ["passed"])
-    return outputs(run_component(**parameters))
+    with usage_errors(ConfigError):
+        return outputs(run_component(**parameters))

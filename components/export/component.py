@@ -63,6 +63,9 @@ def export(
             `method`, `dataset_source`, `metrics`, `layout` and, for hf://, `commit_sha`.
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
-    from kfp_finetune.components.export.export import run_component
+    from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components._shared.storage import StorageError
+    from kfp_finetune.components.export.export import ExportError, run_component
 
-    run_component(**parameters)
+    with usage_errors(ExportError, StorageError):
+        run_component(**parameters)

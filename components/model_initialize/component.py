@@ -44,15 +44,19 @@ def model_initialize(
             `repo_id`, `revision`, `commit_sha`, `model_type`, `weight_format`, `files` (path, size, sha256),
             `num_files`, `total_bytes` and `reused_existing_copy`.
     """
-    from kfp_finetune.components.model_initialize.initialize import initialize_model
+    from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components._shared.storage import StorageError
+    from kfp_finetune.components.model_initialize.initialize import ModelVerificationError, initialize_model
 
-    initialize_model(
-        source_uri=source_uri,
-        workspace_path=workspace_path,
-        name=name,
-        allow_patterns=allow_patterns,
-        base_model_id=base_model_id,
-        s3_endpoint_url=s3_endpoint_url,
-        max_workers=max_workers,
-        output_model=model,
-    )
+    # ValueError: an invalid source URI.
+    with usage_errors(StorageError, ModelVerificationError, ValueError):
+        initialize_model(
+            source_uri=source_uri,
+            workspace_path=workspace_path,
+            name=name,
+            allow_patterns=allow_patterns,
+            base_model_id=base_model_id,
+            s3_endpoint_url=s3_endpoint_url,
+            max_workers=max_workers,
+            output_model=model,
+        )

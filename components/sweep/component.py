@@ -18,9 +18,11 @@ def sweep_grid(learning_rates: list, lora_ranks: list) -> list:
         Trials as {"trial_name", "learning_rate", "lora_rank"} for `dsl.ParallelFor` (not "name": a loop
         item's `.name` is the loop channel's own attribute).
     """
+    from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components.sweep.sweep import trial_grid
 
-    return trial_grid(learning_rates, lora_ranks)
+    with usage_errors(ValueError):
+        return trial_grid(learning_rates, lora_ranks)
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -45,6 +47,8 @@ def select_best(
         Output: Whether the best trial passed its quality gate (branch the export on it).
     """
     parameters = dict(locals())
+    from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components.sweep.sweep import select_best as select
 
-    return select(**parameters)
+    with usage_errors(ValueError):
+        return select(**parameters)

@@ -55,6 +55,7 @@ def torchtune_finetune(
     apply_lora_to_mlp: Optional[bool] = None,
     apply_lora_to_output: Optional[bool] = None,
     save_adapter_weights_only: Optional[bool] = None,
+    export_format: str = "merged",
     dataset_type: Optional[str] = None,
     column_map: Optional[dict] = None,
     train_on_input: Optional[bool] = None,
@@ -122,6 +123,7 @@ def torchtune_finetune(
         apply_lora_to_mlp: Adapters on the MLP layers too; empty: the base config's.
         apply_lora_to_output: An adapter on the output projection (not for tied embeddings).
         save_adapter_weights_only: Save only the adapter, no merged model (lora/qlora/dora).
+        export_format: The format export will publish (merged, adapter or both), checked before training; empty: none.
         dataset_type: instruct, chat or text; empty: from the train_data artifact.
         column_map: Maps torchtune's column names to the data's, e.g. {"input": "question"}.
         train_on_input: Also train on the prompt tokens (default: only the response).
@@ -156,6 +158,8 @@ def torchtune_finetune(
         train_config: A folder with torchtune_config.yaml and, for backend=trainjob, trainjob.yaml.
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
-    from kfp_finetune.components.torchtune_finetune.finetune import run_component
+    from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components.torchtune_finetune.finetune import USAGE_ERRORS, run_component
 
-    run_component(**parameters)
+    with usage_errors(*USAGE_ERRORS):
+        run_component(**parameters)

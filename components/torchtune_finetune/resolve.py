@@ -18,8 +18,11 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
+
+log = get_logger(__name__)
 
 RESOLVED_CONFIG = "torchtune_config.yaml"
 METRICS_DIR = "logs"
@@ -45,6 +48,8 @@ _DATASET_COMPONENTS = {
     "chat": "torchtune.datasets.chat_dataset",
     "text": "torchtune.datasets.text_completion_dataset",
 }
+# What export publishes (components/export): merged weights, the PEFT adapter, or both.
+EXPORT_FORMATS = ("merged", "adapter", "both")
 # torchao NF4 quantizes in blocks of 64 values with scalers in blocks of 256 (DESIGN.md §5).
 _NF4_MULTIPLE = 64 * 256
 
@@ -173,9 +178,15 @@ def resolve_run(
     nodes: int = 1,
     write: bool = True,
     validate: bool = True,
+    export_format: str = "",
 ) -> ResolvedRun:
-    """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input."""
+    """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
+
+    `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
+    is made to hold what that needs, or the run is refused."""
     cfg.check()
+    if export_format and export_format not in EXPORT_FORMATS:
+        raise ConfigError(f"export_format must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})")
     if devices < 1 or nodes < 1:
         raise ConfigError(f"devices and nodes must be at least 1 (got devices={devices}, nodes={nodes})")
     distributed = devices * nodes > 1
@@ -196,6 +207,7 @@ def resolve_run(
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
+    _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
     _check_paths_inside(config, run_dir)
     if validate:
@@ -413,6 +425,34 @@ def _apply_overrides(config: dict, overrides: dict[str, Any], base_name: str) ->
             node[leaf] = value
         else:
             raise ConfigError(_missing_key(key, key, base_name))
+
+
+def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format: str, base_name: str) -> None:
+    """Checkpoints the export can publish: found out now, not after training, evaluation and the gate."""
+    if not export_format:
+        return
+    if export_format in ("adapter", "both") and not cfg.is_peft:
+        raise ConfigError(
+            f"export_format={export_format} needs a LoRA adapter, but method=full trains none: "
+            "set export_format=merged, or method=lora/qlora/dora"
+        )
+    if export_format == "adapter" or not config.get("save_adapter_weights_only"):
+        return
+    explicit = cfg.save_adapter_weights_only or any(
+        str(key).lstrip("+") == "save_adapter_weights_only" for key in cfg.overrides
+    )
+    if explicit:
+        raise ConfigError(
+            f"save_adapter_weights_only=True saves no merged weights, but export_format={export_format} publishes "
+            "them: set save_adapter_weights_only=False (and remove it from overrides), or export_format=adapter"
+        )
+    log.info(
+        "saving merged weights (save_adapter_weights_only=False; the base config %s saves only the adapter): "
+        "export_format=%s publishes them",
+        base_name,
+        export_format,
+    )
+    config["save_adapter_weights_only"] = False
 
 
 def _missing_key(key: str, missing: str, base_name: str) -> str:

@@ -33,6 +33,7 @@ from ._common import (
 from ._controller import Controller
 from ._schema import SchemaValidator
 from ._store import Store, WatchEvent
+from ._typed_schema import TypedModelValidator
 from ._types import RecordedRequest
 from ._workload import mark_deleting
 
@@ -60,7 +61,13 @@ class Fault:
 class ApiServer:
     """What the API server (with the Trainer webhooks and the garbage collector) does with each request."""
 
-    def __init__(self, store: Store, controller: Controller, schemas: dict[str, SchemaValidator], token: str):
+    def __init__(
+        self,
+        store: Store,
+        controller: Controller,
+        schemas: dict[str, SchemaValidator | TypedModelValidator],
+        token: str,
+    ):
         self.store = store
         self.controller = controller
         self.schemas = schemas
@@ -384,6 +391,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status, payload, stream = 500, ApiError(500, f"kube-standin: {error!r}").status, None
         with api.store.cond:
             api.requests.append(RecordedRequest(method, split.path, query, body, status))
+            api.store.cond.notify_all()  # for KubeStandin.wait_for_request
         if stream is None:
             self._send_json(status, payload, headers)
             return

@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from ._common import COMPLETION_INDEX_ANNOTATION, KINDS, PLURAL_OF_KIND, TRAINER
 from ._controller import Controller
 from ._schema import default_crd_dir, load_schemas
 from ._store import Store
+from ._typed_schema import typed_model_validators
 from ._types import RecordedRequest, Scenario
 from ._workload import ExecuteConfig, condition_true, has_terminal_condition
 
@@ -32,7 +33,8 @@ class KubeStandin:
     Args:
         namespace: The namespace written into the kubeconfig context (objects may live in any namespace).
         token: Bearer token required on every request (401 without it).
-        crd_dir: Directory of the Trainer CRDs; default :func:`default_crd_dir`.
+        crd_dir: Directory of the Trainer CRDs to validate against; default :func:`default_crd_dir`. Without
+            one, TrainJobs are validated with the ``kubeflow-trainer-api`` typed models (_typed_schema.py).
         default_scenario: Scenario for TrainJobs without their own (default: ``Scenario()`` = quick success).
 
     Use as a context manager (or call :meth:`start` / :meth:`stop`).
@@ -48,7 +50,8 @@ class KubeStandin:
     ) -> None:
         self.namespace = namespace
         self.token = token
-        schemas = load_schemas((Path(crd_dir) if crd_dir else default_crd_dir()).resolve())
+        crd_dir = Path(crd_dir) if crd_dir else default_crd_dir()
+        schemas = load_schemas(crd_dir.resolve()) if crd_dir else typed_model_validators()
         self._store = Store()
         self._controller = Controller(self._store, default_scenario or Scenario())
         self._api = ApiServer(self._store, self._controller, schemas, token)
@@ -126,7 +129,7 @@ class KubeStandin:
         Kinds: ``TrainingRuntime``, ``ClusterTrainingRuntime``, ``TrainJob``, ``Pod``, ``Event``,
         ``PersistentVolumeClaim`` (node pods mounting a ReadWriteOnce claim that a running pod on another node
         uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster). A TrainJob is
-        checked and defaulted against its CRD schema (ValueError if invalid). A seeded TrainJob (the retry/attach
+        checked and defaulted against its CRD schema or typed model (ValueError if invalid). A seeded TrainJob (the retry/attach
         case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
         has a terminal condition; its ``activeDeadlineSeconds`` counts from its ``creationTimestamp``. Namespaced
         objects without a namespace get the stand-in's namespace. Returns the stored object (with
@@ -386,6 +389,29 @@ class KubeStandin:
         """Every request received so far, in order."""
         with self._store.cond:
             return list(self._api.requests)
+
+    def wait_for_request(
+        self,
+        method: str,
+        resource: str | None = None,
+        *,
+        where: Callable[[RecordedRequest], bool] | None = None,
+        timeout: float = 10.0,
+    ) -> RecordedRequest:
+        """Wait until a matching request has been answered (it is in the request log) and return the first.
+
+        Synchronises a test with a client in another thread: an object appears in the store before the request
+        that created it is logged, so waiting for the object does not order two clients' requests."""
+        deadline = time.monotonic() + timeout
+        with self._store.cond:
+            while True:
+                matching = [r for r in self.requests_for(method, resource) if where is None or where(r)]
+                if matching:
+                    return matching[0]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no {method} {resource or ''} request after {timeout}s")
+                self._store.cond.wait(remaining)
 
     def requests_for(
         self, method: str | None = None, resource: str | None = None, name: str | None = None

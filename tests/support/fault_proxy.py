@@ -1,0 +1,99 @@
+"""An HTTP proxy in front of a real server (moto's S3 server) that records every request and can answer the next
+ones with a server error, as S3 does under load: 503 SlowDown with an S3 XML error body
+(https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html). Tests count what a client really sent.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>fault-proxy</RequestId></Error>"
+)
+
+
+class FaultProxy:
+    """`with FaultProxy(upstream_url) as proxy:` point the client at `proxy.url`; `proxy.requests` lists
+    (method, path, status) in order; `fail_next(n)` answers the next n requests 503 SlowDown."""
+
+    def __init__(self, upstream: str) -> None:
+        parsed = urllib.parse.urlparse(upstream)
+        self._upstream = (parsed.hostname, parsed.port)
+        self.requests: list[tuple[str, str, int]] = []
+        self._failures = 0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def fail_next(self, count: int) -> None:
+        with self._lock:
+            self._failures = count
+
+    def _take_failure(self) -> bool:
+        with self._lock:
+            if self._failures:
+                self._failures -= 1
+                return True
+            return False
+
+    def _record(self, method: str, path: str, status: int) -> None:
+        with self._lock:
+            self.requests.append((method, path, status))
+
+    def __enter__(self) -> FaultProxy:
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # keep test output quiet
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if proxy._take_failure():
+                self._reply(503, {"Content-Type": "application/xml"}, _SLOW_DOWN)
+                return
+            upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            response = upstream.getresponse()
+            data = response.read()
+            kept = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP}
+            upstream.close()
+            self._reply(response.status, kept, data)
+
+        def _reply(self, status: int, headers: dict[str, str], data: bytes) -> None:
+            proxy._record(self.command, self.path, status)
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            if not any(key.lower() == "content-length" for key in headers):
+                self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    return Handler
