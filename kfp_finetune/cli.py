@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kfp_finetune.commands.upload",
         "Upload a pipeline to a KFP backend (creates it, or adds a version).",
     ),
+    "run-local": (
+        "kfp_finetune.commands.run_local",
+        "Run a pipeline on this machine with kfp.local (local training) and keep its results.",
+    ),
     "run": ("kfp_finetune.commands.run_pipeline", "Start one run of a pipeline on a KFP backend."),
     "schedule": (
         "kfp_finetune.commands.schedule",

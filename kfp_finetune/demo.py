@@ -1,8 +1,9 @@
 """`kfp-finetune demo`: the whole `finetune_pipeline` on this machine, offline, on CPU, in a few minutes.
 
 Builds the tiny model and the synthetic dataset, runs dataset/model-initialize → torchtune-finetune (local
-backend) → evaluate → quality gate → export under kfp.local, and prints base vs tuned metrics and where the
-model and reports are.
+backend) → evaluate → quality gate → export under kfp.local (as `run-local` does: task starts/ends and progress
+on the terminal, the full log in `<output>/demo.log`), and prints base vs tuned metrics and where the model and
+the reports are.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-_SHOWN_METRICS = ("eval_loss", "perplexity", "exact_match", "token_f1", "rouge_l")
+LOG_FILE = "demo.log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,22 +22,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=int, default=0, help="training steps (default: the tiny kit's recommendation)"
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help=f"stream every step's full log (it always goes to {LOG_FILE})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from kfp_finetune.commands.run_local import run_pipeline_locally
+    from kfp_finetune.commands.local_console import quiet_console
+    from kfp_finetune.commands.run_local import run_and_keep, summary
     from kfp_finetune.pipelines import finetune_pipeline
     from kfp_finetune.tiny import RECOMMENDED_TRAINING
-    from kfp_finetune.tiny.dataset import build_tiny_dataset
-    from kfp_finetune.tiny.model import build_tiny_model
 
     out = Path(args.output).resolve()
-    model_dir = build_tiny_model(
-        out / "sources" / "model", family="llama3_2", dim=256 if args.method == "qlora" else 64
-    )
-    data = build_tiny_dataset(out / "sources" / "data")
+    # Building the sources imports torch and torchao, whose import-time warnings concern no demo user.
+    with quiet_console(out / LOG_FILE):
+        model_dir, data = _build_sources(out, args.method)
     recommended = RECOMMENDED_TRAINING.get(args.method, RECOMMENDED_TRAINING["full"])
-    task = run_pipeline_locally(
+    result = run_and_keep(
         finetune_pipeline,
         {
             "model_uri": str(model_dir),
@@ -58,32 +60,19 @@ def run(args: argparse.Namespace) -> int:
             "eval_device": "cpu",
         },
         out,
+        log_name=LOG_FILE,
+        append_log=True,
+        verbose=args.verbose,
     )
-    print(summary(task.outputs, out))
-    return 0
+    print(summary(result))
+    return 1 if result.error else 0
 
 
-def summary(outputs: dict, out: Path) -> str:
-    metrics = outputs["eval_metrics"].metadata
-    rows = [f"  {'metric':<12} {'base':>10} {'tuned':>10} {'delta':>10}"]
-    for name in _SHOWN_METRICS:
-        if f"tuned_{name}" in metrics:
-            base, tuned = metrics.get(f"base_{name}", float("nan")), metrics[f"tuned_{name}"]
-            rows.append(f"  {name:<12} {base:>10.4f} {tuned:>10.4f} {tuned - base:>+10.4f}")
-    train = outputs["train_metrics"].metadata
-    exported = out / "model"
-    lines = [
-        "",
-        "kfp-finetune demo: finetune_pipeline ran locally",
-        f"training: loss {train['first_loss']:.3f} -> {train['final_loss']:.3f} in {int(train['steps'])} steps "
-        f"({train.get('tokens_per_second', 0):.0f} tokens/s)",
-        "evaluation (held-out split):",
-        *rows,
-        f"quality gate: {'passed: the model was exported' if outputs['passed'] else 'failed: nothing exported'}",
-        f"  exported model: {exported if exported.is_dir() else '(none)'}",
-        f"  training report: {outputs['train_report'].path}",
-        f"  evaluation report: {outputs['eval_report'].path}",
-        f"  generations: {outputs['eval_samples'].path}",
-        f"  all artifacts: {out / 'pipeline_root'}",
-    ]
-    return "\n".join(lines)
+def _build_sources(out: Path, method: str) -> tuple[Path, dict[str, Path]]:
+    from kfp_finetune.tiny.dataset import build_tiny_dataset
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    model_dir = build_tiny_model(
+        out / "sources" / "model", family="llama3_2", dim=256 if method == "qlora" else 64
+    )
+    return model_dir, build_tiny_dataset(out / "sources" / "data")

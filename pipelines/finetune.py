@@ -7,7 +7,7 @@ to the run's workspace, so caching is off (a cached step would point into anothe
 
 # No `from __future__ import annotations`: KFP reads pipeline signatures' annotations as types.
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
@@ -41,7 +41,10 @@ def step(task: dsl.PipelineTask, display_name: str, timeout_seconds: int) -> dsl
 
 
 def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -> dsl.PipelineTask:
-    """The export step as every pipeline runs it: retried, time-limited, with credentials from Secrets."""
+    """The export step as every pipeline runs it: time-limited, with credentials from Secrets.
+
+    No KFP-level retry: it cannot tell a typo from a network blip, so a bad destination would fail several times
+    over minutes. The export retries transient errors (network, 5xx, throttling) itself, in-process."""
     task = export(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
         run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
@@ -49,7 +52,6 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
         **export_arguments,
     )
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
-    task.set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0)
     return with_credentials(task, hf_token_secret, s3_secret)
 
 
@@ -103,8 +105,8 @@ def prepare_inputs(
         s3_endpoint_url=s3_endpoint_url,
     )
     for task, name in ((model_task, "Initialize model"), (data_task, "Initialize dataset")):
+        # No KFP-level retry (see `publish`): transient errors are retried in-process, bad input fails at once.
         step(task, name, settings.INITIALIZE_TIMEOUT_SECONDS)
-        task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2.0)
         with_credentials(task, hf_token_secret, s3_secret)
     return PreparedInputs(
         model=model_task.outputs["model"], train=data_task.outputs["train"], eval=data_task.outputs["eval"]
@@ -132,7 +134,7 @@ def tune_and_evaluate(
     tune_epochs: int = 1,
     tune_max_steps_per_epoch: int = 0,
     tune_batch_size: int = 0,
-    tune_learning_rate: Optional[float] = None,
+    tune_learning_rate: float = 0.0,
     tune_lora_rank: int = 0,
     tune_max_seq_len: int = 0,
     tune_num_warmup_steps: int = -1,
@@ -156,6 +158,7 @@ def tune_and_evaluate(
     eval_lm_eval_tasks: list = [],  # noqa: B006
     eval_device: str = "auto",
     eval_gpus: int = 0,
+    export_format: str = "merged",
 ) -> TunedAndEvaluated:
     """Fine-tune with torchtune (a Kubeflow Trainer TrainJob by default) and compare the result with the base.
 
@@ -169,7 +172,7 @@ def tune_and_evaluate(
         tune_epochs: Passes over the training data.
         tune_max_steps_per_epoch: Cap on optimizer steps per epoch; 0: whole epochs.
         tune_batch_size: Examples per device per step; 0: the base config's.
-        tune_learning_rate: Peak learning rate; empty: the base config's.
+        tune_learning_rate: Peak learning rate; 0: the base config's.
         tune_lora_rank: LoRA rank; 0: the base config's.
         tune_max_seq_len: Truncate (or pack) examples to this many tokens; 0: no limit.
         tune_num_warmup_steps: Learning-rate warmup steps (adds a cosine schedule if the config has none); -1: the config's.
@@ -193,6 +196,7 @@ def tune_and_evaluate(
         eval_lm_eval_tasks: lm-eval-harness tasks to run as well; empty: none.
         eval_device: cuda, cpu or auto.
         eval_gpus: GPUs for the evaluate step.
+        export_format: What the model will be exported as (merged, adapter or both): training saves what it needs.
     """
     tune = torchtune_finetune(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
@@ -221,6 +225,7 @@ def tune_and_evaluate(
         workspace_pvc=tune_workspace_pvc,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         task_name=tune_run_name,
+        export_format=export_format,
     )
     step(tune, "Fine-tune (torchtune)", settings.TRAIN_STEP_TIMEOUT_SECONDS)
     # Reaches the TrainJob's node pods through the task config, not this launcher pod.
@@ -281,7 +286,7 @@ def finetune_pipeline(
     tune_epochs: int = 1,
     tune_max_steps_per_epoch: int = 0,
     tune_batch_size: int = 0,
-    tune_learning_rate: Optional[float] = None,
+    tune_learning_rate: float = 0.0,
     tune_lora_rank: int = 0,
     tune_max_seq_len: int = 0,
     tune_num_warmup_steps: int = -1,
@@ -334,7 +339,7 @@ def finetune_pipeline(
         tune_epochs: Passes over the training data.
         tune_max_steps_per_epoch: Cap on optimizer steps per epoch; 0: whole epochs.
         tune_batch_size: Examples per device per step; 0: the base config's.
-        tune_learning_rate: Peak learning rate; empty: the base config's.
+        tune_learning_rate: Peak learning rate; 0: the base config's.
         tune_lora_rank: LoRA rank; 0: the base config's.
         tune_max_seq_len: Truncate (or pack) examples to this many tokens; 0: no limit.
         tune_num_warmup_steps: Learning-rate warmup steps (adds a cosine schedule if the config has none); -1: the config's.
@@ -411,6 +416,7 @@ def finetune_pipeline(
         eval_lm_eval_tasks=eval_lm_eval_tasks,
         eval_device=eval_device,
         eval_gpus=eval_gpus,
+        export_format=export_format,
     ).set_display_name("Tune and evaluate")
     gate = step(
         quality_gate(passed=tuned.outputs["passed"], gate_metric=eval_gate_metric), "Quality gate", 600

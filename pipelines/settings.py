@@ -2,10 +2,15 @@
 `kfp_finetune.components._shared.images` (env KFP_FINETUNE_COMPONENT_IMAGE / KFP_FINETUNE_TRAINER_IMAGE).
 
     KFP_FINETUNE_WORKSPACE_SIZE          PVC size of the per-run workspace (default 100Gi)
-    KFP_FINETUNE_WORKSPACE_STORAGE_CLASS storage class (default: the KFP/cluster default)
-    KFP_FINETUNE_WORKSPACE_ACCESS_MODE   e.g. ReadWriteMany, needed when TrainJob node pods run on other nodes
-                                         than the fine-tune step's pod (default: the KFP/cluster default)
+    KFP_FINETUNE_WORKSPACE_STORAGE_CLASS storage class (default: the cluster's default storage class)
+    KFP_FINETUNE_WORKSPACE_ACCESS_MODE   ReadWriteOnce (default) or ReadWriteMany (needed for multi-node TrainJobs)
     KFP_FINETUNE_SWEEP_PARALLELISM       sweep trials trained at once (default 2)
+
+The compiled workspace is complete on its own (access mode + size), so a stock KFP >= 2.15 API server without an
+admin default (`Workspace.VolumeClaimTemplateSpec` in its config.json) accepts the run. The KFP backend builds the
+PVC in backend/src/v2/compiler/argocompiler/argo.go (`GetWorkspacePVC`): the admin default, patched by our
+`pvcSpecPatch` (only `accessModes` and `storageClassName` are allowed there: other fields are refused), with the
+size from `WorkspaceConfig.size` as `resources.requests.storage`. A PVC without accessModes is refused.
 """
 
 import os
@@ -14,7 +19,11 @@ from kfp import dsl
 
 WORKSPACE_SIZE = os.environ.get("KFP_FINETUNE_WORKSPACE_SIZE", "100Gi")
 STORAGE_CLASS = os.environ.get("KFP_FINETUNE_WORKSPACE_STORAGE_CLASS", "")
-ACCESS_MODE = os.environ.get("KFP_FINETUNE_WORKSPACE_ACCESS_MODE", "")
+# ReadWriteOnce by default: every storage class offers it, and the fine-tune step pins a single-node TrainJob to
+# its own node, so the step and the node pod share the volume. ReadWriteMany (multi-node TrainJobs, which are
+# refused before launch on a ReadWriteOnce workspace) needs an RWX class that many clusters lack: a claim for it
+# would stay Pending there, so it is the override, not the default.
+ACCESS_MODE = os.environ.get("KFP_FINETUNE_WORKSPACE_ACCESS_MODE", "") or "ReadWriteOnce"
 
 # Backstops so no step can hang a scheduled run forever (the TrainJob has its own timeout parameter).
 INITIALIZE_TIMEOUT_SECONDS = 6 * 3600
@@ -24,13 +33,15 @@ EXPORT_TIMEOUT_SECONDS = 6 * 3600
 
 
 def pipeline_config() -> dsl.PipelineConfig:
-    patch = {}
+    """The run workspace: size, access mode and (when set) storage class, complete without an admin default."""
+    patch: dict = {"accessModes": [ACCESS_MODE]}
     if STORAGE_CLASS:
         patch["storageClassName"] = STORAGE_CLASS
-    if ACCESS_MODE:
-        patch["accessModes"] = [ACCESS_MODE]
-    kubernetes = dsl.KubernetesWorkspaceConfig(pvcSpecPatch=patch) if patch else None
-    return dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(size=WORKSPACE_SIZE, kubernetes=kubernetes))
+    return dsl.PipelineConfig(
+        workspace=dsl.WorkspaceConfig(
+            size=WORKSPACE_SIZE, kubernetes=dsl.KubernetesWorkspaceConfig(pvcSpecPatch=patch)
+        )
+    )
 
 
 # How many sweep trials train at once (dsl.ParallelFor needs it at compile time).

@@ -152,6 +152,7 @@ def sweep_pipeline(
             eval_min_improvement=eval_min_improvement,
             eval_device=eval_device,
             eval_gpus=eval_gpus,
+            export_format=export_format,
         ).set_display_name("Trial: tune and evaluate")
     best = select_best(
         models=dsl.Collected(tuned.outputs["model"]),

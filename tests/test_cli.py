@@ -1,5 +1,6 @@
 """The command line: resolve-config shows what would run, and bad input exits 2 with the reason."""
 
+import pytest
 import yaml
 
 from kfp_finetune.cli import main
@@ -38,3 +39,70 @@ def test_resolve_config_bad_input_exits_2(tiny_llama, tiny_dataset, capsys):
     assert "'optimzer' does not exist" in capsys.readouterr().err
     assert main([*args, "--set", "lora_rank"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+# --- run-local and the demo ---------------------------------------------------------------------------------
+
+
+def test_run_local_converts_params_to_the_declared_types():
+    from kfp_finetune.commands.run_local import local_arguments
+    from kfp_finetune.pipelines import finetune_pipeline
+
+    required = ["model_uri=/m", "data_uri=/d", "export_destination=/e"]
+    arguments = local_arguments(
+        finetune_pipeline, [*required, "data_eval_fraction=0", "tune_learning_rate=1e-4", "tune_seed=7"]
+    )
+    assert arguments["data_eval_fraction"] == 0.0 and isinstance(arguments["data_eval_fraction"], float)
+    assert arguments["tune_learning_rate"] == 1e-4  # YAML 1.1 reads `1e-4` as a string
+    assert arguments["tune_seed"] == 7
+    assert (arguments["tune_backend"], arguments["tune_gpus_per_node"]) == ("local", 0)
+
+
+def test_run_local_bad_params_exit_2_naming_the_parameter(capsys):
+    required = ["--param", "model_uri=/m", "--param", "data_uri=/d", "--param", "export_destination=/e"]
+    assert main(["run-local", "finetune-pipeline", *required, "--param", "tune_seed=seven"]) == 2
+    assert "--param tune_seed: expected an integer, got 'seven'" in capsys.readouterr().err
+    assert main(["run-local", "finetune-pipeline", *required, "--param", "tune_sed=1"]) == 2
+    assert "unknown parameter(s) tune_sed" in capsys.readouterr().err
+    assert main(["run-local", "finetune-pipeline", "--param", "model_uri=/m"]) == 2
+    assert "missing required parameter(s): data_uri, export_destination" in capsys.readouterr().err
+
+
+def test_no_pipeline_parameter_defaults_to_none():
+    """kfp.local cannot carry a None default (`ValueError: Unknown value type`)."""
+    from kfp_finetune.pipelines import PIPELINES
+
+    for name, pipeline in PIPELINES.items():
+        for key, spec in (pipeline.component_spec.inputs or {}).items():
+            assert not (spec.optional and spec.default is None and not spec.type.startswith("system.")), (
+                f"{name}.{key} defaults to None"
+            )
+
+
+@pytest.mark.slow
+def test_demo_is_quiet_and_keeps_its_results(tmp_path, monkeypatch, capfd):
+    """The real demo (fewer steps): under 100 lines, the full log in a file, reports as .html, only real paths."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--output", "out", "--steps", "120"]) == 0
+    out, err = capfd.readouterr()
+    lines = (out + err).splitlines()
+    assert len(lines) < 100, "\n".join(lines)
+    assert not [line for line in lines if "Warning" in line or "executor_input" in line], "\n".join(lines)
+    assert "  torchtune-finetune: started" in lines and "  export: done in" in out
+    assert any(line.startswith("    progress: step ") for line in lines)
+    assert "quality gate: passed: the model was exported" in out
+    log = (tmp_path / "out" / "demo.log").read_text()
+    assert "Got executor_input" in log and "progress: step 120/120" in log
+    shown = dict(line.strip().split(": ", 1) for line in lines if line.startswith("  ") and ": " in line)
+    for label in (
+        "exported model",
+        "tuned model (merged)",
+        "train report",
+        "eval report",
+        "metrics",
+        "full log",
+    ):
+        assert (tmp_path / shown[label].strip()).exists(), label
+    assert shown["train report"].strip().endswith(".html")
+    assert "<svg" in (tmp_path / shown["train report"].strip()).read_text()
+    assert (tmp_path / shown["tuned model (merged)"].strip() / "model-00001-of-00001.safetensors").is_file()

@@ -478,3 +478,50 @@ def test_list_runtimes_errors(capsys, kube_standin, tmp_path):
 
     code, _, err = cli(capsys, "list-runtimes", "--kubeconfig", str(tmp_path / "nope"))
     assert code == 2 and "no usable Kubernetes credentials" in err
+
+
+# --- the compiled workspace ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["finetune-pipeline", "sweep-pipeline", "prepare-inputs", "tune-and-evaluate"]
+)
+def test_golden_pipelines_carry_a_complete_workspace_claim(name):
+    """A stock KFP without an admin workspace default accepts them (the size and access mode travel with them)."""
+    _, platform = yaml.safe_load_all((COMPILED / f"{name}.yaml").read_text())
+    workspace = platform["platforms"]["kubernetes"]["pipelineConfig"]["workspace"]
+    assert workspace["size"] == "100Gi"
+    assert workspace["kubernetes"]["pvcSpecPatch"] == {"accessModes": ["ReadWriteOnce"]}
+
+
+def test_workspace_settings_come_from_the_compile_environment(monkeypatch):
+    import importlib
+
+    from kfp_finetune.pipelines import settings
+
+    monkeypatch.setenv("KFP_FINETUNE_WORKSPACE_ACCESS_MODE", "ReadWriteMany")
+    monkeypatch.setenv("KFP_FINETUNE_WORKSPACE_STORAGE_CLASS", "nfs")
+    monkeypatch.setenv("KFP_FINETUNE_WORKSPACE_SIZE", "200Gi")
+    try:
+        workspace = importlib.reload(settings).pipeline_config().workspace
+        assert workspace.size == "200Gi"
+        assert workspace.kubernetes.pvcSpecPatch == {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "nfs",
+        }
+    finally:
+        monkeypatch.undo()
+        importlib.reload(settings)
+
+
+def test_run_of_a_pipeline_whose_workspace_lacks_access_modes_is_refused(capsys, kfp_standin, tmp_path):
+    """What a stock KFP 2.15+ answers without an admin default: the compiled workspace must be complete."""
+    pipeline_doc, platform_doc = yaml.safe_load_all((COMPILED / "prepare-inputs.yaml").read_text())
+    platform_doc["platforms"]["kubernetes"]["pipelineConfig"]["workspace"]["kubernetes"]["pvcSpecPatch"] = {}
+    incomplete = tmp_path / "incomplete.yaml"
+    incomplete.write_text(yaml.safe_dump_all([pipeline_doc, platform_doc]))
+    params = ["--param", "data_uri=hf://org/data", "--param", "model_uri=hf://org/model"]
+    code, _, err = cli(capsys, "run", str(incomplete), *params, "--host", kfp_standin.url)
+    assert code == 1 and "workspace PVC spec must specify accessModes" in err
+    code, _, err = cli(capsys, "run", "prepare-inputs", *params, "--host", kfp_standin.url)
+    assert code == 0, err

@@ -21,10 +21,16 @@ from kfp_finetune.components._shared import html_report
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig, from_flat
+from kfp_finetune.components.torchtune_finetune.local_launcher import TrainingFailed
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, read_metrics_file, summarize
-from kfp_finetune.components.torchtune_finetune.outputs import FinalCheckpoint, finalize_checkpoint
+from kfp_finetune.components.torchtune_finetune.outputs import (
+    FinalCheckpoint,
+    finalize_checkpoint,
+    keep_local_copy,
+)
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run, tune_command
 from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
+from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobError
 
 log = get_logger(__name__)
 
@@ -124,9 +130,11 @@ def run_finetune(
     eval_data: ArtifactInput | None = None,
     launch_trainjob: Callable[[ResolvedRun, int | None], dict[str, str]] | None = None,
     gpus_available: bool | None = None,
+    export_format: str = "",
 ) -> FinetuneResult:
     """Validate everything, train, and build the outputs. `launch_trainjob` runs the TrainJob backend (it
-    returns extra files for the train_config artifact, e.g. the manifest) and raises on failure."""
+    returns extra files for the train_config artifact, e.g. the manifest) and raises on failure. `export_format`
+    is how the model will be exported (see `resolve_run`)."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     if backend == "local" and nodes > 1:
@@ -141,7 +149,9 @@ def run_finetune(
     if backend == "local" and run_dir.exists():
         log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)
         shutil.rmtree(run_dir)
-    resolved = resolve_run(config, model_dir, None, run_dir, devices=devices, nodes=nodes)
+    resolved = resolve_run(
+        config, model_dir, None, run_dir, devices=devices, nodes=nodes, export_format=export_format
+    )
     log.info(
         "recipe %s, base config %s, resolved config %s",
         resolved.recipe,
@@ -278,18 +288,23 @@ def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, mod
 
 # --- the KFP component's entry point -------------------------------------------------------------------------
 
+# Errors whose message says all the user needs (bad input; a failed run with its reason and last log lines): the
+# component prints only the message.
+USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError)
+
+
 _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
-    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "workspace_pvc",
+    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "workspace_pvc", "export_format",
 }  # fmt: skip
 
 
-# Integer parameters can't default to None (kfp.local casts every int input with int()), so these values mean
-# "keep the base config's value".
-_UNSET_INTS = {
+# Pipeline parameters can't default to None (kfp.local casts every int input with int() and cannot carry a None
+# float), so these values mean "keep the base config's value".
+_UNSET_VALUES = {
     "max_steps_per_epoch": 0, "batch_size": 0, "gradient_accumulation_steps": 0, "lora_rank": 0, "max_seq_len": 0,
-    "num_warmup_steps": -1, "seed": -1,
+    "num_warmup_steps": -1, "seed": -1, "learning_rate": 0.0,
 }  # fmt: skip
 
 
@@ -302,7 +317,7 @@ def run_component(**params: Any) -> FinetuneResult:
     )
 
     settings = {
-        k: None if v == _UNSET_INTS.get(k, object()) or v == "" else v
+        k: None if v == _UNSET_VALUES.get(k, object()) or v == "" else v
         for k, v in params.items()
         if k not in _STEP_PARAMETERS
     }
@@ -342,7 +357,11 @@ def run_component(**params: Any) -> FinetuneResult:
         nodes=params["num_nodes"],
         launch_trainjob=launch,
         gpus_available=pod.gpus > 0 if backend == "trainjob" else None,
+        export_format=params.get("export_format", ""),
     )
+    kept = keep_local_copy(result.checkpoint, params["task_name"])
+    if kept:
+        log.info("tuned model kept outside the run workspace: %s", kept)
     write_artifact(
         params["model"], {"kind": "finetuned-model", **result.model_metadata}, result.model_metadata
     )

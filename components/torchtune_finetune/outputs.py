@@ -17,6 +17,10 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.workspace import atomic_dir, sha256_file
 
+# Set by `kfp-finetune run-local` and `demo` (inherited by kfp.local's step processes): a folder outside the run
+# workspace, which kfp.local deletes when the run ends, even when the quality gate stopped the export.
+LOCAL_OUTPUT_ENV = "KFP_FINETUNE_LOCAL_OUTPUT"
+TUNED_MODEL_DIR = "tuned-model"
 MERGED_DIR = "merged"
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -81,6 +85,22 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
     if not result.files:
         raise FileNotFoundError(f"no model weights in {epoch}: nothing to hand on")
     return result
+
+
+def keep_local_copy(checkpoint: FinalCheckpoint, task_name: str) -> Path | None:
+    """Under a local run (LOCAL_OUTPUT_ENV set), link the final model folders into
+    `<that folder>/tuned-model/<task_name>/{merged,adapter}`; returns that folder, or None when not asked."""
+    root = os.environ.get(LOCAL_OUTPUT_ENV)
+    if not root:
+        return None
+    target = Path(root) / TUNED_MODEL_DIR / re.sub(r"[^A-Za-z0-9._-]+", "-", task_name)
+    for folder in (checkpoint.merged_dir, checkpoint.adapter_dir):
+        if folder is None:
+            continue
+        with atomic_dir(target / folder.name) as tmp:
+            for source in (p for p in folder.rglob("*") if p.is_file()):
+                _link(source, tmp / source.relative_to(folder))
+    return target
 
 
 def _link(source: Path, target: Path) -> None:

@@ -91,9 +91,14 @@ def _now() -> str:
 
 
 class KfpStandin:
-    def __init__(self, *, token: str | None = None, multi_user: bool = False):
+    def __init__(
+        self, *, token: str | None = None, multi_user: bool = False, workspace_default: dict | None = None
+    ):
         self.token = token
         self.multi_user = multi_user
+        # The admin's default workspace PVC spec (config.json Workspace.VolumeClaimTemplateSpec); none by default,
+        # as on a stock install.
+        self.workspace_default = workspace_default
         self.pipelines: dict[str, dict] = {}
         self.versions: dict[str, dict] = {}  # version id -> version (with pipeline_id)
         self.uploads: dict[str, bytes] = {}  # version id -> the uploaded file's bytes
@@ -367,10 +372,40 @@ class KfpStandin:
                 400, "InvalidInputError: give exactly one of pipeline_spec and pipeline_version_reference"
             )
         if reference:
-            self._version(reference.get("pipeline_id") or "", reference.get("pipeline_version_id") or "")
+            version = self._version(
+                reference.get("pipeline_id") or "", reference.get("pipeline_version_id") or ""
+            )
+            self._check_workspace(version["pipeline_spec"])
+        if body.get("pipeline_spec"):
+            self._check_workspace(body["pipeline_spec"])
         if not body.get("display_name"):
             raise ApiError(400, "InvalidInputError: display_name is empty")
         self._get(self.experiments, body.get("experiment_id") or "", "experiment")
+
+    def _check_workspace(self, spec: Any) -> None:
+        """The run's workspace PVC as KFP builds it (backend/src/v2/compiler/argocompiler/argo.go `GetWorkspacePVC`,
+        `convertStructToPVCSpec`): the admin default patched by the pipeline's pvcSpecPatch, whose only allowed
+        fields are accessModes and storageClassName. A claim without accessModes is refused."""
+        platform = spec.get("platform_spec") if isinstance(spec, dict) else None
+        config = ((platform or {}).get("platforms", {}).get("kubernetes", {}) or {}).get(
+            "pipelineConfig"
+        ) or {}
+        workspace = config.get("workspace")
+        if not workspace or "kubernetes" not in workspace:
+            return  # argo.go adds a workspace PVC only when the workspace has a kubernetes section
+        patch = workspace["kubernetes"].get("pvcSpecPatch") or {}
+        unknown = sorted(set(patch) - {"accessModes", "storageClassName"})
+        if unknown:
+            raise ApiError(400, f"InvalidInputError: unknown fields in PVC spec patch: {unknown}")
+        claim = {**(self.workspace_default or {}), **patch}
+        if not claim.get("accessModes"):
+            raise ApiError(400, "InvalidInputError: workspace PVC spec must specify accessModes")
+        # Kubernetes' PVC validation (pkg/apis/core/validation ValidatePersistentVolumeClaimSpec) then refuses others.
+        modes = {"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"}
+        if not set(claim["accessModes"]) <= modes:
+            raise ApiError(
+                400, f"InvalidInputError: spec.accessModes: Unsupported value: {claim['accessModes']}"
+            )
 
     def _create_run(self, body: dict) -> dict:
         self._check_pipeline_source(body)
