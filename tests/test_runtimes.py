@@ -256,6 +256,39 @@ def test_runtime_has_only_the_trainer_node_job_with_shm_and_no_owned_pvc(name):
     assert ("nvidia.com/gpu" in limits) == (name == "torchtune")
 
 
+def _runtime_jobs() -> list[tuple[str, dict]]:
+    return [
+        (f"{path}:{doc['metadata']['name']}/{job['name']}", job)
+        for path, doc in runtime_documents()
+        if doc["kind"].endswith("TrainingRuntime")
+        for job in doc["spec"]["template"]["spec"]["replicatedJobs"]
+    ]
+
+
+@pytest.mark.parametrize("where, job", _runtime_jobs(), ids=[where for where, _ in _runtime_jobs()])
+def test_runtime_fails_fast_on_a_trainer_crash(where, job):
+    """A crash fails the TrainJob at once and its pod (exit code, OOMKilled, log) is kept: without these, JobSet
+    defaults restartPolicy to OnFailure and the Job backoffLimit to 6 (7 attempts, then the pods are deleted)."""
+    job_spec = job["template"]["spec"]
+    assert job_spec["template"]["spec"].get("restartPolicy") == "Never", where
+    assert job_spec.get("backoffLimit") == 0, where
+    rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
+    ignore = [i for i, r in enumerate(rules) if r["action"] == "Ignore" and r.get("onPodConditions")]
+    assert any(
+        c["type"] == "DisruptionTarget" and c.get("status", "True") == "True"
+        for i in ignore
+        for c in rules[i]["onPodConditions"]
+    ), f"{where}: a preemption (DisruptionTarget) must be retried, not fail the job"
+    fail_job = [
+        i
+        for i, r in enumerate(rules)
+        if r["action"] == "FailJob"
+        and r.get("onExitCodes") == {"containerName": NODE, "operator": "NotIn", "values": [0]}
+    ]
+    assert fail_job, f"{where}: no FailJob rule on the node container's non-zero exit codes"
+    assert min(ignore) < min(fail_job), f"{where}: rules apply in order; a preempted pod also exits non-zero"
+
+
 def test_runtimes_use_the_default_trainer_image(monkeypatch):
     from kfp_finetune.components._shared import images
 
