@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import urllib3
+import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -24,6 +26,7 @@ from tests.support.kube_standin import (
 kube_standin = standin.kube_standin  # the shared fixture: a started stand-in with runtime torch-distributed
 
 NS = "team-a"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def trainjob(name: str, **spec) -> dict:
@@ -280,8 +283,13 @@ def test_failure_oom_and_stuck_pending(kube_standin, custom, core):
     kube_standin.scenario("oom", Scenario.oom())
     kube_standin.scenario("stuck", Scenario.stuck_pending(image_pull_backoff=True))
     kube_standin.scenario("no-gpu", Scenario.stuck_pending())
+    kube_standin.add_runtime(
+        "fail-fast", restart_policy="Never", backoff_limit=0
+    )  # else the OOM pod restarts
     for name in ("boom", "oom", "stuck", "no-gpu"):
-        create(custom, trainjob(name))
+        create(
+            custom, trainjob(name, runtimeRef={"name": "fail-fast" if name == "oom" else "torch-distributed"})
+        )
     failed = kube_standin.wait_for_trainjob("boom", condition="Failed")
     assert failed["status"]["conditions"][0]["message"] == "job boom-node-0 failed"
     assert failed["status"]["jobsStatus"][0]["failed"] == 1
@@ -309,6 +317,123 @@ def test_failure_oom_and_stuck_pending(kube_standin, custom, core):
         NS, field_selector=f"involvedObject.name={unschedulable.metadata.name}"
     ).items
     assert event.reason == "FailedScheduling" and "Insufficient nvidia.com/gpu" in event.message
+
+
+# --- a crashing trainer: JobSet/Job defaults, restarts in place, backoffLimit, podFailurePolicy ------------------
+
+
+def pod_history(core: client.CoreV1Api, job: str, since: str) -> list[tuple[str, client.V1Pod]]:
+    """Every change of the job's pods after resourceVersion ``since``, up to the first deletion (a watch replays
+    them; the job has ended, so this does not wait on the controller)."""
+    seen = []
+    for event in watch.Watch().stream(
+        core.list_namespaced_pod,
+        NS,
+        label_selector=f"jobset.sigs.k8s.io/jobset-name={job}",
+        resource_version=since,
+        timeout_seconds=1,
+    ):
+        seen.append((event["type"], event["object"]))
+        if event["type"] == "DELETED":
+            break
+    return seen
+
+
+def job_events(kube: KubeStandin, job: str) -> list[tuple[str, str]]:
+    return [
+        (e["reason"], e["message"]) for e in kube.events() if e["involvedObject"]["name"] == f"{job}-node-0"
+    ]
+
+
+def test_runtime_without_restart_policy_restarts_the_trainer_in_place_then_deletes_its_pods(
+    kube_standin, custom, core
+):
+    """The fixture's runtime, like the upstream ones, sets neither restartPolicy nor backoffLimit: JobSet makes
+    the pod OnFailure, the Job gets backoffLimit 6; the crash is only in lastState while it loops, and gone after."""
+    kube_standin.scenario("crash", Scenario.failure(exit_code=3, log_lines=["boom"]))
+    since = core.list_namespaced_pod(NS).metadata.resource_version
+    create(custom, trainjob("crash"))
+    kube_standin.wait_for_trainjob("crash", condition="Failed")
+    history = pod_history(core, "crash", since)
+    assert history[0][1].spec.restart_policy == "OnFailure"
+    statuses = [pod.status.container_statuses[0] for _, pod in history if pod.status.container_statuses]
+    looping = [s for s in statuses if s.state.waiting and s.state.waiting.reason == "CrashLoopBackOff"]
+    assert [s.restart_count for s in looping] == [0, 1, 2, 3, 4, 5]
+    assert [s.state.waiting.message.split()[1] for s in looping] == [
+        "10s",
+        "20s",
+        "40s",
+        "80s",
+        "160s",
+        "300s",
+    ]
+    assert {(s.last_state.terminated.exit_code, s.last_state.terminated.reason) for s in looping} == {
+        (3, "Error")
+    }
+    assert all(s.state.terminated is None for s in statuses)  # never a terminal state: the pod stays Running
+    assert statuses[-1].restart_count == 6 and history[-1][0] == "DELETED"
+    assert kube_standin.pods("crash") == [] and kube_standin.trainjob("crash")["status"]["conditions"][0][
+        "type"
+    ] == ("Failed")
+    assert job_events(kube_standin, "crash") == [
+        ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    ]
+
+
+def test_crash_looping_container_log_is_the_crashed_one_and_a_follow_ends(kube_standin, custom, core):
+    kube_standin.scenario("loop", Scenario.failure(log_lines=["attempt 1"], restart_backoff_scale=1.0))  # 10s
+    create(custom, trainjob("loop"))
+    pod = kube_standin.wait_for_pod(
+        "loop",
+        lambda p: (
+            (p["status"].get("containerStatuses") or [{}])[0]
+            .get("state", {})
+            .get("waiting", {})
+            .get("reason")
+            == "CrashLoopBackOff"
+        ),
+    )
+    name = pod["metadata"]["name"]
+    assert (
+        core.read_namespaced_pod_log(name, NS, container="node", follow=True, _request_timeout=5)
+        == "attempt 1\n"
+    )
+    assert core.read_namespaced_pod_log(name, NS, container="node", previous=True) == "attempt 1\n"
+    assert core.read_namespaced_pod(name, NS).status.phase == "Running"
+
+
+@pytest.mark.parametrize(
+    "runtime, pods, event",
+    [
+        ({"restart_policy": "Never", "backoff_limit": 0}, 1, "BackoffLimitExceeded"),
+        ({"restart_policy": "Never", "backoff_limit": 1}, 2, "BackoffLimitExceeded"),
+        ("runtimes/torchtune-cpu.yaml", 1, "PodFailurePolicy"),
+    ],
+)
+def test_restart_policy_never_fails_the_job_and_keeps_the_failed_pods(
+    kube_standin, custom, core, runtime, pods, event
+):
+    if isinstance(runtime, str):
+        kube_standin.add_object(yaml.safe_load((REPO / runtime).read_text()))
+        runtime_name = "torchtune-cpu"
+    else:
+        runtime_name = kube_standin.add_runtime("never", **runtime)["metadata"]["name"]
+    kube_standin.scenario("oom", Scenario.oom())
+    create(custom, trainjob("oom", runtimeRef={"name": runtime_name}))
+    kube_standin.wait_for_trainjob("oom", condition="Failed")
+    kept = core.list_namespaced_pod(NS, label_selector="jobset.sigs.k8s.io/jobset-name=oom").items
+    assert len(kept) == pods
+    for pod in kept:
+        status = pod.status.container_statuses[0]
+        assert (pod.spec.restart_policy, pod.status.phase, status.restart_count) == ("Never", "Failed", 0)
+        assert (status.state.terminated.reason, status.state.terminated.exit_code) == ("OOMKilled", 137)
+    ((reason, message),) = job_events(kube_standin, "oom")
+    assert reason == event
+    if event == "PodFailurePolicy":
+        assert message == (
+            f"Container node for pod {NS}/{kept[0].metadata.name} failed with exit code 137 matching FailJob rule "
+            "at index 1"
+        )
 
 
 def test_active_deadline_and_seeded_job(kube_standin, custom):

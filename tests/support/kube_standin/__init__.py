@@ -30,6 +30,12 @@ urllib3 under the kubernetes client by itself retries GET/DELETE (not POST) on 4
 To use the fixture in a test module: ``from tests.support import kube_standin as standin`` and
 ``kube_standin = standin.kube_standin`` (a plain import of the name trips ruff's F811 on the fixture arguments).
 
+A crashing trainer is handled as on a cluster (``_jobpolicy``): JobSet defaults the node pods to ``restartPolicy:
+OnFailure`` and the Job to ``backoffLimit: 6``, so unless the runtime says otherwise the container restarts in place
+(``restartCount``, ``lastState.terminated``, ``CrashLoopBackOff`` with the kubelet's doubling back-off, scaled by
+``Scenario.restart_backoff_scale``) and the pods are deleted when the Job fails; under ``Never`` failed pods are
+replaced until ``backoffLimit``, a ``podFailurePolicy`` FailJob/Ignore rule applies, and failed pods are kept.
+
 Known deviations from a real API server:
   * Unknown fields are always rejected with 422 (a real server answers 400 "strict decoding error" with
     ``fieldValidation=Strict``, and otherwise drops them with a warning). Non-nullable nulls are pruned.
@@ -41,6 +47,10 @@ Known deviations from a real API server:
     the watch history is never compacted (410 only through the fault), ``events.k8s.io`` is not served.
   * Deleted pods disappear at once (no graceful-termination MODIFIED step); dependents of a Background delete go
     right after the owner, within the same request.
+  * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
+    runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
+    preemption (``DisruptionTarget``) is not simulated; other ranks of a failed job are shown terminated (143)
+    rather than deleted.
   * Only the ``node`` replicated job gets pods; other replicated jobs of a runtime (initializers) are reported as
     succeeded in ``jobsStatus``. ``trainer.command == ["tune", "run"]`` is not rewritten the way the Trainer's
     torchtune path does (no ``PET_*`` env is injected then, as upstream).

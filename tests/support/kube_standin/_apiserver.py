@@ -303,7 +303,15 @@ class ApiServer:
             statuses = pod["status"].get("containerStatuses") or [{}]
             reason = statuses[0].get("state", {}).get("waiting", {}).get("reason") or "ContainerCreating"
             raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
-        follow = truthy(query.get("follow"))
+        # The kubelet's validateContainerLogStatus (pkg/kubelet/kubelet_pods.go): ``previous`` reads the container
+        # in lastState.terminated (404-like 400 if none); a container waiting in CrashLoopBackOff serves the
+        # crashed container's log; a follow ends when the container is not running.
+        status = next((s for s in pod["status"].get("containerStatuses") or [] if s["name"] == container), {})
+        previous = truthy(query.get("previous"))
+        if previous and not (status.get("lastState") or {}).get("terminated"):
+            raise ApiError(400, f'previous terminated container "{container}" in pod "{name}" not found')
+        previous = previous and "running" in (status.get("state") or {})  # else the crashed one is current
+        follow = truthy(query.get("follow")) and not truthy(query.get("previous"))
         timestamps = truthy(query.get("timestamps"))
         tail = int(query["tailLines"]) if query.get("tailLines") else None
         since = time.time() - int(query["sinceSeconds"]) if query.get("sinceSeconds") else None
@@ -318,7 +326,7 @@ class ApiServer:
 
         def stream(handler: _Handler) -> None:
             handler.start_chunked("text/plain")
-            entries = store.log_entries(namespace, name)
+            entries = store.log_entries(namespace, name, previous=previous)
             position = len(entries)
             entries = [e for e in entries if since is None or e[0] >= since]
             if tail is not None:
@@ -336,7 +344,7 @@ class ApiServer:
                     entries = store.log_entries(namespace, name)[position:]
                     position += len(entries)
                     current = store.objects.get(("pods", namespace, name))
-                    finished = current is None or current["status"]["phase"] in ("Succeeded", "Failed")
+                    finished = current is None or not _container_running(current, container)
                     if not entries:
                         if finished or store.stopping:
                             break
@@ -344,6 +352,13 @@ class ApiServer:
             handler.end_chunked()
 
         return stream
+
+
+def _container_running(pod: dict, container: str) -> bool:
+    if pod["status"]["phase"] in ("Succeeded", "Failed"):
+        return False
+    status = next((s for s in pod["status"].get("containerStatuses") or [] if s["name"] == container), {})
+    return "running" in (status.get("state") or {"running": {}})
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

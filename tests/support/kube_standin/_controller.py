@@ -9,6 +9,17 @@ import time
 from collections.abc import Callable
 
 from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
+from ._jobpolicy import (
+    BACKOFF_LIMIT_EXCEEDED,
+    JobPolicy,
+    crash_loop_delay,
+    mark_crash_looping,
+    mark_restarted,
+    match_pod_failure_policy,
+    node_job_policy,
+    restart_count,
+    restarts_exceed_limit,
+)
 from ._store import Store
 from ._types import Scenario
 from ._workload import (
@@ -23,6 +34,7 @@ from ._workload import (
     new_condition,
     new_pod,
     node_pod_template,
+    node_replicated_job,
 )
 
 # What ended a phase of a job's life: None (the phase ran out), "cancel" (deleted / stand-in stopped),
@@ -117,7 +129,8 @@ class Controller:
             if execute is not None:
                 outcome = self._run_processes(namespace, pods, execute, run, wait)
             else:
-                outcome = self._simulate_run(namespace, pods, scenario, wait)
+                policy = node_job_policy(node_replicated_job(runtime))
+                outcome = self._simulate_run(job, pods, template, scenario, policy, wait)
         if outcome == "cancel":
             return
         if outcome == "deadline":  # the Trainer deletes the JobSet, so the pods go
@@ -192,23 +205,93 @@ class Controller:
             )
         return pod_name
 
-    def _simulate_run(self, namespace: str, pods: list[str], scenario: Scenario, wait: Wait) -> Outcome:
+    def _simulate_run(
+        self, job: dict, pods: list[str], template: dict, scenario: Scenario, policy: JobPolicy, wait: Wait
+    ) -> Outcome:
+        """Rank 0 prints the log lines, then every pod ends. A failing trainer under ``restartPolicy: OnFailure``
+        restarts in place until the restart counts pass ``backoffLimit``; under ``Never`` the failed pod is
+        replaced until a podFailurePolicy rule fails the Job or the failures exceed ``backoffLimit``."""
+        namespace = job["metadata"]["namespace"]
+        failed = scenario.outcome == "fail"
+        pod_failures = 0  # failed pods the Job controller counted (restartPolicy Never)
         for rank, pod in enumerate(pods[1:], start=1):
             self.store.append_log(namespace, pod, f"node rank {rank} started\n")
-        for line in scenario.log_lines:
-            self.store.append_log(namespace, pods[0], line.rstrip("\n") + "\n")
-            if outcome := wait(scenario.line_interval):
-                return outcome
-        failed = scenario.outcome == "fail"
-        for rank, pod in enumerate(pods):
+        while True:
+            for line in scenario.log_lines:
+                self.store.append_log(namespace, pods[0], line.rstrip("\n") + "\n")
+                if outcome := wait(scenario.line_interval):
+                    return outcome
             if not failed:
-                code, reason = 0, "Completed"
-            elif rank == scenario.failed_rank:
-                code, reason = scenario.exit_code, "OOMKilled" if scenario.oom_killed else "Error"
+                for pod in pods:
+                    self.store.update("pods", namespace, pod, lambda p: mark_terminated(p, 0, "Completed"))
+                return "succeeded"
+            code, reason = scenario.exit_code, "OOMKilled" if scenario.oom_killed else "Error"
+            crashed = pods[scenario.failed_rank]
+            if policy.restart_policy == "OnFailure":  # the kubelet restarts the container in place
+                restarts = restart_count(self.store.find("pods", namespace, crashed)) + 1
+                shown = crash_loop_delay(restarts, 1.0)  # what the kubelet reports; the wait is scaled
+                self.store.update(
+                    "pods",
+                    namespace,
+                    crashed,
+                    lambda p, c=code, r=reason, s=shown: mark_crash_looping(p, c, r, s),
+                )
+                self.store.record_event(
+                    namespace,
+                    "Pod",
+                    crashed,
+                    "BackOff",
+                    f"Back-off restarting failed container node in pod {crashed}_{namespace}",
+                    "Warning",
+                )
+                if outcome := wait(shown * scenario.restart_backoff_scale):
+                    return outcome
+                self.store.restart_log(namespace, crashed)
+                self.store.update("pods", namespace, crashed, mark_restarted)
+                total = sum(restart_count(self.store.find("pods", namespace, p) or {}) for p in pods)
+                if restarts_exceed_limit(policy, total):
+                    self._fail_node_job(job, BACKOFF_LIMIT_EXCEEDED, delete=pods)
+                    return "failed"
+                continue
+            self.store.update(
+                "pods", namespace, crashed, lambda p, c=code, r=reason: mark_terminated(p, c, r)
+            )
+            action, message = match_pod_failure_policy(
+                policy, self.store.find("pods", namespace, crashed)
+            ) or (
+                "Count",
+                "",
+            )
+            pod_failures += action == "Count"
+            if action == "FailJob":
+                ended = ("PodFailurePolicy", message)
+            elif action == "Ignore" or pod_failures <= policy.backoff_limit:
+                # the Job controller replaces the failed pod (after its pod back-off) and the trainer starts over
+                if outcome := wait(crash_loop_delay(max(pod_failures, 1), scenario.restart_backoff_scale)):
+                    return outcome
+                rank = scenario.failed_rank
+                pods[rank] = self._create_pod(
+                    job, template, rank, dataclasses.replace(scenario, pending_events=())
+                )
+                self.store.update("pods", namespace, pods[rank], mark_running)
+                continue
             else:
-                code, reason = 143, "Error"  # SIGTERM: JobSet tears the other nodes down
-            self.store.update("pods", namespace, pod, lambda p, c=code, r=reason: mark_terminated(p, c, r))
-        return "failed" if failed else "succeeded"
+                ended = BACKOFF_LIMIT_EXCEEDED
+            others = [p for p in pods if p != crashed]
+            for pod in others:  # SIGTERM: the other ranks are torn down
+                self.store.update("pods", namespace, pod, lambda p: mark_terminated(p, 143, "Error"))
+            self._fail_node_job(job, ended, delete=[])
+            return "failed"
+
+    def _fail_node_job(self, job: dict, ended: tuple[str, str], delete: list[str]) -> None:
+        """The Job controller fails the ``node`` Job: a Warning event with its reason, then deletes active pods
+        (job_controller.go: the finished condition as an event, deleteActivePods)."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        self.store.record_event(namespace, "Job", f"{name}-node-0", *ended, "Warning")
+        for pod in delete:
+            found = self.store.find("pods", namespace, pod)
+            if found:
+                self.store.put("pods", found, "DELETED")
 
     def _run_processes(
         self, namespace: str, pods: list[str], config: ExecuteConfig, run: JobRun, wait: Wait

@@ -46,6 +46,9 @@ class Store:
         self.objects: dict[tuple[str, str | None, str], dict] = {}
         self.history: list[WatchEvent] = []
         self.logs: dict[tuple[str, str], list[tuple[float, str]]] = {}
+        self.previous_logs: dict[
+            tuple[str, str], list[tuple[float, str]]
+        ] = {}  # the container before a restart
         self.current_rv = 999
         self.stopping = False
         self._rv = itertools.count(self.current_rv + 1)  # one global, increasing resourceVersion
@@ -179,7 +182,13 @@ class Store:
             self.logs.setdefault((namespace, pod), []).append((time.time(), line))
             self.cond.notify_all()
 
-    def log_entries(self, namespace: str, pod: str) -> list[tuple[float, str]]:
-        """(time, line) pairs the pod has logged so far."""
+    def restart_log(self, namespace: str, pod: str) -> None:
+        """The node container starts again: its log so far becomes the ``previous=true`` log."""
         with self.cond:
-            return list(self.logs.get((namespace, pod), []))
+            self.previous_logs[(namespace, pod)] = self.logs.pop((namespace, pod), [])
+            self.cond.notify_all()
+
+    def log_entries(self, namespace: str, pod: str, *, previous: bool = False) -> list[tuple[float, str]]:
+        """(time, line) pairs the pod's current (or previous) node container has logged so far."""
+        with self.cond:
+            return list((self.previous_logs if previous else self.logs).get((namespace, pod), []))

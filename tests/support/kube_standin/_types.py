@@ -43,6 +43,9 @@ class Scenario:
         oom_killed: The failing container terminates with reason ``OOMKilled`` and exit code 137.
         failed_rank: Which rank fails (the other ranks are terminated with exit code 143).
         execute: Run the node command as local subprocesses (see :meth:`KubeStandin.execute`).
+        restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
+            controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
+            ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
     """
 
     outcome: str = "succeed"
@@ -59,6 +62,7 @@ class Scenario:
     oom_killed: bool = False
     failed_rank: int = 0
     execute: bool = False
+    restart_backoff_scale: float = 0.001
 
     @classmethod
     def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:

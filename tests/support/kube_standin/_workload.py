@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
+from ._jobpolicy import JOBSET_DEFAULT_RESTART_POLICY, node_job_policy
 from ._types import Scenario
 
 
@@ -173,13 +174,18 @@ def mark_deleting(job: dict) -> None:
     job["metadata"]["finalizers"] = ["foregroundDeletion"]
 
 
+def node_replicated_job(runtime: dict) -> dict:
+    """The runtime's ``node`` replicated job (else its first)."""
+    replicated_jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return next((r for r in replicated_jobs if r["name"] == "node"), replicated_jobs[0])
+
+
 def node_pod_template(job: dict, runtime: dict) -> tuple[dict, int, str]:
-    """The ``node`` pod template after runtimePatches and the TrainJob's ``trainer`` (the Trainer's job builder)."""
-    replicated = next(
-        (r for r in runtime["spec"]["template"]["spec"]["replicatedJobs"] if r["name"] == "node"),
-        runtime["spec"]["template"]["spec"]["replicatedJobs"][0],
-    )
+    """The ``node`` pod template after runtimePatches and the TrainJob's ``trainer`` (the Trainer's job builder),
+    with JobSet's webhook default ``restartPolicy: OnFailure`` when the runtime sets none."""
+    replicated = node_replicated_job(runtime)
     template = copy.deepcopy(replicated["template"]["spec"]["template"])
+    template.setdefault("spec", {}).setdefault("restartPolicy", node_job_policy(replicated).restart_policy)
     template.setdefault("metadata", {}).setdefault("labels", {}).update(
         replicated["template"].get("metadata", {}).get("labels") or {}
     )
@@ -321,7 +327,9 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
         "jobset.sigs.k8s.io/replicatedjob-name": "node",
     }
     spec.update(
-        hostname=f"{name}-node-0-{rank}", subdomain=name, restartPolicy=spec.get("restartPolicy", "Never")
+        hostname=f"{name}-node-0-{rank}",
+        subdomain=name,
+        restartPolicy=spec.get("restartPolicy") or JOBSET_DEFAULT_RESTART_POLICY,
     )
     unschedulable = next((e for e in scenario.pending_events if e.get("reason") == "FailedScheduling"), None)
     waiting = {"reason": scenario.waiting_reason or "ContainerCreating"}

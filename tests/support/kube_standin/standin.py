@@ -167,8 +167,15 @@ class KubeStandin:
         num_nodes: int = 1,
         volumes: list[dict] | None = None,
         volume_mounts: list[dict] | None = None,
+        restart_policy: str | None = None,
+        backoff_limit: int | None = None,
+        pod_failure_policy: dict | None = None,
     ) -> dict:
-        """Seed a minimal torch runtime: one replicated job ``node`` with container ``node``."""
+        """Seed a minimal torch runtime: one replicated job ``node`` with container ``node``.
+
+        Like the upstream runtimes it sets no ``restartPolicy`` / ``backoffLimit`` unless given, so a failing
+        trainer restarts in place (JobSet's OnFailure default) until the Job's default backoffLimit of 6.
+        """
         container: dict[str, Any] = {"name": "node", "image": image}
         if command:
             container["command"] = list(command)
@@ -177,6 +184,13 @@ class KubeStandin:
         pod_spec: dict[str, Any] = {"containers": [container]}
         if volumes:
             pod_spec["volumes"] = copy.deepcopy(volumes)
+        if restart_policy:
+            pod_spec["restartPolicy"] = restart_policy
+        job_spec: dict[str, Any] = {"template": {"spec": pod_spec}}
+        if backoff_limit is not None:
+            job_spec["backoffLimit"] = backoff_limit
+        if pod_failure_policy:
+            job_spec["podFailurePolicy"] = copy.deepcopy(pod_failure_policy)
         runtime = {
             "apiVersion": TRAINER_API_VERSION,
             "kind": kind,
@@ -192,7 +206,7 @@ class KubeStandin:
                                     "metadata": {
                                         "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
                                     },
-                                    "spec": {"template": {"spec": pod_spec}},
+                                    "spec": job_spec,
                                 },
                             }
                         ]
@@ -285,6 +299,22 @@ class KubeStandin:
     def pod_log(self, pod_name: str, namespace: str | None = None) -> str:
         """Everything the pod's ``node`` container has logged so far."""
         return "".join(line for _, line in self._store.log_entries(namespace or self.namespace, pod_name))
+
+    def wait_for_pod(
+        self, job: str, where: Callable[[dict], bool], *, timeout: float = 10.0, namespace: str | None = None
+    ) -> dict:
+        """Wait until a pod of TrainJob ``job`` satisfies ``where`` (e.g. its node container is waiting in
+        CrashLoopBackOff); returns it."""
+        deadline = time.monotonic() + timeout
+        with self._store.cond:
+            while True:
+                pods = self.pods(job, namespace)
+                if found := next((p for p in pods if where(p)), None):
+                    return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no matching pod of TrainJob {job} after {timeout}s: {pods}")
+                self._store.cond.wait(remaining)
 
     def wait_for_trainjob(
         self, name: str, *, condition: str | None = None, timeout: float = 10.0, namespace: str | None = None
