@@ -191,6 +191,57 @@ def test_oom_killed_pod_is_named_in_the_error(kube):
         launcher(kube).run()
 
 
+def test_crash_is_reported_after_one_attempt_with_the_reason_and_last_lines(kube):
+    """runtimes/torchtune-cpu.yaml fails fast: without restartPolicy Never / backoffLimit 0 the OOM-killed trainer
+    would restart in place (JobSet/Job defaults) and its pod, exit code and log would be deleted at the end."""
+    kube.scenario(None, Scenario.oom(log_lines=["Step 1 | loss:2.0", "allocating 80 GiB"]))
+    with pytest.raises(TrainJobFailed) as raised:
+        launcher(kube).run()
+    text = str(raised.value)
+    assert "(rank 0): OOMKilled (exit code 137)" in text and text.rstrip().endswith("allocating 80 GiB")
+    (pod,) = kube.pods(NAME)
+    assert pod["status"]["phase"] == "Failed" and pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert kube.pod_log(pod["metadata"]["name"]).count("Step 1") == 1  # one attempt
+    job_events = [
+        (e["reason"], e["message"]) for e in kube.events() if e["involvedObject"]["name"] == f"{NAME}-node-0"
+    ]
+    assert job_events == [
+        (
+            "PodFailurePolicy",
+            f"Container node for pod team-a/{pod['metadata']['name']} failed with exit code 137 matching FailJob "
+            "rule at index 1",
+        )
+    ]
+
+
+@pytest.mark.parametrize("cleanup, deleted", [("on-success", False), ("always", True)])
+def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_fix(
+    kube, user_log, cleanup, deleted
+):
+    """A user's runtime without the fail-fast policy (like the upstream ones): the container restarts in place
+    (10s back-off, then again up to 7 times). The launcher stops at the first crash instead of waiting it out."""
+    kube.add_runtime("users-runtime")
+    lines = ["Step 1 | loss:2.0", "RuntimeError: CUDA error"]
+    kube.scenario(None, Scenario.failure(exit_code=3, log_lines=lines, restart_backoff_scale=1.0))
+    job = manifest()
+    job["spec"]["runtimeRef"]["name"] = "users-runtime"
+    with pytest.raises(TrainJobFailed) as raised:
+        launcher(kube, job, cleanup=cleanup, timeout=30).run()  # the crash loop alone would take 10 minutes
+    text = str(raised.value)
+    assert f"TrainJob team-a/{NAME} failed: TrainerRestarting: the trainer crashed" in text
+    assert "ClusterTrainingRuntime 'users-runtime' does not fail fast" in text
+    assert "`restartPolicy: Never`" in text and "`backoffLimit: 0`" in text
+    assert "(rank 0): Error (exit code 3)" in text and text.rstrip().endswith("RuntimeError: CUDA error")
+    assert raised.value.result.status == "Failed" and raised.value.result.reason == "TrainerRestarting"
+    assert (kube.trainjob(NAME) is None) == deleted
+    if not deleted:
+        assert f"`kubectl delete trainjob -n team-a {NAME}` frees its nodes now" in user_log.text
+        (pod,) = kube.pods(NAME)
+        assert pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    # the log of the crash-looping container was read once, not re-followed in a loop
+    assert len([r for r in kube.requests_for("GET", "pods") if r.subresource == "log"]) == 1
+
+
 def test_failure_shows_only_the_last_50_lines(kube):
     kube.scenario(None, Scenario.failure(log_lines=[f"out {i}" for i in range(80)], line_interval=0.001))
     with pytest.raises(TrainJobFailed) as raised:

@@ -11,7 +11,8 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 - The rank-0 `node` container log is streamed into our log as soon as the pod runs, reconnecting without
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
-  and the last log lines. Pods Pending too long: log why (events, waiting reasons).
+  and the last log lines. Pods Pending too long: log why (events, waiting reasons). A runtime that restarts a
+  crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the runtime and the fix.
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
   decides (default: delete successful TrainJobs, keep failed ones for debugging).
 """
@@ -36,6 +37,10 @@ from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_re
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
+from kfp_finetune.components.torchtune_finetune.pod_failures import (
+    restarted_node_containers,
+    restarting_message,
+)
 
 CLEANUP_POLICIES = ("on-success", "always", "never")
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
@@ -464,7 +469,8 @@ class TrainJobLauncher:
                     f"lost track of TrainJob {self.namespace}/{self.name} (deleted it): {error}"
                 ) from error
             state = terminal_state(job)
-            if state:
+            restarts = restarted_node_containers(self._node_pods())
+            if state or restarts:
                 break
             if seen and job is None:
                 self._stop.set()
@@ -494,6 +500,11 @@ class TrainJobLauncher:
         # Let the log stream drain what the pod printed last, then stop the watches.
         log_thread.join(self.log_drain_timeout)
         self._stop.set()
+        if restarts and not state:
+            ref = self.manifest["spec"]["runtimeRef"]
+            return self._finish(
+                job, "Failed", created, ("TrainerRestarting", restarting_message(ref, restarts))
+            )
         return self._finish(job, state, created)
 
     def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
@@ -631,6 +642,7 @@ class TrainJobLauncher:
             pod = self._rank0_pod()
             with self._lock:
                 done = terminal_state(self._trainjob) is not None
+            done = done or bool(restarted_node_containers(self._node_pods()))
             phase = ((pod or {}).get("status") or {}).get("phase")
             if pod is None or phase in (None, "Pending") or pod["metadata"]["name"] in streamed:
                 if done:
@@ -698,12 +710,13 @@ class TrainJobLauncher:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            pod = self._api(self.core.read_namespaced_pod, pod_name, self.namespace)
+            pod = self._api(_raw_json(self.core.read_namespaced_pod), pod_name, self.namespace)
         except ApiException as error:
             if error.status == 404:
                 return True
             raise
-        return pod.status.phase in ("Succeeded", "Failed")
+        # A container that crashed and restarts in place ends its log stream while the pod stays Running.
+        return pod["status"].get("phase") in ("Succeeded", "Failed") or bool(restarted_node_containers([pod]))
 
     def _show(self, line: str) -> None:
         with self._lock:
@@ -791,8 +804,13 @@ class TrainJobLauncher:
 
     # End --------------------------------------------------------------------------------------------------------
 
-    def _finish(self, job: dict, state: str, created: bool) -> TrainJobResult:
-        condition = _condition(job, state) or {}
+    def _finish(
+        self, job: dict, state: str, created: bool, ended: tuple[str, str] | None = None
+    ) -> TrainJobResult:
+        """Report the end; ``ended``: our own (reason, message) when we stop before the TrainJob ends."""
+        condition = (
+            dict(zip(("reason", "message"), ended, strict=True)) if ended else _condition(job, state) or {}
+        )
         with self._lock:
             result = TrainJobResult(
                 name=self.name,
@@ -811,6 +829,15 @@ class TrainJobLauncher:
                 self._fetch_tail()
             if self.cleanup == "always":
                 result.deleted = self._delete(reason="cleanup policy 'always'")
+            elif ended:
+                self.log.warning(
+                    "kept TrainJob %s (cleanup policy %r): it restarts until its backoffLimit; "
+                    "`kubectl delete trainjob -n %s %s` frees its nodes now",
+                    self.name,
+                    self.cleanup,
+                    self.namespace,
+                    self.name,
+                )
             text = [
                 f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
             ]
