@@ -337,7 +337,7 @@ def test_execute_mode_runs_node_commands(kube_standin, custom, core, tmp_path):
     node_patch = {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}}
     patches = [
         {
-            "manager": "kfp-finetune",
+            "manager": "kfp-finetune.io/launcher",
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node_patch]}}},
         }
     ]
