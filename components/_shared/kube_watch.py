@@ -156,10 +156,9 @@ class Watch:
                     if self.stopped:
                         return
                     obj = event.get("object") or {}
-                    self.resource_version = (obj.get("metadata") or {}).get(
-                        "resourceVersion"
-                    ) or self.resource_version
-                    if event["type"] != BOOKMARK:
+                    version = (obj.get("metadata") or {}).get("resourceVersion")
+                    self.resource_version = version or self.resource_version
+                    if event["type"] != BOOKMARK:  # a bookmark only moves the resourceVersion on
                         yield WatchEvent(event["type"], obj)
                 failures = self._endless_backoff()  # a healthy watch resets the backoff
             except ApiException as error:
