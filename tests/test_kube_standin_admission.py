@@ -62,6 +62,8 @@ def test_rbac_forbids_what_no_binding_grants_with_the_apiservers_message(kube_st
     assert status["message"] == (
         f'pods is forbidden: {USER} cannot watch resource "pods" in API group "" in the namespace "{NS}"'
     )
+    status = forbidden(core.list_namespaced_pod, NS, field_selector="metadata.name=p", watch=True)
+    assert status["message"].startswith(f'pods "p" is forbidden: {USER} cannot watch resource "pods"')
     status = forbidden(
         custom.get_namespaced_custom_object, TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", "x"
     )

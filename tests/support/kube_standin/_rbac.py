@@ -3,8 +3,9 @@
 Upstream (kubernetes):
   * staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go: the request's verb (GET on a collection is
     ``list``, with ``watch=true`` ``watch``; POST ``create``; DELETE ``delete`` / ``deletecollection``; PUT
-    ``update``; PATCH ``patch``), API group, namespace, resource, name and subresource come from the URL alone, so
-    authorization happens before the server knows whether the resource exists.
+    ``update``; PATCH ``patch``), API group, namespace, resource, name (for a list/watch, from an exact
+    ``metadata.name`` field selector) and subresource come from the URL alone, so authorization happens before the
+    server knows whether the resource exists.
   * plugin/pkg/auth/authorizer/rbac/rbac.go + pkg/apis/rbac/v1/evaluation_helpers.go: a request is allowed when a
     rule of a role bound to the user matches verb, API group, resource (``resource/subresource``, ``*``, ``*/sub``)
     and resourceNames; ClusterRoleBindings grant everywhere, RoleBindings only in their namespace. A
@@ -61,15 +62,17 @@ def request_attributes(method: str, path: str, query: dict[str, str]) -> Request
     else:
         return None
     namespace = ""
-    if (
-        rest[:1] == ["namespaces"] and len(rest) >= 3
-    ):  # "namespaces/<ns>" alone addresses the namespace object
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:  # "namespaces/<ns>" alone: the namespace object
         namespace, rest = rest[1], rest[2:]
     if not rest:
         return None
     resource, name, subresource = rest[0], (rest[1:2] or [""])[0], "/".join(rest[2:])
-    if method == "GET":
-        verb = "watch" if truthy(query.get("watch")) else ("get" if name else "list")
+    if method == "GET" and not name:  # a collection: list or watch; a metadata.name selector names the object
+        verb = "watch" if truthy(query.get("watch")) else "list"
+        terms = [t.replace("==", "=").split("=", 1) for t in query.get("fieldSelector", "").split(",")]
+        name = dict(t for t in terms if len(t) == 2 and not t[0].endswith("!")).get("metadata.name", "")
+    elif method == "GET":
+        verb = "get"
     elif method == "DELETE":
         verb = "delete" if name else "deletecollection"
     else:
