@@ -183,6 +183,11 @@ def test_webhook_aggregates_every_denial_and_admits_a_valid_patch(kube_standin):
     assert message.startswith(DENIED + "[spec.runtimePatches.manager: ") and message.endswith("]")
     assert "must not have envs" in message and "PET_NODE_RANK" in message
 
+    with pytest.raises(ApiException) as raised:  # the same message twice is said once
+        create(kube_standin, runtimePatches=[patch(containers=[{"name": "sidecar"}, {"name": "other"}])])
+    message = status_of(raised.value)["message"]
+    assert not message.startswith(DENIED + "[") and message.count("must not have container") == 1
+
     valid = patch(
         containers=[{"name": "node", "volumeMounts": [{"name": "ws", "mountPath": "/ws"}]}],
         volumes=[{"name": "ws", "persistentVolumeClaim": {"claimName": "ws"}}],

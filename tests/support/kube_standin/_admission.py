@@ -15,7 +15,8 @@ Upstream (kubeflow/trainer v2.3.0):
 controller-runtime's admission.Validator turns a returned error into ``Denied(err.Error())``: HTTP 403, reason
 Forbidden; kube-apiserver (admission/plugin/webhook/errors ToStatusErr) prefixes the message with
 ``admission webhook "<name>" denied the request: ``. An aggregate of one error reads as that error; of several as
-``[e1, e2]`` (apimachinery util/errors aggregate).
+``[e1, e2]`` (apimachinery util/errors aggregate); a bad value that is not a string or number is rendered as JSON
+(util/validation/field ErrorBody).
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def admit_trainjob(job: dict, runtime: dict | None) -> None:
             f'{ref["kind"]}.{TRAINER_GROUP} "{ref["name"]}" not found: specified {which} must be created '
             "before the TrainJob is created",
         )
-    errors = _jobset_errors(job, runtime) + _torch_errors(job, runtime)  # plugin order: jobset, then torch
+    # Plugin order: jobset, then torch; the aggregate shows a repeated message once (util/errors aggregate.Error).
+    errors = list(dict.fromkeys(_jobset_errors(job, runtime) + _torch_errors(job, runtime)))
     if errors:
         message = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
         raise ApiError(403, WEBHOOK_DENIED + message)
