@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -223,6 +224,96 @@ def test_watch_faults_dropped_stream_and_410(kube_standin, custom):
             TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", watch=True, resource_version=rv
         )
     assert error.value.status == 410 and status_of(error.value)["reason"] == "Gone"
+
+
+def watch_lines(custom: client.CustomObjectsApi, **kwargs) -> urllib3.HTTPResponse:
+    """An open watch on the namespace's TrainJobs: its answer (headers) has come, so the server side is set up."""
+    return custom.list_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", watch=True, _preload_content=False, **kwargs
+    )
+
+
+def events_of(response: urllib3.HTTPResponse) -> list[dict]:
+    return [json.loads(line) for line in watch.watch.iter_resp_lines(response)]
+
+
+def test_watch_bookmarks_carry_only_the_newest_resource_version(kube_standin, custom):
+    rv = custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs")["metadata"][
+        "resourceVersion"
+    ]
+    mine = dict(field_selector="metadata.name=mine", resource_version=rv, timeout_seconds=1)
+    with_bookmarks = watch_lines(custom, allow_watch_bookmarks=True, **mine)
+    without = watch_lines(custom, **mine)
+    other = create(custom, trainjob("other"))  # not selected: the bookmark still moves past it
+    kube_standin.send_bookmarks()
+    (bookmark,) = events_of(with_bookmarks)  # then the server-side timeout ends the stream
+    assert bookmark == {
+        "type": "BOOKMARK",
+        "object": {
+            "apiVersion": TRAINER_API_VERSION,
+            "kind": "TrainJob",
+            "metadata": bookmark["object"]["metadata"],
+        },
+    }
+    assert list(bookmark["object"]["metadata"]) == ["resourceVersion"]  # no name: not an object to keep
+    assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(other["metadata"]["resourceVersion"])
+    assert events_of(without) == []  # only watches that asked for bookmarks get them
+
+    # The real client passes a bookmark on as an event (it is the caller's job to skip it).
+    pods = client.CoreV1Api(kube_standin.api_client())
+    stream = watch.Watch().stream(
+        pods.list_namespaced_pod, NS, label_selector="no=pod", allow_watch_bookmarks=True, timeout_seconds=1
+    )
+
+    def bookmark_once_watching() -> None:  # the generator sends its request only when iterated
+        kube_standin.wait_for_request("GET", "pods", where=lambda r: r.query.get("watch") == "True")
+        kube_standin.send_bookmarks()
+
+    threading.Thread(target=bookmark_once_watching, daemon=True).start()
+    assert [(e["type"], e["raw_object"]["kind"], e["raw_object"]["apiVersion"]) for e in stream] == [
+        ("BOOKMARK", "Pod", "v1")
+    ]
+
+
+def test_watch_cache_bookmarks_before_the_timeout_by_itself(kube_standin, custom):
+    """cache_watcher.go: a watch that allows bookmarks gets one 2s before its timeoutSeconds ends."""
+    events = events_of(
+        watch_lines(custom, allow_watch_bookmarks=True, resource_version="1000", timeout_seconds=3)
+    )
+    assert [e["type"] for e in events] == ["BOOKMARK"]
+
+
+def test_compacted_history_answers_410_expired(kube_standin, custom):
+    first = create(custom, trainjob("c1"))["metadata"]["resourceVersion"]
+    compacted = kube_standin.compact_history()
+    create(custom, trainjob("c2"))
+
+    # HTTP 200, one ERROR event, the end (well before the timeout)
+    (error,) = events_of(watch_lines(custom, resource_version=first, timeout_seconds=1))
+    assert error["type"] == "ERROR"
+    status = error["object"]
+    assert (status["kind"], status["code"], status["reason"]) == ("Status", 410, "Expired")
+    assert status["message"] == f"too old resource version: {first} ({compacted})"
+    with pytest.raises(ApiException) as raised:  # what the real client makes of it when it may not retry
+        for _ in watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            NS,
+            "trainjobs",
+            resource_version=first,
+            timeout_seconds=1,
+        ):
+            pass
+    assert raised.value.status == 410 and raised.value.reason.startswith("Expired: too old resource version")
+
+    # From the compacted version on, nothing is lost; a fresh list gives a version to watch from.
+    added = events_of(
+        watch_lines(custom, resource_version=compacted, field_selector="metadata.name=c2", timeout_seconds=1)
+    )[0]
+    assert (added["type"], added["object"]["metadata"]["name"]) == ("ADDED", "c2")
+    listed = custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs")
+    assert int(listed["metadata"]["resourceVersion"]) >= int(compacted)
 
 
 def test_injected_5xx_and_429(kube_standin, custom):
@@ -462,7 +553,7 @@ def test_execute_mode_runs_node_commands(kube_standin, custom, core, tmp_path):
     node_patch = {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}}
     patches = [
         {
-            "manager": "kfp-finetune",
+            "manager": "kfp-finetune.io/launcher",
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node_patch]}}},
         }
     ]

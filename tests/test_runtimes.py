@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from kfp_finetune.components.torchtune_finetune import trainjob_launcher
 from kfp_finetune.components.torchtune_finetune.trainjob import NODE
 from tests.support.kube_standin._typed_schema import typed_model_errors
 
@@ -305,36 +304,13 @@ def test_runtimes_use_the_default_trainer_image(monkeypatch):
         importlib.reload(images)
 
 
-# --- RBAC ---------------------------------------------------------------------------------------------------
+# --- RBAC (what the backend really calls is checked against rbac.yaml in tests/test_rbac.py) -------------------
 
 
 def rbac_documents() -> list[dict]:
     return [
         doc for _, doc in runtime_documents() if doc["apiVersion"].startswith("rbac.authorization.k8s.io/")
     ]
-
-
-def granted_permissions() -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs granted to pipeline-runner, following the bindings."""
-    roles = {
-        doc["metadata"]["name"]: doc for doc in rbac_documents() if doc["kind"] in ("ClusterRole", "Role")
-    }
-    granted: dict[tuple[str, str], set[str]] = {}
-    for binding in (d for d in rbac_documents() if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
-        assert {(s["kind"], s["name"], s["namespace"]) for s in binding["subjects"]} == {
-            ("ServiceAccount", "pipeline-runner", "kubeflow")
-        }
-        for rule in roles[binding["roleRef"]["name"]]["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    granted.setdefault((group, resource), set()).update(rule["verbs"])
-    return granted
-
-
-def test_rbac_grants_exactly_what_the_launcher_uses():
-    assert granted_permissions() == {
-        key: set(verbs) for key, verbs in trainjob_launcher.API_PERMISSIONS.items()
-    }
 
 
 def test_rbac_is_least_privilege():

@@ -343,6 +343,22 @@ def test_410_gone_relists(kube, user_log, as_http_error):
     assert len(plain_lists) >= 3  # the first two lists + at least one re-list
 
 
+def test_watch_bookmarks_are_not_taken_for_objects(kube):
+    """BOOKMARK events (no name, only a resourceVersion) reach both watches mid-run; the run goes on unharmed."""
+    kube.scenario(None, Scenario.success(line_interval=0.1))
+
+    def bookmark_once_both_watch() -> None:
+        for resource in ("trainjobs", "pods"):
+            kube.wait_for_request("GET", resource, where=lambda r: r.query.get("watch") == "True")
+        kube.send_bookmarks()
+
+    threading.Thread(target=bookmark_once_both_watch, daemon=True).start()
+    result = launcher(kube).run()
+    assert result.status == "Complete" and len(result.log_lines) == 3
+    opened = watch_requests(kube, "trainjobs") + watch_requests(kube, "pods")
+    assert opened and all(r.query.get("allowWatchBookmarks") == "True" for r in opened)
+
+
 def test_5xx_and_429_bursts_are_retried_with_backoff(kube, user_log):
     sleeps = Sleeps()
     kube.fail_next(3, status=503, method="POST")

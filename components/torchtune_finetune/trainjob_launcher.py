@@ -5,9 +5,9 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 - Idempotent create: the name is deterministic per KFP run + task, so a 409 means a KFP retry or a restarted
   step. If the existing TrainJob carries our run/task labels we attach to it (a Failed one is replaced, since a
   retry is meant to train again); anything else is someone else's and we stop with a clear error.
-- Wait with watches (list, then watch from its resourceVersion; reconnect on server timeouts and dropped
-  connections, re-list on 410 Gone, back off exponentially on 429/5xx). State comes from the TrainJob's
-  Complete/Failed/Suspended conditions; "running" from its `node` pods.
+- Wait with watches (`_shared/kube_watch.py`: list, then watch from its resourceVersion with bookmarks; reconnect
+  on server timeouts and dropped connections, re-list on 410 Gone, back off exponentially on 429/5xx). State comes
+  from the TrainJob's Complete/Failed/Suspended conditions; "running" from its `node` pods.
 - The rank-0 `node` container log is streamed into our log as soon as the pod runs, reconnecting without
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
@@ -25,15 +25,21 @@ import json
 import math
 import re
 import signal
-import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_retryable
+from kfp_finetune.components._shared.kube_watch import (
+    LISTED,
+    Streams,
+    Watch,
+    is_connection_error,
+    raw_json,
+)
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
@@ -48,18 +54,6 @@ LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_LOG_LINES = 50
 THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
-
-#: Every API call the trainjob backend makes (this launcher and placement.py), as (apiGroup, resource) -> verbs;
-#: runtimes/rbac.yaml grants exactly these.
-API_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
-    (tj.GROUP, "trainjobs"): ("create", "get", "list", "watch", "delete"),
-    (tj.GROUP, "trainingruntimes"): ("get",),
-    (tj.GROUP, "clustertrainingruntimes"): ("get",),
-    ("", "pods"): ("get", "list", "watch"),
-    ("", "persistentvolumeclaims"): ("get",),
-    ("", "pods/log"): ("get",),
-    ("", "events"): ("list",),
-}
 
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
 
@@ -154,65 +148,6 @@ def _timestamp_ns(line: str) -> tuple[int | None, str]:
     return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]
 
 
-class _Streams:
-    """The watch and log responses being read, so that stopping can cut them: a read blocked on a quiet stream
-    would otherwise keep its thread, and its output, alive after run() returned (up to the watch timeout)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: set[Any] = set()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def reading(self, response: Any) -> Iterator[Any]:
-        with self._lock:
-            self._open.add(response)
-            closed = self._closed
-        try:
-            if closed:
-                _shut_down(response)
-            yield response
-        finally:
-            with self._lock:
-                self._open.discard(response)
-            response.close()
-            response.release_conn()
-
-    def close_all(self) -> None:
-        with self._lock:
-            self._closed = True
-            responses = list(self._open)
-        for response in responses:
-            _shut_down(response)
-
-
-def _shut_down(response: Any) -> None:
-    """End a streaming urllib3 response from another thread: shutdown() wakes a blocked read, close() does not."""
-    sock = getattr(getattr(response, "connection", None), "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _watch_events(
-    list_fn: Callable[..., Any], *args: Any, streams: _Streams, **kwargs: Any
-) -> Iterator[dict]:
-    """One watch request as parsed events; a 410 ERROR event is raised as ApiException(410)."""
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.watch.watch import iter_resp_lines
-
-    response = list_fn(*args, watch=True, _preload_content=False, **kwargs)
-    with streams.reading(response):
-        for line in iter_resp_lines(response):
-            event = json.loads(line)
-            if event.get("type") == "ERROR":
-                status = event.get("object") or {}
-                raise ApiException(
-                    status=status.get("code", 500), reason=status.get("message", "watch error")
-                )
-            yield event
-
-
 class TrainJobLauncher:
     """Launches one TrainJob manifest and follows it (see the module docstring).
 
@@ -276,7 +211,8 @@ class TrainJobLauncher:
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._streams = _Streams()
+        self._log_streams = Streams()  # the rank-0 log being followed, cut when run() ends
+        self._watches: dict[str, Watch] = {}
         self._threads: list[threading.Thread] = []
         self._changed = threading.Event()  # the TrainJob or a pod changed, or a thread died
         self._trainjob: dict | None = None
@@ -317,7 +253,9 @@ class TrainJobLauncher:
     def _stop_threads(self) -> None:
         """Cut the open streams and wait for the watch and log threads: nothing of this run may run on
         (or print) after it returned."""
-        self._streams.close_all()
+        self._log_streams.close_all()
+        for watch in self._watches.values():
+            watch.stop()
         deadline = time.monotonic() + THREAD_STOP_TIMEOUT
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -325,13 +263,13 @@ class TrainJobLauncher:
     # Create / attach --------------------------------------------------------------------------------------------
 
     def _api(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        def on_retry(error: BaseException, delay: float) -> None:
-            if self._stop.is_set():  # a watch or log thread after the end: no retries, no log lines
-                raise error
-            status = getattr(error, "status", None)
-            self.log.warning("Kubernetes API %s; retrying in %.1fs", status or type(error).__name__, delay)
+        return call_with_retry(fn, *args, backoff=self.backoff, on_retry=self._on_retry, **kwargs)
 
-        return call_with_retry(fn, *args, backoff=self.backoff, on_retry=on_retry, **kwargs)
+    def _on_retry(self, error: BaseException, delay: float) -> None:
+        if self._stop.is_set():  # a watch or log thread after the end: no retries, no log lines
+            raise error
+        status = getattr(error, "status", None)
+        self.log.warning("Kubernetes API %s; retrying in %.1fs", status or type(error).__name__, delay)
 
     def _check_runtime(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -451,6 +389,8 @@ class TrainJobLauncher:
             target=self._guard(self._stream_logs), name=f"log-{self.name}", daemon=True
         )
         self._threads = [*threads, log_thread]
+        # Made before the threads start, so that _stop_threads always stops them.
+        self._watches = {"trainjob": self._new_watch(), "pods": self._new_watch()}
         for thread in self._threads:
             thread.start()
         next_pending_report = self.pending_warning_after
@@ -518,58 +458,28 @@ class TrainJobLauncher:
 
         return run
 
+    def _new_watch(self) -> Watch:
+        return Watch(
+            backoff=self.backoff, timeout_seconds=self.watch_timeout, on_retry=self._on_retry, log=self.log
+        )
+
     def _watch(
         self,
+        watch: Watch,
         list_fn: Callable[..., Any],
         args: tuple,
         on_list: Callable[[list[dict]], None],
         on_event: Callable[[str, dict], None],
         **selectors: str,
     ) -> None:
-        """List, then watch from the list's resourceVersion until stopped; reconnect and re-list as needed."""
-        from kubernetes.client.exceptions import ApiException
-
-        resource_version: str | None = None
-        failures = self._endless_backoff()
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    listing = self._api(_raw_json(list_fn), *args, **selectors)
-                    resource_version = listing["metadata"]["resourceVersion"]
-                    on_list(listing.get("items") or [])
-                for event in _watch_events(
-                    list_fn,
-                    *args,
-                    streams=self._streams,
-                    resource_version=resource_version,
-                    timeout_seconds=self.watch_timeout,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(10, self.watch_timeout + 10),
-                    **selectors,
-                ):
-                    obj = event.get("object") or {}
-                    resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
-                    if event.get("type") != "BOOKMARK":
-                        on_event(event["type"], obj)
-                    if self._stop.is_set():
-                        return
-                failures = self._endless_backoff()  # a healthy watch resets the backoff
-            except ApiException as error:
-                if error.status == 410:  # our resourceVersion is too old: start over from a fresh list
-                    self.log.info("watch expired (410 Gone); re-listing")
-                    resource_version = None
-                    continue
-                if not is_retryable(error):
-                    raise
-                self.backoff.sleep(next(failures))
-            except Exception as error:  # dropped connection / read timeout: re-open the watch
-                if not is_retryable(error) and not _is_connection_error(error):
-                    raise
-                self.backoff.sleep(min(next(failures), 1.0))
-
-    def _endless_backoff(self) -> Iterator[float]:
-        """Backoff delays that never run out: a watch keeps trying until the job ends or the timeout hits."""
-        return dataclasses.replace(self.backoff, attempts=1_000_000).delays()
+        """Follow one collection (list, then watch; re-list on 410) until the run stops."""
+        for event in watch.stream(list_fn, *args, **selectors):
+            if event.type == LISTED:
+                on_list(event.items)
+            else:
+                on_event(event.type, event.object or {})
+            if self._stop.is_set():
+                return
 
     def _watch_trainjob(self) -> None:
         def on_list(items: list[dict]) -> None:
@@ -579,6 +489,7 @@ class TrainJobLauncher:
             self._set_trainjob(None if kind == "DELETED" else obj)
 
         self._watch(
+            self._watches["trainjob"],
             self.custom.list_namespaced_custom_object,
             (tj.GROUP, tj.VERSION, self.namespace, tj.PLURAL),
             on_list,
@@ -607,6 +518,7 @@ class TrainJobLauncher:
             self._changed.set()
 
         self._watch(
+            self._watches["pods"],
             self.core.list_namespaced_pod,
             (self.namespace,),
             on_list,
@@ -676,7 +588,7 @@ class TrainJobLauncher:
                     _request_timeout=(10, self.log_read_timeout),
                     **kwargs,
                 )
-                with self._streams.reading(response):
+                with self._log_streams.reading(response):
                     for raw in iter_resp_lines(response):
                         stamp, line = _timestamp_ns(raw)
                         if stamp is not None and last_ns is not None:
@@ -700,7 +612,7 @@ class TrainJobLauncher:
                 self.backoff.sleep(next(failures, self.backoff.maximum))
                 continue
             except Exception as error:
-                if not (is_retryable(error) or _is_connection_error(error)):
+                if not (is_retryable(error) or is_connection_error(error)):
                     raise
                 continue  # silent for too long or the connection dropped: reconnect
             if self._stop.is_set() or self._pod_finished(pod_name):
@@ -710,7 +622,7 @@ class TrainJobLauncher:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            pod = self._api(_raw_json(self.core.read_namespaced_pod), pod_name, self.namespace)
+            pod = self._api(raw_json(self.core.read_namespaced_pod), pod_name, self.namespace)
         except ApiException as error:
             if error.status == 404:
                 return True
@@ -902,25 +814,6 @@ class TrainJobLauncher:
     def _restore_signal_handlers(previous: dict[int, Any] | None) -> None:
         for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
-
-
-def _raw_json(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` answering the response JSON as plain dicts (the typed models are slow and lossy for pods)."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        response = fn(*args, _preload_content=False, **kwargs)
-        try:
-            return json.loads(response.data)
-        finally:
-            response.release_conn()
-
-    return call
-
-
-def _is_connection_error(error: BaseException) -> bool:
-    from urllib3.exceptions import HTTPError as Urllib3Error
-
-    return isinstance(error, Urllib3Error | ConnectionError | TimeoutError | json.JSONDecodeError)
 
 
 def _api_message(error: Any) -> str:

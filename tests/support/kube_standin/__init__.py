@@ -10,7 +10,8 @@ way Kubeflow Trainer v2.3 + JobSet would (DESIGN.md §3, §6). Public API (stabl
         ...                                                   # launcher code under test
         kube.trainjob("my-job"), kube.pods("my-job"), kube.requests
 
-Layout: ``standin`` (the facade), ``_apiserver`` (REST semantics + HTTP transport), ``_controller`` (the simulated
+Layout: ``standin`` (the facade), ``_apiserver`` (REST semantics), ``_http`` (HTTP transport), ``_admission``
+(the Trainer webhooks), ``_rbac`` (authorization), ``_controller`` (the simulated
 Trainer/JobSet/kubelet), ``_workload`` (pod templates, pod states, execute-mode command lines), ``_store`` (objects,
 watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constants, errors, routing, selectors).
 
@@ -24,8 +25,15 @@ Served (anything else answers 404 like an unknown path):
 
 Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` body, optional Retry-After),
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
-version", as an ERROR event or as HTTP 410), seeded objects via ``add_object`` (the retry/attach case). Note that
-urllib3 under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
+version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from an older resourceVersion get 410
+Expired), ``send_bookmarks`` (BOOKMARK events now), seeded objects via ``add_object`` (the retry/attach case).
+Note that urllib3 under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying
+Retry-After.
+
+Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
+documents (runtimes/rbac.yaml), else 403 Forbidden; ``authorizations`` lists each request's verb, group, resource,
+subresource and namespace with the decision. The Trainer webhook's denials (_admission.py) answer 403 with the
+``admission webhook ... denied the request`` message, as controller-runtime's Denied does.
 
 To use the fixture in a test module: ``from tests.support import kube_standin as standin`` and
 ``kube_standin = standin.kube_standin`` (a plain import of the name trips ruff's F811 on the fixture arguments).
@@ -40,11 +48,10 @@ Known deviations from a real API server:
   * Unknown fields are always rejected with 422 (a real server answers 400 "strict decoding error" with
     ``fieldValidation=Strict``, and otherwise drops them with a warning). Non-nullable nulls are pruned.
   * CEL rules are evaluated for the rule shapes the Trainer CRDs use; transition rules (``oldSelf``) are skipped.
-  * The Trainer webhook's denials (missing runtime, ``PET_*`` in ``trainer.env``) answer 403 Forbidden with the
-    ``admission webhook ... denied the request`` message, as the real webhook does.
   * No PATCH/PUT (405): status and suspension are driven only by the simulated controller; a suspended TrainJob
-    only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored), no BOOKMARK events,
-    the watch history is never compacted (410 only through the fault), ``events.k8s.io`` is not served.
+    only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored); the watch history
+    is compacted only when a test asks (the real watch cache keeps a bounded window); ``events.k8s.io`` is not
+    served. RBAC: no aggregated ClusterRoles, no non-resource URLs, no impersonation.
   * Deleted pods disappear at once (no graceful-termination MODIFIED step); dependents of a Background delete go
     right after the owner, within the same request.
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the

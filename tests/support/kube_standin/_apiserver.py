@@ -1,4 +1,4 @@
-"""The REST side: request semantics (create/admission/delete/get/list, faults) and the HTTP transport."""
+"""The REST side: request semantics (authorization, create/admission/delete/get/list/watch, faults)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,18 @@ import dataclasses
 import http.server
 import json
 import secrets
-import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
+from ._admission import admit_trainjob
 from ._common import (
     KINDS,
-    PLURAL_OF_KIND,
-    TORCH_RESERVED_ENV,
     TRAINER_API_VERSION,
     TRAINER_GROUP,
-    TUNE_ENTRYPOINT,
+    TRAINER_VERSION,
     ApiError,
     Route,
     invalid,
@@ -31,6 +28,8 @@ from ._common import (
     utc_now,
 )
 from ._controller import Controller
+from ._http import Handler
+from ._rbac import Authorization, RbacAuthorizer, request_attributes
 from ._schema import SchemaValidator
 from ._store import Store, WatchEvent
 from ._typed_schema import TypedModelValidator
@@ -43,10 +42,9 @@ _FAULT_MESSAGES = {
     503: "the server is currently unable to handle the request",
 }
 _NOT_ALLOWED = "the server does not allow this method on the requested resource"
-_WEBHOOK_DENIED = 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: '
 
 # A response: (status, JSON payload, or a callable that streams the body itself once the lock is released).
-Response = tuple[int, Any, Callable[["_Handler"], None] | None]
+Response = tuple[int, Any, Callable[[Handler], None] | None]
 
 
 @dataclasses.dataclass
@@ -76,14 +74,16 @@ class ApiServer:
         self.faults: list[Fault] = []
         self.watch_drops: list[tuple[int, bool]] = []  # (events before the drop, abrupt)
         self.watch_expiries: list[bool] = []  # as_http_error
+        self.rbac: RbacAuthorizer | None = None  # None: the token's user may do anything
+        self.authorizations: list[Authorization] = []
 
     def handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
         api = self
 
-        class Handler(_Handler):
+        class BoundHandler(Handler):
             server_api = api
 
-        return Handler
+        return BoundHandler
 
     def injected_fault(self, method: str, path: str) -> ApiError | None:
         with self.store.cond:
@@ -133,7 +133,7 @@ class ApiServer:
         errors = self.schemas["trainjobs"].validate(body)
         if errors:
             raise invalid("TrainJob", name, errors)
-        self._admit_trainjob(body)
+        admit_trainjob(body, self.store.runtime_of(body))
         body.pop("status", None)  # the status subresource is not written on create
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=utc_now(), generation=1)
         with self.store.cond:
@@ -149,40 +149,6 @@ class ApiServer:
             stored = copy.deepcopy(self.store.put("trainjobs", body, "ADDED"))
         self.controller.start(stored)
         return stored
-
-    def _admit_trainjob(self, job: dict) -> None:
-        """The Trainer v2.3 webhooks on create: stamp runtimePatches[].time, check the runtime and torch env."""
-        now = utc_now()
-        for patch in job["spec"].get("runtimePatches", []):
-            patch.setdefault("time", now)
-        ref = job["spec"]["runtimeRef"]
-        if ref.get("apiGroup") != TRAINER_GROUP or ref.get("kind") not in PLURAL_OF_KIND:
-            raise ApiError(
-                403, _WEBHOOK_DENIED + f"unsupported runtime: {ref.get('kind')}.{ref.get('apiGroup')}"
-            )
-        runtime = self.store.runtime_of(job)
-        if runtime is None:
-            cluster = ref["kind"] == "ClusterTrainingRuntime"
-            field = (
-                "spec.RuntimeRef" if cluster else "spec.runtimeRef"
-            )  # sic: upstream spells them differently
-            which = "clusterTrainingRuntime" if cluster else "trainingRuntime"
-            raise ApiError(
-                403,
-                _WEBHOOK_DENIED + f"{field}: Invalid value: {json.dumps(ref, separators=(',', ':'))}: "
-                f'{ref["kind"]}.{TRAINER_GROUP} "{ref["name"]}" not found: specified {which} must be created '
-                "before the TrainJob is created",
-            )
-        trainer = job["spec"].get("trainer") or {}
-        if "torch" in runtime["spec"].get("mlPolicy", {}) and trainer.get("command") != TUNE_ENTRYPOINT:
-            reserved = sorted({e["name"] for e in trainer.get("env", []) if e["name"] in TORCH_RESERVED_ENV})
-            if reserved:
-                raise ApiError(
-                    403,
-                    _WEBHOOK_DENIED + "spec.trainer.env: Invalid value: "
-                    f"{json.dumps(trainer['env'], separators=(',', ':'))}: must not have reserved envs, invalid "
-                    f"envs configured: [{' '.join(reserved)}]",
-                )
 
     def delete(self, route: Route, body: Any, query: dict[str, str]) -> dict:
         """DELETE of a TrainJob; its pods (dependents) go with it unless propagationPolicy is Orphan."""
@@ -203,6 +169,19 @@ class ApiServer:
                     self.store.put("pods", pod, "DELETED")
         return deleted
 
+    def authorize(self, method: str, path: str, query: dict[str, str]) -> None:
+        """Record what the request asks for; with RBAC enforced, a 403 unless a binding grants it (before routing,
+        as the apiserver's WithAuthorization filter: an unknown resource is forbidden, not a 404)."""
+        attrs = request_attributes(method, path, query)
+        if attrs is None:
+            return
+        with self.store.cond:
+            rbac = self.rbac
+            allowed = rbac is None or rbac.allows(attrs)
+            self.authorizations.append(Authorization(attrs, rbac.user if rbac else "", allowed))
+        if rbac is not None and not allowed:
+            raise rbac.forbidden(attrs)
+
     def dispatch(
         self, method: str, path: str, query: dict[str, str], body: Any, authorization: str
     ) -> Response:
@@ -210,6 +189,7 @@ class ApiServer:
             raise ApiError(401, "Unauthorized")
         if fault := self.injected_fault(method, path):
             raise fault
+        self.authorize(method, path, query)
         route = parse_route(path)
         if (
             route is None
@@ -231,17 +211,26 @@ class ApiServer:
             return 200, None, self.watch_stream(route, query)
         return 200, self.store.list_response(route, query), None
 
-    # Streams: prepared here (so no event is missed and errors are still plain responses), written by _Handler.
+    # Streams: prepared here (so no event is missed and errors are still plain responses), written by the Handler.
 
-    def watch_stream(self, route: Route, query: dict[str, str]) -> Callable[[_Handler], None]:
+    def watch_stream(self, route: Route, query: dict[str, str]) -> Callable[[Handler], None]:
+        """A watch as the apiserver's watch cache serves it (apiserver pkg/storage/cacher: cacher.go, watch_cache.go,
+        cache_watcher.go): ADDED events for what exists when no resourceVersion is given, else every change after
+        it; a resourceVersion older than the kept history (``Store.compact``) or an injected expiry gets an ERROR
+        event with a 410 ``Expired`` Status; with ``allowWatchBookmarks`` BOOKMARK events carry the newest
+        resourceVersion (every minute, 2s before ``timeoutSeconds`` ends, and when a test asks)."""
         store = self.store
         selected = store.selector(route, query)
         since = query.get("resourceVersion", "")
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        bookmarks = truthy(query.get("allowWatchBookmarks"))
         with store.cond:
             expiry = self.watch_expiries.pop(0) if since not in ("", "0") and self.watch_expiries else None
+            if expiry is None and since not in ("", "0") and int(since) < store.compacted_rv:
+                expiry = False  # the cacher answers an expired version with an ERROR event (newErrWatcher)
             drop = self.watch_drops.pop(0) if self.watch_drops and expiry is None else None
-            too_old = f"too old resource version: {since} ({store.current_rv})"
+            oldest = store.compacted_rv if int(since or 0) < store.compacted_rv else store.current_rv
+            too_old = f"too old resource version: {since} ({oldest})"
             if expiry:  # as_http_error: a plain 410 answer instead of a stream
                 raise ApiError(410, too_old, reason="Gone")
             if since in ("", "0"):  # a watch without a version starts with ADDED events for what exists now
@@ -253,8 +242,18 @@ class ApiServer:
                 position = store.current_rv
             else:
                 initial, position = [], int(since)
+            bookmarks_asked = store.bookmark_requests
+        group, kind, _ = KINDS[route.plural]
 
-        def stream(handler: _Handler) -> None:
+        def bookmark(rv: int) -> WatchEvent:
+            # Only the resourceVersion (cacher.go: the watch cache's newest version, past events the selectors
+            # filtered out); for a custom resource an empty unstructured object of the kind.
+            api_version = f"{group}/{TRAINER_VERSION}" if group else "v1"
+            obj = {"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": str(rv)}}
+            return WatchEvent(rv, route.plural, route.namespace, "BOOKMARK", obj)
+
+        def stream(handler: Handler) -> None:
+            nonlocal bookmarks_asked
             handler.start_chunked("application/json")
             if expiry is False:  # the real server's way: an ERROR event carrying a 410 Status, then the end
                 status = ApiError(410, too_old, reason="Expired").status
@@ -263,11 +262,26 @@ class ApiServer:
                 return
             pending, cursor, sent = list(initial), position, 0
             end = time.monotonic() + timeout if timeout else None
+
+            def next_bookmark_time(now: float) -> float:
+                # cache_watcher.go nextBookmarkTime: every minute, or 2s before the watch times out if sooner.
+                due = now + 60.0
+                if end is not None and end - 2.0 < due:
+                    due = end - 2.0 if end - 2.0 > now else float("inf")
+                return due
+
+            next_bookmark = next_bookmark_time(time.monotonic())
             while True:
                 with store.cond:
                     newer = store.history[bisect.bisect_right(store.history, cursor, key=lambda e: e.rv) :]
                     pending += [e for e in newer if selected(e.plural, e.namespace, e.obj)]
                     cursor = store.current_rv
+                    now = time.monotonic()
+                    if bookmarks and (store.bookmark_requests > bookmarks_asked or now >= next_bookmark):
+                        pending.append(bookmark(cursor))
+                        bookmarks_asked = store.bookmark_requests
+                        if now >= next_bookmark:
+                            next_bookmark = next_bookmark_time(now)
                     if not pending:
                         if store.stopping or (end and time.monotonic() >= end):
                             break
@@ -287,7 +301,7 @@ class ApiServer:
 
         return stream
 
-    def log_stream(self, pod: dict, query: dict[str, str]) -> Callable[[_Handler], None]:
+    def log_stream(self, pod: dict, query: dict[str, str]) -> Callable[[Handler], None]:
         store = self.store
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         containers = [c["name"] for c in pod["spec"].get("containers", [])]
@@ -324,7 +338,7 @@ class ApiServer:
                 for t, line in entries
             ).encode()
 
-        def stream(handler: _Handler) -> None:
+        def stream(handler: Handler) -> None:
             handler.start_chunked("text/plain")
             entries = store.log_entries(namespace, name, previous=previous)
             position = len(entries)
@@ -359,88 +373,3 @@ def _container_running(pod: dict, container: str) -> bool:
         return False
     status = next((s for s in pod["status"].get("containerStatuses") or [] if s["name"] == container), {})
     return "running" in (status.get("state") or {"running": {}})
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """HTTP/1.1 transport: JSON answers with Content-Length, watch and log streams chunked, as kube-apiserver."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive connections, as the client's urllib3 pool expects
-    server_api: ApiServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: the request log is kept in memory
-        pass
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
-
-    def _handle(self, method: str) -> None:
-        api = self.server_api
-        split = urlsplit(self.path)
-        query = dict(parse_qsl(split.query, keep_blank_values=True))
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode(errors="replace")
-        headers: Mapping[str, str] = {}
-        try:
-            status, payload, stream = api.dispatch(
-                method, split.path, query, body, self.headers.get("Authorization", "")
-            )
-        except ApiError as error:
-            status, payload, stream, headers = error.code, error.status, None, error.headers
-        except Exception as error:  # a stand-in bug must surface as a 500, not as a hung client
-            status, payload, stream = 500, ApiError(500, f"kube-standin: {error!r}").status, None
-        with api.store.cond:
-            api.requests.append(RecordedRequest(method, split.path, query, body, status))
-            api.store.cond.notify_all()  # for KubeStandin.wait_for_request
-        if stream is None:
-            self._send_json(status, payload, headers)
-            return
-        try:
-            stream(self)
-        except (BrokenPipeError, ConnectionResetError):  # the client went away mid-stream
-            self.close_connection = True
-
-    def _send_json(self, status: int, payload: Any, headers: Mapping[str, str]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def start_chunked(self, content_type: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def chunk(self, data: bytes) -> None:
-        if data:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-
-    def end_chunked(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
-
-    def cut_connection(self) -> None:
-        """Close mid-stream without the final chunk: the client sees a broken connection."""
-        self.close_connection = True
-        self.connection.shutdown(socket.SHUT_RDWR)

@@ -50,6 +50,8 @@ class Store:
             tuple[str, str], list[tuple[float, str]]
         ] = {}  # the container before a restart
         self.current_rv = 999
+        self.compacted_rv = 0  # watches from an older resourceVersion get 410 Expired
+        self.bookmark_requests = 0  # bumped by a test: watches that allow bookmarks send one
         self.stopping = False
         self._rv = itertools.count(self.current_rv + 1)  # one global, increasing resourceVersion
 
@@ -68,6 +70,20 @@ class Store:
             self.history.append(WatchEvent(rv, plural, meta.get("namespace"), event_type, copy.deepcopy(obj)))
             self.cond.notify_all()
             return obj
+
+    def compact(self) -> int:
+        """Forget the watch history up to now (etcd compaction, the watch cache's window moving on): a watch from an
+        older resourceVersion gets 410 Expired. The events stay for watches already open, which never miss one.
+        Returns the compacted resourceVersion."""
+        with self.cond:
+            self.compacted_rv = self.current_rv
+            return self.compacted_rv
+
+    def request_bookmarks(self) -> None:
+        """Every open watch that allows bookmarks sends a BOOKMARK with the newest resourceVersion now."""
+        with self.cond:
+            self.bookmark_requests += 1
+            self.cond.notify_all()
 
     def update(self, plural: str, namespace: str, name: str, mutate: Callable[[dict], None]) -> dict | None:
         """Apply ``mutate`` to a copy of the object and store it as MODIFIED; None if it is gone."""

@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import yaml
 from ._apiserver import ApiServer, Fault
 from ._common import COMPLETION_INDEX_ANNOTATION, KINDS, PLURAL_OF_KIND, TRAINER_API_VERSION, utc_now
 from ._controller import Controller
+from ._rbac import Authorization, RbacAuthorizer
 from ._schema import default_crd_dir, load_schemas
 from ._store import Store
 from ._typed_schema import typed_model_validators
@@ -411,6 +412,39 @@ class KubeStandin:
         """
         with self._store.cond:
             self._api.watch_expiries.extend([as_http_error] * times)
+
+    def send_bookmarks(self) -> None:
+        """Every open watch that was asked with ``allowWatchBookmarks=true`` sends a BOOKMARK event now: an object of
+        the watched kind with only ``metadata.resourceVersion`` (the newest, also past events its selectors filter
+        out). The stand-in also sends them on its own as the watch cache does: every minute, and 2s before a
+        watch's ``timeoutSeconds`` ends."""
+        self._store.request_bookmarks()
+
+    def compact_history(self) -> str:
+        """Compact the watch history at the current resourceVersion (returned): from now on a watch from an older
+        resourceVersion gets an ``ERROR`` event with a 410 ``Expired`` Status ("too old resource version"), as when
+        etcd compacts or the watch cache's window moves on; watches already open are not affected."""
+        return str(self._store.compact())
+
+    # Authorization -----------------------------------------------------------------------------------------
+
+    def enforce_rbac(self, documents: Iterable[Mapping[str, Any]], *, service_account: str) -> str:
+        """From now on the token authenticates as ``service_account`` (``"<namespace>:<name>"``) and every request
+        needs a grant from the RBAC ``documents`` (Roles, ClusterRoles and their bindings, e.g. the parsed
+        runtimes/rbac.yaml); anything else answers 403 Forbidden with the apiserver's message. Returns the user
+        name (``system:serviceaccount:<namespace>:<name>``)."""
+        namespace, _, name = service_account.partition(":")
+        authorizer = RbacAuthorizer([dict(d) for d in documents], namespace, name)
+        with self._store.cond:
+            self._api.rbac = authorizer
+        return authorizer.user
+
+    @property
+    def authorizations(self) -> list[Authorization]:
+        """Every resource request's attributes (verb, group, resource, subresource, namespace, name) and whether it
+        was allowed, in order (all allowed while RBAC is not enforced)."""
+        with self._store.cond:
+            return list(self._api.authorizations)
 
     # Request log -------------------------------------------------------------------------------------------
 
