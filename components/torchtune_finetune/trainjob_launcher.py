@@ -703,18 +703,29 @@ class TrainJobLauncher:
                 if not (is_retryable(error) or _is_connection_error(error)):
                     raise
                 continue  # silent for too long or the connection dropped: reconnect
-            if self._stop.is_set() or self._pod_finished(pod_name):
+            if self._stop.is_set() or self._pod_finished(pod_name, failures):
                 return
 
-    def _pod_finished(self, pod_name: str) -> bool:
+    def _pod_finished(self, pod_name: str, failures: Iterator[float]) -> bool:
+        """Whether the pod's log is complete. A transient API error is no answer: the caller reconnects the log
+        after a back-off, as long as the run goes on (never a reason to give up on a TrainJob that runs)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            pod = self._api(_raw_json(self.core.read_namespaced_pod), pod_name, self.namespace)
+            pod = _raw_json(self.core.read_namespaced_pod)(pod_name, self.namespace)
         except ApiException as error:
             if error.status == 404:
                 return True
-            raise
+            if not is_retryable(error):
+                raise
+            self.log.warning("Kubernetes API %s reading pod %s; retrying", error.status, pod_name)
+            self.backoff.sleep(next(failures, self.backoff.maximum))
+            return False
+        except Exception as error:
+            if not (is_retryable(error) or _is_connection_error(error)):
+                raise
+            self.backoff.sleep(next(failures, self.backoff.maximum))
+            return False
         # A container that crashed and restarts in place ends its log stream while the pod stays Running.
         return pod["status"].get("phase") in ("Succeeded", "Failed") or bool(restarted_node_containers([pod]))
 

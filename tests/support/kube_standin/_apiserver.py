@@ -324,6 +324,8 @@ class ApiServer:
                 for t, line in entries
             ).encode()
 
+        cuts = store.log_cuts
+
         def stream(handler: _Handler) -> None:
             handler.start_chunked("text/plain")
             entries = store.log_entries(namespace, name, previous=previous)
@@ -345,6 +347,8 @@ class ApiServer:
                     position += len(entries)
                     current = store.objects.get(("pods", namespace, name))
                     finished = current is None or not _container_running(current, container)
+                    if store.log_cuts != cuts:  # the stream ends early while the container runs on
+                        break
                     if not entries:
                         if finished or store.stopping:
                             break

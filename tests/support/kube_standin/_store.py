@@ -51,6 +51,7 @@ class Store:
         ] = {}  # the container before a restart
         self.current_rv = 999
         self.stopping = False
+        self.log_cuts = 0  # bumped by KubeStandin.end_log_streams: open log streams end
         self._rv = itertools.count(self.current_rv + 1)  # one global, increasing resourceVersion
 
     def put(self, plural: str, obj: dict, event_type: str) -> dict:

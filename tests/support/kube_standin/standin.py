@@ -412,6 +412,14 @@ class KubeStandin:
         with self._store.cond:
             self._api.watch_expiries.extend([as_http_error] * times)
 
+    def end_log_streams(self) -> None:
+        """End every open ``follow`` log stream cleanly while the containers run on, as when the kubelet or
+        the API server's proxy connection goes away (kube-apiserver pkg/registry/core/pod/rest/log.go streams
+        from the kubelet; a restarted kubelet ends the response). Clients must reconnect."""
+        with self._store.cond:
+            self._store.log_cuts += 1
+            self._store.cond.notify_all()
+
     # Request log -------------------------------------------------------------------------------------------
 
     @property
