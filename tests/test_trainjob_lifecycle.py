@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
+from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed, TrainJobTimeout
 from tests import test_trainjob_launcher as base
 from tests.support.kube_standin import Scenario
 
@@ -66,3 +69,91 @@ def test_api_errors_after_the_log_stream_ends_never_delete_a_running_trainjob(ku
 
 def lines_logged(kube, pod: dict) -> int:
     return len(kube.pod_log(pod["metadata"]["name"]).splitlines())
+
+
+# --- pods that cannot start ------------------------------------------------------------------------------------------
+
+
+def with_secret_env(job: dict, secret: str) -> dict:
+    job["spec"]["trainer"].setdefault("env", []).append(
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}}
+    )
+    return job
+
+
+@pytest.mark.parametrize(
+    "scenario, job, expected",
+    [
+        (
+            Scenario(unpullable_image=True),
+            base.manifest(image="registry.example.com/team/trainer:nope"),
+            [
+                "ImagePullFailed",
+                "image 'registry.example.com/team/trainer:nope' cannot be pulled (ImagePullBackOff: Back-off "
+                'pulling image "registry.example.com/team/trainer:nope")',
+                "check the image name and tag",
+                "imagePullSecrets",
+            ],
+        ),
+        (
+            Scenario(missing_secrets=("hf-token",)),
+            with_secret_env(base.manifest(), "hf-token"),
+            [
+                "ContainerConfigError",
+                'container node cannot be configured (CreateContainerConfigError: secret "hf-token" not found)',
+                "create Secret 'hf-token' in namespace team-a (kubectl create secret generic hf-token -n team-a",
+            ],
+        ),
+        (
+            Scenario.stuck_pending(),
+            base.manifest(),
+            [
+                "Unschedulable",
+                "no node can run it (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                "request fewer GPUs",
+            ],
+        ),
+    ],
+    ids=["image", "secret", "unschedulable"],
+)
+def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(kube, scenario, job, expected):
+    """With a grace period of 0 the first sight of the problem fails the step: long before the timeout."""
+    kube.scenario(None, scenario)
+    run = base.launcher(kube, job, start_failure_grace=0, unschedulable_grace=0, timeout=20)
+    with pytest.raises(TrainJobFailed) as raised:
+        run.run()
+    message = str(raised.value)
+    for snippet in expected:
+        assert snippet in message
+    assert message.count("cannot start") == 1 and message.count("Fix:") == 1  # one line, not one per rank
+    assert kube.trainjob(NAME) is not None  # cleanup policy on-success keeps a failed TrainJob
+    assert not kube.requests_for("DELETE", "trainjobs")
+
+
+def test_a_problem_is_tolerated_for_its_grace_period(kube):
+    """An image problem with a 10-minute grace period does not fail the step: the timeout does."""
+    kube.scenario(None, Scenario(unpullable_image=True))
+    with pytest.raises(TrainJobTimeout):
+        base.launcher(kube, start_failure_grace=600, unschedulable_grace=0, timeout=0.5).run()
+
+
+def test_cleanup_always_deletes_a_trainjob_whose_pods_cannot_start(kube):
+    kube.scenario(None, Scenario(missing_secrets=("hf-token",)))
+    job = with_secret_env(base.manifest(), "hf-token")
+    with pytest.raises(TrainJobFailed, match='secret "hf-token" not found'):
+        base.launcher(kube, job, start_failure_grace=0, cleanup="always", timeout=20).run()
+    assert kube.trainjob(NAME) is None
+
+
+def test_the_standin_shows_what_the_kubelet_shows(kube):
+    kube.scenario(None, Scenario(unpullable_image=True))
+    kube.add_object(base.manifest(image="example.com/nope:1"))
+    pod = kube.wait_for_pod(NAME, lambda p: True)
+    node = pod["status"]["containerStatuses"][0]
+    assert node["state"]["waiting"] == {
+        "reason": "ImagePullBackOff",
+        "message": 'Back-off pulling image "example.com/nope:1"',
+    }
+    messages = [e["message"] for e in kube.events() if e["involvedObject"]["name"] == pod["metadata"]["name"]]
+    assert any(m.startswith('Failed to pull image "example.com/nope:1": rpc error') for m in messages)
+    assert "Error: ImagePullBackOff" in messages

@@ -11,8 +11,9 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 - The rank-0 `node` container log is streamed into our log as soon as the pod runs, reconnecting without
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
-  and the last log lines. Pods Pending too long: log why (events, waiting reasons). A runtime that restarts a
-  crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the runtime and the fix.
+  and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
+  (image pull, missing Secret, unschedulable) fail the step after a grace period (pod_diagnostics.py). A runtime
+  that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
   decides (default: delete successful TrainJobs, keep failed ones for debugging).
 """
@@ -37,9 +38,17 @@ from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_re
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
+from kfp_finetune.components.torchtune_finetune.pod_diagnostics import (
+    DEFAULT_START_FAILURE_GRACE,
+    DEFAULT_UNSCHEDULABLE_GRACE,
+    StartWatch,
+    start_failure_message,
+    waiting_lines,
+)
 from kfp_finetune.components.torchtune_finetune.pod_failures import (
     restarted_node_containers,
     restarting_message,
+    termination_summary,
 )
 
 CLEANUP_POLICIES = ("on-success", "always", "never")
@@ -224,6 +233,10 @@ class TrainJobLauncher:
         cleanup: "on-success" (delete successful TrainJobs, keep failed ones), "always" or "never".
         total_steps: Expected number of steps, for progress lines with an ETA.
         pending_warning_after: Seconds pods may stay Pending before we log why (repeated at each multiple).
+        start_failure_grace: Seconds an image-pull or container-config error of a node pod may persist before
+            the step fails naming the image / Secret and the fix (pod_diagnostics.py explains the defaults).
+        unschedulable_grace: Seconds node pods may stay unschedulable (cluster autoscalers add nodes) before the
+            step fails with the scheduler's reason.
         watch_timeout: Server-side timeout of each watch request; the watch is then re-opened.
         log_read_timeout: Seconds a log stream may stay silent before we reconnect.
         tick: How often the main thread checks for timeout and stuck pods (no API calls on a tick).
@@ -242,6 +255,8 @@ class TrainJobLauncher:
         cleanup: str = "on-success",
         total_steps: int | None = None,
         pending_warning_after: float = 300.0,
+        start_failure_grace: float = DEFAULT_START_FAILURE_GRACE,
+        unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
         watch_timeout: int = 60,
         log_read_timeout: float = 300.0,
         tick: float = 1.0,
@@ -266,6 +281,7 @@ class TrainJobLauncher:
         self.cleanup = cleanup
         self.total_steps = total_steps
         self.pending_warning_after = pending_warning_after
+        self._start_watch = StartWatch(start_failure_grace, unschedulable_grace)
         self.watch_timeout = watch_timeout
         self.log_read_timeout = log_read_timeout
         self.tick = tick
@@ -470,7 +486,8 @@ class TrainJobLauncher:
                 ) from error
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
-            if state or restarts:
+            stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
+            if state or restarts or stuck:
                 break
             if seen and job is None:
                 self._stop.set()
@@ -498,12 +515,16 @@ class TrainJobLauncher:
                     self._report_pending(time.monotonic() - pending_since)
                     next_pending_report += self.pending_warning_after
         # Let the log stream drain what the pod printed last, then stop the watches.
-        log_thread.join(self.log_drain_timeout)
+        log_thread.join(0 if stuck and not state else self.log_drain_timeout)  # no log when no pod started
         self._stop.set()
         if restarts and not state:
             ref = self.manifest["spec"]["runtimeRef"]
             return self._finish(
                 job, "Failed", created, ("TrainerRestarting", restarting_message(ref, restarts))
+            )
+        if stuck and not state:
+            return self._finish(
+                job, "Failed", created, start_failure_message(stuck, self.namespace, self.name)
             )
         return self._finish(job, state, created)
 
@@ -767,17 +788,8 @@ class TrainJobLauncher:
             seconds,
             ", ".join(p["metadata"]["name"] for p in pods) or "no pods created yet",
         )
-        for pod in pods:
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                waiting = (status.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
-                    self.log.warning(
-                        "  pod %s container %s waiting: %s %s",
-                        pod["metadata"]["name"],
-                        status.get("name"),
-                        waiting["reason"],
-                        waiting.get("message", ""),
-                    )
+        for line in waiting_lines(pods):
+            self.log.warning("  %s", line)
         for involved in [self.name, *(p["metadata"]["name"] for p in pods)]:
             try:
                 events = self._api(
@@ -795,23 +807,6 @@ class TrainJobLauncher:
                 self.log.warning(
                     "  event %s %s: %s: %s", event.involved_object.kind, involved, event.reason, event.message
                 )
-
-    def _termination_summary(self) -> list[str]:
-        lines = []
-        for pod in self._node_pods():
-            rank = (pod["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?")
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                if status.get("name") != tj.NODE:
-                    continue
-                terminated = (status.get("state") or {}).get("terminated") or (
-                    (status.get("lastState") or {}).get("terminated")
-                )
-                if terminated and terminated.get("exitCode", 0) != 0:
-                    detail = f"{terminated.get('reason') or 'Error'} (exit code {terminated.get('exitCode')})"
-                    if terminated.get("message"):
-                        detail += f": {terminated['message'].strip()}"
-                    lines.append(f"pod {pod['metadata']['name']} (rank {rank}): {detail}")
-        return lines
 
     # End --------------------------------------------------------------------------------------------------------
 
@@ -835,14 +830,14 @@ class TrainJobLauncher:
                 message=condition.get("message") or "",
             )
         if state == "Failed":
-            terminations = self._termination_summary()
+            terminations = termination_summary(self._node_pods())
             if not result.log_lines:
                 self._fetch_tail()
             if self.cleanup == "always":
                 result.deleted = self._delete(reason="cleanup policy 'always'")
             elif ended:
                 self.log.warning(
-                    "kept TrainJob %s (cleanup policy %r): it restarts until its backoffLimit; "
+                    "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; "
                     "`kubectl delete trainjob -n %s %s` frees its nodes now",
                     self.name,
                     self.cleanup,

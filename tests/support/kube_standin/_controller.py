@@ -20,6 +20,7 @@ from ._jobpolicy import (
     restart_count,
     restarts_exceed_limit,
 )
+from ._startup import start_failure
 from ._store import Store
 from ._types import Scenario
 from ._workload import (
@@ -116,7 +117,8 @@ class Controller:
         wait = self._waiter(job, run)
 
         attach_blocked = self._attach_volumes(namespace, pods)
-        stay_pending = scenario.stay_pending or attach_blocked
+        cannot_start = start_failure(template.get("spec", {}), scenario) is not None
+        stay_pending = scenario.stay_pending or attach_blocked or cannot_start
         outcome = wait(float("inf") if stay_pending else scenario.pending_seconds)
         if outcome is None:
             for pod in pods:
@@ -202,6 +204,11 @@ class Controller:
                 event["reason"],
                 event.get("message", ""),
                 event.get("type", "Warning"),
+            )
+        blocked = start_failure(pod["spec"], scenario) if pod["spec"].get("nodeName") else None
+        for event in blocked[1] if blocked else []:  # the kubelet of the node the pod was scheduled to
+            self.store.record_event(
+                namespace, "Pod", pod_name, event["reason"], event["message"], event.get("type", "Warning")
             )
         return pod_name
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
 from ._jobpolicy import JOBSET_DEFAULT_RESTART_POLICY, node_job_policy
+from ._startup import start_failure
 from ._types import Scenario
 
 
@@ -335,6 +336,7 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
     waiting = {"reason": scenario.waiting_reason or "ContainerCreating"}
     if scenario.waiting_message:
         waiting["message"] = scenario.waiting_message
+    blocked = start_failure(spec, scenario)
     container_statuses = [
         {
             "name": c["name"],
@@ -343,7 +345,7 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
             "ready": False,
             "restartCount": 0,
             "started": False,
-            "state": {"waiting": waiting},
+            "state": {"waiting": blocked[0] if blocked and c.get("name") == "node" else waiting},
         }
         for c in spec.get("containers", [])
     ]
