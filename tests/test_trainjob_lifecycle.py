@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from kfp_finetune.components.torchtune_finetune import trainjob as tj
 from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed, TrainJobTimeout
 from tests import test_trainjob_launcher as base
 from tests.support.kube_standin import Scenario
@@ -157,3 +158,112 @@ def test_the_standin_shows_what_the_kubelet_shows(kube):
     messages = [e["message"] for e in kube.events() if e["involvedObject"]["name"] == pod["metadata"]["name"]]
     assert any(m.startswith('Failed to pull image "example.com/nope:1": rpc error') for m in messages)
     assert "Error: ImagePullBackOff" in messages
+
+
+# --- asynchronous deletion ------------------------------------------------------------------------------------------
+
+
+def requests_after(kube, mark: int):
+    """A `where` for wait_for_request: only requests logged after the first `mark` ones."""
+    earlier = {id(r) for r in kube.requests[:mark]}
+    return lambda r: id(r) not in earlier
+
+
+def next_move(kube, mark: int):
+    """After the request log's first `mark` entries and the first JobSet 404 after them: the POST of a TrainJob,
+    or a second pod list (the launcher found the JobSet gone, listed the pods, and is looking again)."""
+    requests = kube.requests[mark:]
+    gone = next((i for i, r in enumerate(requests) if r.resource == "jobsets" and r.status == 404), None)
+    if gone is None:
+        return None
+    lists = 0
+    for request in requests[gone + 1 :]:
+        if request.method == "POST":
+            return request
+        if request.resource == "pods" and request.name is None and "watch" not in request.query:
+            lists += 1
+            if lists == 2:
+                return request
+    return None
+
+
+def test_replacing_a_failed_trainjob_waits_until_its_jobset_and_pods_are_gone(kube, user_log):
+    kube.add_object(base.manifest(), scenario=Scenario.failure(pending_seconds=0.0, log_lines=["old run"]))
+    kube.wait_for_trainjob(NAME, condition="Failed")
+    old_pods = {p["metadata"]["uid"] for p in kube.pods(NAME)}
+    assert old_pods and kube.jobset(NAME) is not None
+    kube.hold_garbage_collection()
+    kube.scenario(NAME, Scenario.success())
+    running = Running(base.launcher(kube))
+
+    kube.wait_for_request("DELETE", "trainjobs")
+    assert kube.trainjob(NAME) is None and kube.jobset(NAME) is not None  # the JobSet outlives its TrainJob
+    # Re-created now, the TrainJob would adopt the old JobSet and fail at once: the launcher must look first.
+    after_delete = requests_after(kube, kube.requests.index(kube.requests_for("DELETE", "trainjobs")[0]))
+    first = kube.wait_for_request(
+        None,
+        where=lambda r: (
+            after_delete(r) and (r.method == "POST" or (r.resource == "jobsets" and r.status == 200))
+        ),
+    )
+    assert first.method == "GET", "created the TrainJob while its old JobSet still existed"
+
+    mark = len(kube.requests)
+    assert kube.collect_garbage().startswith(f"JobSet {NAME} deleted")
+    assert kube.jobset(NAME) is None
+    assert all(p["metadata"].get("deletionTimestamp") for p in kube.pods(NAME))  # terminating, still there
+    # Pods still there: the launcher must look again rather than create. Whichever comes first tells.
+    kube.wait_for_request(None, where=lambda _: next_move(kube, mark) is not None)
+    first = next_move(kube, mark)
+    assert first.method == "GET", "created the TrainJob while the old pods were terminating"
+
+    mark = len(kube.requests)
+    kube.collect_garbage()  # the pods are gone
+    result = running.result()
+    assert result.status == "Complete" and result.created
+    assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [409, 201]
+    assert kube.wait_for_request("POST", "trainjobs", where=requests_after(kube, mark)).status == 201
+    assert "waiting for the old TrainJob to be gone" in user_log.text
+
+
+def test_a_trainjob_created_while_its_old_jobset_exists_inherits_it(kube):
+    """The hazard the launcher avoids, as the stand-in shows it (the Trainer's jobset plugin, see _controller.py)."""
+    kube.add_object(base.manifest(), scenario=Scenario.failure(pending_seconds=0.0, log_lines=[]))
+    kube.wait_for_trainjob(NAME, condition="Failed")
+    kube.hold_garbage_collection()
+    api = kube.api_client()
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    custom.delete_namespaced_custom_object(tj.GROUP, tj.VERSION, "team-a", tj.PLURAL, NAME)
+    assert kube.trainjob(NAME) is None
+    kube.scenario(NAME, Scenario.success())
+    custom.create_namespaced_custom_object(tj.GROUP, tj.VERSION, "team-a", tj.PLURAL, base.manifest())
+    job = kube.wait_for_trainjob(NAME, condition="Failed")
+    assert job["status"]["conditions"][0]["reason"] == "FailedJobs"
+    assert all(
+        p["metadata"].get("deletionTimestamp") is None for p in kube.pods(NAME)
+    )  # the old pods, no new
+
+
+def test_foreground_delete_keeps_the_trainjob_readable_until_its_dependents_are_gone(kube):
+    kube.add_object(base.manifest(), scenario=Scenario.failure(pending_seconds=0.0, log_lines=[]))
+    kube.wait_for_trainjob(NAME, condition="Failed")
+    kube.hold_garbage_collection()
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(kube.api_client())
+    custom.delete_namespaced_custom_object(
+        tj.GROUP, tj.VERSION, "team-a", tj.PLURAL, NAME, propagation_policy="Foreground"
+    )
+    deleting = kube.trainjob(NAME)
+    assert deleting["metadata"]["deletionTimestamp"] and deleting["metadata"]["finalizers"] == [
+        "foregroundDeletion"
+    ]
+    kube.collect_garbage()
+    pod = kube.pods(NAME)[0]
+    assert pod["metadata"]["deletionGracePeriodSeconds"] == 30 and pod["status"]["phase"] == "Failed"
+    kube.collect_garbage()
+    assert kube.pods(NAME) == [] and kube.trainjob(NAME) is not None
+    assert kube.collect_garbage() == f"TrainJob {NAME} removed"
+    assert kube.trainjob(NAME) is None and kube.collect_garbage() is None

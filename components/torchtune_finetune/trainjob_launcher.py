@@ -37,6 +37,7 @@ from typing import Any
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_retryable
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
+from kfp_finetune.components.torchtune_finetune import trainjob_gone
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
 from kfp_finetune.components.torchtune_finetune.pod_diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
@@ -64,6 +65,7 @@ API_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (tj.GROUP, "trainjobs"): ("create", "get", "list", "watch", "delete"),
     (tj.GROUP, "trainingruntimes"): ("get",),
     (tj.GROUP, "clustertrainingruntimes"): ("get",),
+    (trainjob_gone.JOBSET_GROUP, trainjob_gone.JOBSET_PLURAL): ("get",),
     ("", "pods"): ("get", "list", "watch"),
     ("", "persistentvolumeclaims"): ("get",),
     ("", "pods/log"): ("get",),
@@ -442,17 +444,20 @@ class TrainJobLauncher:
             )
 
     def _wait_gone(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        for delay in Backoff(initial=0.2, maximum=5.0, attempts=30, sleep=self.backoff.sleep).delays():
-            try:
-                self._get_trainjob()
-            except ApiException as error:
-                if error.status == 404:
-                    return
-                raise
-            self.backoff.sleep(delay)
-        raise TrainJobError(f"TrainJob {self.namespace}/{self.name} was not deleted in time")
+        """Until the TrainJob, its JobSet and its pods are gone: a new one must not inherit them."""
+        left = trainjob_gone.wait_until_gone(
+            self.custom,
+            self.core,
+            self.namespace,
+            self.name,
+            api=self._api,
+            sleep=self.backoff.sleep,
+            log=self.log,
+        )
+        if left:
+            raise TrainJobError(
+                f"TrainJob {self.namespace}/{self.name} was not deleted in time: {', '.join(left)}"
+            )
 
     # Follow -----------------------------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constant
 Served (anything else answers 404 like an unknown path):
   * ``/apis/trainer.kubeflow.org/v1alpha1``: trainjobs (namespaced create/get/list/watch/delete; cluster-wide
     list/watch), trainingruntimes (namespaced get/list/watch), clustertrainingruntimes (get/list/watch).
+  * ``/apis/jobset.x-k8s.io/v1alpha2``: jobsets (namespaced get/list/watch), one per started TrainJob, named after it
+    and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
     timestamps, limitBytes), events (namespaced list/watch).
   * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
@@ -24,7 +26,9 @@ Served (anything else answers 404 like an unknown path):
 
 Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` body, optional Retry-After),
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
-version", as an ERROR event or as HTTP 410), seeded objects via ``add_object`` (the retry/attach case). Note that
+version", as an ERROR event or as HTTP 410), ``end_log_streams`` (log follows end early), seeded objects via
+``add_object`` (the retry/attach case), pods that cannot start (``Scenario.unpullable_image`` /
+``missing_secrets`` / ``stuck_pending``). Note that
 urllib3 under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
 
 To use the fixture in a test module: ``from tests.support import kube_standin as standin`` and
@@ -45,8 +49,8 @@ Known deviations from a real API server:
   * No PATCH/PUT (405): status and suspension are driven only by the simulated controller; a suspended TrainJob
     only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored), no BOOKMARK events,
     the watch history is never compacted (410 only through the fault), ``events.k8s.io`` is not served.
-  * Deleted pods disappear at once (no graceful-termination MODIFIED step); dependents of a Background delete go
-    right after the owner, within the same request.
+  * Unless ``hold_garbage_collection()`` was called, a TrainJob's JobSet and pods are deleted (and the pods
+    terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
     preemption (``DisruptionTarget``) is not simulated; other ranks of a failed job are shown terminated (143)

@@ -12,11 +12,11 @@ import uuid
 from collections.abc import Callable
 
 from ._common import (
+    GROUP_VERSIONS,
     JOBSET_NAME_LABEL,
     KINDS,
     PLURAL_OF_KIND,
     TRAINER_API_VERSION,
-    TRAINER_VERSION,
     Route,
     not_found,
     parse_field_selector,
@@ -119,7 +119,7 @@ class Store:
             rv = self.current_rv
         group, kind, _ = KINDS[route.plural]
         return {
-            "apiVersion": f"{group}/{TRAINER_VERSION}" if group else "v1",
+            "apiVersion": f"{group}/{GROUP_VERSIONS[group]}" if group else "v1",
             "kind": f"{kind}List",
             "metadata": {"resourceVersion": str(rv)},
             "items": items,

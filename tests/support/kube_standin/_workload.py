@@ -169,6 +169,40 @@ def mark_terminated(pod: dict, exit_code: int, reason: str) -> None:
         }
 
 
+def new_jobset(job: dict) -> dict:
+    """The JobSet the Trainer creates for a TrainJob: same name, owned by it (a controller reference)."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid4()),
+            "creationTimestamp": utc_now(),
+            "labels": dict(job["metadata"].get("labels") or {}),
+            "ownerReferences": [
+                {
+                    "apiVersion": job["apiVersion"],
+                    "kind": "TrainJob",
+                    "name": name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"replicatedJobs": [{"name": "node", "replicas": 1}]},
+        "status": {"conditions": []},
+    }
+
+
+def jobset_finished(jobset: dict, condition: dict) -> None:
+    """The JobSet's own terminal condition (``Completed`` / ``Failed``), which the Trainer copies."""
+    type_ = "Completed" if condition["type"] == "Complete" else condition["type"]
+    jobset.setdefault("status", {})["conditions"] = [{**condition, "type": type_}]
+
+
 def mark_deleting(job: dict) -> None:
     """What a Foreground deletion shows on the owner while its dependents are being removed."""
     job["metadata"]["deletionTimestamp"] = utc_now()
