@@ -24,21 +24,24 @@ import contextlib
 import dataclasses
 import json
 import math
-import re
 import signal
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
 from typing import Any
 
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_retryable
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
 from kfp_finetune.components.torchtune_finetune import trainjob_gone
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    StepMetrics,
+    kubelet_timestamp_ns,
+    parse_metric_line,
+    progress_line,
+)
 from kfp_finetune.components.torchtune_finetune.pod_diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -71,8 +74,6 @@ API_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "pods/log"): ("get",),
     ("", "events"): ("list",),
 }
-
-_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
 
 
 class TrainJobError(RuntimeError):
@@ -153,16 +154,6 @@ def terminal_state(obj: Mapping[str, Any] | None) -> str | None:
         if _condition(obj, type_):
             return type_
     return None
-
-
-def _timestamp_ns(line: str) -> tuple[int | None, str]:
-    """The kubelet timestamp of a `timestamps=true` log line (ns since the epoch) and the line without it."""
-    match = _TIMESTAMP.match(line)
-    if not match:
-        return None, line
-    offset = "+00:00" if match.group(3) == "Z" else match.group(3)
-    seconds = int(datetime.fromisoformat(match.group(1) + offset).timestamp())
-    return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]
 
 
 class _Streams:
@@ -704,7 +695,7 @@ class TrainJobLauncher:
                 )
                 with self._streams.reading(response):
                     for raw in iter_resp_lines(response):
-                        stamp, line = _timestamp_ns(raw)
+                        stamp, line = kubelet_timestamp_ns(raw)
                         if stamp is not None and last_ns is not None:
                             if stamp < last_ns:
                                 continue
@@ -735,21 +726,17 @@ class TrainJobLauncher:
     def _pod_finished(self, pod_name: str, failures: Iterator[float]) -> bool:
         """Whether the pod's log is complete. A transient API error is no answer: the caller reconnects the log
         after a back-off, as long as the run goes on (never a reason to give up on a TrainJob that runs)."""
-        from kubernetes.client.exceptions import ApiException
-
         try:
             pod = _raw_json(self.core.read_namespaced_pod)(pod_name, self.namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return True
-            if not is_retryable(error):
-                raise
-            self.log.warning("Kubernetes API %s reading pod %s; retrying", error.status, pod_name)
-            self.backoff.sleep(next(failures, self.backoff.maximum))
-            return False
         except Exception as error:
+            status = getattr(error, "status", None)  # an ApiException's HTTP status
+            if status == 404:
+                return True
             if not (is_retryable(error) or _is_connection_error(error)):
                 raise
+            self.log.warning(
+                "Kubernetes API %s reading pod %s; retrying", status or type(error).__name__, pod_name
+            )
             self.backoff.sleep(next(failures, self.backoff.maximum))
             return False
         # A container that crashed and restarts in place ends its log stream while the pod stays Running.
