@@ -12,10 +12,12 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 _STEP_LINE = re.compile(r"Step (\d+) \| (.*)$")
 _PAIR = re.compile(r"([A-Za-z_][\w/.-]*):(\S+)")
+_KUBELET_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
 
 
 @dataclass
@@ -126,3 +128,13 @@ class TeeMetricLogger:
 
     def __del__(self) -> None:
         self.close()
+
+
+def kubelet_timestamp_ns(line: str) -> tuple[int | None, str]:
+    """The kubelet timestamp of a `timestamps=true` pod log line (ns since the epoch) and the line without it."""
+    match = _KUBELET_TIMESTAMP.match(line)
+    if not match:
+        return None, line
+    offset = "+00:00" if match.group(3) == "Z" else match.group(3)
+    seconds = int(datetime.fromisoformat(match.group(1) + offset).timestamp())
+    return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]

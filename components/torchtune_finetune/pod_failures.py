@@ -73,3 +73,22 @@ def restarting_message(runtime_ref: Mapping[str, Any], restarts: list[Restart]) 
         "(with a podFailurePolicy: Ignore on DisruptionTarget, FailJob on the node container's non-zero exit "
         "codes), as runtimes/torchtune.yaml does; or use that runtime."
     )
+
+
+def termination_summary(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per node container that ended with a non-zero exit code: pod, rank, reason, exit code, message."""
+    lines = []
+    for pod in pods:
+        rank = (pod["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?")
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("name") != NODE:
+                continue
+            terminated = (status.get("state") or {}).get("terminated") or (
+                (status.get("lastState") or {}).get("terminated")
+            )
+            if terminated and terminated.get("exitCode", 0) != 0:
+                detail = f"{terminated.get('reason') or 'Error'} (exit code {terminated.get('exitCode')})"
+                if terminated.get("message"):
+                    detail += f": {terminated['message'].strip()}"
+                lines.append(f"pod {pod['metadata']['name']} (rank {rank}): {detail}")
+    return lines

@@ -11,8 +11,9 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 - The rank-0 `node` container log is streamed into our log as soon as the pod runs, reconnecting without
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
-  and the last log lines. Pods Pending too long: log why (events, waiting reasons). A runtime that restarts a
-  crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the runtime and the fix.
+  and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
+  (image pull, missing Secret, unschedulable) fail the step after a grace period (pod_diagnostics.py). A runtime
+  that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
   decides (default: delete successful TrainJobs, keep failed ones for debugging).
 """
@@ -23,13 +24,11 @@ import contextlib
 import dataclasses
 import json
 import math
-import re
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from datetime import datetime
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_retryable
@@ -42,10 +41,24 @@ from kfp_finetune.components._shared.kube_watch import (
 )
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune import trainjob as tj
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
+from kfp_finetune.components.torchtune_finetune import trainjob_gone
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    StepMetrics,
+    kubelet_timestamp_ns,
+    parse_metric_line,
+    progress_line,
+)
+from kfp_finetune.components.torchtune_finetune.pod_diagnostics import (
+    DEFAULT_START_FAILURE_GRACE,
+    DEFAULT_UNSCHEDULABLE_GRACE,
+    StartWatch,
+    start_failure_message,
+    waiting_lines,
+)
 from kfp_finetune.components.torchtune_finetune.pod_failures import (
     restarted_node_containers,
     restarting_message,
+    termination_summary,
 )
 
 CLEANUP_POLICIES = ("on-success", "always", "never")
@@ -54,8 +67,6 @@ LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_LOG_LINES = 50
 THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
-
-_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
 
 
 class TrainJobError(RuntimeError):
@@ -138,16 +149,6 @@ def terminal_state(obj: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def _timestamp_ns(line: str) -> tuple[int | None, str]:
-    """The kubelet timestamp of a `timestamps=true` log line (ns since the epoch) and the line without it."""
-    match = _TIMESTAMP.match(line)
-    if not match:
-        return None, line
-    offset = "+00:00" if match.group(3) == "Z" else match.group(3)
-    seconds = int(datetime.fromisoformat(match.group(1) + offset).timestamp())
-    return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]
-
-
 class TrainJobLauncher:
     """Launches one TrainJob manifest and follows it (see the module docstring).
 
@@ -159,6 +160,10 @@ class TrainJobLauncher:
         cleanup: "on-success" (delete successful TrainJobs, keep failed ones), "always" or "never".
         total_steps: Expected number of steps, for progress lines with an ETA.
         pending_warning_after: Seconds pods may stay Pending before we log why (repeated at each multiple).
+        start_failure_grace: Seconds an image-pull or container-config error of a node pod may persist before
+            the step fails naming the image / Secret and the fix (pod_diagnostics.py explains the defaults).
+        unschedulable_grace: Seconds node pods may stay unschedulable (cluster autoscalers add nodes) before the
+            step fails with the scheduler's reason.
         watch_timeout: Server-side timeout of each watch request; the watch is then re-opened.
         log_read_timeout: Seconds a log stream may stay silent before we reconnect.
         tick: How often the main thread checks for timeout and stuck pods (no API calls on a tick).
@@ -177,6 +182,8 @@ class TrainJobLauncher:
         cleanup: str = "on-success",
         total_steps: int | None = None,
         pending_warning_after: float = 300.0,
+        start_failure_grace: float = DEFAULT_START_FAILURE_GRACE,
+        unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
         watch_timeout: int = 60,
         log_read_timeout: float = 300.0,
         tick: float = 1.0,
@@ -201,6 +208,7 @@ class TrainJobLauncher:
         self.cleanup = cleanup
         self.total_steps = total_steps
         self.pending_warning_after = pending_warning_after
+        self._start_watch = StartWatch(start_failure_grace, unschedulable_grace)
         self.watch_timeout = watch_timeout
         self.log_read_timeout = log_read_timeout
         self.tick = tick
@@ -364,17 +372,20 @@ class TrainJobLauncher:
             )
 
     def _wait_gone(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        for delay in Backoff(initial=0.2, maximum=5.0, attempts=30, sleep=self.backoff.sleep).delays():
-            try:
-                self._get_trainjob()
-            except ApiException as error:
-                if error.status == 404:
-                    return
-                raise
-            self.backoff.sleep(delay)
-        raise TrainJobError(f"TrainJob {self.namespace}/{self.name} was not deleted in time")
+        """Until the TrainJob, its JobSet and its pods are gone: a new one must not inherit them."""
+        left = trainjob_gone.wait_until_gone(
+            self.custom,
+            self.core,
+            self.namespace,
+            self.name,
+            api=self._api,
+            sleep=self.backoff.sleep,
+            log=self.log,
+        )
+        if left:
+            raise TrainJobError(
+                f"TrainJob {self.namespace}/{self.name} was not deleted in time: {', '.join(left)}"
+            )
 
     # Follow -----------------------------------------------------------------------------------------------------
 
@@ -410,7 +421,8 @@ class TrainJobLauncher:
                 ) from error
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
-            if state or restarts:
+            stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
+            if state or restarts or stuck:
                 break
             if seen and job is None:
                 self._stop.set()
@@ -438,12 +450,16 @@ class TrainJobLauncher:
                     self._report_pending(time.monotonic() - pending_since)
                     next_pending_report += self.pending_warning_after
         # Let the log stream drain what the pod printed last, then stop the watches.
-        log_thread.join(self.log_drain_timeout)
+        log_thread.join(0 if stuck and not state else self.log_drain_timeout)  # no log when no pod started
         self._stop.set()
         if restarts and not state:
             ref = self.manifest["spec"]["runtimeRef"]
             return self._finish(
                 job, "Failed", created, ("TrainerRestarting", restarting_message(ref, restarts))
+            )
+        if stuck and not state:
+            return self._finish(
+                job, "Failed", created, start_failure_message(stuck, self.namespace, self.name)
             )
         return self._finish(job, state, created)
 
@@ -590,7 +606,7 @@ class TrainJobLauncher:
                 )
                 with self._log_streams.reading(response):
                     for raw in iter_resp_lines(response):
-                        stamp, line = _timestamp_ns(raw)
+                        stamp, line = kubelet_timestamp_ns(raw)
                         if stamp is not None and last_ns is not None:
                             if stamp < last_ns:
                                 continue
@@ -615,18 +631,25 @@ class TrainJobLauncher:
                 if not (is_retryable(error) or is_connection_error(error)):
                     raise
                 continue  # silent for too long or the connection dropped: reconnect
-            if self._stop.is_set() or self._pod_finished(pod_name):
+            if self._stop.is_set() or self._pod_finished(pod_name, failures):
                 return
 
-    def _pod_finished(self, pod_name: str) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
+    def _pod_finished(self, pod_name: str, failures: Iterator[float]) -> bool:
+        """Whether the pod's log is complete. A transient API error is no answer: the caller reconnects the log
+        after a back-off, as long as the run goes on (never a reason to give up on a TrainJob that runs)."""
         try:
-            pod = self._api(raw_json(self.core.read_namespaced_pod), pod_name, self.namespace)
-        except ApiException as error:
-            if error.status == 404:
+            pod = raw_json(self.core.read_namespaced_pod)(pod_name, self.namespace)
+        except Exception as error:
+            status = getattr(error, "status", None)  # an ApiException's HTTP status
+            if status == 404:
                 return True
-            raise
+            if not (is_retryable(error) or is_connection_error(error)):
+                raise
+            self.log.warning(
+                "Kubernetes API %s reading pod %s; retrying", status or type(error).__name__, pod_name
+            )
+            self.backoff.sleep(next(failures, self.backoff.maximum))
+            return False
         # A container that crashed and restarts in place ends its log stream while the pod stays Running.
         return pod["status"].get("phase") in ("Succeeded", "Failed") or bool(restarted_node_containers([pod]))
 
@@ -668,17 +691,8 @@ class TrainJobLauncher:
             seconds,
             ", ".join(p["metadata"]["name"] for p in pods) or "no pods created yet",
         )
-        for pod in pods:
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                waiting = (status.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
-                    self.log.warning(
-                        "  pod %s container %s waiting: %s %s",
-                        pod["metadata"]["name"],
-                        status.get("name"),
-                        waiting["reason"],
-                        waiting.get("message", ""),
-                    )
+        for line in waiting_lines(pods):
+            self.log.warning("  %s", line)
         for involved in [self.name, *(p["metadata"]["name"] for p in pods)]:
             try:
                 events = self._api(
@@ -696,23 +710,6 @@ class TrainJobLauncher:
                 self.log.warning(
                     "  event %s %s: %s: %s", event.involved_object.kind, involved, event.reason, event.message
                 )
-
-    def _termination_summary(self) -> list[str]:
-        lines = []
-        for pod in self._node_pods():
-            rank = (pod["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?")
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                if status.get("name") != tj.NODE:
-                    continue
-                terminated = (status.get("state") or {}).get("terminated") or (
-                    (status.get("lastState") or {}).get("terminated")
-                )
-                if terminated and terminated.get("exitCode", 0) != 0:
-                    detail = f"{terminated.get('reason') or 'Error'} (exit code {terminated.get('exitCode')})"
-                    if terminated.get("message"):
-                        detail += f": {terminated['message'].strip()}"
-                    lines.append(f"pod {pod['metadata']['name']} (rank {rank}): {detail}")
-        return lines
 
     # End --------------------------------------------------------------------------------------------------------
 
@@ -736,14 +733,14 @@ class TrainJobLauncher:
                 message=condition.get("message") or "",
             )
         if state == "Failed":
-            terminations = self._termination_summary()
+            terminations = termination_summary(self._node_pods())
             if not result.log_lines:
                 self._fetch_tail()
             if self.cleanup == "always":
                 result.deleted = self._delete(reason="cleanup policy 'always'")
             elif ended:
                 self.log.warning(
-                    "kept TrainJob %s (cleanup policy %r): it restarts until its backoffLimit; "
+                    "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; "
                     "`kubectl delete trainjob -n %s %s` frees its nodes now",
                     self.name,
                     self.cleanup,

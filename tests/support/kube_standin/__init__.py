@@ -18,6 +18,8 @@ watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constant
 Served (anything else answers 404 like an unknown path):
   * ``/apis/trainer.kubeflow.org/v1alpha1``: trainjobs (namespaced create/get/list/watch/delete; cluster-wide
     list/watch), trainingruntimes (namespaced get/list/watch), clustertrainingruntimes (get/list/watch).
+  * ``/apis/jobset.x-k8s.io/v1alpha2``: jobsets (namespaced get/list/watch), one per started TrainJob, named after it
+    and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
     timestamps, limitBytes), events (namespaced list/watch).
   * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
@@ -26,9 +28,10 @@ Served (anything else answers 404 like an unknown path):
 Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` body, optional Retry-After),
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
 version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from an older resourceVersion get 410
-Expired), ``send_bookmarks`` (BOOKMARK events now), seeded objects via ``add_object`` (the retry/attach case).
-Note that urllib3 under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying
-Retry-After.
+Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log follows end early), seeded objects via
+``add_object`` (the retry/attach case), pods that cannot start (``Scenario.unpullable_image`` /
+``missing_secrets`` / ``stuck_pending``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
+(not POST) on 429/503 carrying Retry-After.
 
 Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
 documents (runtimes/rbac.yaml), else 403 Forbidden; ``authorizations`` lists each request's verb, group, resource,
@@ -52,8 +55,8 @@ Known deviations from a real API server:
     only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored); the watch history
     is compacted only when a test asks (the real watch cache keeps a bounded window); ``events.k8s.io`` is not
     served. RBAC: no aggregated ClusterRoles, no non-resource URLs, no impersonation.
-  * Deleted pods disappear at once (no graceful-termination MODIFIED step); dependents of a Background delete go
-    right after the owner, within the same request.
+  * Unless ``hold_garbage_collection()`` was called, a TrainJob's JobSet and pods are deleted (and the pods
+    terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
     preemption (``DisruptionTarget``) is not simulated; other ranks of a failed job are shown terminated (143)

@@ -28,13 +28,13 @@ from ._common import (
     utc_now,
 )
 from ._controller import Controller
+from ._gc import GarbageCollector
 from ._http import Handler
 from ._rbac import Authorization, RbacAuthorizer, request_attributes
 from ._schema import SchemaValidator
 from ._store import Store, WatchEvent
 from ._typed_schema import TypedModelValidator
 from ._types import RecordedRequest
-from ._workload import mark_deleting
 
 _FAULT_MESSAGES = {
     429: "Too many requests, please try again later.",
@@ -68,6 +68,7 @@ class ApiServer:
     ):
         self.store = store
         self.controller = controller
+        self.gc = GarbageCollector(store)
         self.schemas = schemas
         self.token = token
         self.requests: list[RecordedRequest] = []
@@ -151,7 +152,8 @@ class ApiServer:
         return stored
 
     def delete(self, route: Route, body: Any, query: dict[str, str]) -> dict:
-        """DELETE of a TrainJob; its pods (dependents) go with it unless propagationPolicy is Orphan."""
+        """DELETE of a TrainJob; its JobSet and pods (dependents) follow unless propagationPolicy is Orphan
+        (_gc.py: at once, or step by step when garbage collection is held)."""
         if route.plural != "trainjobs" or route.name is None or route.namespace is None:
             raise ApiError(405, _NOT_ALLOWED)
         options = body if isinstance(body, dict) else {}
@@ -161,13 +163,7 @@ class ApiServer:
             if query.get("dryRun") == "All" or options.get("dryRun") == ["All"]:
                 return job
             self.controller.cancel(route.namespace, route.name)
-            if policy == "Foreground":  # dependents go first; meanwhile the owner shows a deletionTimestamp
-                job = self.store.update("trainjobs", route.namespace, route.name, mark_deleting) or job
-            deleted = copy.deepcopy(self.store.put("trainjobs", copy.deepcopy(job), "DELETED"))
-            if policy != "Orphan":
-                for pod in self.store.job_pods(route.namespace, route.name):
-                    self.store.put("pods", pod, "DELETED")
-        return deleted
+            return copy.deepcopy(self.gc.delete_trainjob(job, policy))
 
     def authorize(self, method: str, path: str, query: dict[str, str]) -> None:
         """Record what the request asks for; with RBAC enforced, a 403 unless a binding grants it (before routing,
@@ -338,6 +334,8 @@ class ApiServer:
                 for t, line in entries
             ).encode()
 
+        cuts = store.log_cuts
+
         def stream(handler: Handler) -> None:
             handler.start_chunked("text/plain")
             entries = store.log_entries(namespace, name, previous=previous)
@@ -359,6 +357,8 @@ class ApiServer:
                     position += len(entries)
                     current = store.objects.get(("pods", namespace, name))
                     finished = current is None or not _container_running(current, container)
+                    if store.log_cuts != cuts:  # the stream ends early while the container runs on
+                        break
                     if not entries:
                         if finished or store.stopping:
                             break

@@ -11,6 +11,9 @@ from typing import Any
 TRAINER_GROUP = "trainer.kubeflow.org"
 TRAINER_VERSION = "v1alpha1"
 TRAINER_API_VERSION = f"{TRAINER_GROUP}/{TRAINER_VERSION}"
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+GROUP_VERSIONS = {TRAINER_GROUP: TRAINER_VERSION, JOBSET_GROUP: JOBSET_VERSION}
 
 # Trainer v2.3 (pkg/constants, the torch plugin) and the JobSet condition texts the Trainer copies into TrainJobs.
 MASTER_PORT = 29400
@@ -32,6 +35,7 @@ KINDS = {  # plural -> (api group ("" = core), kind, namespaced)
     "trainjobs": (TRAINER_GROUP, "TrainJob", True),
     "trainingruntimes": (TRAINER_GROUP, "TrainingRuntime", True),
     "clustertrainingruntimes": (TRAINER_GROUP, "ClusterTrainingRuntime", False),
+    "jobsets": (JOBSET_GROUP, "JobSet", True),
     "pods": ("", "Pod", True),
     "events": ("", "Event", True),
     "persistentvolumeclaims": ("", "PersistentVolumeClaim", True),
@@ -135,7 +139,7 @@ def parse_route(path: str) -> Route | None:
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
         rest = parts[2:]
-    elif parts[:3] == ["apis", TRAINER_GROUP, TRAINER_VERSION]:
+    elif len(parts) >= 3 and parts[0] == "apis" and GROUP_VERSIONS.get(parts[1]) == parts[2]:
         rest = parts[3:]
     else:
         return None
@@ -145,7 +149,7 @@ def parse_route(path: str) -> Route | None:
     if not rest or len(rest) > 3 or rest[0] not in KINDS:
         return None
     group = KINDS[rest[0]][0]
-    if (group == "") != (parts[0] == "api"):
+    if group != ("" if parts[0] == "api" else parts[1]):
         return None
     return Route(rest[0], namespace, rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None)
 

@@ -20,18 +20,21 @@ from ._jobpolicy import (
     restart_count,
     restarts_exceed_limit,
 )
+from ._startup import start_failure
 from ._store import Store
 from ._types import Scenario
 from ._workload import (
     ExecuteConfig,
     build_jobs_status,
     free_port,
+    jobset_finished,
     kill_processes,
     local_command,
     mark_running,
     mark_terminated,
     multi_attach_error,
     new_condition,
+    new_jobset,
     new_pod,
     node_pod_template,
     node_replicated_job,
@@ -111,12 +114,17 @@ class Controller:
         with store.cond:  # a concurrent DELETE either sees these pods or has cancelled us already
             if run.cancel.is_set():
                 return
+            if (old := store.find("jobsets", namespace, name)) is not None:
+                self._adopt_jobset(namespace, name, old)
+                return
+            store.put("jobsets", new_jobset(job), "ADDED")
             pods = [self._create_pod(job, template, rank, scenario) for rank in range(num_nodes)]
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1))
         wait = self._waiter(job, run)
 
         attach_blocked = self._attach_volumes(namespace, pods)
-        stay_pending = scenario.stay_pending or attach_blocked
+        cannot_start = start_failure(template.get("spec", {}), scenario) is not None
+        stay_pending = scenario.stay_pending or attach_blocked or cannot_start
         outcome = wait(float("inf") if stay_pending else scenario.pending_seconds)
         if outcome is None:
             for pod in pods:
@@ -135,6 +143,8 @@ class Controller:
             return
         if outcome == "deadline":  # the Trainer deletes the JobSet, so the pods go
             kill_processes(run.processes)
+            if jobset := store.find("jobsets", namespace, name):
+                store.put("jobsets", jobset, "DELETED")
             for pod in store.job_pods(namespace, name):
                 store.put("pods", pod, "DELETED")
             condition = new_condition("Failed", "True", *DEADLINE_EXCEEDED)
@@ -145,7 +155,19 @@ class Controller:
         else:
             condition = new_condition("Failed", "True", "FailedJobs", JOBSET_FAILED_MESSAGE)
         counts = {"succeeded": 1} if outcome == "succeeded" else {"failed": 1}
+        store.update("jobsets", namespace, name, lambda js: jobset_finished(js, condition))
         self._set_status(namespace, name, [condition], build_jobs_status(runtime, **counts))
+
+    def _adopt_jobset(self, namespace: str, name: str, jobset: dict) -> None:
+        """A JobSet of that name still exists (an earlier TrainJob's, not yet garbage-collected): the Trainer v2.3
+        jobset plugin (pkg/runtime/framework/plugins/jobset/jobset.go) does not touch an existing unsuspended
+        JobSet in Build, and Status copies its Completed/Failed conditions into the new TrainJob."""
+        conditions = [
+            {**c, "type": "Complete" if c["type"] == "Completed" else c["type"]}
+            for c in (jobset.get("status") or {}).get("conditions") or []
+            if c["type"] in ("Completed", "Failed") and c["status"] == "True"
+        ]
+        self._set_status(namespace, name, conditions or None, None)
 
     def _waiter(self, job: dict, run: JobRun) -> Wait:
         """A sleep that ends early with "cancel" or "deadline" (``spec.activeDeadlineSeconds``)."""
@@ -202,6 +224,11 @@ class Controller:
                 event["reason"],
                 event.get("message", ""),
                 event.get("type", "Warning"),
+            )
+        blocked = start_failure(pod["spec"], scenario) if pod["spec"].get("nodeName") else None
+        for event in blocked[1] if blocked else []:  # the kubelet of the node the pod was scheduled to
+            self.store.record_event(
+                namespace, "Pod", pod_name, event["reason"], event["message"], event.get("type", "Warning")
             )
         return pod_name
 

@@ -12,11 +12,11 @@ import uuid
 from collections.abc import Callable
 
 from ._common import (
+    GROUP_VERSIONS,
     JOBSET_NAME_LABEL,
     KINDS,
     PLURAL_OF_KIND,
     TRAINER_API_VERSION,
-    TRAINER_VERSION,
     Route,
     not_found,
     parse_field_selector,
@@ -53,6 +53,7 @@ class Store:
         self.compacted_rv = 0  # watches from an older resourceVersion get 410 Expired
         self.bookmark_requests = 0  # bumped by a test: watches that allow bookmarks send one
         self.stopping = False
+        self.log_cuts = 0  # bumped by KubeStandin.end_log_streams: open log streams end
         self._rv = itertools.count(self.current_rv + 1)  # one global, increasing resourceVersion
 
     def put(self, plural: str, obj: dict, event_type: str) -> dict:
@@ -134,7 +135,7 @@ class Store:
             rv = self.current_rv
         group, kind, _ = KINDS[route.plural]
         return {
-            "apiVersion": f"{group}/{TRAINER_VERSION}" if group else "v1",
+            "apiVersion": f"{group}/{GROUP_VERSIONS[group]}" if group else "v1",
             "kind": f"{kind}List",
             "metadata": {"resourceVersion": str(rv)},
             "items": items,

@@ -43,6 +43,10 @@ class Scenario:
         oom_killed: The failing container terminates with reason ``OOMKilled`` and exit code 137.
         failed_rank: Which rank fails (the other ranks are terminated with exit code 143).
         execute: Run the node command as local subprocesses (see :meth:`KubeStandin.execute`).
+        unpullable_image: The node container's image cannot be pulled: it waits in ``ImagePullBackOff`` with the
+            kubelet's ``Failed``/``BackOff`` events (``_startup.py``) and never starts.
+        missing_secrets: Secrets that do not exist: a node container whose ``env``/``envFrom`` needs one waits in
+            ``CreateContainerConfigError`` (``secret "<name>" not found``) and never starts.
         restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
             controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
             ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
@@ -63,6 +67,8 @@ class Scenario:
     failed_rank: int = 0
     execute: bool = False
     restart_backoff_scale: float = 0.001
+    unpullable_image: bool = False
+    missing_secrets: tuple[str, ...] | list[str] = ()
 
     @classmethod
     def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
 from ._jobpolicy import JOBSET_DEFAULT_RESTART_POLICY, node_job_policy
+from ._startup import start_failure
 from ._types import Scenario
 
 
@@ -166,6 +167,40 @@ def mark_terminated(pod: dict, exit_code: int, reason: str) -> None:
         status["state"] = {
             "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now}
         }
+
+
+def new_jobset(job: dict) -> dict:
+    """The JobSet the Trainer creates for a TrainJob: same name, owned by it (a controller reference)."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid4()),
+            "creationTimestamp": utc_now(),
+            "labels": dict(job["metadata"].get("labels") or {}),
+            "ownerReferences": [
+                {
+                    "apiVersion": job["apiVersion"],
+                    "kind": "TrainJob",
+                    "name": name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"replicatedJobs": [{"name": "node", "replicas": 1}]},
+        "status": {"conditions": []},
+    }
+
+
+def jobset_finished(jobset: dict, condition: dict) -> None:
+    """The JobSet's own terminal condition (``Completed`` / ``Failed``), which the Trainer copies."""
+    type_ = "Completed" if condition["type"] == "Complete" else condition["type"]
+    jobset.setdefault("status", {})["conditions"] = [{**condition, "type": type_}]
 
 
 def mark_deleting(job: dict) -> None:
@@ -335,6 +370,7 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
     waiting = {"reason": scenario.waiting_reason or "ContainerCreating"}
     if scenario.waiting_message:
         waiting["message"] = scenario.waiting_message
+    blocked = start_failure(spec, scenario)
     container_statuses = [
         {
             "name": c["name"],
@@ -343,7 +379,7 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
             "ready": False,
             "restartCount": 0,
             "started": False,
-            "state": {"waiting": waiting},
+            "state": {"waiting": blocked[0] if blocked and c.get("name") == "node" else waiting},
         }
         for c in spec.get("containers", [])
     ]

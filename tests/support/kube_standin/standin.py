@@ -426,6 +426,29 @@ class KubeStandin:
         etcd compacts or the watch cache's window moves on; watches already open are not affected."""
         return str(self._store.compact())
 
+    def hold_garbage_collection(self) -> None:
+        """From now on a TrainJob DELETE only removes the TrainJob (or, Foreground, marks it deleting); its JobSet
+        and pods go step by step at :meth:`collect_garbage` (_gc.py names the upstream behaviour)."""
+        with self._store.cond:
+            self._api.gc.held = True
+
+    def collect_garbage(self) -> str | None:
+        """Run the next pending deletion step (JobSet deleted + pods terminating; pods removed; a Foreground owner
+        removed). Returns what it did, or None when nothing was pending."""
+        return self._api.gc.collect()
+
+    def jobset(self, name: str, namespace: str | None = None) -> dict | None:
+        """The stored JobSet (``jobset.x-k8s.io/v1alpha2``, named after its TrainJob), or None."""
+        return self._store.find("jobsets", namespace or self.namespace, name)
+
+    def end_log_streams(self) -> None:
+        """End every open ``follow`` log stream cleanly while the containers run on, as when the kubelet or
+        the API server's proxy connection goes away (kube-apiserver pkg/registry/core/pod/rest/log.go streams
+        from the kubelet; a restarted kubelet ends the response). Clients must reconnect."""
+        with self._store.cond:
+            self._store.log_cuts += 1
+            self._store.cond.notify_all()
+
     # Authorization -----------------------------------------------------------------------------------------
 
     def enforce_rbac(self, documents: Iterable[Mapping[str, Any]], *, service_account: str) -> str:

@@ -1,0 +1,163 @@
+"""Node pods that cannot start: tell why, and fail the step after a short grace period instead of after the
+TrainJob timeout (a day by default).
+
+Three causes the kubelet and the scheduler keep retrying for ever, so the TrainJob never fails by itself:
+
+- an image that cannot be pulled (`ErrImagePull` / `ImagePullBackOff`, kubelet pkg/kubelet/images): a typo in
+  the image or tag, a private registry without `imagePullSecrets`, a registry the nodes cannot reach;
+- a container that cannot be configured (`CreateContainerConfigError`, kubelet kuberuntime_container.go), most
+  often a Secret or ConfigMap that its `env`/`envFrom` needs and that does not exist (`secret "x" not found`);
+- no node that fits (`PodScheduled=False`, reason `Unschedulable`, scheduler schedule_one.go): too many GPUs or
+  too much memory per node, a nodeSelector or taint nothing matches.
+
+Grace periods (launcher options): a pull or config error persisting for `start_failure_grace` (default 5 minutes:
+the kubelet's image back-off reaches its 5-minute cap by then, and a Secret created by a slower part of the
+pipeline has had time to appear) fails the step. Unschedulable pods get `unschedulable_grace` (default 30 minutes):
+a cluster autoscaler adds a node in minutes, a GPU node pool scaling from zero can take 10-20, and Kueue-style
+queueing shows as `Suspended`, not as unschedulable pods, so 30 minutes of "no node fits" means no node will.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+NODE = "node"
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+CONFIG_REASONS = frozenset({"CreateContainerConfigError"})
+DEFAULT_START_FAILURE_GRACE = 300.0
+DEFAULT_UNSCHEDULABLE_GRACE = 1800.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StartProblem:
+    """Why one node pod does not start.
+
+    Attributes:
+        kind: "image", "config" or "unschedulable".
+        pod: Pod name.
+        reason: The kubelet's waiting reason or the scheduler's condition reason.
+        message: Their message.
+        image: The node container's image.
+    """
+
+    kind: str
+    pod: str
+    reason: str
+    message: str
+    image: str = ""
+
+    def explain(self, namespace: str) -> str:
+        """One line: what is wrong and how to fix it."""
+        if self.kind == "image":
+            return (
+                f"pod {self.pod}: image {self.image!r} cannot be pulled ({self.reason}: {self.message}). "
+                "Fix: check the image name and tag (the trainer image setting), that the registry is reachable "
+                "from the nodes, and for a private registry give the runtime's node pods imagePullSecrets."
+            )
+        if self.kind == "config":
+            secret = re.search(r'(secret|configmap)s? "([^"]+)" not found', self.message, re.IGNORECASE)
+            fix = (
+                f"create {secret.group(1).capitalize()} {secret.group(2)!r} in namespace {namespace} "
+                f"(kubectl create {secret.group(1).lower()} generic {secret.group(2)} -n {namespace} ...) "
+                "or remove the reference from the env"
+                if secret
+                else "fix the container's env, volumes or securityContext that the message names"
+            )
+            return f"pod {self.pod}: container {NODE} cannot be configured ({self.reason}: {self.message}). Fix: {fix}."
+        return (
+            f"pod {self.pod}: no node can run it ({self.reason}: {self.message}). Fix: request fewer GPUs or "
+            "less memory per node (or more nodes with less each), fix the nodeSelector / tolerations, or add "
+            "capacity to the cluster."
+        )
+
+
+def start_problems(pods: Iterable[Mapping[str, Any]]) -> list[StartProblem]:
+    """What keeps each not-yet-running node pod from starting (pods without a problem are left out)."""
+    problems = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        status = pod.get("status") or {}
+        if status.get("phase") not in (None, "Pending", "Running") or pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            continue
+        spec_node = next(
+            (c for c in (pod.get("spec") or {}).get("containers") or [] if c["name"] == NODE), {}
+        )
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason", "")
+            kind = "image" if reason in IMAGE_REASONS else "config" if reason in CONFIG_REASONS else None
+            if kind and container.get("name") == NODE:
+                image = container.get("image") or spec_node.get("image", "")
+                problems.append(StartProblem(kind, name, reason, waiting.get("message", ""), image))
+        for condition in status.get("conditions") or []:
+            if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                problems.append(
+                    StartProblem("unschedulable", name, "Unschedulable", condition.get("message", ""))
+                )
+    return problems
+
+
+class StartWatch:
+    """Remembers since when each (pod, kind) problem has persisted and answers those past their grace period.
+
+    Args:
+        start_failure_grace: Seconds an image-pull or container-config error may persist.
+        unschedulable_grace: Seconds a pod may stay unschedulable.
+    """
+
+    def __init__(
+        self,
+        start_failure_grace: float = DEFAULT_START_FAILURE_GRACE,
+        unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
+    ) -> None:
+        self.grace = {"image": start_failure_grace, "config": start_failure_grace}
+        self.grace["unschedulable"] = unschedulable_grace
+        self._since: dict[tuple[str, str], float] = {}
+
+    def overdue(self, pods: Iterable[Mapping[str, Any]], now: float) -> list[StartProblem]:
+        """The problems seen now that were first seen at least their grace period ago (by our clock: pod
+        timestamps come from other machines' clocks)."""
+        problems = start_problems(pods)
+        current = {(p.pod, p.kind) for p in problems}
+        self._since = {key: t for key, t in self._since.items() if key in current}
+        for key in current:
+            self._since.setdefault(key, now)
+        return [p for p in problems if now - self._since[(p.pod, p.kind)] >= self.grace[p.kind]]
+
+
+def waiting_lines(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`pod P container C waiting: REASON MESSAGE` for each container waiting for more than its creation."""
+    lines = []
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+                lines.append(
+                    f"pod {pod['metadata']['name']} container {status.get('name')} waiting: "
+                    f"{waiting['reason']} {waiting.get('message', '')}"
+                )
+    return lines
+
+
+def start_failure_message(problems: list[StartProblem], namespace: str, name: str) -> tuple[str, str]:
+    """(reason, message) for the step's error: the first problem's kind decides the reason."""
+    reason = {"image": "ImagePullFailed", "config": "ContainerConfigError", "unschedulable": "Unschedulable"}[
+        problems[0].kind
+    ]
+    seen: set[str] = set()
+    lines = []
+    for problem in problems:
+        line = problem.explain(namespace)
+        if line.split(": ", 1)[1] not in seen:  # the same cause on every rank: say it once
+            seen.add(line.split(": ", 1)[1])
+            lines.append(line)
+    return reason, f"node pods of TrainJob {namespace}/{name} cannot start:\n  " + "\n  ".join(lines)
