@@ -348,7 +348,7 @@ def test_pods_logs_and_events(kube_standin, custom, core):
     assert rank0.metadata.labels["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
     env = {e.name: e for e in rank0.spec.containers[0].env}
     assert env["PET_NNODES"].value == "2" and env["PET_NPROC_PER_NODE"].value == "1"
-    assert env["PET_MASTER_ADDR"].value == "logs-node-0-0.logs" and env["PET_MASTER_PORT"].value == "29400"
+    assert env["PET_MASTER_ADDR"].value == "logs-node-0-0.logs" and env["PET_MASTER_PORT"].value == "29500"
     assert "job-completion-index" in env["PET_NODE_RANK"].value_from.field_ref.field_path
 
     while core.read_namespaced_pod(rank0.metadata.name, NS).status.phase == "Pending":
@@ -367,6 +367,28 @@ def test_pods_logs_and_events(kube_standin, custom, core):
     kube_standin.add_event("logs", "Created", "Created JobSet: logs", type_="Normal", kind="TrainJob")
     events = core.list_namespaced_event(NS, field_selector="involvedObject.name=logs").items
     assert [(e.reason, e.involved_object.kind) for e in events] == [("Created", "TrainJob")]
+
+
+def test_resources_per_node_are_merged_into_the_runtimes(kube_standin, custom, core):
+    """The Trainer merges trainer.resourcesPerNode into the runtime's node container resources key by key
+    (kubeflow/trainer v2.3.0 MergeResourceRequirements): keys the TrainJob does not name stay."""
+    runtime = kube_standin.add_runtime(
+        "with-resources",
+        resources={"limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}, "requests": {"cpu": "2"}},
+    )
+    per_node = {"limits": {"nvidia.com/gpu": "2"}, "requests": {"memory": "8Gi"}}
+    create(
+        custom,
+        trainjob(
+            "merged", runtimeRef={"name": runtime["metadata"]["name"]}, trainer={"resourcesPerNode": per_node}
+        ),
+    )
+    pods = []
+    while not pods:
+        pods = core.list_namespaced_pod(NS, label_selector="jobset.sigs.k8s.io/jobset-name=merged").items
+    resources = pods[0].spec.containers[0].resources
+    assert resources.limits == {"nvidia.com/gpu": "2", "memory": "16Gi"}
+    assert resources.requests == {"cpu": "2", "memory": "8Gi"}
 
 
 def test_failure_oom_and_stuck_pending(kube_standin, custom, core):

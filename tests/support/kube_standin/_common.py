@@ -16,7 +16,8 @@ JOBSET_VERSION = "v1alpha2"
 GROUP_VERSIONS = {TRAINER_GROUP: TRAINER_VERSION, JOBSET_GROUP: JOBSET_VERSION}
 
 # Trainer v2.3 (pkg/constants, the torch plugin) and the JobSet condition texts the Trainer copies into TrainJobs.
-MASTER_PORT = 29400
+# ContainerTrainerPort in kubeflow/trainer v2.3.0 pkg/constants/constants.go: the torch plugin's PET_MASTER_PORT.
+MASTER_PORT = 29500
 TORCH_RESERVED_ENV = (
     "PET_NNODES",
     "PET_NPROC_PER_NODE",

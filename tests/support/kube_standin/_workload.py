@@ -52,6 +52,19 @@ def merge_patch(base: Any, patch: Any) -> Any:
     return copy.deepcopy(patch)
 
 
+def merge_resources(runtime: Mapping[str, Any], per_node: Mapping[str, Any]) -> dict:
+    """trainer.resourcesPerNode merged into the runtime's `node` container resources, key by key: a strategic
+    merge patch on the limits/requests maps (kubeflow/trainer v2.3.0 pkg/runtime/core/trainingruntime.go calls
+    pkg/util/trainingruntime MergeResourceRequirements), so runtime keys the TrainJob does not name are kept."""
+    merged = copy.deepcopy(dict(runtime))
+    for key, values in per_node.items():
+        if isinstance(values, Mapping):
+            merged[key] = {**(merged.get(key) or {}), **copy.deepcopy(dict(values))}
+        else:
+            merged[key] = copy.deepcopy(values)
+    return merged
+
+
 def upsert_env(env: list[dict], additions: list[dict]) -> list[dict]:
     """``env`` with ``additions`` replacing same-named entries, as the Trainer's apply.UpsertEnvVars."""
     result = [e for e in env if e["name"] not in {a["name"] for a in additions}]
@@ -246,7 +259,7 @@ def node_pod_template(job: dict, runtime: dict) -> tuple[dict, int, str]:
             if trainer.get(key):
                 node[key] = copy.deepcopy(trainer[key])
         if trainer.get("resourcesPerNode"):
-            node["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+            node["resources"] = merge_resources(node.get("resources") or {}, trainer["resourcesPerNode"])
         node["env"] = upsert_env(node.get("env", []), trainer.get("env", []))
         if "torch" in policy and trainer.get("command") != TUNE_ENTRYPOINT:
             name = job["metadata"]["name"]

@@ -171,6 +171,7 @@ class KubeStandin:
         restart_policy: str | None = None,
         backoff_limit: int | None = None,
         pod_failure_policy: dict | None = None,
+        resources: dict | None = None,
     ) -> dict:
         """Seed a minimal torch runtime: one replicated job ``node`` with container ``node``.
 
@@ -182,6 +183,8 @@ class KubeStandin:
             container["command"] = list(command)
         if volume_mounts:
             container["volumeMounts"] = copy.deepcopy(volume_mounts)
+        if resources:
+            container["resources"] = copy.deepcopy(resources)
         pod_spec: dict[str, Any] = {"containers": [container]}
         if volumes:
             pod_spec["volumes"] = copy.deepcopy(volumes)
