@@ -148,7 +148,7 @@ class TrainJobLauncher:
         self._thread_error: BaseException | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
-        self._log = RankZeroLog(
+        self._rank0_log = RankZeroLog(
             self.core,
             self.namespace,
             node_pods=self._node_pods,
@@ -187,7 +187,7 @@ class TrainJobLauncher:
     def _stop_threads(self) -> None:
         """Cut the open streams and wait for the watch and log threads: nothing of this run may run on
         (or print) after it returned."""
-        self._log.streams.close_all()
+        self._rank0_log.streams.close_all()
         for watch in self._watches.values():
             watch.stop()
         deadline = time.monotonic() + THREAD_STOP_TIMEOUT
@@ -277,7 +277,7 @@ class TrainJobLauncher:
             threading.Thread(target=self._guard(self._watch_pods), name=f"pods-{self.name}", daemon=True),
         ]
         log_thread = threading.Thread(
-            target=self._guard(self._log.follow), name=f"log-{self.name}", daemon=True
+            target=self._guard(self._rank0_log.follow), name=f"log-{self.name}", daemon=True
         )
         self._threads = [*threads, log_thread]
         # Made before the threads start, so that _stop_threads always stops them.
@@ -314,7 +314,7 @@ class TrainJobLauncher:
                 self._stop.set()
                 raise TrainJobTimeout(
                     f"TrainJob {self.namespace}/{self.name} did not finish within {self.timeout:g}s "
-                    f"(deleted).{self._log.tail_text()}"
+                    f"(deleted).{self._rank0_log.tail_text()}"
                 )
             if condition(job, "Suspended"):  # e.g. queued by Kueue: no pods until it is admitted
                 if not reported_suspended:
@@ -430,7 +430,7 @@ class TrainJobLauncher:
         terminal = (
             dict(zip(("reason", "message"), ended, strict=True)) if ended else condition(job, state) or {}
         )
-        lines, steps = self._log.shown()
+        lines, steps = self._rank0_log.shown()
         result = TrainJobResult(
             name=self.name,
             namespace=self.namespace,
@@ -445,7 +445,7 @@ class TrainJobLauncher:
         if state == "Failed":
             terminations = termination_summary(self._node_pods())
             if not result.log_lines:
-                self._log.fetch_tail(self._api)
+                self._rank0_log.fetch_tail(self._api)
             if self.cleanup == "always":
                 result.deleted = self._delete(reason="cleanup policy 'always'")
             elif ended:
@@ -461,7 +461,7 @@ class TrainJobLauncher:
                 f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
             ]
             text += [f"  {line}" for line in terminations]
-            raise TrainJobFailed("\n".join(text) + self._log.tail_text(), result)
+            raise TrainJobFailed("\n".join(text) + self._rank0_log.tail_text(), result)
         self.log.info("TrainJob %s completed in %.0fs", self.name, result.wall_time)
         if self.cleanup in ("on-success", "always"):
             result.deleted = self._delete(reason=f"cleanup policy {self.cleanup!r}")
