@@ -23,6 +23,7 @@ def _emit(data: dict) -> None:
 
 
 def component(args: dict) -> None:
+    from kfp_finetune.components.torchtune_finetune.backends import backend_for
     from kfp_finetune.components.torchtune_finetune.finetune import ArtifactInput, run_finetune
 
     result = run_finetune(
@@ -32,7 +33,7 @@ def component(args: dict) -> None:
         settings=args["settings"],
         run_id=args["run_id"],
         task_name="torchtune-finetune",
-        backend="local",
+        backend=backend_for("local"),
     )
     _emit(
         {

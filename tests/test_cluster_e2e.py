@@ -14,8 +14,11 @@ import uuid
 import pytest
 
 from kfp_finetune.components._shared.kube import current_namespace, load_api_client
-from kfp_finetune.components.torchtune_finetune import trainjob as tj
-from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed, launch_trainjob
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
+    TrainJobFailed,
+    launch_trainjob,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 
 KUBECONFIG = os.environ.get("KFP_FINETUNE_E2E_KUBECONFIG")
 pytestmark = [

@@ -16,9 +16,9 @@ from kfp.dsl import HTML, Artifact, Dataset, Metrics, Model, TaskConfig
 
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobFailed
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.finetune import run_component
-from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
-from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed
 from tests.support import kube_standin as standin
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,15 @@ import pytest
 from kubernetes import client
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
+    NodePodSettings,
+    build_trainjob,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import (
+    place_node_pods,
+    require_node,
+)
 from kfp_finetune.components.torchtune_finetune.config import ConfigError
-from kfp_finetune.components.torchtune_finetune.placement import place_node_pods, require_node
-from kfp_finetune.components.torchtune_finetune.trainjob import NodePodSettings, build_trainjob
 from tests.support import kube_standin as standin
 
 kube_standin = standin.kube_standin  # started, namespace team-a, runtime torch-distributed

@@ -9,9 +9,12 @@ import pytest
 import yaml
 
 from kfp_finetune.components._shared.kube import Backoff
-from kfp_finetune.components.torchtune_finetune import placement
-from kfp_finetune.components.torchtune_finetune import trainjob as tj
-from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed, TrainJobLauncher
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
+    TrainJobFailed,
+    TrainJobLauncher,
+    placement,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from tests.support.kube_standin import KubeStandin, Scenario
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kfp_finetune.components.torchtune_finetune.trainjob import NODE
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NODE
 from tests.support.kube_standin._typed_schema import typed_model_errors
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed, run_local
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.local_launcher import TrainingFailed, run_local
 from kfp_finetune.components.torchtune_finetune.metrics import read_metrics_file
 from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 
@@ -112,7 +112,7 @@ def test_sigterm_stops_the_training_process_group(tmp_path):
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); print('ready', flush=True); time.sleep(120)"
     launcher = textwrap.dedent(f"""
         import sys
-        from kfp_finetune.components.torchtune_finetune.local_launcher import TrainingFailed, run_local
+        from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed, run_local
         try:
             run_local([sys.executable, "-c", {child!r}])
         except TrainingFailed as err:

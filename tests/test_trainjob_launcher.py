@@ -17,14 +17,14 @@ import yaml
 
 from kfp_finetune.components._shared.kube import Backoff
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components.torchtune_finetune import trainjob as tj
-from kfp_finetune.components.torchtune_finetune.trainjob_launcher import (
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobConflict,
     TrainJobError,
     TrainJobFailed,
     TrainJobLauncher,
     TrainJobTimeout,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from tests.support.kube_standin import KubeStandin, Scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -497,7 +497,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     from kfp_finetune.components._shared.kube import load_api_client
-    from kfp_finetune.components.torchtune_finetune.trainjob_launcher import launch_trainjob
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob import launch_trainjob
     import json
     manifest = json.loads(sys.argv[2])
     launch_trainjob(manifest, load_api_client(sys.argv[1]), namespace="team-a", tick=0.05, watch_timeout=2)

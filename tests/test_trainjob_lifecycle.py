@@ -7,8 +7,11 @@ import threading
 
 import pytest
 
-from kfp_finetune.components.torchtune_finetune import trainjob as tj
-from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobFailed, TrainJobTimeout
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
+    TrainJobFailed,
+    TrainJobTimeout,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from tests import test_trainjob_launcher as base
 from tests.support.kube_standin import Scenario
 

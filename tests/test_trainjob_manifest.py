@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from kfp_finetune.components.torchtune_finetune import trainjob as tj
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from tests.support.kube_standin import KubeStandin, expand_kube_vars
 from tests.test_runtimes import RUNTIMES, manifest_errors
 

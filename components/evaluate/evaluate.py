@@ -458,7 +458,7 @@ def training_steps(workspace: Path, model: ArtifactInput) -> list[StepMetrics]:
 
 def run_component(**params: Any) -> bool:
     """What the component body calls with all its parameters; returns the gate's verdict."""
-    from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 
     def artifact_input(artifact: Any) -> ArtifactInput | None:
         return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None

@@ -1,5 +1,5 @@
-"""The torchtune-finetune step: resolve the run from the input artifacts, train (locally or as a TrainJob),
-hand on the checkpoint as `merged/` + `adapter/`, and report metrics and curves.
+"""The torchtune-finetune step: resolve the run from the input artifacts, train with the chosen backend (locally or
+as a TrainJob: backends/), hand on the checkpoint as `merged/` + `adapter/`, and report metrics and curves.
 
 Plain Python: the KFP component only unpacks its artifacts and calls `run_finetune`.
 """
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,21 +18,20 @@ import yaml
 from kfp_finetune.components._shared import html_report
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import area_dir
+from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
+from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig, from_flat
-from kfp_finetune.components.torchtune_finetune.local_launcher import TrainingFailed
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, read_metrics_file, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
     finalize_checkpoint,
     keep_local_copy,
 )
-from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run, tune_command
-from kfp_finetune.components.torchtune_finetune.trainjob import trainjob_name
-from kfp_finetune.components.torchtune_finetune.trainjob_launcher import TrainJobError
+from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run
 
 log = get_logger(__name__)
-
-BACKENDS = ("trainjob", "local")
 
 
 @dataclass
@@ -124,33 +121,26 @@ def run_finetune(
     settings: dict[str, Any],
     run_id: str,
     task_name: str,
-    backend: str = "local",
-    devices: int = 1,
-    nodes: int = 1,
+    backend: TrainingBackend,
     eval_data: ArtifactInput | None = None,
-    launch_trainjob: Callable[[ResolvedRun, int | None], dict[str, str]] | None = None,
-    gpus_available: bool | None = None,
     export_format: str = "",
 ) -> FinetuneResult:
-    """Validate everything, train, and build the outputs. `launch_trainjob` runs the TrainJob backend (it
-    returns extra files for the train_config artifact, e.g. the manifest) and raises on failure. `export_format`
-    is how the model will be exported (see `resolve_run`)."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
-    if backend == "local" and nodes > 1:
-        raise ConfigError("backend=local trains on this machine: num_nodes must be 1 (use backend=trainjob)")
+    """Validate everything, resolve the run, train with `backend` (see `backends.backend_for`), and build the
+    outputs. `export_format` is how the model will be exported (see `resolve_run`)."""
     model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
     config, _ = training_settings(settings, train_data, workspace)
-    if gpus_available is None:
-        gpus_available = backend == "local" and _cuda_available()
-    config.device = pick_device(config.device, gpus_available)
+    config.device = pick_device(config.device, backend.gpus_available())
     # The TrainJob's name doubles as the run folder's: deterministic per KFP run + task, so a retry finds both.
     run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name))
-    if backend == "local" and run_dir.exists():
-        log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)
-        shutil.rmtree(run_dir)
+    backend.prepare(run_dir)
     resolved = resolve_run(
-        config, model_dir, None, run_dir, devices=devices, nodes=nodes, export_format=export_format
+        config,
+        model_dir,
+        None,
+        run_dir,
+        devices=backend.devices,
+        nodes=backend.nodes,
+        export_format=export_format,
     )
     log.info(
         "recipe %s, base config %s, resolved config %s",
@@ -161,18 +151,7 @@ def run_finetune(
     steps_planned = total_steps(resolved.config, train_data.metadata.get("num_rows"))
 
     started = time.monotonic()
-    extra_files: dict[str, str] = {}
-    if backend == "local":
-        from kfp_finetune.components.torchtune_finetune.local_launcher import run_local
-
-        # Several local GPUs: torchrun in standalone mode starts one process per device.
-        torchrun = ["--nproc_per_node", str(devices)] if resolved.distributed else []
-        command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
-        run_local(command, total_steps=steps_planned, cwd=run_dir)
-    else:
-        if launch_trainjob is None:
-            raise ConfigError("backend=trainjob needs a TrainJob launcher")
-        extra_files = launch_trainjob(resolved, steps_planned) or {}
+    outcome = backend.run(resolved, total_steps=steps_planned)
     wall = time.monotonic() - started
 
     base_name = base_model.metadata.get("repo_id") or str(model_dir)
@@ -201,7 +180,7 @@ def run_finetune(
         "recipe": resolved.recipe,
         "config": resolved.config_name or "user file",
         "method": config.method,
-        "backend": backend,
+        "backend": backend.name,
         "epochs": resolved.config.get("epochs"),
         "steps": len(steps),
         "files": checkpoint.files,
@@ -218,14 +197,8 @@ def run_finetune(
         metrics=metrics,
         report_html=render_report(resolved, steps, metrics, model_metadata),
         resolved_yaml=resolved.yaml_path.read_text(),
-        extra_files=extra_files,
+        extra_files=outcome.files,
     )
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -> dict[str, float]:
@@ -311,7 +284,7 @@ _UNSET_VALUES = {
 def run_component(**params: Any) -> FinetuneResult:
     """What the component body calls with all its parameters: the rest of them are training settings."""
     from kfp_finetune.components._shared.artifacts import write_artifact
-    from kfp_finetune.components.torchtune_finetune.trainjob import (
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
         trainjob_spec_from_task_config,
         workspace_volume,
     )
@@ -330,16 +303,21 @@ def run_component(**params: Any) -> FinetuneResult:
         volume, mount = workspace_volume(params["workspace_pvc"], params["workspace_path"])
         pod.volumes.append(volume)
         pod.volume_mounts.append(mount)
-    backend = params["backend"]
-    if backend == "local" and pod.gpus and not _cuda_available():
-        # KFP applies the task's accelerator settings to the TrainJob (RESOURCES passthrough), not to this pod.
-        raise ConfigError(
-            f"backend=local trains in this step's own pod, which has no GPU: the task's {pod.gpus} GPU(s) per node "
-            "are forwarded to TrainJobs only. Use backend=trainjob, or drop the accelerator settings to train on CPU"
-        )
-    devices = params["num_proc_per_node"] or max(pod.gpus, 1)
     run_id = params["run_id"] or "local"
-    launch = _trainjob_launcher(params, pod, devices, run_id) if backend == "trainjob" else None
+    backend = backend_for(
+        params["backend"],
+        devices=params["num_proc_per_node"] or max(pod.gpus, 1),
+        nodes=params["num_nodes"],
+        pod=pod,
+        workspace_path=params["workspace_path"],
+        runtime=params["runtime_name"],
+        runtime_kind=params["runtime_kind"],
+        image=params["trainer_image"] or None,
+        timeout=params["timeout_seconds"] or None,
+        cleanup=params["cleanup_policy"],
+        run_id=run_id,
+        task_name=params["task_name"],
+    )
 
     def artifact_input(artifact: Any) -> ArtifactInput | None:
         return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None
@@ -353,10 +331,6 @@ def run_component(**params: Any) -> FinetuneResult:
         run_id=run_id,
         task_name=params["task_name"],
         backend=backend,
-        devices=devices if backend == "trainjob" or pod.gpus else 1,
-        nodes=params["num_nodes"],
-        launch_trainjob=launch,
-        gpus_available=pod.gpus > 0 if backend == "trainjob" else None,
         export_format=params.get("export_format", ""),
     )
     kept = keep_local_copy(result.checkpoint, params["task_name"])
@@ -382,57 +356,3 @@ def run_component(**params: Any) -> FinetuneResult:
     )
     log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
     return result
-
-
-def _trainjob_launcher(params: dict[str, Any], pod: Any, devices: int, run_id: str) -> Callable:
-    """Builds the TrainJob for a resolved run and runs it to the end (raising on failure)."""
-    from kfp_finetune.components.torchtune_finetune.trainjob import (
-        build_trainjob,
-        torchrun_args,
-        unmounted_paths,
-    )
-
-    def launch(resolved: ResolvedRun, steps_planned: int | None) -> dict[str, str]:
-        from kfp_finetune.components._shared.kube import current_namespace, load_api_client
-        from kfp_finetune.components.torchtune_finetune.placement import place_node_pods
-        from kfp_finetune.components.torchtune_finetune.trainjob_launcher import launch_trainjob
-
-        name = trainjob_name(run_id, params["task_name"])
-        unmounted = unmounted_paths([params["workspace_path"]], pod.volume_mounts)
-        if unmounted:
-            raise ConfigError(
-                f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: give the pipeline "
-                "a workspace (dsl.PipelineConfig(workspace=...)) on KFP >= 2.15, or name its PVC in workspace_pvc"
-            )
-        command = tune_command(
-            resolved.recipe, resolved.yaml_path, torchrun_args(name) if resolved.distributed else ()
-        )
-        api_client = load_api_client()
-        namespace = current_namespace()
-        placed = place_node_pods(
-            pod, api_client=api_client, namespace=namespace, num_nodes=params["num_nodes"]
-        )
-        manifest = build_trainjob(
-            name,
-            command,
-            runtime=params["runtime_name"],
-            runtime_kind=params["runtime_kind"],
-            image=params["trainer_image"] or None,
-            num_nodes=params["num_nodes"],
-            num_proc_per_node=devices,
-            pod=placed,
-            active_deadline_seconds=params["timeout_seconds"] or None,
-            run_id=run_id,
-            task_name=params["task_name"],
-        )
-        launch_trainjob(
-            manifest,
-            api_client,
-            namespace=namespace,
-            timeout=params["timeout_seconds"] or None,
-            cleanup=params["cleanup_policy"],
-            total_steps=steps_planned,
-        )
-        return {"trainjob.yaml": yaml.safe_dump(manifest, sort_keys=False)}
-
-    return launch

@@ -1,5 +1,7 @@
 """`kfp-finetune trainjob --dry-run`: print the TrainJob a fine-tune step would create, without a cluster.
 
+The manifest comes from `TrainJobBackend.manifest`, the very function the TrainJob backend builds what it sends with.
+
 The manifest on stdout is what `kubectl apply -f -` would get; notes (recipe, unmounted paths) go to stderr.
 """
 
@@ -53,9 +55,10 @@ def _workspace(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from kfp_finetune.components.torchtune_finetune import trainjob as tj
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
     from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
 
     if args.gpus < 0 or args.nodes < 1:
         print("error: --gpus must be 0 or more and --nodes at least 1", file=sys.stderr)
@@ -85,21 +88,19 @@ def run(args: argparse.Namespace) -> int:
         volume, mount = tj.workspace_volume(args.workspace_pvc, str(workspace))
         pod.volumes.append(volume)
         pod.volume_mounts.append(mount)
-    # Single-device recipes run in-process only when `tune run` gets no torchrun flag (DESIGN.md §5).
-    torchrun = tj.torchrun_args(name) if resolved.distributed else []
-    manifest = tj.build_trainjob(
-        name,
-        tune_command(resolved.recipe, resolved.yaml_path, torchrun),
-        namespace=args.namespace,
+    backend = TrainJobBackend(
+        pod=pod,
+        devices=args.gpus or None,
+        nodes=args.nodes,
         runtime=args.runtime or ("torchtune" if args.gpus else "torchtune-cpu"),
         image=args.image,
-        num_nodes=args.nodes,
-        num_proc_per_node=args.gpus or None,
-        pod=pod,
-        active_deadline_seconds=args.timeout,
+        timeout=args.timeout,
         run_id=args.run_id,
         task_name=args.task,
+        job_name=name,
+        namespace=args.namespace,
     )
+    manifest = backend.manifest(resolved)
 
     print(f"# recipe {resolved.recipe}, config {resolved.config_name or 'user file'}", file=sys.stderr)
     print(f"# resolved YAML (not written by --dry-run): {resolved.yaml_path}", file=sys.stderr)

@@ -1,4 +1,6 @@
-"""Node pods that cannot start: tell why, and fail the step after a short grace period instead of after the
+"""Why node pods do not run: pods that cannot start, and trainers restarted in place.
+
+Node pods that cannot start: tell why, and fail the step after a short grace period instead of after the
 TrainJob timeout (a day by default).
 
 Three causes the kubelet and the scheduler keep retrying for ever, so the TrainJob never fails by itself:
@@ -15,14 +17,24 @@ the kubelet's image back-off reaches its 5-minute cap by then, and a Secret crea
 pipeline has had time to appear) fails the step. Unschedulable pods get `unschedulable_grace` (default 30 minutes):
 a cluster autoscaler adds a node in minutes, a GPU node pool scaling from zero can take 10-20, and Kueue-style
 queueing shows as `Suspended`, not as unschedulable pods, so 30 minutes of "no node fits" means no node will.
+
+A trainer that Kubernetes restarts instead of failing: notice it after the first crash and say how to fix the
+runtime.
+
+Unless a runtime sets `restartPolicy: Never` on its node pods and `backoffLimit: 0` on its Job, JobSet defaults
+the pods to `restartPolicy: OnFailure` and the Job API defaults `backoffLimit` to 6: a crashed (or OOM-killed)
+trainer restarts in place up to 7 times, and when the Job finally fails its pods are deleted with their exit codes
+and logs. The kfp-finetune runtimes fail fast; for any other runtime the launcher stops at the first restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import api_message
 
 NODE = "node"
 IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
@@ -161,3 +173,135 @@ def start_failure_message(problems: list[StartProblem], namespace: str, name: st
             seen.add(line.split(": ", 1)[1])
             lines.append(line)
     return reason, f"node pods of TrainJob {namespace}/{name} cannot start:\n  " + "\n  ".join(lines)
+
+
+def report_pending(
+    core: Any,
+    namespace: str,
+    name: str,
+    pods: list[dict],
+    seconds: float,
+    *,
+    api: Callable[..., Any],
+    log: Any,
+    shown_events: set[str],
+) -> None:
+    """Log why the node pods of TrainJob `name` are still Pending: waiting reasons and events not yet shown.
+
+    Args:
+        core: A `kubernetes.client.CoreV1Api`.
+        namespace: The TrainJob's namespace.
+        name: The TrainJob's name.
+        pods: Its node pods.
+        seconds: How long they have been Pending.
+        api: Calls an API function with retries.
+        log: Where the warnings go.
+        shown_events: Uids of the events already logged (updated).
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    log.warning(
+        "TrainJob %s: node pods still Pending after %.1fs (%s)",
+        name,
+        seconds,
+        ", ".join(p["metadata"]["name"] for p in pods) or "no pods created yet",
+    )
+    for line in waiting_lines(pods):
+        log.warning("  %s", line)
+    for involved in [name, *(p["metadata"]["name"] for p in pods)]:
+        try:
+            events = api(
+                core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={involved}"
+            )
+        except ApiException as error:  # diagnostics only: never fail the run for them
+            log.warning("  cannot list events of %s: %s", involved, api_message(error))
+            return
+        for event in events.items:
+            if event.metadata.uid in shown_events:
+                continue
+            shown_events.add(event.metadata.uid)
+            log.warning(
+                "  event %s %s: %s: %s", event.involved_object.kind, involved, event.reason, event.message
+            )
+
+
+# Trainers restarted in place ---------------------------------------------------------------------------------
+
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """A node container that crashed and is (being) restarted in place.
+
+    Attributes:
+        pod: Pod name.
+        rank: Its completion index ("?" when unlabelled).
+        restarts: The container's restartCount.
+        reason: The crash's termination reason (Error, OOMKilled, ...).
+        exit_code: The crash's exit code (None when the kubelet did not report it).
+    """
+
+    pod: str
+    rank: str
+    restarts: int
+    reason: str
+    exit_code: int | None
+
+
+def restarted_node_containers(pods: Iterable[Mapping[str, Any]]) -> list[Restart]:
+    """The node containers that crashed and restart in place: a restartCount above 0, or a crash in `lastState`
+    while the kubelet backs off (CrashLoopBackOff) before the first restart."""
+    found = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("name") != NODE:
+                continue
+            crash = (status.get("lastState") or {}).get("terminated") or {}
+            restarts = status.get("restartCount") or 0
+            if restarts or crash:
+                found.append(
+                    Restart(
+                        pod=metadata.get("name", "?"),
+                        rank=(metadata.get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?"),
+                        restarts=restarts,
+                        reason=crash.get("reason") or "Error",
+                        exit_code=crash.get("exitCode"),
+                    )
+                )
+    return found
+
+
+def restarting_message(runtime_ref: Mapping[str, Any], restarts: list[Restart]) -> str:
+    """Why we stopped waiting, and the fix, naming the runtime."""
+    kind = runtime_ref.get("kind") or "ClusterTrainingRuntime"
+    most = max(restart.restarts for restart in restarts)
+    return (
+        f"the trainer crashed and Kubernetes restarts it in place (restartCount {most}); stopped after the first "
+        f"crash instead of watching it repeat.\n{kind} {runtime_ref.get('name')!r} does not fail fast: JobSet "
+        "defaults its node pods to restartPolicy OnFailure and the Job to backoffLimit 6, so a crash is retried up "
+        "to 7 times and the pods (exit code, log) are deleted when the Job fails.\nFix: in the runtime's node "
+        "replicated job set `restartPolicy: Never` on the pod template and `backoffLimit: 0` on the Job template "
+        "(with a podFailurePolicy: Ignore on DisruptionTarget, FailJob on the node container's non-zero exit "
+        "codes), as runtimes/torchtune.yaml does; or use that runtime."
+    )
+
+
+def termination_summary(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per node container that ended with a non-zero exit code: pod, rank, reason, exit code, message."""
+    lines = []
+    for pod in pods:
+        rank = (pod["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?")
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("name") != NODE:
+                continue
+            terminated = (status.get("state") or {}).get("terminated") or (
+                (status.get("lastState") or {}).get("terminated")
+            )
+            if terminated and terminated.get("exitCode", 0) != 0:
+                detail = f"{terminated.get('reason') or 'Error'} (exit code {terminated.get('exitCode')})"
+                if terminated.get("message"):
+                    detail += f": {terminated['message'].strip()}"
+                lines.append(f"pod {pod['metadata']['name']} (rank {rank}): {detail}")
+    return lines

@@ -16,8 +16,8 @@ from typing import Any
 
 from kfp_finetune.components._shared.kube import call_with_retry
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
 from kfp_finetune.components.torchtune_finetune.config import ConfigError
-from kfp_finetune.components.torchtune_finetune.trainjob import NodePodSettings
 
 log = get_logger(__name__)
 

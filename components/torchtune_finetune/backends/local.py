@@ -1,5 +1,6 @@
-"""Run `tune run ...` as a child process: stream its output into the step log, parse torchtune's metric lines,
-stop it cleanly on SIGTERM/SIGINT, and fail with the exit code and the last lines when it fails.
+"""The local backend: run `tune run ...` as a child process of the step. Stream its output into the step log,
+parse torchtune's metric lines, stop it cleanly on SIGTERM/SIGINT, and fail with the exit code and the last lines
+when it fails.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kfp_finetune.components._shared.cancel import StopSignals, signal_name
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
+from kfp_finetune.components.torchtune_finetune.config import ConfigError
 from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
+from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 log = get_logger(__name__)
 
@@ -45,6 +50,53 @@ class TrainingResult:
     wall_seconds: float
     steps: list[StepMetrics] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
+
+
+class LocalBackend:
+    """Trains on the step's own machine: `tune run` as a child process (torchrun standalone for several GPUs).
+
+    Args:
+        devices: Processes (GPUs) to train with; 1 without GPUs.
+        nodes: Must be 1.
+        gpus: GPUs the step's task asks for; they must be visible here.
+    """
+
+    name = "local"
+
+    def __init__(self, *, devices: int = 1, nodes: int = 1, gpus: int = 0) -> None:
+        if gpus and not _cuda_available():
+            # KFP applies the task's accelerator settings to the TrainJob (RESOURCES passthrough), not to this pod.
+            raise ConfigError(
+                f"backend=local trains in this step's own pod, which has no GPU: the task's {gpus} GPU(s) per node "
+                "are forwarded to TrainJobs only. Use backend=trainjob, or drop the accelerator settings to train on CPU"
+            )
+        if nodes > 1:
+            raise ConfigError(
+                "backend=local trains on this machine: num_nodes must be 1 (use backend=trainjob)"
+            )
+        self.devices = devices if gpus else 1
+        self.nodes = nodes
+
+    def gpus_available(self) -> bool:
+        return _cuda_available()
+
+    def prepare(self, run_dir: Path) -> None:
+        if run_dir.exists():
+            log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)
+            shutil.rmtree(run_dir)
+
+    def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+        # Several local GPUs: torchrun in standalone mode starts one process per device.
+        torchrun = ["--nproc_per_node", str(self.devices)] if resolved.distributed else []
+        command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
+        run_local(command, total_steps=total_steps, cwd=resolved.run_dir)
+        return TrainingOutcome()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def resolve_executable(command: list[str]) -> list[str]:
@@ -80,28 +132,32 @@ def run_local(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so a stop reaches torchrun's workers too
     )
-    stop = _StopForwarder(process)
+    stop = _ChildStopper(process)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     steps: list[StepMetrics] = []
-    with stop:
-        for line in _lines(process.stdout):
-            if _PROGRESS_BAR.match(line):
-                metric_start = _METRIC_START.search(line)
-                if not metric_start:
-                    continue
-                line = line[metric_start.start() :]
-            tail.append(line)
-            metrics = parse_metric_line(line)
-            if metrics:  # shown as a progress line; the raw line is kept in the run's metrics file
-                steps.append(metrics)
-                echo(progress_line(metrics, total_steps, _eta(started, metrics.step, total_steps)))
-            else:
-                echo(line)
-        returncode = process.wait()
+    try:
+        with StopSignals(stop.on_signal) as signals:
+            for line in _lines(process.stdout):
+                if _PROGRESS_BAR.match(line):
+                    metric_start = _METRIC_START.search(line)
+                    if not metric_start:
+                        continue
+                    line = line[metric_start.start() :]
+                tail.append(line)
+                metrics = parse_metric_line(line)
+                if metrics:  # shown as a progress line; the raw line is kept in the run's metrics file
+                    steps.append(metrics)
+                    echo(progress_line(metrics, total_steps, _eta(started, metrics.step, total_steps)))
+                else:
+                    echo(line)
+            returncode = process.wait()
+    finally:
+        if process.poll() is None:
+            stop.terminate()
     wall = time.monotonic() - started
-    if stop.signal_received is not None:
+    if signals.received is not None:
         raise TrainingFailed(
-            f"training stopped by signal {signal.Signals(stop.signal_received).name} after {wall:.0f}s",
+            f"training stopped by signal {signal_name(signals.received)} after {wall:.0f}s",
             returncode,
             list(tail),
         )
@@ -134,32 +190,17 @@ def _eta(started: float, step: int, total_steps: int | None) -> float | None:
     return (time.monotonic() - started) / step * max(total_steps - step, 0)
 
 
-class _StopForwarder:
-    """While active, SIGTERM/SIGINT stop the child's process group (TERM, then KILL after a grace period)."""
+class _ChildStopper:
+    """Stops the child's process group: TERM, then KILL after a grace period."""
 
     def __init__(self, process: subprocess.Popen, grace: float = STOP_GRACE_SECONDS):
         self.process, self.grace = process, grace
-        self.signal_received: int | None = None
-        self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> _StopForwarder:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
+    def on_signal(self, signum: int) -> None:
+        log.warning("received %s: stopping training", signal_name(signum))
+        threading.Thread(target=self.terminate, daemon=True).start()
 
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        if self.process.poll() is None:
-            self._terminate()
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.signal_received = signum
-        log.warning("received %s: stopping training", signal.Signals(signum).name)
-        threading.Thread(target=self._terminate, daemon=True).start()
-
-    def _terminate(self) -> None:
+    def terminate(self) -> None:
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=self.grace)

@@ -1,0 +1,82 @@
+"""How the torchtune-finetune step trains a resolved run: one small interface, two backends, chosen once.
+
+- `local` (local.py): `tune run` as a child process of the step.
+- `trainjob` (trainjob/): a Kubeflow Trainer TrainJob running the same command, followed to its end.
+
+`backend_for` picks one from the step's `backend` parameter; nothing above it branches on the name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kfp_finetune.components.torchtune_finetune.config import ConfigError
+
+if TYPE_CHECKING:
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
+    from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun
+
+BACKENDS = ("trainjob", "local")
+
+
+@dataclasses.dataclass
+class TrainingOutcome:
+    """What a backend hands back when training succeeded (a failure raises).
+
+    Attributes:
+        files: Extra files for the step's train_config artifact, name -> text (e.g. the TrainJob manifest).
+    """
+
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class TrainingBackend(Protocol):
+    """Trains one resolved run: its `tune run` command over its resolved YAML, writing into its run folder.
+
+    Attributes:
+        name: The backend's name, recorded in the model's metadata.
+        devices: Processes (devices) per node the run is resolved for.
+        nodes: Nodes the run is resolved for.
+    """
+
+    name: str
+    devices: int
+    nodes: int
+
+    def gpus_available(self) -> bool:
+        """Whether the training will see GPUs (picks the device when the settings leave it to us)."""
+        ...
+
+    def prepare(self, run_dir: Path) -> None:
+        """Before resolving: deal with what an earlier attempt of this task left in the run folder."""
+        ...
+
+    def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+        """Train to the end; raise (ConfigError, TrainingFailed, TrainJobError) when it cannot or fails."""
+        ...
+
+
+def backend_for(
+    name: str, *, devices: int = 1, nodes: int = 1, pod: NodePodSettings | None = None, **trainjob: Any
+) -> TrainingBackend:
+    """The backend called `name`.
+
+    Args:
+        name: "trainjob" or "local".
+        devices: Processes per node.
+        nodes: Nodes (the local backend takes only 1).
+        pod: The node-pod settings the step's task forwards (its GPUs; for a TrainJob, all of them).
+        **trainjob: The TrainJob backend's settings (see `TrainJobBackend`).
+    """
+    if name == "local":
+        from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend
+
+        return LocalBackend(devices=devices, nodes=nodes, gpus=pod.gpus if pod is not None else 0)
+    if name == "trainjob":
+        from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
+        from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
+
+        return TrainJobBackend(pod=pod or NodePodSettings(), devices=devices, nodes=nodes, **trainjob)
+    raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {name!r})")

@@ -1,0 +1,110 @@
+"""The TrainJob backend: build the TrainJob for a resolved run, place its node pods, launch it and follow it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import yaml
+
+from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
+    CLUSTER_RUNTIME_KIND,
+    DEFAULT_RUNTIME,
+    NodePodSettings,
+    build_trainjob,
+    torchrun_args,
+    trainjob_name,
+    unmounted_paths,
+)
+from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
+
+
+@dataclasses.dataclass
+class TrainJobBackend:
+    """Trains in a Kubeflow Trainer TrainJob in the step's namespace (see launcher.py for how it is followed).
+
+    Attributes:
+        pod: Node-pod settings forwarded from the step's task (resources, volumes, placement, env).
+        devices: Processes per node (`numProcPerNode`; None: the runtime's).
+        nodes: Node pods.
+        workspace_path: The run workspace, which must be on a volume the node pods mount ("": not checked).
+        runtime: The (Cluster)TrainingRuntime.
+        runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
+        image: Trainer image override (None: the runtime's).
+        timeout: Seconds until the TrainJob is deleted and the step fails (also `activeDeadlineSeconds`).
+        cleanup: Cleanup policy after the end (launcher.CLEANUP_POLICIES).
+        run_id: The KFP run id (labels; with task_name, the TrainJob's name).
+        task_name: The KFP task name.
+        job_name: The TrainJob's name (None: from run_id and task_name).
+        namespace: Namespace written into the manifest (None: the step's own, when launched).
+    """
+
+    name = "trainjob"
+
+    pod: NodePodSettings
+    devices: int | None = None
+    nodes: int = 1
+    workspace_path: str = ""
+    runtime: str = DEFAULT_RUNTIME
+    runtime_kind: str = CLUSTER_RUNTIME_KIND
+    image: str | None = None
+    timeout: int | None = None
+    cleanup: str = "on-success"
+    run_id: str = "local"
+    task_name: str = "torchtune-finetune"
+    job_name: str | None = None
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        self.job_name = self.job_name or trainjob_name(self.run_id, self.task_name)
+
+    def gpus_available(self) -> bool:
+        return self.pod.gpus > 0
+
+    def prepare(self, run_dir: Any) -> None:
+        """Nothing to clear: a retry re-attaches to the TrainJob, which writes into the same run folder."""
+
+    def manifest(self, resolved: ResolvedRun, pod: NodePodSettings | None = None) -> dict[str, Any]:
+        """The TrainJob this backend sends for `resolved` (`pod`: placed node-pod settings; default: `self.pod`)."""
+        torchrun = torchrun_args(self.job_name) if resolved.distributed else ()
+        return build_trainjob(
+            self.job_name,
+            tune_command(resolved.recipe, resolved.yaml_path, torchrun),
+            namespace=self.namespace,
+            runtime=self.runtime,
+            runtime_kind=self.runtime_kind,
+            image=self.image,
+            num_nodes=self.nodes,
+            num_proc_per_node=self.devices,
+            pod=self.pod if pod is None else pod,
+            active_deadline_seconds=self.timeout,
+            run_id=self.run_id,
+            task_name=self.task_name,
+        )
+
+    def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+        from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+        from kfp_finetune.components.torchtune_finetune.backends.trainjob.launcher import launch_trainjob
+        from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import place_node_pods
+
+        unmounted = unmounted_paths([self.workspace_path], self.pod.volume_mounts)
+        if unmounted:
+            raise ConfigError(
+                f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: give the pipeline "
+                "a workspace (dsl.PipelineConfig(workspace=...)) on KFP >= 2.15, or name its PVC in workspace_pvc"
+            )
+        api_client = load_api_client()
+        namespace = current_namespace()
+        placed = place_node_pods(self.pod, api_client=api_client, namespace=namespace, num_nodes=self.nodes)
+        manifest = self.manifest(resolved, placed)
+        launch_trainjob(
+            manifest,
+            api_client,
+            namespace=namespace,
+            timeout=self.timeout,
+            cleanup=self.cleanup,
+            total_steps=total_steps,
+        )
+        return TrainingOutcome({"trainjob.yaml": yaml.safe_dump(manifest, sort_keys=False)})

@@ -1,0 +1,45 @@
+"""What can go wrong running a TrainJob: one exception per outcome the step reports (all `TrainJobError`)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import TrainJobResult
+
+
+class TrainJobError(RuntimeError):
+    """The TrainJob could not be run to completion."""
+
+
+class TrainJobFailed(TrainJobError):
+    """The TrainJob ended Failed; the message carries the reason, pod terminations and the last log lines."""
+
+    def __init__(self, message: str, result: TrainJobResult):
+        super().__init__(message)
+        self.result = result
+
+
+class TrainJobTimeout(TrainJobError):
+    """The TrainJob did not finish in time (and was deleted)."""
+
+
+class TrainJobCancelled(TrainJobError):
+    """We were asked to stop (SIGTERM/SIGINT) and deleted the TrainJob."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+class TrainJobConflict(TrainJobError):
+    """A TrainJob of that name exists and does not belong to this KFP run/task."""
+
+
+def api_message(error: Any) -> str:
+    """The `message` of a Kubernetes Status body, else the HTTP reason."""
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{error.status} {error.reason}"

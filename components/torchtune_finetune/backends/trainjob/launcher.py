@@ -1,0 +1,494 @@
+"""Create a TrainJob, follow it to the end, and report like a local run would.
+
+Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
+
+- Idempotent create: the name is deterministic per KFP run + task, so a 409 means a KFP retry or a restarted
+  step. If the existing TrainJob carries our run/task labels we attach to it (a Failed one is replaced, since a
+  retry is meant to train again); anything else is someone else's and we stop with a clear error.
+- Wait with watches (`_shared/kube_watch.py`: list, then watch from its resourceVersion with bookmarks; reconnect
+  on server timeouts and dropped connections, re-list on 410 Gone, back off exponentially on 429/5xx). State comes
+  from the TrainJob's Complete/Failed/Suspended conditions; "running" from its `node` pods.
+- The rank-0 `node` container log is streamed into our log as soon as the pod runs, reconnecting without
+  repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
+- Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
+  and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
+  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py). A runtime
+  that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
+- SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
+  decides (default: delete successful TrainJobs, keep failed ones for debugging).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
+from kfp_finetune.components._shared.kube import Backoff, call_with_retry
+from kfp_finetune.components._shared.kube_watch import LISTED, Watch
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
+    DEFAULT_START_FAILURE_GRACE,
+    DEFAULT_UNSCHEDULABLE_GRACE,
+    StartWatch,
+    report_pending,
+    restarted_node_containers,
+    restarting_message,
+    start_failure_message,
+    termination_summary,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
+    TrainJobCancelled,
+    TrainJobError,
+    TrainJobFailed,
+    TrainJobTimeout,
+    api_message,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
+    check_runtime,
+    require_ours,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import (
+    LABEL_COMPLETION_INDEX,
+    RankZeroLog,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import (
+    TrainJobResult,
+    condition,
+    terminal_state,
+)
+
+CLEANUP_POLICIES = ("on-success", "always", "never")
+LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
+LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
+
+
+class TrainJobLauncher:
+    """Launches one TrainJob manifest and follows it (see the module docstring).
+
+    Args:
+        manifest: The TrainJob (from `trainjob.build_trainjob`); its namespace defaults to `namespace`.
+        api_client: A `kubernetes.client.ApiClient` (see `_shared.kube.load_api_client`).
+        namespace: Namespace to create in when the manifest has none.
+        timeout: Seconds to wait for the end before deleting the TrainJob and failing (None: no limit).
+        cleanup: "on-success" (delete successful TrainJobs, keep failed ones), "always" or "never".
+        total_steps: Expected number of steps, for progress lines with an ETA.
+        pending_warning_after: Seconds pods may stay Pending before we log why (repeated at each multiple).
+        start_failure_grace: Seconds an image-pull or container-config error of a node pod may persist before
+            the step fails naming the image / Secret and the fix (diagnostics.py explains the defaults).
+        unschedulable_grace: Seconds node pods may stay unschedulable (cluster autoscalers add nodes) before the
+            step fails with the scheduler's reason.
+        watch_timeout: Server-side timeout of each watch request; the watch is then re-opened.
+        log_read_timeout: Seconds a log stream may stay silent before we reconnect.
+        tick: How often the main thread checks for timeout and stuck pods (no API calls on a tick).
+        backoff: Retry/backoff for API calls (injectable so tests don't sleep).
+        handle_signals: Install SIGTERM/SIGINT handlers that delete the TrainJob (main thread only).
+        log_drain_timeout: After the end, how long to wait for the log stream to finish.
+    """
+
+    def __init__(
+        self,
+        manifest: Mapping[str, Any],
+        api_client: Any,
+        *,
+        namespace: str | None = None,
+        timeout: float | None = None,
+        cleanup: str = "on-success",
+        total_steps: int | None = None,
+        pending_warning_after: float = 300.0,
+        start_failure_grace: float = DEFAULT_START_FAILURE_GRACE,
+        unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
+        watch_timeout: int = 60,
+        log_read_timeout: float = 300.0,
+        tick: float = 1.0,
+        backoff: Backoff | None = None,
+        handle_signals: bool = True,
+        log_drain_timeout: float = 30.0,
+    ) -> None:
+        from kubernetes import client
+
+        if cleanup not in CLEANUP_POLICIES:
+            raise ValueError(f"cleanup must be one of {CLEANUP_POLICIES}, got {cleanup!r}")
+        self.manifest = json.loads(json.dumps(manifest))
+        metadata = self.manifest.setdefault("metadata", {})
+        self.namespace = metadata.get("namespace") or namespace
+        if not self.namespace:
+            raise ValueError("no namespace: set it in the manifest or pass namespace=")
+        metadata["namespace"] = self.namespace
+        self.name = metadata["name"]
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.timeout = timeout
+        self.cleanup = cleanup
+        self.total_steps = total_steps
+        self.pending_warning_after = pending_warning_after
+        self._start_watch = StartWatch(start_failure_grace, unschedulable_grace)
+        self.watch_timeout = watch_timeout
+        self.log_read_timeout = log_read_timeout
+        self.tick = tick
+        self.backoff = backoff or Backoff()
+        self.handle_signals = handle_signals
+        self.log_drain_timeout = log_drain_timeout
+        self.log = get_logger("kfp_finetune.trainjob")
+
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watches: dict[str, Watch] = {}
+        self._threads: list[threading.Thread] = []
+        self._changed = threading.Event()  # the TrainJob or a pod changed, or a thread died
+        self._trainjob: dict | None = None
+        self._trainjob_seen = False
+        self._pods: dict[str, dict] = {}
+        self._thread_error: BaseException | None = None
+        self._started = time.monotonic()
+        self._shown_events: set[str] = set()
+        self._rank0_log = RankZeroLog(
+            self.core,
+            self.namespace,
+            node_pods=self._node_pods,
+            ended=self._ended,
+            stop=self._stop,
+            backoff=self.backoff,
+            tick=tick,
+            read_timeout=log_read_timeout,
+            total_steps=total_steps,
+            log=self.log,
+        )
+
+    # Public ---------------------------------------------------------------------------------------------------
+
+    def run(self) -> TrainJobResult:
+        """Create (or attach), wait for the end, clean up, and return the result or raise a TrainJobError."""
+        self._started = time.monotonic()
+        try:
+            with StopSignals(raise_interrupted, enabled=self.handle_signals) as signals:
+                try:
+                    created = self._create_or_attach()
+                    return self._follow(created)
+                except Interrupted as interrupt:
+                    signals.restore()  # a second signal now ends us the default way
+                    name = signal_name(interrupt.signum)
+                    self.log.warning("received %s: deleting TrainJob %s", name, self.name)
+                    self._delete(reason=f"{name} received")
+                    raise TrainJobCancelled(
+                        f"cancelled by {name}: TrainJob {self.namespace}/{self.name} deleted",
+                        interrupt.signum,
+                    ) from None
+        finally:
+            self._stop.set()
+            self._stop_threads()
+
+    def _stop_threads(self) -> None:
+        """Cut the open streams and wait for the watch and log threads: nothing of this run may run on
+        (or print) after it returned."""
+        self._rank0_log.streams.close_all()
+        for watch in self._watches.values():
+            watch.stop()
+        deadline = time.monotonic() + THREAD_STOP_TIMEOUT
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # Create / attach --------------------------------------------------------------------------------------------
+
+    def _api(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return call_with_retry(fn, *args, backoff=self.backoff, on_retry=self._on_retry, **kwargs)
+
+    def _on_retry(self, error: BaseException, delay: float) -> None:
+        if self._stop.is_set():  # a watch or log thread after the end: no retries, no log lines
+            raise error
+        status = getattr(error, "status", None)
+        self.log.warning("Kubernetes API %s; retrying in %.1fs", status or type(error).__name__, delay)
+
+    def _create_or_attach(self) -> bool:
+        """True if we created the TrainJob, False if we attached to an existing one of ours."""
+        from kubernetes.client.exceptions import ApiException
+
+        check_runtime(
+            self.custom, self.manifest["spec"]["runtimeRef"], self.namespace, api=self._api, log=self.log
+        )
+        for _ in range(2):  # a second round after replacing a failed TrainJob of ours
+            try:
+                self._api(
+                    self.custom.create_namespaced_custom_object,
+                    tj.GROUP,
+                    tj.VERSION,
+                    self.namespace,
+                    tj.PLURAL,
+                    self.manifest,
+                )
+                self.log.info("created TrainJob %s/%s", self.namespace, self.name)
+                return True
+            except ApiException as error:
+                if error.status != 409:
+                    raise TrainJobError(
+                        f"creating TrainJob {self.namespace}/{self.name} failed: {api_message(error)}"
+                    ) from None
+            existing = self._api(
+                self.custom.get_namespaced_custom_object,
+                tj.GROUP,
+                tj.VERSION,
+                self.namespace,
+                tj.PLURAL,
+                self.name,
+            )
+            require_ours(self.manifest, existing)
+            if terminal_state(existing) != "Failed":
+                self.log.info(
+                    "TrainJob %s/%s already exists for this run and task: attaching to it instead of "
+                    "starting a second training",
+                    self.namespace,
+                    self.name,
+                )
+                return False
+            self.log.info("TrainJob %s of this run and task failed before: replacing it", self.name)
+            self._delete(reason="replacing a failed attempt")
+            self._wait_gone()
+        raise TrainJobError(f"TrainJob {self.namespace}/{self.name} keeps coming back; giving up")
+
+    def _wait_gone(self) -> None:
+        """Until the TrainJob, its JobSet and its pods are gone: a new one must not inherit them."""
+        left = gone.wait_until_gone(
+            self.custom,
+            self.core,
+            self.namespace,
+            self.name,
+            api=self._api,
+            sleep=self.backoff.sleep,
+            log=self.log,
+        )
+        if left:
+            raise TrainJobError(
+                f"TrainJob {self.namespace}/{self.name} was not deleted in time: {', '.join(left)}"
+            )
+
+    # Follow -----------------------------------------------------------------------------------------------------
+
+    def _follow(self, created: bool) -> TrainJobResult:
+        threads = [
+            threading.Thread(
+                target=self._guard(self._watch_trainjob), name=f"watch-{self.name}", daemon=True
+            ),
+            threading.Thread(target=self._guard(self._watch_pods), name=f"pods-{self.name}", daemon=True),
+        ]
+        log_thread = threading.Thread(
+            target=self._guard(self._rank0_log.follow), name=f"log-{self.name}", daemon=True
+        )
+        self._threads = [*threads, log_thread]
+        # Made before the threads start, so that _stop_threads always stops them.
+        self._watches = {"trainjob": self._new_watch(), "pods": self._new_watch()}
+        for thread in self._threads:
+            thread.start()
+        next_pending_report = self.pending_warning_after
+        pending_since: float | None = None
+        reported_suspended = False
+        while True:
+            self._changed.wait(self.tick)
+            self._changed.clear()
+            with self._lock:
+                error, job, seen = self._thread_error, self._trainjob, self._trainjob_seen
+            if error is not None:  # a watch or the log stream hit a non-transient error (e.g. RBAC)
+                self._stop.set()
+                # Nobody would watch it any more, and a KFP retry would start over anyway.
+                self._delete(reason="lost track of it")
+                raise TrainJobError(
+                    f"lost track of TrainJob {self.namespace}/{self.name} (deleted it): {error}"
+                ) from error
+            state = terminal_state(job)
+            restarts = restarted_node_containers(self._node_pods())
+            stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
+            if state or restarts or stuck:
+                break
+            if seen and job is None:
+                self._stop.set()
+                raise TrainJobError(f"TrainJob {self.namespace}/{self.name} was deleted by someone else")
+            elapsed = time.monotonic() - self._started
+            if self.timeout is not None and elapsed > self.timeout:
+                self.log.error("TrainJob %s did not finish within %ss: deleting it", self.name, self.timeout)
+                self._delete(reason="timeout")
+                self._stop.set()
+                raise TrainJobTimeout(
+                    f"TrainJob {self.namespace}/{self.name} did not finish within {self.timeout:g}s "
+                    f"(deleted).{self._rank0_log.tail_text()}"
+                )
+            if condition(job, "Suspended"):  # e.g. queued by Kueue: no pods until it is admitted
+                if not reported_suspended:
+                    self.log.info("TrainJob %s is suspended; waiting for it to be resumed", self.name)
+                reported_suspended, pending_since = True, None
+                continue
+            reported_suspended = False
+            if self._any_pod_started():
+                pending_since, next_pending_report = None, self.pending_warning_after
+            else:
+                pending_since = pending_since or time.monotonic()
+                if time.monotonic() - pending_since >= next_pending_report:
+                    report_pending(
+                        self.core,
+                        self.namespace,
+                        self.name,
+                        self._node_pods(),
+                        time.monotonic() - pending_since,
+                        api=self._api,
+                        log=self.log,
+                        shown_events=self._shown_events,
+                    )
+                    next_pending_report += self.pending_warning_after
+        # Let the log stream drain what the pod printed last, then stop the watches.
+        log_thread.join(0 if stuck and not state else self.log_drain_timeout)  # no log when no pod started
+        self._stop.set()
+        if restarts and not state:
+            ref = self.manifest["spec"]["runtimeRef"]
+            return self._finish(
+                job, "Failed", created, ("TrainerRestarting", restarting_message(ref, restarts))
+            )
+        if stuck and not state:
+            return self._finish(
+                job, "Failed", created, start_failure_message(stuck, self.namespace, self.name)
+            )
+        return self._finish(job, state, created)
+
+    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except Exception as error:  # reported to the main thread, which fails clearly
+                with self._lock:
+                    self._thread_error = self._thread_error or error
+                self._changed.set()
+
+        return run
+
+    def _new_watch(self) -> Watch:
+        return Watch(
+            backoff=self.backoff, timeout_seconds=self.watch_timeout, on_retry=self._on_retry, log=self.log
+        )
+
+    def _watch_trainjob(self) -> None:
+        """Follow our TrainJob (list, then watch; re-list on 410) until the run stops."""
+        for event in self._watches["trainjob"].stream(
+            self.custom.list_namespaced_custom_object,
+            tj.GROUP,
+            tj.VERSION,
+            self.namespace,
+            tj.PLURAL,
+            field_selector=f"metadata.name={self.name}",
+        ):
+            if event.type == LISTED:
+                obj = event.items[0] if event.items else None
+            else:
+                obj = None if event.type == "DELETED" else event.object or {}
+            with self._lock:
+                self._trainjob = obj
+                self._trainjob_seen = self._trainjob_seen or obj is not None
+            self._changed.set()
+            if self._stop.is_set():
+                return
+
+    def _watch_pods(self) -> None:
+        """Follow the TrainJob's node pods the same way."""
+        for event in self._watches["pods"].stream(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{LABEL_JOBSET}={self.name},{LABEL_REPLICATED_JOB}={tj.NODE}",
+        ):
+            with self._lock:
+                if event.type == LISTED:
+                    self._pods = {p["metadata"]["name"]: p for p in event.items}
+                elif event.type == "DELETED":
+                    self._pods.pop((event.object or {})["metadata"]["name"], None)
+                else:
+                    self._pods[(event.object or {})["metadata"]["name"]] = event.object or {}
+            self._changed.set()
+            if self._stop.is_set():
+                return
+
+    def _node_pods(self) -> list[dict]:
+        with self._lock:
+            pods = list(self._pods.values())
+        return sorted(
+            pods, key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, 0))
+        )
+
+    def _ended(self) -> bool:
+        with self._lock:
+            return terminal_state(self._trainjob) is not None
+
+    def _any_pod_started(self) -> bool:
+        return any((p.get("status") or {}).get("phase") not in (None, "Pending") for p in self._node_pods())
+
+    # End --------------------------------------------------------------------------------------------------------
+
+    def _finish(
+        self, job: dict, state: str, created: bool, ended: tuple[str, str] | None = None
+    ) -> TrainJobResult:
+        """Report the end; ``ended``: our own (reason, message) when we stop before the TrainJob ends."""
+        terminal = (
+            dict(zip(("reason", "message"), ended, strict=True)) if ended else condition(job, state) or {}
+        )
+        lines, steps = self._rank0_log.shown()
+        result = TrainJobResult(
+            name=self.name,
+            namespace=self.namespace,
+            status=state,
+            created=created,
+            log_lines=lines,
+            steps=steps,
+            wall_time=time.monotonic() - self._started,
+            reason=terminal.get("reason") or "",
+            message=terminal.get("message") or "",
+        )
+        if state == "Failed":
+            terminations = termination_summary(self._node_pods())
+            if not result.log_lines:
+                self._rank0_log.fetch_tail(self._api)
+            if self.cleanup == "always":
+                result.deleted = self._delete(reason="cleanup policy 'always'")
+            elif ended:
+                self.log.warning(
+                    "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; "
+                    "`kubectl delete trainjob -n %s %s` frees its nodes now",
+                    self.name,
+                    self.cleanup,
+                    self.namespace,
+                    self.name,
+                )
+            text = [
+                f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
+            ]
+            text += [f"  {line}" for line in terminations]
+            raise TrainJobFailed("\n".join(text) + self._rank0_log.tail_text(), result)
+        self.log.info("TrainJob %s completed in %.0fs", self.name, result.wall_time)
+        if self.cleanup in ("on-success", "always"):
+            result.deleted = self._delete(reason=f"cleanup policy {self.cleanup!r}")
+        return result
+
+    def _delete(self, *, reason: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._api(
+                self.custom.delete_namespaced_custom_object,
+                tj.GROUP,
+                tj.VERSION,
+                self.namespace,
+                tj.PLURAL,
+                self.name,
+                propagation_policy="Background",
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            self.log.error("could not delete TrainJob %s (%s): %s", self.name, reason, api_message(error))
+            return False
+        self.log.info("deleted TrainJob %s (%s)", self.name, reason)
+        return True
+
+
+def launch_trainjob(manifest: Mapping[str, Any], api_client: Any, **options: Any) -> TrainJobResult:
+    """Create (or attach to) the TrainJob, stream its rank-0 log, wait for the end (see `TrainJobLauncher`)."""
+    return TrainJobLauncher(manifest, api_client, **options).run()

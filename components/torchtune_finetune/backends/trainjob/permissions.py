@@ -1,0 +1,75 @@
+"""What the launcher checks before it creates or touches anything: the runtime exists, a TrainJob is ours.
+
+The step's ServiceAccount may lack `get` on (cluster) training runtimes (runtimes/rbac.yaml grants it, a tighter
+Role may not): a 403 there is no reason to stop, since creating the TrainJob is the real test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
+    TrainJobConflict,
+    TrainJobError,
+)
+
+
+def check_runtime(
+    custom: Any, runtime_ref: Mapping[str, Any], namespace: str, *, api: Callable[..., Any], log: Any
+) -> None:
+    """Raise TrainJobError naming the fix when the TrainJob's (Cluster)TrainingRuntime does not exist.
+
+    Args:
+        custom: A `kubernetes.client.CustomObjectsApi`.
+        runtime_ref: The TrainJob's `spec.runtimeRef`.
+        namespace: The TrainJob's namespace (where a namespaced TrainingRuntime must be).
+        api: Calls an API function with retries (`call_with_retry` with the launcher's backoff).
+        log: Where to say that the runtime could not be read.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    kind = runtime_ref.get("kind") or tj.CLUSTER_RUNTIME_KIND
+    try:
+        if kind == tj.CLUSTER_RUNTIME_KIND:
+            api(
+                custom.get_cluster_custom_object,
+                tj.GROUP,
+                tj.VERSION,
+                "clustertrainingruntimes",
+                runtime_ref["name"],
+            )
+        else:
+            api(
+                custom.get_namespaced_custom_object,
+                tj.GROUP,
+                tj.VERSION,
+                namespace,
+                "trainingruntimes",
+                runtime_ref["name"],
+            )
+    except ApiException as error:
+        if error.status == 404:
+            where = "" if kind == tj.CLUSTER_RUNTIME_KIND else f" in namespace {namespace}"
+            raise TrainJobError(
+                f"{kind} {runtime_ref['name']!r} not found{where}: install the kfp-finetune runtimes with "
+                "`kubectl apply -k runtimes/` or pick an existing runtime"
+            ) from None
+        if error.status != 403:
+            raise
+        log.info("cannot read %s %r (forbidden); creating the TrainJob anyway", kind, runtime_ref["name"])
+
+
+def require_ours(manifest: Mapping[str, Any], existing: Mapping[str, Any]) -> None:
+    """Raise TrainJobConflict unless `existing` carries the KFP run/task labels of the `manifest` we would send."""
+    wanted = manifest["metadata"].get("labels") or {}
+    have = (existing.get("metadata") or {}).get("labels") or {}
+    keys = (tj.LABEL_RUN_ID, tj.LABEL_TASK)
+    if not all(k in wanted for k in keys) or any(have.get(k) != wanted[k] for k in keys):
+        owner = ", ".join(f"{k}={have.get(k, '<unset>')}" for k in keys)
+        where = f"{manifest['metadata']['namespace']}/{manifest['metadata']['name']}"
+        raise TrainJobConflict(
+            f"TrainJob {where} already exists and does not belong to this pipeline "
+            f"run/task ({owner}); not touching it. Delete it or choose another name."
+        )
