@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import urllib.request
+from pathlib import Path
 
 import boto3
 import pytest
@@ -317,3 +318,17 @@ def test_hf_errors_name_the_repo_and_what_to_do(hf_results):
     wrong = hf_results["wrong_token"]["gated"]
     assert "gated" in wrong["message"] and "(403)" in wrong["message"] and "hf_wrong" not in wrong["message"]
     assert "config.json" in hf_results["good_token"]["gated"]["records"]
+
+
+def test_scheme_modules_import_no_verb_and_the_verbs_branch_on_no_scheme_name():
+    import ast
+    import re
+
+    package = Path(storage.__file__).parent
+    for scheme in ("hf", "s3", "local", "https"):
+        tree = ast.parse((package / f"{scheme}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"fetch", "publish", "schemes"}, (scheme, imported)
+    for verb in ("fetch", "publish", "__init__"):
+        source = (package / f"{verb}.py").read_text()
+        assert not re.search(r"""scheme\s*(==|!=|in|not in)\s*[("']""", source), verb
