@@ -119,7 +119,25 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
     if not files:
         where = f"under {prefix!r} in " if prefix else "in "
         raise StorageError(f"no files {where}{repo_type} repo {uri.repo_id!r} ({uri.shown}).")
+    if info.gated:
+        _require_file_access(uri, repo_type, info.sha, files[0].source_path)
     return Listing(uri, files, revision=uri.revision or "main", commit_sha=info.sha, repo_type=repo_type)
+
+
+def _require_file_access(uri: StorageUri, repo_type: str, commit: str, remote_name: str) -> None:
+    """A gated repo's info and listing are public, its files are not (the hub answers 401/403 on /resolve/):
+    read one file's metadata, as a download starts, so a missing or refused token fails before anything is
+    fetched."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
+
+    url = hf_hub_url(uri.repo_id, remote_name, repo_type=repo_type, revision=commit, endpoint=_endpoint())
+    try:
+        with_retries(
+            lambda: get_hf_file_metadata(url, token=_token()), what=f"read {remote_name} of hf {uri.repo_id}"
+        )
+    except HfHubHTTPError as exc:
+        raise (error(exc, uri, repo_type) or exc) from exc
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
