@@ -518,7 +518,9 @@ def test_hf_dataset_repo_through_the_datasets_library(tmp_path, workspace):
         kwargs = json.dumps({"train_split": "train[:50%]", "eval_split": "test"})
         out = result(run_python(INIT_FROM_HUB, env, "hf://org/reverse@main", str(workspace), kwargs))
         gated = result(run_python(INIT_FROM_HUB, env, "hf://org/gated-data", str(workspace), "{}"))
-        train_gets = [s for m, p, s in hub.requests if m == "GET" and p.endswith("/train.parquet")]
+        train_gets = [
+            s for m, p, s in hub.requests if m == "GET" and p.split("?")[0].endswith("/train.parquet")
+        ]
     assert out["train"]["commit_sha"] == repo.revisions["main"].commit and out["train"]["revision"] == "main"
     assert (out["train"]["num_rows"], out["eval"]["num_rows"]) == (30, 6)
     assert out["train"]["workspace_path"] == "datasets/reverse/train"

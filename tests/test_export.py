@@ -138,6 +138,20 @@ def test_merged_export_to_a_path_loads_back_with_identical_logits(finetuned, tmp
     assert not list((finetuned.workspace / "runs/r1").glob("exports/.*"))  # staging cleaned up
 
 
+def test_a_credential_in_an_upstream_uri_reaches_neither_the_model_card_nor_the_metadata(finetuned, tmp_path):
+    secret = "plantedsignature0123456789abcdef"
+    presigned = f"https://data.example/train.jsonl?X-Amz-Credential=AKIAPLANTED&X-Amz-Signature={secret}"
+    leaky = SimpleNamespace(
+        workspace=finetuned.workspace, metadata={**finetuned.metadata, "dataset_source": presigned}
+    )
+    dest = tmp_path / "pvc" / "redacted"
+    res, out = export(leaky, dest, format="adapter")
+    recorded = [p.read_text() for p in dest.rglob("*") if p.suffix in (".md", ".sha256", ".json")]
+    recorded += [json.dumps(out.metadata), Path(out.path).read_text(), json.dumps(res.metadata)]
+    assert not [text[:200] for text in recorded if secret in text or "AKIAPLANTED" in text]
+    assert "https://data.example/train.jsonl?<redacted>" in (dest / "README.md").read_text()
+
+
 def test_bf16_export_converts_weights_and_keeps_config_and_index_consistent(finetuned, tmp_path):
     import torch
     from safetensors import safe_open

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,9 +37,13 @@ def write_artifact(artifact: ArtifactLike | None, manifest: dict, metadata: dict
 
 
 def entry_name(explicit: str, source: str) -> str:
-    """The workspace entry name: `explicit`, else the last meaningful part of the source URI, made path-safe."""
+    """The workspace entry name: `explicit`, else the last meaningful part of the source's path, made path-safe.
+    Only the path: a URI's query string or userinfo may hold credentials."""
     if explicit:
         return explicit
+    if "://" in source:
+        parts = urllib.parse.urlsplit(source)
+        source = (parts.hostname or "") + parts.path
     base = source.split("@", 1)[0].rstrip("/")
     base = base.rsplit("/", 1)[-1] or "default"
     base = re.sub(r"\.(jsonl|json|csv|parquet|arrow|txt)$", "", base)

@@ -163,9 +163,10 @@ def initialize_dataset(
     if rows_per_shard < 1:
         raise ValueError("rows_per_shard must be positive")
     parsed = storage.parse_uri(source_uri)
-    name = entry_name(name, parsed.repo_id or source_uri)
+    name = entry_name(name, parsed.repo_id or parsed.raw)
     final = area_dir(workspace_path, "datasets", name)
-    listing = storage.list_files(source_uri, repo_type="dataset", endpoint_url=s3_endpoint_url or None)
+    listing = storage.list_files(parsed, repo_type="dataset", endpoint_url=s3_endpoint_url or None)
+    source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
     params = [dataset_type, column_map, train_split, eval_split, eval_fraction, seed, data_format, subset]
     fingerprint = hashlib.sha256(
         json.dumps([listing.fingerprint(f.path for f in listing.files), params, rows_per_shard]).encode()

@@ -106,12 +106,10 @@ def check_request(model_metadata: dict, fmt: str, dtype: str, destination: str) 
     except ValueError as err:
         raise ExportError(str(err)) from err
     if uri.scheme not in ("s3", "hf", "file"):
-        raise ExportError(
-            f"cannot export to {destination!r}: use s3://bucket/prefix, hf://org/repo or a path"
-        )
+        raise ExportError(f"cannot export to {uri.shown!r}: use s3://bucket/prefix, hf://org/repo or a path")
     if (uri.scheme == "s3" and not uri.path) or (uri.scheme == "file" and uri.path == "/"):
         # The export owns its destination (overwrite deletes what is not part of it): never a whole bucket/disk.
-        raise ExportError(f"cannot export to {destination!r}: name a folder, e.g. s3://bucket/models/<name>")
+        raise ExportError(f"cannot export to {uri.shown!r}: name a folder, e.g. s3://bucket/models/<name>")
     storage.require_credentials(uri)
     return uri
 
@@ -135,6 +133,15 @@ def export_model(
 ) -> ExportResult:
     """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported."""
     uri = check_request(model_metadata, format, dtype, destination)
+    # Shown in the model card and recorded in metadata: never with a credential an upstream URI carried.
+    model_metadata = {
+        **model_metadata,
+        **{
+            k: storage.redact_uri(model_metadata[k])
+            for k in ("base_model", "dataset_source")
+            if model_metadata.get(k)
+        },
+    }
     torch_dtype = normalize_dtype(dtype)
     workspace = Path(workspace)
     sources = _sources(workspace, model_metadata, format)
@@ -161,7 +168,7 @@ def export_model(
         )
         (stage / CARD).write_text(render_card(card))
         files = _write_checksums(stage)
-        log.info("staged %d files (%s) for %s", len(files), format, uri.raw)
+        log.info("staged %d files (%s) for %s", len(files), format, uri.shown)
         published = storage.publish_directory(
             stage,
             uri,
@@ -178,7 +185,7 @@ def export_model(
             staging_root.rmdir()  # only when empty: another export task may be staging beside us
     manifest_sha256 = files[CHECKSUMS]["sha256"]
     metadata = {
-        "destination": uri.raw,
+        "destination": uri.shown,
         "format": format,
         "dtype": torch_dtype or "as trained",
         "state": published.state,
@@ -206,12 +213,12 @@ def export_model(
         # launcher uploads an output artifact to an object-store uri and fails unless it is under the pipeline
         # root's bucket, so an S3 destination is recorded in metadata["destination"] and the uri stays KFP's.
         if uri.scheme != "s3":
-            output.uri = uri.path if uri.scheme == "file" else uri.raw
+            output.uri = uri.path if uri.scheme == "file" else uri.shown
     log.info(
         "exported %s to %s: %s, %d files, %s uploaded",
-        format, uri.raw, published.state, len(files), len(published.uploaded),
+        format, uri.shown, published.state, len(files), len(published.uploaded),
     )  # fmt: skip
-    return ExportResult(uri.raw, published.state, files, manifest_sha256, published.uploaded, metadata)
+    return ExportResult(uri.shown, published.state, files, manifest_sha256, published.uploaded, metadata)
 
 
 def _sources(workspace: Path, meta: dict, fmt: str) -> dict[str, tuple[str, Path]]:

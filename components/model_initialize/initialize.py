@@ -182,9 +182,11 @@ def initialize_model(
     output_model: ArtifactLike | None = None,
 ) -> ModelInitResult:
     """Fetch the model at `source_uri` into `<workspace_path>/models/<name>/` and describe it in `output_model`."""
-    name = entry_name(name, storage.parse_uri(source_uri).repo_id or source_uri)
+    parsed = storage.parse_uri(source_uri)
+    name = entry_name(name, parsed.repo_id or parsed.raw)
     final = area_dir(workspace_path, "models", name)
-    listing = storage.list_files(source_uri, repo_type="model", endpoint_url=s3_endpoint_url or None)
+    listing = storage.list_files(parsed, repo_type="model", endpoint_url=s3_endpoint_url or None)
+    source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
     paths = select_files([f.path for f in listing.files], allow_patterns)
     if not paths:
         raise storage.StorageError(

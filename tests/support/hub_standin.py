@@ -5,8 +5,13 @@ get_paths_info, HfFileSystem, datasets.load_dataset) pointed at it through HF_EN
 Repos are served from local folders; each revision (branch or tag) maps to a folder and gets a commit sha
 derived from its content. Like the hub: large/binary files are "LFS" (ETag and X-Linked-Etag are the sha256,
 the listing carries `lfs.oid`), other files' ETag is their git blob id; errors carry `X-Error-Code`
-(RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo); a gated repo answers 401 without a token and 403
-with a token it does not accept. Faults: `fail_once(path, mode)` makes the next GET of a file drop the
+(RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo). As on the hub, a gated repo's info, tree and
+paths-info are readable by anyone; its files (`/resolve/`) answer 401 without a token and 403 with a token it
+does not accept. LFS files are not served by `/resolve/` itself: it answers 302 with the X-Linked-* headers and a
+signed absolute `Location` on another host name (`localhost` instead of 127.0.0.1, as the hub redirects to its
+CDN), which refuses a request that still carries an `Authorization` header (400, as a presigned S3/CloudFront URL
+does: one auth mechanism only). Tree listings are paginated with a `Link: <…?cursor=…>; rel="next"` header
+(`tree_page_size`, 1000 entries on the hub). Faults: `fail_once(path, mode)` makes the next GET of a file drop the
 connection half-way ("drop"), answer 500 ("500"), or send half and hang until `release()` ("stall", to kill
 a client mid-download). Every request is recorded in `requests`.
 
@@ -99,7 +104,9 @@ class HubStandin:
         self._faults: dict[str, str] = {}
         self._storage = Path(tempfile.mkdtemp(prefix="hub-standin-"))  # pushed files and LFS objects
         self.lfs_objects: dict[str, Path] = {}  # sha256 -> stored object
+        self.cdn_files: dict[str, tuple[Revision, RepoFile]] = {}  # sha256 -> what the CDN URL serves
         self.stalled = 0  # LFS uploads currently held by a "stall" fault
+        self.tree_page_size = 1000  # entries per /tree page, as the hub's
         self._lock = threading.Lock()
         self._released = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
@@ -156,7 +163,14 @@ class HubStandin:
             self.requests.append((method, path, status))
 
     def gets_of(self, filename: str) -> int:
-        return sum(1 for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and p.endswith(filename))
+        """GETs of a file's bytes: `/resolve/` for regular files, the CDN redirect target for LFS files."""
+        return sum(
+            1
+            for m, p, _ in self.requests
+            if m == "GET"
+            and ("/resolve/" in p or p.startswith("/cdn-lfs/"))
+            and p.split("?")[0].endswith(filename)
+        )
 
     def puts_of(self, sha256: str) -> int:
         """Completed LFS uploads of the object `sha256`."""
@@ -267,14 +281,16 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             auth = self.headers.get("Authorization", "")
             return auth[7:] if auth.startswith("Bearer ") else None
 
-        def _repo(self, repo_type: str, repo_id: str) -> Repo:
+        def _repo(self, repo_type: str, repo_id: str, *, files: bool = False) -> Repo:
+            """The repo a request names; `files`: the request reads file contents, which a gated repo guards
+            (its info and listings stay public, as on the hub)."""
             repo = hub.repos.get((repo_type, repo_id))
             token = self._token()
             if repo is None or (repo.private and token not in repo.tokens):
                 # Like the hub: anonymous callers get 401 for a missing or private repo.
                 status = 404 if token else 401
                 raise _HubError(status, "RepoNotFound", f"Repository Not Found for {repo_type} {repo_id}.")
-            if repo.gated and token not in repo.tokens:
+            if files and repo.gated and token not in repo.tokens:
                 if token is None:
                     raise _HubError(401, "GatedRepo", f"Access to {repo_type} {repo_id} is restricted.")
                 raise _HubError(
@@ -288,6 +304,9 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             if rev is None:
                 raise _HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             return rev
+
+        def _query(self) -> dict[str, list[str]]:
+            return urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
 
         def _read_body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -308,7 +327,9 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             segments = [urllib.parse.unquote(s) for s in parsed.path.split("/") if s]
             query = urllib.parse.parse_qs(parsed.query)
             try:
-                if self.command == "PUT" and segments[:1] == ["lfs-upload"] and len(segments) == 2:
+                if self.command in ("GET", "HEAD") and segments[:1] == ["cdn-lfs"] and len(segments) >= 3:
+                    self._cdn(segments[1], "/".join(segments[2:]), query)
+                elif self.command == "PUT" and segments[:1] == ["lfs-upload"] and len(segments) == 2:
                     self._lfs_put(segments[1])
                 elif self.command == "POST" and segments[:1] == ["lfs-verify"] and len(segments) == 2:
                     self._lfs_verify(segments[1])
@@ -401,7 +422,20 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             for f in rev.files.values():
                 if f.path.startswith(prefix) and (recursive or "/" not in f.path[len(prefix) :]):
                     entries.append(_tree_entry(f))
-            self._send_json(200, entries)
+            # Pages of `tree_page_size` entries; the next page's URL in a Link header, as the hub answers and
+            # huggingface_hub's `paginate()` follows (utils/_pagination.py).
+            start = int(cursor) if (cursor := self._query().get("cursor", [""])[0]) else 0
+            page = entries[start : start + hub.tree_page_size]
+            headers = {}
+            if start + hub.tree_page_size < len(entries):
+                parsed = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(parsed.query)
+                query["cursor"] = [str(start + hub.tree_page_size)]
+                following = urllib.parse.urlunsplit(
+                    ("http", self.headers["Host"], parsed.path, urllib.parse.urlencode(query, doseq=True), "")
+                )
+                headers["Link"] = f'<{following}>; rel="next"'
+            self._send_json(200, page, headers)
 
         # --- writes ---------------------------------------------------------------------------------------
 
@@ -510,13 +544,48 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
         # --- file downloads -------------------------------------------------------------------------------
 
         def _resolve(self, repo_type: str, repo_id: str, revision: str, path: str) -> None:
-            repo = self._repo(repo_type, repo_id)
+            repo = self._repo(repo_type, repo_id, files=True)
             rev = self._revision(repo, revision)
             f = rev.files.get(path)
             if f is None:
                 raise _HubError(
                     404, "EntryNotFound", f"{path} does not exist at {revision}", commit=rev.commit
                 )
+            if f.lfs:
+                self._redirect_to_cdn(rev, f)
+                return
+            self._send_file(rev, f)
+
+        def _redirect_to_cdn(self, rev: Revision, f: RepoFile) -> None:
+            """The hub's answer for an LFS file: 302 to a signed CDN URL on another host, with the file's
+            metadata in X-Linked-* headers (huggingface_hub reads them from the HEAD without following it)."""
+            hub.cdn_files[f.sha256] = (rev, f)
+            port = self.server.server_address[1]
+            quoted = urllib.parse.quote(f.path)
+            location = (
+                f"http://localhost:{port}/cdn-lfs/{f.sha256}/{quoted}?Expires=4102444800&Signature=standin"
+            )
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.send_header("ETag", f'"{f.git_oid}"')
+            self.send_header("X-Repo-Commit", rev.commit)
+            self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+            self.send_header("X-Linked-Size", str(f.size))
+            self.end_headers()
+            hub.record(self.command, self.path, 302)
+
+        def _cdn(self, sha256: str, path: str, query: dict) -> None:
+            if self.headers.get("Authorization"):
+                # A presigned URL with an Authorization header too: S3 / CloudFront refuse two auth mechanisms.
+                raise _HubError(400, None, "Only one auth mechanism allowed")
+            served = hub.cdn_files.get(sha256)
+            if served is None or query.get("Signature") != ["standin"]:
+                raise _HubError(403, None, "Access Denied")
+            self._send_file(*served, from_cdn=True)
+
+        def _send_file(self, rev: Revision, f: RepoFile, *, from_cdn: bool = False) -> None:
+            path = f.path
             fault = hub.take_fault(path) if self.command == "GET" else None
             if fault == "500":
                 raise _HubError(500, None, "Internal Error (injected)")
@@ -534,9 +603,10 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(end - start))
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("ETag", f'"{etag}"')
-            self.send_header("X-Repo-Commit", rev.commit)
             self.send_header("Last-Modified", formatdate(usegmt=True))
-            if f.lfs:
+            if not from_cdn:
+                self.send_header("X-Repo-Commit", rev.commit)
+            if f.lfs and not from_cdn:
                 self.send_header("X-Linked-Etag", f'"{f.sha256}"')
                 self.send_header("X-Linked-Size", str(f.size))
             if status == 206:

@@ -1,0 +1,46 @@
+"""Storage URIs: list and fetch files from the Hugging Face Hub, S3 (incl. MinIO/Ceph), local paths and https,
+and publish a folder to s3://, hf:// or a local path.
+
+Supported forms (see SUPPORTED_FORMS):
+
+    hf://<org>/<repo>[/<path/in/repo>][@<revision>]   (also hf://datasets/<org>/<name>, as HfFileSystem)
+    s3://<bucket>[/<prefix>]            endpoint from a parameter or AWS_ENDPOINT_URL / S3_ENDPOINT_URL
+    file:///abs/path  or  /abs/path     a file or a folder (e.g. a PVC mounted into the step)
+    https://host/path/file.jsonl        a single file (datasets)
+
+Credentials come only from the environment (HF_TOKEN, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+AWS_SESSION_TOKEN), which pipelines fill from Kubernetes Secrets; a URI's own (a presigned URL's query string,
+`user:pass@`) is shown only through `redact_uri`. Remote names that could land outside a destination are
+refused (HostileName) before anything is written.
+
+`list_files(uri)` returns a `Listing`; `download(listing, paths, dest)` copies the chosen files and verifies
+them (fetch.py). `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py). One
+module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
+"""
+
+from .errors import DestinationConflict, HostileName, StorageError
+from .fetch import download, list_files
+from .listing import FileRecord, Listing, RemoteFile
+from .publish import PublishResult, publish_directory, require_credentials
+from .retry import is_transient, with_retries
+from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
+
+__all__ = [
+    "SUPPORTED_FORMS",
+    "DestinationConflict",
+    "FileRecord",
+    "HostileName",
+    "Listing",
+    "PublishResult",
+    "RemoteFile",
+    "StorageError",
+    "StorageUri",
+    "download",
+    "is_transient",
+    "list_files",
+    "parse_uri",
+    "publish_directory",
+    "redact_uri",
+    "require_credentials",
+    "with_retries",
+]

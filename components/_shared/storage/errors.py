@@ -1,0 +1,15 @@
+"""The errors storage raises; each message names the source and says what to do."""
+
+from __future__ import annotations
+
+
+class StorageError(RuntimeError):
+    """A source could not be read or a destination written; the message names it and what to do."""
+
+
+class DestinationConflict(StorageError):
+    """The destination holds different content and overwrite was not requested."""
+
+
+class HostileName(StorageError):
+    """A remote name that would write outside the destination (absolute, `..`, control characters, ...)."""

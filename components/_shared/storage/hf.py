@@ -1,0 +1,293 @@
+"""hf:// — Hugging Face Hub model and dataset repos (huggingface_hub; HF_TOKEN and HF_ENDPOINT from the env)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from kfp_finetune.components._shared.logs import get_logger
+
+from .errors import StorageError
+from .listing import FileRecord, Listing, RemoteFile
+from .names import write_target
+from .progress import Progress, human
+from .retry import status_code, with_retries
+from .uri import StorageUri
+
+log = get_logger(__name__)
+
+COUNTS_FILES_ON_DISK = True  # the hub client gives no per-file callback
+WRITABLE = True
+ATOMIC_CHANGES = True  # one commit per put: atomic
+_REPO_FILES = {".gitattributes"}  # the hub creates it with every repo: not a conflict, never deleted
+
+
+def _token() -> str | bool:
+    # Env only; False (not None) so huggingface_hub does not fall back to a token stored on disk.
+    return os.environ.get("HF_TOKEN") or False
+
+
+def _endpoint() -> str | None:
+    # Read at call time: huggingface_hub reads HF_ENDPOINT once at import.
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def _api():
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=_endpoint(), token=_token())
+
+
+def error(exc: BaseException, uri: StorageUri, repo_type: str = "model") -> StorageError | None:
+    """Turn a hub client error into a message that names the repo and says what to do."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo = f"{repo_type} repo {uri.repo_id!r} ({uri.shown})"
+    has_token = bool(os.environ.get("HF_TOKEN"))
+    code = status_code(exc)
+    if isinstance(exc, GatedRepoError):
+        if has_token:
+            return StorageError(
+                f"{repo} is gated and the token in HF_TOKEN has no access ({code}): accept the model's terms "
+                "on the hub with the token's account, or use a token that has access."
+            )
+        return StorageError(
+            f"{repo} is gated ({code}) and HF_TOKEN is not set: set HF_TOKEN (from a Kubernetes Secret) to a "
+            "token whose account accepted the model's terms."
+        )
+    if isinstance(exc, RevisionNotFoundError):
+        return StorageError(
+            f"revision {uri.revision!r} not found in {repo}: use a branch, tag or commit sha."
+        )
+    # A missing remote file (hub 1.x: RemoteEntryNotFoundError, 0.x: EntryNotFoundError) is an HTTP error; a
+    # missing cached file (LocalEntryNotFoundError) is not.
+    if isinstance(exc, EntryNotFoundError) and isinstance(exc, HfHubHTTPError):
+        return StorageError(f"a file is missing in {repo}: {exc}".splitlines()[0])
+    if isinstance(exc, RepositoryNotFoundError):
+        hint = "check the name, and the token's access" if has_token else "if it is private, set HF_TOKEN"
+        return StorageError(f"{repo} not found or not accessible ({code}): {hint}.")
+    if isinstance(exc, HfHubHTTPError) and code in (401, 403):
+        return StorageError(f"access to {repo} denied ({code}): check HF_TOKEN.")
+    return None
+
+
+def _remote_file(rel: str, sibling) -> RemoteFile:
+    lfs = sibling.lfs
+    return RemoteFile(
+        rel,
+        lfs.size if lfs else sibling.size,
+        sibling.rfilename,
+        sha256=lfs.sha256 if lfs else None,
+        git_blob_sha1=None if lfs else sibling.blob_id,
+    )
+
+
+def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    repo_type = uri.repo_type or repo_type
+    api = _api()
+    try:
+        info = with_retries(
+            lambda: api.repo_info(
+                uri.repo_id, repo_type=repo_type, revision=uri.revision, files_metadata=True
+            ),
+            what=f"list hf {repo_type} {uri.repo_id}",
+        )
+    except HfHubHTTPError as exc:
+        raise (error(exc, uri, repo_type) or exc) from exc
+    except OfflineModeIsEnabled as exc:
+        raise StorageError(
+            f"cannot read {uri.shown}: HF_HUB_OFFLINE is set in the step's environment."
+        ) from exc
+    prefix = uri.path.strip("/")
+    files = []
+    for sibling in info.siblings or []:
+        name = sibling.rfilename
+        if prefix and not (name == prefix or name.startswith(prefix + "/")):
+            continue
+        rel = name[len(prefix) + 1 :] if prefix and name != prefix else name
+        files.append(_remote_file(PurePosixPath(name).name if name == prefix else rel, sibling))
+    if not files:
+        where = f"under {prefix!r} in " if prefix else "in "
+        raise StorageError(f"no files {where}{repo_type} repo {uri.repo_id!r} ({uri.shown}).")
+    if info.gated:
+        _require_file_access(uri, repo_type, info.sha, files[0].source_path)
+    return Listing(uri, files, revision=uri.revision or "main", commit_sha=info.sha, repo_type=repo_type)
+
+
+def _require_file_access(uri: StorageUri, repo_type: str, commit: str, remote_name: str) -> None:
+    """A gated repo's info and listing are public, its files are not (the hub answers 401/403 on /resolve/):
+    read one file's metadata, as a download starts, so a missing or refused token fails before anything is
+    fetched."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
+
+    url = hf_hub_url(uri.repo_id, remote_name, repo_type=repo_type, revision=commit, endpoint=_endpoint())
+    try:
+        with_retries(
+            lambda: get_hf_file_metadata(url, token=_token()), what=f"read {remote_name} of hf {uri.repo_id}"
+        )
+    except HfHubHTTPError as exc:
+        raise (error(exc, uri, repo_type) or exc) from exc
+
+
+def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # tqdm bars garble step logs; Progress reports instead
+    uri = listing.uri
+    remote = listing.by_path()
+    # Exact file names as allow patterns; pinned to the listed commit so every file comes from one revision.
+    repo_paths = [remote[p].source_path for p in paths]
+    targets = [write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths]
+    hub_dir = dest / ".hub-download"
+
+    def download() -> None:
+        snapshot_download(
+            uri.repo_id,
+            repo_type=listing.repo_type,
+            revision=listing.commit_sha,
+            local_dir=hub_dir,
+            allow_patterns=repo_paths,
+            max_workers=max_workers,
+            token=_token(),
+            endpoint=_endpoint(),
+        )
+
+    try:
+        with_retries(download, what=f"download {uri.shown}")
+    except (HfHubHTTPError, LocalEntryNotFoundError) as exc:
+        cause = exc if isinstance(exc, HfHubHTTPError) else exc.__cause__
+        mapped = error(cause, uri, listing.repo_type) if isinstance(cause, Exception) else None
+        raise (mapped or StorageError(f"download of {uri.shown} failed: {exc}")) from exc
+    for repo_path, target in zip(repo_paths, targets, strict=True):
+        os.replace(hub_dir / repo_path, target)
+    shutil.rmtree(hub_dir)  # the hub client's own resume metadata (.cache/) is not part of the copy
+
+
+# --- destinations ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Destination:
+    uri: StorageUri
+    api: object
+    private: bool
+    commit_message: str
+    head: str | None = None  # the commit `existing` saw; a commit fails if the branch moved meanwhile
+    exists: bool = True
+
+
+def require_credentials(uri: StorageUri) -> None:
+    if not os.environ.get("HF_TOKEN"):
+        raise StorageError(
+            f"cannot push to {uri.shown}: HF_TOKEN is not set. Set it (from a Kubernetes Secret) to a token with "
+            "write access to the repo's namespace."
+        )
+
+
+def destination(
+    uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
+) -> Destination:
+    from huggingface_hub.utils import disable_progress_bars
+
+    if uri.repo_type not in (None, "model"):
+        raise ValueError(f"cannot publish to {uri.shown!r}: only model repos are supported")
+    disable_progress_bars()
+    return Destination(uri, _api(), private, commit_message)
+
+
+def _mapped(dest: Destination, action):
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        return action()
+    except HfHubHTTPError as exc:
+        raise (error(exc, dest.uri) or StorageError(f"push to {dest.uri.shown} failed: {exc}")) from exc
+
+
+def existing(dest: Destination) -> list[RemoteFile]:
+    """Files under the URI's path in the repo; notes the head commit and whether the repo exists."""
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    uri = dest.uri
+
+    def read():
+        try:
+            return dest.api.repo_info(
+                uri.repo_id, repo_type="model", revision=uri.revision, files_metadata=True
+            )
+        except RevisionNotFoundError as exc:
+            raise StorageError(
+                f"branch {uri.revision!r} does not exist in {uri.repo_id}: create it first or push to main."
+            ) from exc
+        except RepositoryNotFoundError:
+            return None
+
+    info = _mapped(dest, lambda: with_retries(read, what=f"list {uri.shown}"))
+    dest.exists, dest.head = info is not None, info.sha if info else None
+    prefix = uri.path.strip("/")
+    files = []
+    for sibling in (info.siblings or []) if info else []:
+        name = sibling.rfilename
+        if prefix and not name.startswith(prefix + "/"):
+            continue
+        rel = name[len(prefix) + 1 :] if prefix else name
+        if not prefix and rel in _REPO_FILES:
+            continue
+        files.append(_remote_file(rel, sibling))
+    return files
+
+
+def _join(prefix: str, rel: str) -> str:
+    return f"{prefix}/{rel}" if prefix else rel
+
+
+def put(
+    dest: Destination, src: Path, records: list[FileRecord], remove: list[str], *, max_workers: int,
+    progress: Progress,
+) -> None:  # fmt: skip
+    """Write `records` and remove `remove` in ONE commit (atomic; the repo is created when missing)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    uri, api = dest.uri, dest.api
+    prefix = uri.path.strip("/")
+    if not dest.exists:
+        if uri.revision not in (None, "main"):
+            raise StorageError(f"{uri.repo_id} does not exist yet: push to its main branch first.")
+        log.info("creating %s model repo %s", "private" if dest.private else "public", uri.repo_id)
+        _mapped(dest, lambda: with_retries(
+            lambda: api.create_repo(uri.repo_id, repo_type="model", private=dest.private, exist_ok=True),
+            what=f"create repo {uri.repo_id}",
+        ))  # fmt: skip
+    log.info("%s: committing %d files (%s), removing %d", uri.shown, len(records),
+             human(sum(r.size for r in records)), len(remove))  # fmt: skip
+
+    def commit() -> None:
+        # Fresh operations per attempt: the client marks them as used. LFS objects an earlier attempt (or an
+        # interrupted run) uploaded are recognised by the hub and not sent again.
+        operations = [CommitOperationAdd(_join(prefix, r.path), str(src / r.path)) for r in records]
+        operations += [CommitOperationDelete(_join(prefix, p)) for p in remove]
+        api.create_commit(
+            uri.repo_id,
+            operations,
+            commit_message=dest.commit_message,
+            repo_type="model",
+            revision=uri.revision,
+            parent_commit=dest.head,  # fails instead of silently mixing with a concurrent push
+        )
+
+    _mapped(dest, lambda: with_retries(commit, what=f"commit to {uri.shown}"))
+    for record in records:
+        progress.file_done(record.size)

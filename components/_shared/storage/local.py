@@ -1,0 +1,116 @@
+"""file:// and absolute paths — a local file or folder (e.g. a PVC mounted into the step)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import sha256_file
+
+from .errors import StorageError
+from .listing import FileRecord, Listing, RemoteFile
+from .names import write_target
+from .parallel import run_parallel
+from .progress import Progress
+from .uri import StorageUri
+
+log = get_logger(__name__)
+
+COUNTS_FILES_ON_DISK = False
+WRITABLE = True
+ATOMIC_CHANGES = False
+_PART_MARK = ".part-"  # `.<name>.part-<id>` while a file is being written
+
+
+def _visible_files(root: Path) -> list[Path]:
+    # Hidden files are our own partial files and tools' state, not content.
+    return [
+        p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
+
+
+def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
+    root = Path(uri.path)
+    if root.is_file():
+        stat = root.stat()
+        return Listing(uri, [RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)])
+    if not root.is_dir():
+        raise StorageError(f"{uri.shown}: no such file or directory.")
+    files = []
+    for path in _visible_files(root):
+        stat = path.stat()
+        files.append(
+            RemoteFile(path.relative_to(root).as_posix(), stat.st_size, str(path), mtime_ns=stat.st_mtime_ns)
+        )
+    if not files:
+        raise StorageError(f"{uri.shown} is an empty directory.")
+    return Listing(uri, files)
+
+
+def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
+    remote = listing.by_path()
+    targets = {p: write_target(dest, p, key=remote[p].source_path, source=listing.uri.shown) for p in paths}
+
+    def copy(rel: str) -> None:
+        shutil.copyfile(remote[rel].source_path, targets[rel])
+        progress.file_done()
+
+    run_parallel(copy, paths, max_workers)
+
+
+# --- destinations ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Destination:
+    uri: StorageUri
+    head: str | None = None  # a commit id: hf:// only
+
+
+def require_credentials(uri: StorageUri) -> None:
+    """A local folder needs none: the step's file permissions decide."""
+
+
+def destination(
+    uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
+) -> Destination:
+    return Destination(uri)
+
+
+def existing(dest: Destination) -> list[RemoteFile]:
+    root = Path(dest.uri.path)
+    if root.exists() and not root.is_dir():
+        raise StorageError(f"destination {dest.uri.shown} is a file, not a folder.")
+    # Read back: the only checksum a plain folder can state is the one we compute.
+    return [
+        RemoteFile(p.relative_to(root).as_posix(), p.stat().st_size, str(p), sha256=sha256_file(p))
+        for p in (_visible_files(root) if root.is_dir() else [])
+    ]
+
+
+def put(
+    dest: Destination, src: Path, records: list[FileRecord], remove: list[str], *, max_workers: int,
+    progress: Progress,
+) -> None:  # fmt: skip
+    """Copy `records` in parallel, each under a temp name renamed into place, then delete `remove`."""
+    root = Path(dest.uri.path)
+    for stale in root.rglob(f".*{_PART_MARK}*") if root.is_dir() else []:
+        stale.unlink(missing_ok=True)  # left by an interrupted copy
+
+    def copy(record: FileRecord) -> None:
+        target = write_target(root, record.path, key=record.path, source=str(src))
+        part = target.parent / f".{target.name}{_PART_MARK}{uuid.uuid4().hex[:8]}"
+        shutil.copyfile(src / record.path, part)
+        os.replace(part, target)  # readers never see a half-written file under its real name
+        progress.file_done(record.size)
+
+    run_parallel(copy, records, max_workers)
+    for rel in remove:
+        (root / rel).unlink(missing_ok=True)
+        log.info("removed %s from %s", rel, dest.uri.shown)

@@ -1,0 +1,225 @@
+"""s3:// — S3 and compatible stores (MinIO, Ceph) through boto3; credentials from the AWS_* environment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfp_finetune.components._shared.logs import get_logger
+
+from .errors import StorageError
+from .listing import FileRecord, Listing, RemoteFile
+from .names import write_target
+from .parallel import run_parallel
+from .progress import Progress
+from .retry import with_retries
+from .uri import StorageUri
+
+log = get_logger(__name__)
+
+COUNTS_FILES_ON_DISK = False
+WRITABLE = True
+ATOMIC_CHANGES = False
+
+
+def endpoint(endpoint_url: str | None = None) -> str | None:
+    """The S3 endpoint: the parameter, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / S3_ENDPOINT_URL, else AWS."""
+    return (
+        endpoint_url
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or os.environ.get("S3_ENDPOINT_URL")
+        or None
+    )
+
+
+def _client(endpoint_url: str | None):
+    import boto3
+    from botocore.config import Config
+
+    # Path-style addressing works for AWS and is what MinIO/Ceph expect on a custom endpoint.
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, s3={"addressing_style": "path"})
+    return boto3.session.Session().client("s3", endpoint_url=endpoint(endpoint_url), config=config)
+
+
+def _where(uri: StorageUri, endpoint_url: str | None) -> str:
+    return f"{uri.shown} (endpoint {endpoint(endpoint_url) or 'AWS default'})"
+
+
+def error(exc: BaseException, uri: StorageUri, endpoint_url: str | None) -> StorageError | None:
+    """Turn a boto3 error into a message that names the bucket / endpoint and says what to do."""
+    from botocore.exceptions import ClientError, NoCredentialsError
+
+    where = _where(uri, endpoint_url)
+    if isinstance(exc, NoCredentialsError):
+        return StorageError(
+            f"no S3 credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY."
+        )
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "NoSuchBucket":
+            return StorageError(f"bucket {uri.bucket!r} does not exist at {where}.")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+            return StorageError(
+                f"S3 rejected the credentials for {where} ({code}): check AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN."
+            )
+        if code in ("AccessDenied", "403", "Forbidden"):
+            return StorageError(f"access denied to {where}: the credentials lack s3:GetObject/ListBucket.")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return StorageError(f"no such object at {where}.")
+    return None
+
+
+@contextlib.contextmanager
+def _mapped(uri: StorageUri, endpoint_url: str | None) -> Iterator[None]:
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as exc:
+        raise (error(exc, uri, endpoint_url) or exc) from exc
+    except S3UploadFailedError as exc:  # boto3's transfer manager wraps the ClientError
+        cause = exc.__cause__ or exc.__context__
+        raise ((error(cause, uri, endpoint_url) if cause else None) or exc) from exc
+
+
+def _md5_etag(etag: str) -> str | None:
+    # A single-part upload's ETag is the MD5 of the content; multipart ETags contain '-'.
+    etag = etag.strip('"')
+    return etag if len(etag) == 32 and "-" not in etag else None
+
+
+def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
+    client = _client(endpoint_url)
+    prefix = uri.path
+
+    def list_all() -> list[RemoteFile]:
+        files: list[RemoteFile] = []
+        # A prefix naming one object is a single file; otherwise it is a folder.
+        dir_prefix = f"{prefix}/" if prefix else ""
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                if key.endswith("/"):
+                    continue  # folder marker
+                if key == prefix:
+                    rel = key.rsplit("/", 1)[-1]
+                elif key.startswith(dir_prefix):
+                    rel = key[len(dir_prefix) :]
+                else:
+                    continue  # s3://b/data must not match s3://b/data2/x
+                files.append(RemoteFile(rel, obj["Size"], key, md5=_md5_etag(obj.get("ETag", ""))))
+        return files
+
+    with _mapped(uri, endpoint_url):
+        files = with_retries(list_all, what=f"list {uri.shown}")
+    if not files:
+        raise StorageError(f"no objects under {_where(uri, endpoint_url)}.")
+    return Listing(uri, files, endpoint_url=endpoint_url)
+
+
+def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
+    from boto3.s3.transfer import TransferConfig
+
+    client = _client(listing.endpoint_url)
+    uri = listing.uri
+    remote = listing.by_path()
+    targets = {p: write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths}
+
+    def download(rel: str) -> None:
+        key = remote[rel].source_path
+        config = TransferConfig(max_concurrency=4)
+        with_retries(
+            lambda: client.download_file(uri.bucket, key, str(targets[rel]), Config=config),
+            what=f"download s3 {key}",
+        )
+        progress.file_done()
+
+    with _mapped(uri, listing.endpoint_url):
+        run_parallel(download, paths, max_workers)
+
+
+# --- destinations ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Destination:
+    uri: StorageUri
+    endpoint_url: str | None
+    client: object
+    head: str | None = None  # a commit id: hf:// only
+
+
+def require_credentials(uri: StorageUri) -> None:
+    import boto3
+
+    if boto3.session.Session().get_credentials() is None:
+        raise StorageError(
+            f"no S3 credentials for {uri.shown}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(from a Kubernetes Secret)."
+        )
+
+
+def destination(
+    uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
+) -> Destination:
+    return Destination(uri, endpoint_url, _client(endpoint_url))
+
+
+def _key(dest: Destination, rel: str) -> str:
+    return f"{dest.uri.path}/{rel}" if dest.uri.path else rel
+
+
+def existing(dest: Destination) -> list[RemoteFile]:
+    uri, client = dest.uri, dest.client
+    dir_prefix = f"{uri.path}/" if uri.path else ""
+    files = []
+    with _mapped(uri, dest.endpoint_url):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket, Prefix=dir_prefix):
+            for obj in page.get("Contents", []):
+                if obj["Key"].endswith("/"):
+                    continue
+                head = client.head_object(Bucket=uri.bucket, Key=obj["Key"])
+                files.append(
+                    RemoteFile(
+                        obj["Key"][len(dir_prefix) :],
+                        head["ContentLength"],
+                        obj["Key"],
+                        sha256=head.get("Metadata", {}).get("sha256"),  # written by put
+                        md5=_md5_etag(head.get("ETag", "")),
+                    )
+                )
+    return files
+
+
+def put(
+    dest: Destination, src: Path, records: list[FileRecord], remove: list[str], *, max_workers: int,
+    progress: Progress,
+) -> None:  # fmt: skip
+    """Upload `records` in parallel, then delete `remove`."""
+    uri, client = dest.uri, dest.client
+
+    def upload(record: FileRecord) -> None:
+        key = _key(dest, record.path)
+        # The sha256 goes into the object's metadata: S3 states no whole-object sha256 for multipart uploads,
+        # and it lets a rerun recognise content it already uploaded.
+        extra = {"Metadata": {"sha256": record.sha256}}
+        with_retries(
+            lambda: client.upload_file(str(src / record.path), uri.bucket, key, ExtraArgs=extra),
+            what=f"upload s3 {key}",
+        )
+        progress.file_done(record.size)
+
+    with _mapped(uri, dest.endpoint_url):
+        run_parallel(upload, records, max_workers)
+        for rel in remove:
+            key = _key(dest, rel)
+            with_retries(
+                lambda key=key: client.delete_object(Bucket=uri.bucket, Key=key), what=f"delete {key}"
+            )
+            log.info("removed %s from %s", rel, uri.shown)

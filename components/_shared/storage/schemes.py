@@ -1,0 +1,28 @@
+"""The scheme modules, by URI scheme. The verbs (fetch.py, publish.py) look a scheme up here and never branch on
+its name. Each scheme module provides:
+
+    list_files(uri, *, repo_type, endpoint_url) -> Listing     what the source holds (names still untrusted)
+    fetch(listing, paths, dest, *, max_workers, progress)      writes each file through names.write_target
+    COUNTS_FILES_ON_DISK                                       True when its client has no per-file callback
+    WRITABLE                                                   False: not a publish destination
+and, when WRITABLE:
+    ATOMIC_CHANGES                                             True: one put is applied whole (a commit)
+    require_credentials(uri)                                   fails before any transfer
+    destination(uri, *, endpoint_url, private, commit_message) -> a handle (.head: the commit, hf:// only)
+    existing(dest) -> list[RemoteFile]                         what the destination holds, with its checksums
+    put(dest, src, records, remove, *, max_workers, progress)  writes `records`, then removes `remove`
+and maps its client's errors to StorageError messages itself (its `error` function).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import hf, https, local, s3
+from .uri import StorageUri
+
+SCHEMES: dict[str, ModuleType] = {"hf": hf, "s3": s3, "file": local, "https": https}
+
+
+def scheme_module(uri: StorageUri) -> ModuleType:
+    return SCHEMES[uri.scheme]

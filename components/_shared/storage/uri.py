@@ -1,0 +1,121 @@
+"""Storage URIs: parsing (one parser per scheme, in a table) and `redact_uri`, the only form a URI is shown in.
+
+Credentials never leave the environment: a URI's query string (a presigned URL's X-Amz-Signature) and userinfo
+(`user:pass@`) are replaced by `<redacted>` wherever a URI is logged, raised or recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SUPPORTED_FORMS = (
+    "hf://<org>/<repo>[/<path/in/repo>][@<revision>]",
+    "s3://<bucket>[/<prefix>]",
+    "file:///<absolute/path> or /<absolute/path>",
+    "https://<host>/<path/to/file> (a single file)",
+)
+
+REDACTED = "<redacted>"
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+
+
+def redact_uri(uri: str) -> str:
+    """`uri` without secrets: `?<query>` becomes `?<redacted>`, `user:pass@` after the scheme `<redacted>@`."""
+    uri = str(uri)
+    base, question, _query = uri.partition("?")
+    base = _USERINFO.sub(rf"\1{REDACTED}@", base)
+    return f"{base}?{REDACTED}" if question else base
+
+
+@dataclass(frozen=True)
+class StorageUri:
+    """A parsed storage URI. `path` is the path in the repo (hf), the key prefix (s3), the local path (file)
+    or the URL (https). `raw` may hold credentials: show `shown`, never `raw`."""
+
+    scheme: str
+    raw: str
+    path: str = ""
+    repo_id: str = ""
+    revision: str | None = None
+    bucket: str = ""
+    repo_type: str | None = None  # hf:// only, when the URI says (hf://datasets/...)
+
+    @property
+    def shown(self) -> str:
+        return redact_uri(self.raw)
+
+    def __str__(self) -> str:
+        return self.shown
+
+
+def _invalid(uri: str, why: str) -> ValueError:
+    forms = "\n  ".join(SUPPORTED_FORMS)
+    return ValueError(f"invalid storage URI {redact_uri(uri)!r}: {why}. Supported forms:\n  {forms}")
+
+
+def _parse_hf(uri: str, rest: str) -> StorageUri:
+    body, at, revision = rest.partition("@")
+    parts = [p for p in body.split("/") if p]
+    repo_type = None
+    if len(parts) >= 3 and parts[0] in ("datasets", "models"):  # HfFileSystem's hf://datasets/<org>/<name>
+        repo_type, parts = parts[0][:-1], parts[1:]
+    if len(parts) < 2 or (at and not revision) or any(p in (".", "..") for p in parts):
+        raise _invalid(uri, "expected an <org>/<repo> and, after '@', a non-empty revision")
+    return StorageUri(
+        "hf",
+        uri,
+        repo_id="/".join(parts[:2]),
+        path="/".join(parts[2:]),
+        revision=revision or None,
+        repo_type=repo_type,
+    )
+
+
+def _parse_s3(uri: str, rest: str) -> StorageUri:
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or "@" in bucket or ":" in bucket:
+        raise _invalid(uri, "expected a bucket name after 's3://' (credentials come from the environment)")
+    return StorageUri("s3", uri, bucket=bucket, path=prefix.strip("/"))
+
+
+def _parse_file(uri: str, rest: str) -> StorageUri:
+    if not rest.startswith("/"):
+        raise _invalid(uri, "file:// needs an absolute path (file:///data/x)")
+    return StorageUri("file", uri, path=os.path.normpath(urllib.parse.unquote(rest)))
+
+
+def _parse_https(uri: str, rest: str) -> StorageUri:
+    parsed = urllib.parse.urlparse(uri)
+    if not parsed.netloc or not parsed.path.strip("/"):
+        raise _invalid(uri, "https:// needs a host and a file path")
+    return StorageUri("https", uri, path=uri)
+
+
+_PARSERS: dict[str, Callable[[str, str], StorageUri]] = {
+    "hf": _parse_hf,
+    "s3": _parse_s3,
+    "file": _parse_file,
+    "https": _parse_https,
+}
+
+
+def parse_uri(uri: str | StorageUri) -> StorageUri:
+    """Parse and validate a storage URI; raise ValueError listing the supported forms when it is not one."""
+    if isinstance(uri, StorageUri):
+        return uri
+    if not isinstance(uri, str) or not uri.strip():
+        raise _invalid(str(uri), "empty")
+    uri = uri.strip()
+    if uri.startswith("/"):
+        return StorageUri("file", uri, path=os.path.normpath(uri))
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise _invalid(uri, "no scheme and not an absolute path")
+    parser = _PARSERS.get(scheme.lower())
+    if parser is None:
+        raise _invalid(uri, f"unknown scheme {scheme.lower()!r}")
+    return parser(uri, rest)
