@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 from collections.abc import Callable
@@ -165,14 +166,17 @@ class Source:
                     f"{self.uri}: split {split!r}: the files form the split(s) {sorted(data_files)} (named as "
                     "in `datasets`: train*, validation*/dev*, test*/eval*); choose one of them"
                 )
-            if self.format == "json":
-                streamed = _read_json_lines(data_files[split], Path(cache_dir) / f"{split}.arrow")
-                if streamed is not None:
-                    return streamed, data_files[split]
-            ds = datasets.load_dataset(
-                self.format, data_files={split: data_files[split]}, split=split, cache_dir=cache_dir,
-                num_proc=num_proc,
-            )  # fmt: skip
+            try:
+                if self.format == "json":
+                    streamed = _read_json_lines(data_files[split], Path(cache_dir) / f"{split}.arrow")
+                    if streamed is not None:
+                        return streamed, data_files[split]
+                ds = datasets.load_dataset(
+                    self.format, data_files={split: data_files[split]}, split=split, cache_dir=cache_dir,
+                    num_proc=num_proc,
+                )  # fmt: skip
+            except Exception as exc:  # the libraries' errors name no file: find the file, line and byte
+                raise _unreadable(self.uri, split, self.format, data_files[split], exc) from exc
             return ds, data_files[split]
         except ValueError as exc:
             if "corresponds to no data" in str(exc):
@@ -229,6 +233,107 @@ def _files_by_split(files: list[str], root: Path) -> dict[str, list[str]]:
         if matched:
             result[split] = matched
     return result or {"train": sorted(files)}
+
+
+# --- why a file cannot be read ---------------------------------------------------------------------------------
+
+
+def _unreadable(uri: str, split: str, fmt: str, files: list[str], error: Exception) -> DatasetValidationError:
+    """The error for files the `datasets` / pyarrow readers refused, naming the file and the line or byte
+    offset of the first problem (found by reading the files again, only after a failure) and the fix."""
+    for file in files:
+        problem = _first_problem(file, fmt)
+        if problem:
+            return DatasetValidationError(f"{uri}: {Path(file).name}{problem}")
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    names = ", ".join(Path(f).name for f in files)
+    return DatasetValidationError(
+        f"{uri}: split {split!r}: the {fmt} reader cannot read {names} ({type(error).__name__}: {reason}): "
+        "check that the files are valid " + fmt + ", or set data_format"
+    )
+
+
+def _first_problem(file: str, fmt: str) -> str | None:
+    """`" line N: what; fix"` (or `": what; fix"`) for the first thing that makes `file` unreadable, or None."""
+    if fmt in ("parquet", "arrow"):
+        return _binary_problem(file, fmt)
+    try:
+        with _open_binary(file) as stream:
+            data = stream.read()
+    except (OSError, EOFError, ValueError) as err:  # gzip/bz2/xz/zstd: truncated or corrupt stream
+        return f": cannot be decompressed ({err}): the file is truncated or corrupt; write it again"
+    if not data.strip():
+        return " is empty (no rows): remove it or write rows into it"
+    offset = 0
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            return (
+                f" line {number} (byte offset {offset + err.start}): not UTF-8 text "
+                f"({line[err.start : err.start + 4]!r}): save the file as UTF-8"
+            )
+        offset += len(line)
+    if fmt != "json":
+        if fmt == "csv" and not data.splitlines()[0].strip():
+            return " line 1: the CSV header is blank: put the column names on the first line"
+        return None
+    text = data.decode("utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            return f" line {err.lineno} column {err.colno}: not valid JSON ({err.msg}): fix the JSON array"
+        bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+        if bad is not None:
+            return f" row {bad}: {type(rows[bad]).__name__}, not a JSON object: every row must be an object"
+        return None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return (
+                f" line {number} column {err.colno}: not valid JSON ({err.msg}): JSON Lines needs one complete "
+                "JSON object per line"
+            )
+        if not isinstance(row, dict):
+            return f" line {number}: a JSON {type(row).__name__}, not an object: JSON Lines needs one object per line"
+    return None
+
+
+def _binary_problem(file: str, fmt: str) -> str | None:
+    import pyarrow as pa
+
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            parquet = pq.ParquetFile(file)
+            for group in range(parquet.num_row_groups):
+                parquet.read_row_group(group)
+        else:
+            with pa.memory_map(file) as source:
+                try:
+                    pa.ipc.open_stream(source).read_all()
+                except pa.ArrowInvalid:
+                    source.seek(0)
+                    pa.ipc.open_file(source).read_all()
+    except (pa.ArrowException, OSError) as err:
+        size = os.path.getsize(file)
+        return (
+            f" ({size} bytes) is not a readable {fmt} file ({err}): it is truncated or corrupt, or not "
+            f"{fmt}; write it again (or set data_format)"
+        )
+    return None
+
+
+def _open_binary(file: str):
+    import fsspec
+
+    compression = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}.get(PurePosixPath(file).suffix)
+    return fsspec.open(file, "rb", compression=compression).open()
 
 
 # --- where a row came from -----------------------------------------------------------------------------------
@@ -308,5 +413,8 @@ def _open_text(file: str, newline: str | None = None) -> io.TextIOBase:
 
     compression = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}.get(PurePosixPath(file).suffix)
     return io.TextIOWrapper(
-        fsspec.open(file, "rb", compression=compression).open(), encoding="utf-8", newline=newline
+        fsspec.open(file, "rb", compression=compression).open(),
+        encoding="utf-8",
+        errors="replace",  # counting lines only: a row with bytes that are not UTF-8 must still be found
+        newline=newline,
     )

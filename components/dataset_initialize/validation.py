@@ -112,6 +112,14 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
                 f"{split}: column {column!r} has type {arrow_type}, expected {want}: fix the column in the "
                 "source files, or map another column to it with column_map"
             )
+    strings = [c for c in present if not (chat and c in schema.columns)]
+    bad_count, bad = _non_utf8_rows(ds, strings, where)
+    if bad:
+        raise DatasetValidationError(
+            f"{split}: {bad_count} of {len(ds)} rows hold text that is not UTF-8; first: "
+            + "; ".join(bad)
+            + ". Save the source files as UTF-8 and run again."
+        )
     if not chat:
         bad_count, bad = _blank_string_rows(ds, [c for c in schema.columns if c in present], where)
     else:
@@ -122,6 +130,37 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
             + "; ".join(bad)
             + ". Fix or remove these rows in the source and run again."
         )
+
+
+def _non_utf8_rows(
+    ds, columns: list[str], where: Callable[[int], str], batch_size: int = 100_000
+) -> tuple[int, list[str]]:
+    """Values of string columns that are not valid UTF-8 (pyarrow's JSON reader does not check; the rows would
+    be written to parquet as they are and fail in training). Arrow's full validation finds them in C++."""
+    import pyarrow as pa
+
+    bad: list[str] = []
+    bad_count = 0
+    if not columns:
+        return bad_count, bad
+    for batch in ds.select_columns([*columns, SOURCE_ROW]).with_format("arrow").iter(batch_size=batch_size):
+        for column in columns:
+            values = batch.column(column)
+            try:
+                values.validate(full=True)
+                continue
+            except pa.ArrowInvalid:
+                pass
+            for row in range(len(values)):
+                try:
+                    values[row].as_py()
+                except UnicodeDecodeError:
+                    bad_count += 1
+                    if len(bad) < MAX_REPORTED_ROWS:
+                        bad.append(
+                            f"{where(batch.column(SOURCE_ROW)[row].as_py())}: {column} is not UTF-8 text"
+                        )
+    return bad_count, bad
 
 
 def _blank_string_rows(

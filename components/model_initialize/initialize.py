@@ -93,18 +93,27 @@ def select_files(paths: list[str], allow_patterns: list[str] | tuple[str, ...] =
 def _check_safetensors(path: Path) -> None:
     """A safetensors file is complete when its header's last data offset matches the file size."""
     size = path.stat().st_size
+    fix = "fetch or save the weights again"
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            raise ModelVerificationError(f"{path.name} is truncated ({size} bytes)")
+            raise ModelVerificationError(f"{path.name} is truncated ({size} bytes): {fix}")
         header_len = struct.unpack("<Q", raw)[0]
         if header_len > size - 8:
-            raise ModelVerificationError(f"{path.name} has a corrupt header")
-        header = json.loads(f.read(header_len))
-    data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            raise ModelVerificationError(f"{path.name} has a corrupt header (bytes 0-7): {fix}")
+        try:
+            header = json.loads(f.read(header_len))
+            data_end = max(
+                (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+            raise ModelVerificationError(
+                f"{path.name} has a corrupt header (bytes 8-{8 + header_len}: {err}): {fix}"
+            ) from None
     if 8 + header_len + data_end != size:
         raise ModelVerificationError(
-            f"{path.name} is {size} bytes, its header says {8 + header_len + data_end}"
+            f"{path.name} is {size} bytes, its header says {8 + header_len + data_end}: the file is truncated "
+            f"or padded; {fix}"
         )
 
 

@@ -125,9 +125,22 @@ class TorchtuneConfig:
             raise ConfigError(f"learning_rate must be > 0 (got {self.learning_rate})")
         if self.num_warmup_steps is not None and self.num_warmup_steps < 0:
             raise ConfigError(f"num_warmup_steps must be >= 0 (got {self.num_warmup_steps})")
+        if self.weight_decay is not None and not self.weight_decay >= 0:
+            raise ConfigError(
+                f"weight_decay must be >= 0 (got {self.weight_decay}); typical values are 0-0.1"
+            )
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(
+                f"seed must be 0 or more (got {self.seed}); leave it unset (-1 in the component) for the base "
+                "config's"
+            )
+        if self.log_every_n_steps is not None and self.log_every_n_steps < 1:
+            raise ConfigError(f"log_every_n_steps must be at least 1 (got {self.log_every_n_steps})")
         lora = self.lora
         if lora.lora_rank is not None and lora.lora_rank < 1:
             raise ConfigError(f"lora_rank must be at least 1 (got {lora.lora_rank}); typical values are 8-64")
+        if lora.lora_alpha is not None and not lora.lora_alpha > 0:
+            raise ConfigError(f"lora_alpha must be > 0 (got {lora.lora_alpha}); usually twice lora_rank")
         if lora.lora_dropout is not None and not 0 <= lora.lora_dropout < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1) (got {lora.lora_dropout})")
         if lora.lora_attn_modules is not None:
@@ -176,7 +189,13 @@ def from_flat(values: dict[str, Any], unknown_to_overrides: bool = False) -> Tor
     top = {f.name for f in fields(TorchtuneConfig)} - set(_NESTED)
     nested_names = {f.name: group for group, cls in _NESTED.items() for f in fields(cls)}
     kwargs: dict[str, Any] = {group: {} for group in _NESTED}
-    overrides = dict(values.get("overrides") or {})
+    overrides = values.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(
+            f"overrides must be a mapping of dotted torchtune keys to values, e.g. {{'clip_grad_norm': 1.0}} "
+            f"(got {type(overrides).__name__} {overrides!r})"
+        )
+    overrides = dict(overrides)
     for name, value in values.items():
         if name == "overrides":
             continue

@@ -79,6 +79,7 @@ def training_settings(
         if key not in values and train_data.metadata.get(key):
             values[key] = train_data.metadata[key]
     config = from_flat(values)
+    _check_fits_data(config, train_data.metadata)
     files = train_data.metadata.get("data_files") or []
     if not files and not config.dataset.source:
         raise ConfigError(
@@ -92,6 +93,33 @@ def training_settings(
         config.dataset.source = train_data.metadata.get("format", "parquet")
         config.dataset.data_files = data_files
     return config, data_files
+
+
+def _check_fits_data(config: TorchtuneConfig, metadata: dict) -> None:
+    """Settings that contradict the data dataset-initialize wrote (its type, its columns) fail now, not in
+    torchtune's dataset builder after the model is loaded."""
+    written = metadata.get("dataset_type")
+    wanted = config.dataset.dataset_type
+    if written and wanted != written and not config.dataset.source:
+        raise ConfigError(
+            f"dataset_type {wanted!r} contradicts train_data, which dataset-initialize wrote as {written!r} "
+            f"(style {metadata.get('data_style') or '?'}): leave dataset_type unset, or run dataset-initialize "
+            f"with dataset_type={wanted!r}"
+        )
+    columns = metadata.get("columns")
+    if not columns or config.dataset.source:
+        return
+    named = {f"column_map[{k!r}]": v for k, v in (config.dataset.column_map or {}).items()}
+    for key in ("conversation_column", "text_column"):
+        if getattr(config.dataset, key):
+            named[key] = getattr(config.dataset, key)
+    for setting, column in named.items():
+        if column not in columns:
+            raise ConfigError(
+                f"{setting} names column {column!r}, but train_data has the columns {columns} "
+                "(dataset-initialize already renamed them to the dataset type's names): remove it from "
+                "column_map, or name one of those columns"
+            )
 
 
 def pick_device(requested: str | None, gpus_available: bool) -> str:

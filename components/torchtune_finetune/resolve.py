@@ -422,9 +422,35 @@ def _apply_overrides(config: dict, overrides: dict[str, Any], base_name: str) ->
                 raise ConfigError(_missing_key(key, key.lstrip("~"), base_name))
             del node[leaf]
         elif leaf in node or add:
-            node[leaf] = value
+            node[leaf] = _number_checked(key, node.get(leaf), value)
         else:
             raise ConfigError(_missing_key(key, key, base_name))
+
+
+# Keys torchtune reads as numbers even where a base config leaves them out or null.
+NUMERIC_KEYS = {
+    "clip_grad_norm", "optimizer.lr", "optimizer.weight_decay", "batch_size", "epochs", "seed",
+    "gradient_accumulation_steps", "max_steps_per_epoch", "log_every_n_steps", "tokenizer.max_seq_len",
+    "lr_scheduler.num_warmup_steps", "model.lora_rank", "model.lora_alpha", "model.lora_dropout",
+}  # fmt: skip
+
+
+def _number_checked(key: str, current: Any, value: Any) -> Any:
+    """`value`, as a number for a numeric key (a number in the base config, or a known one): a string that is
+    not a number there would fail only inside training."""
+    numeric = key.lstrip("+~") in NUMERIC_KEYS or (
+        isinstance(current, (int, float)) and not isinstance(current, bool)
+    )
+    if not numeric or value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+            return int(number) if number.is_integer() and isinstance(current, int) else number
+        except ValueError:
+            pass
+    example = current if current is not None else 1.0
+    raise ConfigError(f"overrides[{key!r}] must be a number (got {value!r}), e.g. {{{key!r}: {example}}}")
 
 
 def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format: str, base_name: str) -> None:
