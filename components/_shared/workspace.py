@@ -35,9 +35,13 @@ def area_dir(workspace: str | os.PathLike, area: str, name: str) -> Path:
 
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temp dir; on success replace `final` with it, on error remove it."""
+    """Yield an empty temp dir; on success replace `final` with it, on error remove it. Old copies an earlier
+    replace left when it was interrupted (`.<name>.old-*`) are removed first. (Temp dirs are the callers' to
+    clear, e.g. artifacts.remove_stale_temps: a caller may hold a live `.<name>.tmp-scratch-*` beside us.)"""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:

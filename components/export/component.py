@@ -42,12 +42,13 @@ def export(
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
         model: The fine-tuned model: torchtune-finetune's `model` output.
         destination: Where to export: `s3://<bucket>/<prefix>`, `hf://<org>/<repo>[/<folder>][@<branch>]`
-            (created if missing) or an absolute path, e.g. a mounted PVC.
+            (created if missing) or an absolute path, e.g. a mounted PVC; never a whole disk or bucket.
         metrics: Evaluation results (evaluate's `metrics` output); their numbers go into the model card.
         format: merged (serving-ready HF model), adapter (PEFT adapter; not for method=full) or both.
         dtype: Convert floating-point weights to bf16, fp16 or fp32; empty: keep the trained dtype.
-        overwrite: Replace different content at the destination (files not in this export are deleted there);
-            otherwise such a destination fails the step and is left untouched.
+        overwrite: Replace different content at the destination: changed files are replaced and files of the
+            earlier export (listed in its checksums.sha256) that are not in this one deleted; files no export
+            wrote there are never touched. Otherwise such a destination fails the step and is left untouched.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_private: Create a missing hf:// repo as private (an existing repo keeps its visibility).
         run_name: The pipeline run's name for the model card; pass `dsl.PIPELINE_JOB_NAME_PLACEHOLDER`.

@@ -7,6 +7,8 @@
    (README.md) and `checksums.sha256` (sha256sum format, every other file).
 3. Publish with storage.publish_directory: resumable, verified by reading sizes and checksums back, a no-op
    when the destination already holds this content, refused when it holds other content (unless overwrite).
+   `checksums.sha256` is also the export's manifest: overwrite deletes only files the previous export's
+   manifest at the destination lists; files no export wrote there are left alone.
 
 Layout: format=merged or adapter puts that folder at the root; format=both puts the merged model at the root
 (transformers loads it as is) and the adapter in `adapter/` (never beside the merged weights: transformers
@@ -107,9 +109,10 @@ def check_request(model_metadata: dict, fmt: str, dtype: str, destination: str) 
         raise ExportError(str(err)) from err
     if uri.scheme not in ("s3", "hf", "file"):
         raise ExportError(f"cannot export to {uri.shown!r}: use s3://bucket/prefix, hf://org/repo or a path")
-    if (uri.scheme == "s3" and not uri.path) or (uri.scheme == "file" and uri.path == "/"):
-        # The export owns its destination (overwrite deletes what is not part of it): never a whole bucket/disk.
-        raise ExportError(f"cannot export to {uri.shown!r}: name a folder, e.g. s3://bucket/models/<name>")
+    try:
+        storage.refuse_root(uri)  # never a whole disk or bucket
+    except storage.StorageError as err:
+        raise ExportError(str(err)) from err
     storage.require_credentials(uri)
     return uri
 
@@ -173,7 +176,7 @@ def export_model(
             stage,
             uri,
             overwrite=overwrite,
-            marker=CHECKSUMS,
+            manifest=CHECKSUMS,
             endpoint_url=s3_endpoint_url or None,
             private=hf_private,
             commit_message=f"Export {format} model from kfp-finetune run {run_name or run_id or 'local'}",

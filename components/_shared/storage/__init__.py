@@ -21,7 +21,7 @@ module per scheme (hf, s3, local, https; registered in schemes.py) does the tran
 from .errors import DestinationConflict, HostileName, StorageError
 from .fetch import download, list_files
 from .listing import FileRecord, Listing, RemoteFile
-from .publish import PublishResult, publish_directory, require_credentials
+from .publish import PublishResult, publish_directory, refuse_root, require_credentials
 from .retry import is_transient, with_retries
 from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
 
@@ -41,6 +41,7 @@ __all__ = [
     "parse_uri",
     "publish_directory",
     "redact_uri",
+    "refuse_root",
     "require_credentials",
     "with_retries",
 ]

@@ -21,6 +21,7 @@ log = get_logger(__name__)
 COUNTS_FILES_ON_DISK = True  # the hub client gives no per-file callback
 WRITABLE = True
 ATOMIC_CHANGES = True  # one commit per put: atomic
+OWNS_DESTINATION = True  # the repo is ours: overwrite may remove any file in it; its root is fine
 _REPO_FILES = {".gitattributes"}  # the hub creates it with every repo: not a conflict, never deleted
 
 
@@ -187,6 +188,10 @@ class Destination:
     commit_message: str
     head: str | None = None  # the commit `existing` saw; a commit fails if the branch moved meanwhile
     exists: bool = True
+
+
+def is_root(uri: StorageUri) -> bool:
+    return False  # a repo root is a fine destination: the repo is ours
 
 
 def require_credentials(uri: StorageUri) -> None:

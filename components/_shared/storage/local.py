@@ -23,6 +23,7 @@ log = get_logger(__name__)
 COUNTS_FILES_ON_DISK = False
 WRITABLE = True
 ATOMIC_CHANGES = False
+OWNS_DESTINATION = False  # shared: overwrite removes only what an earlier manifest lists
 _PART_MARK = ".part-"  # `.<name>.part-<id>` while a file is being written
 
 
@@ -73,6 +74,11 @@ class Destination:
     head: str | None = None  # a commit id: hf:// only
 
 
+def is_root(uri: StorageUri) -> bool:
+    """The whole disk (`/`, `//`, `file:////`, or a link to `/`): never a destination."""
+    return os.path.realpath(uri.path) == "/"
+
+
 def require_credentials(uri: StorageUri) -> None:
     """A local folder needs none: the step's file permissions decide."""
 
@@ -80,6 +86,9 @@ def require_credentials(uri: StorageUri) -> None:
 def destination(
     uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
 ) -> Destination:
+    root = Path(uri.path)
+    for stale in root.rglob(f".*{_PART_MARK}*") if root.is_dir() else []:
+        stale.unlink(missing_ok=True)  # left by an interrupted copy: cleaned on every run, not only on a put
     return Destination(uri)
 
 
@@ -94,14 +103,16 @@ def existing(dest: Destination) -> list[RemoteFile]:
     ]
 
 
+def read_text(dest: Destination, rel: str) -> str:
+    return (Path(dest.uri.path) / rel).read_text(errors="replace")
+
+
 def put(
     dest: Destination, src: Path, records: list[FileRecord], remove: list[str], *, max_workers: int,
     progress: Progress,
 ) -> None:  # fmt: skip
     """Copy `records` in parallel, each under a temp name renamed into place, then delete `remove`."""
     root = Path(dest.uri.path)
-    for stale in root.rglob(f".*{_PART_MARK}*") if root.is_dir() else []:
-        stale.unlink(missing_ok=True)  # left by an interrupted copy
 
     def copy(record: FileRecord) -> None:
         target = write_target(root, record.path, key=record.path, source=str(src))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
@@ -33,6 +33,7 @@ class PublishResult:
     records: list[FileRecord]
     uploaded: list[str]
     deleted: list[str]
+    kept: list[str] = field(default_factory=list)  # files at the destination no export wrote: left alone
     commit_sha: str | None = None  # hf:// only: the commit holding the files
 
     @property
@@ -52,43 +53,79 @@ def require_credentials(uri: str | StorageUri) -> None:
 class _Plan:
     state: str
     upload: list[FileRecord]
-    delete: list[str]  # destination files not in the source (overwrite only)
+    delete: list[str]  # files an earlier export wrote that are not in this one (overwrite only)
     changed: list[str]  # files whose destination copy differs (overwrite only)
+    kept: list[str]  # files this export never wrote (a user's notes, other models): never touched
+
+
+def refuse_root(uri: StorageUri) -> None:
+    """A whole disk or bucket is never a destination (a hub repo root is: the repo is ours)."""
+    if scheme_module(uri).is_root(uri):
+        raise StorageError(
+            f"cannot publish to {uri.shown!r}: that is the root of a disk or bucket; name a folder, e.g. "
+            "s3://bucket/models/<name> or /data/models/<name>."
+        )
+
+
+def parse_manifest(text: str) -> set[str]:
+    """The paths a sha256sum-format manifest (`<sha256>  <path>` lines) lists."""
+    paths = set()
+    for line in text.splitlines():
+        digest, sep, path = line.partition("  ")
+        if sep and len(digest) == 64 and path:
+            paths.add(path.removeprefix("*"))
+    return paths
+
+
+def _owned(scheme, dest, remote: list[RemoteFile], manifest: str | None) -> set[str]:
+    """Destination files an earlier export wrote: all of them where the destination is ours (a hub repo),
+    else those its manifest lists (and the manifest itself). No manifest there: none."""
+    present = {f.path for f in remote}
+    if scheme.OWNS_DESTINATION:
+        return present
+    if manifest is None or manifest not in present:
+        return set()
+    return (parse_manifest(scheme.read_text(dest, manifest)) | {manifest}) & present
 
 
 def _plan(
-    src: Path, records: list[FileRecord], remote: list[RemoteFile], uri: StorageUri, overwrite: bool
-) -> _Plan:
+    src: Path, records: list[FileRecord], remote: list[RemoteFile], owned: set[str], uri: StorageUri,
+    overwrite: bool,
+) -> _Plan:  # fmt: skip
     by_path = {f.path: f for f in remote}
     ours = {r.path for r in records}
     missing = [r for r in records if r.path not in by_path]
     changed = [r for r in records if r.path in by_path and not same_content(src / r.path, r, by_path[r.path])]
-    foreign = sorted(p for p in by_path if p not in ours)
-    if changed or foreign:
+    stale = sorted(p for p in by_path if p not in ours and p in owned)
+    kept = sorted(p for p in by_path if p not in ours and p not in owned)
+    if kept:
+        log.info("%s: leaving %d files that no export wrote there (e.g. %s)", uri.shown, len(kept),
+                 ", ".join(kept[:3]))  # fmt: skip
+    if changed or stale:
         if not overwrite:
             details = [f"{p} (different content)" for p in (r.path for r in changed)]
-            details += [f"{p} (not part of this export)" for p in foreign]
+            details += [f"{p} (not part of this export)" for p in stale]
             shown = "; ".join(details[:10]) + (f"; and {len(details) - 10} more" if len(details) > 10 else "")
             raise DestinationConflict(
                 f"{uri.shown} already holds different content: {shown}. Nothing was written. Choose another "
                 "destination, or set overwrite=True to replace it."
             )
-        log.info("%s: replacing %d changed and removing %d other files (overwrite)", uri.shown, len(changed),
-                 len(foreign))  # fmt: skip
-        return _Plan("replaced", missing + changed, foreign, [r.path for r in changed])
-    if not remote:
-        return _Plan("created", records, [], [])
+        log.info("%s: replacing %d changed and removing %d files of the earlier export (overwrite)", uri.shown,
+                 len(changed), len(stale))  # fmt: skip
+        return _Plan("replaced", missing + changed, stale, [r.path for r in changed], kept)
+    if not ours & set(by_path):
+        return _Plan("created", records, [], [], kept)
     if not missing:
         log.info("%s already holds these %d files with the same content: nothing to upload", uri.shown,
                  len(records))  # fmt: skip
-        return _Plan("unchanged", [], [], [])
+        return _Plan("unchanged", [], [], [], kept)
     log.info("%s holds %d of %d files already (an earlier, interrupted upload): sending the other %d",
              uri.shown, len(records) - len(missing), len(records), len(missing))  # fmt: skip
-    return _Plan("resumed", missing, [], [])
+    return _Plan("resumed", missing, [], [], kept)
 
 
 def _verify_published(
-    src: Path, records: list[FileRecord], remote: list[RemoteFile], uri: StorageUri
+    src: Path, records: list[FileRecord], remote: list[RemoteFile], kept: list[str], uri: StorageUri
 ) -> None:
     by_path = {f.path: f for f in remote}
     for record in records:
@@ -102,7 +139,7 @@ def _verify_published(
                 f"verification failed: {record.path} at {uri.shown} has {found.size} bytes / other checksum "
                 f"than the {record.size} bytes uploaded."
             )
-    extra = sorted(set(by_path) - {r.path for r in records})
+    extra = sorted(set(by_path) - {r.path for r in records} - set(kept))
     if extra:
         raise StorageError(
             f"verification failed: {uri.shown} holds files that are not in the export: {extra[:5]}"
@@ -115,23 +152,29 @@ def publish_directory(
     uri: str | StorageUri,
     *,
     overwrite: bool = False,
-    marker: str | None = None,
+    manifest: str | None = None,
     endpoint_url: str | None = None,
     private: bool = True,
     commit_message: str = "Upload with kfp-finetune",
     max_workers: int = 8,
 ) -> PublishResult:
-    """Make `uri` hold exactly the files under `src`: an s3:// prefix, a local folder or an hf:// model repo
-    (optionally a folder in it, @branch). Resumable, verified and conflict-aware:
+    """Make `uri` hold the files under `src`: an s3:// prefix, a local folder or an hf:// model repo
+    (optionally a folder in it, @branch). Resumable, verified, conflict-aware, and touching only what it owns:
 
     - files already at the destination with the same content are not transferred again, so a rerun after an
       interruption only sends what is missing, and rerunning a finished export transfers nothing;
-    - a destination holding different content (changed files, or files that are not in `src`) is refused with
-      DestinationConflict before anything is written, unless `overwrite`: then changed files are replaced and
-      the others deleted (the hub's .gitattributes is kept);
-    - s3:// and local: `marker` (a path in `src`, e.g. a checksum manifest) is written last, so its presence
-      means the copy is complete; local files appear atomically (temp name, then rename). hf:// writes one
-      commit, which is atomic; LFS objects uploaded by an interrupted run are not sent again.
+    - `manifest` (a path in `src` in sha256sum format listing the other files) is what the publish owns:
+      s3:// and local write it last, so its presence means the copy is complete, and the one an earlier
+      publish left at the destination says which files that publish wrote;
+    - a destination holding different content (changed files, or files an earlier publish wrote that are not
+      in `src`) is refused with DestinationConflict before anything is written, unless `overwrite`: then
+      changed files are replaced and the earlier publish's other files deleted. Files no publish wrote (a
+      user's notes in a shared folder, other models under the same prefix) are never touched; in an hf://
+      repo (ours) every file counts as written by us (the hub's .gitattributes is kept);
+    - the root of a disk or bucket is refused (`/`, `//`, `s3://bucket`); an hf:// repo root is fine;
+    - local files appear atomically (temp name, then rename; temp files an interrupted run left are removed
+      by the next). hf:// writes one commit, which is atomic; LFS objects uploaded by an interrupted run are
+      not sent again.
     - afterwards every file is read back (sizes and the checksums the destination states: sha256, MD5 ETag or
       git blob id) and compared with `src`.
 
@@ -143,36 +186,39 @@ def publish_directory(
     scheme = scheme_module(uri)
     if not scheme.WRITABLE:
         raise ValueError(f"cannot publish to {uri.shown!r}: use an s3://, hf:// or local path destination")
+    refuse_root(uri)
     dest = scheme.destination(uri, endpoint_url=endpoint_url, private=private, commit_message=commit_message)
     scheme.require_credentials(uri)
     files = sorted(p for p in src.rglob("*") if p.is_file())
     if not files:
         raise StorageError(f"nothing to publish: {src} holds no files")
     records = [FileRecord(p.relative_to(src).as_posix(), p.stat().st_size, sha256_file(p)) for p in files]
-    if marker is not None and marker not in {r.path for r in records}:
-        raise ValueError(f"marker {marker!r} is not a file in {src}")
+    if manifest is not None and manifest not in {r.path for r in records}:
+        raise ValueError(f"manifest {manifest!r} is not a file in {src}")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
 
-    plan = _plan(src, records, scheme.existing(dest), uri, overwrite)
+    remote = scheme.existing(dest)
+    plan = _plan(src, records, remote, _owned(scheme, dest, remote, manifest), uri, overwrite)
     if plan.upload or plan.delete:
-        content = [r for r in plan.upload if r.path != marker]
-        last = [r for r in plan.upload if r.path == marker]
+        content = [r for r in plan.upload if r.path != manifest]
+        last = [r for r in plan.upload if r.path == manifest]
         total = sum(r.size for r in plan.upload)
         with Progress(
             what=f"upload to {uri.shown}", total_files=len(plan.upload), total_bytes=total
         ) as progress:
             options = {"max_workers": max_workers, "progress": progress}
-            if scheme.ATOMIC_CHANGES:  # one commit: never seen half-replaced, the marker needs no order
+            if scheme.ATOMIC_CHANGES:  # one commit: never seen half-replaced, the manifest needs no order
                 scheme.put(dest, src, plan.upload, plan.delete, **options)
             else:
-                # Overwriting: remove the old completion marker first, so a half-replaced copy never looks
-                # complete; write it again last.
-                if marker and marker in plan.changed:
-                    scheme.put(dest, src, [], [marker], **options)
-                scheme.put(dest, src, content, plan.delete, **options)
+                # Overwriting: first the earlier export's other files, while its manifest still names them
+                # (an interruption here leaves them owned, so the next run removes them); then that manifest,
+                # so a half-replaced copy never looks complete; the new manifest is written last.
+                old_manifest = [manifest] if manifest in plan.changed else []
+                if plan.delete or old_manifest:
+                    scheme.put(dest, src, [], plan.delete + old_manifest, **options)
+                scheme.put(dest, src, content, [], **options)
                 if last:
                     scheme.put(dest, src, last, [], **options)
-    remote = scheme.existing(dest)
-    _verify_published(src, records, remote, uri)
+    _verify_published(src, records, scheme.existing(dest), plan.kept, uri)
     uploaded = [r.path for r in plan.upload]
-    return PublishResult(uri.shown, plan.state, records, uploaded, plan.delete, dest.head)
+    return PublishResult(uri.shown, plan.state, records, uploaded, plan.delete, plan.kept, dest.head)

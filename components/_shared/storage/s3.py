@@ -23,6 +23,7 @@ log = get_logger(__name__)
 COUNTS_FILES_ON_DISK = False
 WRITABLE = True
 ATOMIC_CHANGES = False
+OWNS_DESTINATION = False  # shared: overwrite removes only what an earlier manifest lists
 
 
 def endpoint(endpoint_url: str | None = None) -> str | None:
@@ -155,6 +156,11 @@ class Destination:
     head: str | None = None  # a commit id: hf:// only
 
 
+def is_root(uri: StorageUri) -> bool:
+    """A whole bucket (`s3://bucket`, `s3://bucket/`): never a destination."""
+    return not uri.path
+
+
 def require_credentials(uri: StorageUri) -> None:
     import boto3
 
@@ -195,6 +201,15 @@ def existing(dest: Destination) -> list[RemoteFile]:
                     )
                 )
     return files
+
+
+def read_text(dest: Destination, rel: str) -> str:
+    key = _key(dest, rel)
+    with _mapped(dest.uri, dest.endpoint_url):
+        body = with_retries(
+            lambda: dest.client.get_object(Bucket=dest.uri.bucket, Key=key)["Body"].read(), what=f"read {key}"
+        )
+    return body.decode("utf-8", errors="replace")
 
 
 def put(

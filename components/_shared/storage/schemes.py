@@ -7,9 +7,13 @@ its name. Each scheme module provides:
     WRITABLE                                                   False: not a publish destination
 and, when WRITABLE:
     ATOMIC_CHANGES                                             True: one put is applied whole (a commit)
+    OWNS_DESTINATION                                           True: every file there is ours (a hub repo);
+                                                               False: only what an earlier manifest lists
+    is_root(uri) -> bool                                       a whole disk or bucket: never a destination
     require_credentials(uri)                                   fails before any transfer
     destination(uri, *, endpoint_url, private, commit_message) -> a handle (.head: the commit, hf:// only)
     existing(dest) -> list[RemoteFile]                         what the destination holds, with its checksums
+    read_text(dest, rel) -> str                                a file there (an earlier manifest; not OWNS_...)
     put(dest, src, records, remove, *, max_workers, progress)  writes `records`, then removes `remove`
 and maps its client's errors to StorageError messages itself (its `error` function).
 """

@@ -82,10 +82,15 @@ def _parse_s3(uri: str, rest: str) -> StorageUri:
     return StorageUri("s3", uri, bucket=bucket, path=prefix.strip("/"))
 
 
+def _local_path(path: str) -> str:
+    # POSIX normpath keeps exactly two leading slashes ("//" stays "//"): on Linux they name the root too.
+    return os.path.normpath("/" + path.lstrip("/"))
+
+
 def _parse_file(uri: str, rest: str) -> StorageUri:
     if not rest.startswith("/"):
         raise _invalid(uri, "file:// needs an absolute path (file:///data/x)")
-    return StorageUri("file", uri, path=os.path.normpath(urllib.parse.unquote(rest)))
+    return StorageUri("file", uri, path=_local_path(urllib.parse.unquote(rest)))
 
 
 def _parse_https(uri: str, rest: str) -> StorageUri:
@@ -111,7 +116,7 @@ def parse_uri(uri: str | StorageUri) -> StorageUri:
         raise _invalid(str(uri), "empty")
     uri = uri.strip()
     if uri.startswith("/"):
-        return StorageUri("file", uri, path=os.path.normpath(uri))
+        return StorageUri("file", uri, path=_local_path(uri))
     scheme, sep, rest = uri.partition("://")
     if not sep:
         raise _invalid(uri, "no scheme and not an absolute path")
