@@ -1,5 +1,7 @@
-"""The backend interface (backends/__init__.py) and the shared SIGTERM/SIGINT handling (_shared/cancel.py)."""
+"""The backend interface (backends/__init__.py), the shared SIGTERM/SIGINT handling (_shared/cancel.py) and the
+divergence check both backends apply to torchtune's metric lines (metrics.py)."""
 
+import math
 import os
 import signal
 from pathlib import Path
@@ -12,6 +14,14 @@ from kfp_finetune.components.torchtune_finetune.backends.local import LocalBacke
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    LossDiverged,
+    collect_steps,
+    divergence,
+    first_divergence,
+    parse_metric_line,
+    summarize,
+)
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun
 
 
@@ -80,3 +90,40 @@ def test_disabled_stop_signals_install_nothing():
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals(lambda _: None, enabled=False):
         assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- divergence ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("nan", "nan"), ("NaN", "nan"), ("-nan", "nan"), ("inf", "inf"), ("Infinity", "inf"), ("-inf", "-inf")],
+)
+def test_a_non_finite_loss_in_a_disklogger_line_is_a_divergence(raw, expected):
+    line = f"Step 7 | loss:{raw} lr:0.0003 tokens_per_second_per_gpu:812.5 "
+    diverged = divergence(parse_metric_line(line))
+    assert isinstance(diverged, LossDiverged) and (diverged.step, str(diverged.loss)) == (7, expected)
+    message = str(diverged)
+    assert "\n" not in message
+    assert message.startswith(f"loss diverged at step 7 (loss={expected}): training stopped; usual causes:")
+    for fix in ("tune_learning_rate", "dtype bf16", 'tune_overrides {"clip_grad_norm": 1.0}'):
+        assert fix in message
+
+
+def test_finite_losses_and_lines_without_a_loss_are_no_divergence():
+    for line in ("Step 1 | loss:2.31 lr:0.0003", "Step 2 | lr:nan", "Step 3 | tokens_per_second_per_gpu:inf"):
+        assert divergence(parse_metric_line(line)) is None
+    steps = collect_steps(
+        ["Step 1 | loss:2.3", "Step 2 | loss:1.9", "Step 3 | loss:nan", "Step 4 | loss:inf"]
+    )
+    assert first_divergence(steps[:2]) is None
+    assert first_divergence(steps).step == 3
+
+
+def test_summary_of_a_run_without_a_finite_loss_has_no_loss_and_raises_nothing():
+    steps = collect_steps(["Step 1 | loss:nan tokens_per_second_per_gpu:10", "Step 2 | loss:inf"])
+    summary = summarize(steps)
+    assert summary == {"logged_steps": 2.0, "tokens_per_second": 10.0}
+    assert all(
+        math.isfinite(v) for v in summarize(collect_steps(["Step 1 | loss:2", "Step 2 | loss:nan"])).values()
+    )

@@ -69,6 +69,25 @@ def test_quality_gate_directions_thresholds_and_errors():
         scoring.quality_gate(tuned, base, "eval_loss", 0, {"bleu": 0.3})
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_quality_gate_never_passes_on_a_non_finite_metric(bad):
+    """NaN compares False both ways, so without an explicit check a diverged model's eval_loss would pass a gate
+    without a base (nothing compared) and -inf would pass any loss maximum."""
+    tuned, base = {"eval_loss": bad, "exact_match": 0.4}, {"eval_loss": 3.0, "exact_match": 0.1}
+    for gate in (
+        scoring.quality_gate(tuned, None, "eval_loss", 0.0, {}),
+        scoring.quality_gate(tuned, base, "eval_loss", -100.0, {}),
+        scoring.quality_gate(tuned, None, "exact_match", 0.0, {"eval_loss": 5.0}),
+    ):
+        assert not gate.passed
+        assert f"FAIL: eval_loss of the tuned model is {bad}, not a finite number" in gate.reasons[0]
+    nan_base = scoring.quality_gate({"eval_loss": 1.0}, {"eval_loss": math.nan}, "eval_loss", 0.0, {})
+    assert not nan_base.passed and nan_base.reasons[0].startswith("FAIL: eval_loss of the base model is nan")
+    assert scoring.quality_gate(
+        {"eval_loss": 1.0, "exact_match": math.nan}, None, "eval_loss", 0.0, {}
+    ).passed
+
+
 def test_rows_are_a_seeded_subset():
     assert pick_rows(5, 0, 0) == [0, 1, 2, 3, 4]
     assert pick_rows(100, 10, 7) == pick_rows(100, 10, 7) != pick_rows(100, 10, 8)

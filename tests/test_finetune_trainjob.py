@@ -14,11 +14,20 @@ from pathlib import Path
 import pytest
 from kfp.dsl import HTML, Artifact, Dataset, Metrics, Model, TaskConfig
 
+from kfp_finetune.components._shared.errors import usage_errors
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
+from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobFailed
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
-from kfp_finetune.components.torchtune_finetune.finetune import run_component
+from kfp_finetune.components.torchtune_finetune.finetune import (
+    USAGE_ERRORS,
+    ArtifactInput,
+    _metrics,
+    run_component,
+    run_finetune,
+)
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 from tests.support import kube_standin as standin
 
 pytestmark = pytest.mark.slow
@@ -144,6 +153,82 @@ def test_trainjob_failure_surfaces_reason_and_keeps_the_job(inputs, cpu_runtime,
         call_component(workspace, base_model, train, tmp_path, "trainjob", task_config(workspace))
     name = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
     assert kube.trainjob(name) is not None, "failed TrainJobs are kept for debugging"
+
+
+@pytest.mark.parametrize("backend", ["local", "trainjob"])
+def test_diverged_training_fails_the_step_in_one_line_and_hands_on_nothing(
+    backend, inputs, cpu_runtime, tmp_path, monkeypatch, capsys
+):
+    """local: real torchtune at a learning rate of 1e12 (nan at step 2 of 200); trainjob: a rank-0 log whose loss
+    turns to nan at step 3. Either way the step fails with one line, and no model or metrics claim success."""
+    kube = cpu_runtime
+    workspace, base_model, train = inputs
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))
+    lines = ["Step 1 | loss:2.3", "Step 2 | loss:9e+30", *(f"Step {i} | loss:nan" for i in range(3, 401))]
+    kube.scenario(None, standin.Scenario.success(lines, line_interval=0.05))
+    config = task_config(workspace) if backend == "trainjob" else TaskConfig()
+    with pytest.raises(SystemExit) as exited, usage_errors(*USAGE_ERRORS):
+        call_component(
+            workspace, base_model, train, tmp_path, backend, config,
+            learning_rate=1e12, num_warmup_steps=0, max_steps_per_epoch=200,
+        )  # fmt: skip
+    assert exited.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    step, where = (2, "") if backend == "local" else (3, " in TrainJob ")
+    assert len(errors) == 1 and errors[0].startswith(f"error: loss diverged at step {step} (loss=nan){where}")
+    assert "tune_learning_rate" in errors[0]
+
+    outputs = tmp_path / f"outputs-{backend}"
+    assert not (outputs / "model").exists() and not (outputs / "metrics").exists()
+    run_dir = workspace / "runs" / trainjob_name(f"{RUN_ID}-{backend}", "torchtune-finetune")
+    assert not (run_dir / "merged").exists() and not (run_dir / "adapter").exists()
+    if backend == "trainjob":
+        assert kube.trainjob(run_dir.name) is not None, (
+            "failed TrainJobs are kept (cleanup_policy=on-success)"
+        )
+
+
+class MetricLinesOnly:
+    """A backend whose "training" writes only torchtune's metric file: what run_finetune makes of its lines."""
+
+    name, devices, nodes = "lines-only", 1, 1
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def gpus_available(self) -> bool:
+        return False
+
+    def prepare(self, run_dir: Path) -> None:
+        pass
+
+    def run(self, resolved, *, total_steps):
+        resolved.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        resolved.metrics_path.write_text("".join(f"{line}\n" for line in self.lines))
+        return TrainingOutcome()
+
+
+@pytest.mark.parametrize(
+    ("lines", "step"),
+    [(["Step 1 | loss:2.0", "Step 2 | loss:inf"], 2), (["Step 1 | loss:nan", "Step 2 | loss:nan"], 1)],
+)
+def test_a_metrics_file_with_a_non_finite_loss_is_a_divergence_not_a_model(inputs, tmp_path, lines, step):
+    """Whatever a backend let through: no KeyError when no loss is finite, and nothing is finalized."""
+    workspace, base_model, train = inputs
+    with pytest.raises(LossDiverged, match=rf"^loss diverged at step {step} "):
+        run_finetune(
+            workspace=workspace, train_data=ArtifactInput(dict(train.metadata)),
+            base_model=ArtifactInput(dict(base_model.metadata)), settings=TRAINING, run_id="r", task_name="t",
+            backend=MetricLinesOnly(lines),
+        )  # fmt: skip
+    assert not list((workspace / "runs").glob("*/merged")) and not list(
+        (workspace / "runs").glob("*/adapter")
+    )
+
+
+def test_metrics_without_a_finite_loss_report_none():
+    metrics = _metrics({"logged_steps": 2.0, "tokens_per_second": 5.0}, [], 2.0)
+    assert "final_loss" not in metrics and metrics["steps"] == 0.0 and metrics["tokens_per_second"] == 5.0
 
 
 def test_bad_parameters_fail_before_any_trainjob(inputs, cpu_runtime, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed, run_local
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.metrics import read_metrics_file
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, read_metrics_file
 from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 
 pytestmark = pytest.mark.slow
@@ -95,6 +95,26 @@ def test_qwen_with_a_max_seq_len_that_cuts_nothing_trains_as_without_one(tiny_qw
         losses[max_seq_len] = [s.loss for s in result.steps]
     assert len(losses[64]) == 2
     assert losses[64] == pytest.approx(losses[None], rel=1e-5)
+
+
+def test_a_diverging_run_is_stopped_at_its_first_nan_loss(tiny_llama, tiny_dataset, tmp_path):
+    """A learning rate of 1e12 sends the tiny model's loss to nan at step 2 (seed 0, fp32 on CPU). The run is
+    planned for 200 steps (~10s more): the child is stopped there, before it writes any checkpoint."""
+    cfg = TorchtuneConfig(
+        device="cpu", batch_size=2, gradient_accumulation_steps=1, max_steps_per_epoch=200, seed=0,
+        learning_rate=1e12, num_warmup_steps=0,
+    )  # fmt: skip
+    run = resolve_run(cfg, tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run")
+    lines = []
+    with pytest.raises(LossDiverged) as raised:
+        run_local(tune_command(run.recipe, run.yaml_path), echo=lines.append, total_steps=200)
+
+    assert (raised.value.step, str(raised.value.loss)) == (2, "nan")
+    assert str(raised.value).startswith("loss diverged at step 2 (loss=nan): training stopped; usual causes:")
+    logged = read_metrics_file(run.metrics_path)
+    assert logged[0].step == 1 and math.isfinite(logged[0].loss) and math.isnan(logged[1].loss)
+    assert len(logged) < 200 and not any(line.startswith("progress: step 200/200") for line in lines)
+    assert not (run.run_dir / "epoch_0").exists(), "stopped before the end of the epoch: no checkpoint"
 
 
 def test_failure_reports_exit_code_and_last_lines(tmp_path):

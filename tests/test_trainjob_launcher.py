@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from kfp_finetune.components._shared.kube import Backoff
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobConflict,
+    TrainJobDiverged,
     TrainJobError,
     TrainJobFailed,
     TrainJobLauncher,
@@ -240,6 +242,43 @@ def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_f
         assert pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     # the log of the crash-looping container was read once, not re-followed in a loop
     assert len([r for r in kube.requests_for("GET", "pods") if r.subresource == "log"]) == 1
+
+
+@pytest.mark.parametrize("cleanup, deleted", [("on-success", False), ("always", True)])
+def test_nan_loss_fails_at_once_with_the_step_and_the_fixes(kube, user_log, cleanup, deleted):
+    """The loss turns to nan at step 3 of 400 (20s of log): the step fails there, like a failed TrainJob."""
+    lines = [
+        "Step 1 | loss:2.30 lr:0.1",
+        "Step 2 | loss:5.7e+12 lr:0.1",
+        *(f"Step {i} | loss:nan" for i in range(3, 401)),
+    ]
+    kube.scenario(None, Scenario.success(lines, line_interval=0.05))
+    with pytest.raises(TrainJobDiverged) as raised:
+        launcher(kube, cleanup=cleanup, total_steps=400).run()
+
+    message = str(raised.value)
+    assert "\n" not in message, "one line: the log lines were already shown in the step log"
+    assert message.startswith(
+        f"loss diverged at step 3 (loss=nan) in TrainJob team-a/{NAME}: training stopped;"
+    )
+    assert "tune_learning_rate" in message and "dtype bf16" in message and '"clip_grad_norm": 1.0' in message
+    assert raised.value.step == 3 and math.isnan(raised.value.loss)
+    result = raised.value.result
+    assert result.status == "Failed" and result.reason == "LossDiverged"
+    assert result.deleted == deleted and (kube.trainjob(NAME) is None) == deleted
+    if not deleted:  # kept for debugging like any failed TrainJob, still running: not waited for
+        assert not kube.trainjob(NAME)["status"].get("conditions")
+        assert f"`kubectl delete trainjob -n team-a {NAME}` frees its nodes now" in user_log.text
+    assert max(s.step for s in result.steps) < 400
+    assert f"loss diverged at step 3 (loss=nan) in TrainJob team-a/{NAME}" in user_log.text
+
+
+def test_nan_loss_of_a_trainjob_that_completed_still_fails(kube):
+    """Attached after the end (or the log drained after Complete): the shown log decides, not the condition."""
+    kube.add_object(manifest(), scenario=Scenario.success(["Step 1 | loss:2.0", "Step 2 | loss:-inf"]))
+    kube.wait_for_trainjob(NAME, condition="Complete")
+    with pytest.raises(TrainJobDiverged, match=r"^loss diverged at step 2 \(loss=-inf\)"):
+        launcher(kube).run()
 
 
 def test_failure_shows_only_the_last_50_lines(kube):

@@ -92,7 +92,8 @@ def quality_gate(
     thresholds: dict[str, float],
 ) -> GateResult:
     """Pass when tuned beats base on `gate_metric` by at least `min_improvement` and meets every threshold
-    (a threshold is a minimum, or a maximum for loss-like metrics). Without a base only thresholds apply."""
+    (a threshold is a minimum, or a maximum for loss-like metrics). Without a base only thresholds apply. A NaN or
+    infinite value of a gated metric (a diverged model's eval_loss) never passes, with or without a base."""
     available = ", ".join(sorted(tuned))
     if gate_metric not in tuned:
         raise ConfigError(f"gate_metric {gate_metric!r} is not a computed metric; choose one of: {available}")
@@ -100,6 +101,18 @@ def quality_gate(
     if unknown:
         raise ConfigError(f"thresholds name unknown metric(s) {', '.join(unknown)}; known: {available}")
     result = GateResult(passed=True, metric=gate_metric, improvement=None)
+    for name in dict.fromkeys([gate_metric, *sorted(thresholds)]):
+        if not math.isfinite(tuned[name]):  # NaN compares False both ways: refuse it explicitly
+            result.passed = False
+            result.reasons.append(
+                f"FAIL: {name} of the tuned model is {tuned[name]}, not a finite number (its training or "
+                "evaluation diverged): the gate never passes on it"
+            )
+    if base is not None and gate_metric in base and not math.isfinite(base[gate_metric]):
+        result.passed = False
+        result.reasons.append(
+            f"FAIL: {gate_metric} of the base model is {base[gate_metric]}: the improvement cannot be measured"
+        )
     if base is not None and gate_metric in base:
         gain = improvement(gate_metric, tuned[gate_metric], base[gate_metric])
         result.improvement = gain

@@ -23,7 +23,13 @@ from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFa
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig, from_flat
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, read_metrics_file, summarize
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    LossDiverged,
+    StepMetrics,
+    first_divergence,
+    read_metrics_file,
+    summarize,
+)
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
     finalize_checkpoint,
@@ -182,12 +188,16 @@ def run_finetune(
     outcome = backend.run(resolved, total_steps=steps_planned)
     wall = time.monotonic() - started
 
-    base_name = base_model.metadata.get("repo_id") or str(model_dir)
-    checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
     steps = read_metrics_file(resolved.metrics_path) if resolved.metrics_path.is_file() else []
-    summary = summarize(steps)
     if not steps:
         raise RuntimeError(f"training logged no steps to {resolved.metrics_path}: check the step log above")
+    # The backends stop at the first non-finite loss; a run that got past them still hands on no model.
+    diverged = first_divergence(steps)
+    if diverged:
+        raise diverged
+    summary = summarize(steps)
+    base_name = base_model.metadata.get("repo_id") or str(model_dir)
+    checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
 
     def rel(path: Path) -> str:
         return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
@@ -230,13 +240,8 @@ def run_finetune(
 
 
 def _metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -> dict[str, float]:
-    metrics = {
-        "final_loss": summary["final_loss"],
-        "min_loss": summary["min_loss"],
-        "first_loss": summary["first_loss"],
-        "steps": float(len(steps)),
-        "wall_seconds": round(wall, 3),
-    }
+    metrics = {k: summary[k] for k in ("final_loss", "min_loss", "first_loss") if k in summary}  # finite only
+    metrics.update(steps=float(len(steps)), wall_seconds=round(wall, 3))
     if "tokens_per_second" in summary:
         metrics["tokens_per_second"] = summary["tokens_per_second"]
         # torchtune logs tokens/s per step; over the training wall time that bounds the trained tokens.
@@ -289,9 +294,9 @@ def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, mod
 
 # --- the KFP component's entry point -------------------------------------------------------------------------
 
-# Errors whose message says all the user needs (bad input; a failed run with its reason and last log lines): the
-# component prints only the message.
-USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError)
+# Errors whose message says all the user needs (bad input; a failed or diverged run with its reason and last log
+# lines or the usual fixes): the component prints only the message.
+USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged)
 
 
 _STEP_PARAMETERS = {

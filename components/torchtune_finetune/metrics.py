@@ -3,6 +3,9 @@
 torchtune's DiskLogger writes `Step N | loss:2.31 lr:0.0003 tokens_per_second_per_gpu:812.5 ` per logged step
 (plus `peak_memory_*` on CUDA). `TeeMetricLogger` writes the same lines to the file *and* stdout, so a TrainJob's
 pod log carries them too and the launcher can show progress without reading the workspace.
+
+A NaN or infinite loss means the run diverged: every step after it is wasted and its weights are garbage. Both
+backends stop the run at the first such line (`divergence`), and no summary ever reports a non-finite loss.
 """
 
 from __future__ import annotations
@@ -32,6 +35,42 @@ class StepMetrics:
     @property
     def tokens_per_second(self) -> float | None:
         return self.values.get("tokens_per_second_per_gpu")
+
+
+# What usually makes a run diverge, as the pipeline parameters that fix it.
+DIVERGENCE_CAUSES = (
+    "usual causes: a learning rate too high for the method (lower tune_learning_rate), fp16 without loss "
+    'scaling (train in dtype bf16: tune_overrides {"dtype": "bf16"}), no gradient clipping (set tune_overrides '
+    '{"clip_grad_norm": 1.0})'
+)
+
+
+class LossDiverged(RuntimeError):
+    """The training loss became NaN or infinite; the run was stopped there (one-line message with the fixes).
+
+    Attributes:
+        step: The first step that logged a non-finite loss.
+        loss: That loss (nan, inf or -inf).
+    """
+
+    def __init__(self, step: int, loss: float, where: str = ""):
+        super().__init__(
+            f"loss diverged at step {step} (loss={loss}){' in ' + where if where else ''}: training stopped; "
+            + DIVERGENCE_CAUSES
+        )
+        self.step, self.loss = step, loss
+
+
+def divergence(metrics: StepMetrics) -> LossDiverged | None:
+    """The divergence when the step logged a NaN or infinite loss, else None."""
+    if metrics.loss is not None and not math.isfinite(metrics.loss):
+        return LossDiverged(metrics.step, metrics.loss)
+    return None
+
+
+def first_divergence(steps: Iterable[StepMetrics]) -> LossDiverged | None:
+    """The divergence at the first step with a non-finite loss, or None when every logged loss is finite."""
+    return next((diverged for s in steps if (diverged := divergence(s)) is not None), None)
 
 
 def parse_metric_line(line: str) -> StepMetrics | None:

@@ -1,6 +1,6 @@
 """The local backend: run `tune run ...` as a child process of the step. Stream its output into the step log,
 parse torchtune's metric lines, stop it cleanly on SIGTERM/SIGINT, and fail with the exit code and the last lines
-when it fails.
+when it fails. A NaN or infinite loss stops it at once (metrics.LossDiverged): the rest of the run would be wasted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from kfp_finetune.components._shared.cancel import StopSignals, signal_name
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.config import ConfigError
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, parse_metric_line, progress_line
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    LossDiverged,
+    StepMetrics,
+    divergence,
+    parse_metric_line,
+    progress_line,
+)
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 log = get_logger(__name__)
@@ -119,7 +125,8 @@ def run_local(
     tail_lines: int = 50,
     echo: Callable[[str], None] | None = None,
 ) -> TrainingResult:
-    """Run the training command to completion; raise TrainingFailed unless it exits 0."""
+    """Run the training command to completion; raise TrainingFailed unless it exits 0, and LossDiverged (after
+    stopping it) at its first NaN or infinite loss."""
     echo = echo or (lambda line: print(line, flush=True))
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
@@ -135,6 +142,7 @@ def run_local(
     stop = _ChildStopper(process)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     steps: list[StepMetrics] = []
+    diverged: LossDiverged | None = None
     try:
         with StopSignals(stop.on_signal) as signals:
             for line in _lines(process.stdout):
@@ -148,13 +156,19 @@ def run_local(
                 if metrics:  # shown as a progress line; the raw line is kept in the run's metrics file
                     steps.append(metrics)
                     echo(progress_line(metrics, total_steps, _eta(started, metrics.step, total_steps)))
+                    diverged = divergence(metrics)
+                    if diverged:
+                        log.error("loss %s at step %d: stopping training", metrics.loss, metrics.step)
+                        break
                 else:
                     echo(line)
-            returncode = process.wait()
+            returncode = None if diverged else process.wait()
     finally:
         if process.poll() is None:
             stop.terminate()
     wall = time.monotonic() - started
+    if diverged:
+        raise diverged
     if signals.received is not None:
         raise TrainingFailed(
             f"training stopped by signal {signal_name(signals.received)} after {wall:.0f}s",

@@ -14,6 +14,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.backend import
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobCancelled,
     TrainJobConflict,
+    TrainJobDiverged,
     TrainJobError,
     TrainJobFailed,
     TrainJobTimeout,
@@ -28,6 +29,7 @@ __all__ = [
     "TrainJobBackend",
     "TrainJobCancelled",
     "TrainJobConflict",
+    "TrainJobDiverged",
     "TrainJobError",
     "TrainJobFailed",
     "TrainJobLauncher",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import TrainJobResult
+    from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
 
 class TrainJobError(RuntimeError):
@@ -19,6 +20,19 @@ class TrainJobFailed(TrainJobError):
     def __init__(self, message: str, result: TrainJobResult):
         super().__init__(message)
         self.result = result
+
+
+class TrainJobDiverged(TrainJobFailed):
+    """The rank-0 log showed a NaN or infinite loss: we stopped following and failed (one-line message).
+
+    Attributes:
+        step: The first step with a non-finite loss.
+        loss: That loss.
+    """
+
+    def __init__(self, diverged: LossDiverged, result: TrainJobResult):
+        super().__init__(str(diverged), result)
+        self.step, self.loss = diverged.step, diverged.loss
 
 
 class TrainJobTimeout(TrainJobError):

@@ -14,6 +14,8 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
   and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
   (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py). A runtime
   that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
+- A NaN or infinite loss in the rank-0 log: fail at once with the step and the usual fixes (TrainJobDiverged),
+  ending like any failed TrainJob (the cleanup policy decides whether it is kept).
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
   decides (default: delete successful TrainJobs, keep failed ones for debugging).
 """
@@ -44,6 +46,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics im
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobCancelled,
+    TrainJobDiverged,
     TrainJobError,
     TrainJobFailed,
     TrainJobTimeout,
@@ -62,6 +65,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import 
     condition,
     terminal_state,
 )
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
 CLEANUP_POLICIES = ("on-success", "always", "never")
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
@@ -146,6 +150,7 @@ class TrainJobLauncher:
         self._trainjob_seen = False
         self._pods: dict[str, dict] = {}
         self._thread_error: BaseException | None = None
+        self._diverged: LossDiverged | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
         self._rank0_log = RankZeroLog(
@@ -159,6 +164,7 @@ class TrainJobLauncher:
             read_timeout=log_read_timeout,
             total_steps=total_steps,
             log=self.log,
+            on_diverged=self._on_diverged,
         )
 
     # Public ---------------------------------------------------------------------------------------------------
@@ -292,6 +298,7 @@ class TrainJobLauncher:
             self._changed.clear()
             with self._lock:
                 error, job, seen = self._thread_error, self._trainjob, self._trainjob_seen
+                diverged = self._diverged
             if error is not None:  # a watch or the log stream hit a non-transient error (e.g. RBAC)
                 self._stop.set()
                 # Nobody would watch it any more, and a KFP retry would start over anyway.
@@ -302,7 +309,7 @@ class TrainJobLauncher:
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
             stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
-            if state or restarts or stuck:
+            if state or restarts or stuck or diverged:
                 break
             if seen and job is None:
                 self._stop.set()
@@ -339,8 +346,14 @@ class TrainJobLauncher:
                     )
                     next_pending_report += self.pending_warning_after
         # Let the log stream drain what the pod printed last, then stop the watches.
-        log_thread.join(0 if stuck and not state else self.log_drain_timeout)  # no log when no pod started
+        # (No log when no pod started; no need for more once the loss diverged.)
+        log_thread.join(0 if (stuck and not state) or diverged else self.log_drain_timeout)
         self._stop.set()
+        with self._lock:
+            diverged = self._diverged  # perhaps seen while draining the log of a TrainJob that ended
+        if diverged:
+            self.log.error("%s", diverged)
+            return self._finish(job, "Failed", created, ("LossDiverged", str(diverged)), diverged)
         if restarts and not state:
             ref = self.manifest["spec"]["runtimeRef"]
             return self._finish(
@@ -351,6 +364,13 @@ class TrainJobLauncher:
                 job, "Failed", created, start_failure_message(stuck, self.namespace, self.name)
             )
         return self._finish(job, state, created)
+
+    def _on_diverged(self, diverged: LossDiverged) -> None:
+        """From the log thread: the loss became NaN or infinite."""
+        where = f"TrainJob {self.namespace}/{self.name}"
+        with self._lock:
+            self._diverged = self._diverged or LossDiverged(diverged.step, diverged.loss, where)
+        self._changed.set()
 
     def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -424,9 +444,15 @@ class TrainJobLauncher:
     # End --------------------------------------------------------------------------------------------------------
 
     def _finish(
-        self, job: dict, state: str, created: bool, ended: tuple[str, str] | None = None
+        self,
+        job: dict,
+        state: str,
+        created: bool,
+        ended: tuple[str, str] | None = None,
+        diverged: LossDiverged | None = None,
     ) -> TrainJobResult:
-        """Report the end; ``ended``: our own (reason, message) when we stop before the TrainJob ends."""
+        """Report the end; ``ended``: our own (reason, message) when we stop before the TrainJob ends;
+        ``diverged``: why, when it is a non-finite loss (a one-line failure: the log was shown)."""
         terminal = (
             dict(zip(("reason", "message"), ended, strict=True)) if ended else condition(job, state) or {}
         )
@@ -457,6 +483,8 @@ class TrainJobLauncher:
                     self.namespace,
                     self.name,
                 )
+            if diverged:
+                raise TrainJobDiverged(diverged, result)
             text = [
                 f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
             ]

@@ -2,7 +2,8 @@
 
 The log is followed from the moment the pod runs, reconnecting without repeating lines (kubelet timestamps mark
 what was already shown); each torchtune metric line also gives a progress line with an ETA. A restarted rank-0
-pod is followed in turn. The last lines are kept for the failure message.
+pod is followed in turn. The last lines are kept for the failure message. The first NaN or infinite loss is
+reported to the launcher (`on_diverged`), which stops the run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from kfp_finetune.components._shared.kube_watch import Streams, is_connection_er
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import restarted_node_containers
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NODE
 from kfp_finetune.components.torchtune_finetune.metrics import (
+    LossDiverged,
     StepMetrics,
+    divergence,
     kubelet_timestamp_ns,
     parse_metric_line,
     progress_line,
@@ -55,6 +58,7 @@ class RankZeroLog:
         read_timeout: Seconds a log stream may stay silent before we reconnect.
         total_steps: Expected number of steps, for progress lines with an ETA.
         log: Where lines and progress go.
+        on_diverged: Called (from the log thread) at the first metric line with a NaN or infinite loss.
     """
 
     def __init__(
@@ -70,11 +74,14 @@ class RankZeroLog:
         read_timeout: float,
         total_steps: int | None,
         log: Any,
+        on_diverged: Callable[[LossDiverged], None] = lambda _: None,
     ) -> None:
         self.core, self.namespace = core, namespace
         self._node_pods, self._ended, self._stop = node_pods, ended, stop
         self.backoff, self.tick, self.read_timeout = backoff, tick, read_timeout
         self.total_steps, self.log = total_steps, log
+        self._on_diverged = on_diverged
+        self._diverged = False
         self.streams = Streams()  # the log being followed, cut when the run ends
         self._lock = threading.Lock()
         self._lines: list[str] = []
@@ -193,6 +200,10 @@ class RankZeroLog:
             rate = (now - first_at) / (metrics.step - first_step)
             eta = rate * (self.total_steps - metrics.step)
         self.log.info("%s", progress_line(metrics, self.total_steps, eta))
+        diverged = divergence(metrics)
+        if diverged and not self._diverged:
+            self._diverged = True
+            self._on_diverged(diverged)
 
     def tail_text(self) -> str:
         """The last lines of rank 0, for a failure message ("" when none were seen)."""
