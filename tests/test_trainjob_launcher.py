@@ -274,9 +274,11 @@ def test_nan_loss_fails_at_once_with_the_step_and_the_fixes(kube, user_log, clea
 
 
 def test_nan_loss_of_a_trainjob_that_completed_still_fails(kube):
-    """Attached after the end (or the log drained after Complete): the shown log decides, not the condition."""
+    """Attached after the end, the log read only after the Complete condition was seen (its first reads get 503s):
+    the shown log decides, not the condition."""
     kube.add_object(manifest(), scenario=Scenario.success(["Step 1 | loss:2.0", "Step 2 | loss:-inf"]))
     kube.wait_for_trainjob(NAME, condition="Complete")
+    kube.fail_next(30, status=503, method="GET", path_contains="/log")
     with pytest.raises(TrainJobDiverged, match=r"^loss diverged at step 2 \(loss=-inf\)"):
         launcher(kube).run()
 
