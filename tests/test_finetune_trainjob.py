@@ -183,8 +183,8 @@ def test_diverged_training_fails_the_step_in_one_line_and_hands_on_nothing(
     run_dir = workspace / "runs" / trainjob_name(f"{RUN_ID}-{backend}", "torchtune-finetune")
     assert not (run_dir / "merged").exists() and not (run_dir / "adapter").exists()
     if backend == "trainjob":
-        assert kube.trainjob(run_dir.name) is not None, (
-            "failed TrainJobs are kept (cleanup_policy=on-success)"
+        assert kube.trainjob(run_dir.name) is None, (
+            "a diverged, still running TrainJob is deleted (on-success)"
         )
 
 

@@ -244,9 +244,10 @@ def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_f
     assert len([r for r in kube.requests_for("GET", "pods") if r.subresource == "log"]) == 1
 
 
-@pytest.mark.parametrize("cleanup, deleted", [("on-success", False), ("always", True)])
+@pytest.mark.parametrize("cleanup, deleted", [("on-success", True), ("always", True), ("never", False)])
 def test_nan_loss_fails_at_once_with_the_step_and_the_fixes(kube, user_log, cleanup, deleted):
-    """The loss turns to nan at step 3 of 400 (20s of log): the step fails there, like a failed TrainJob."""
+    """The loss turns to nan at step 3 of 400 (20s of log): the step fails there. The TrainJob still runs, so
+    unless the policy is `never` it is deleted (kept, it would only hold its GPUs)."""
     lines = [
         "Step 1 | loss:2.30 lr:0.1",
         "Step 2 | loss:5.7e+12 lr:0.1",
@@ -266,7 +267,7 @@ def test_nan_loss_fails_at_once_with_the_step_and_the_fixes(kube, user_log, clea
     result = raised.value.result
     assert result.status == "Failed" and result.reason == "LossDiverged"
     assert result.deleted == deleted and (kube.trainjob(NAME) is None) == deleted
-    if not deleted:  # kept for debugging like any failed TrainJob, still running: not waited for
+    if not deleted:  # kept as the policy says, still running: not waited for
         assert not kube.trainjob(NAME)["status"].get("conditions")
         assert f"`kubectl delete trainjob -n team-a {NAME}` frees its nodes now" in user_log.text
     assert max(s.step for s in result.steps) < 400

@@ -474,6 +474,9 @@ class TrainJobLauncher:
                 self._rank0_log.fetch_tail(self._api)
             if self.cleanup == "always":
                 result.deleted = self._delete(reason="cleanup policy 'always'")
+            elif diverged and self.cleanup == "on-success":
+                # Still running: kept, it would only burn its GPUs; its log and metrics are in the step already.
+                result.deleted = self._delete(reason="the loss diverged (cleanup policy 'on-success')")
             elif ended:
                 self.log.warning(
                     "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; "
