@@ -133,7 +133,8 @@ def publish_directory(
       means the copy is complete; local files appear atomically (temp name, then rename). hf:// writes one
       commit, which is atomic; LFS objects uploaded by an interrupted run are not sent again.
     - afterwards every file is read back (sizes and the checksums the destination states: sha256, MD5 ETag or
-      git blob id) and compared with `src`.
+      git blob id) and compared with `src`; when that fails the marker is removed again, so a copy that does
+      not hold `src` never looks complete.
 
     hf:// repos are created when missing, private unless `private=False`. Credentials come from the
     environment only (HF_TOKEN, AWS_*); missing ones fail before any transfer.
@@ -172,7 +173,14 @@ def publish_directory(
                 scheme.put(dest, src, content, plan.delete, **options)
                 if last:
                     scheme.put(dest, src, last, [], **options)
-    remote = scheme.existing(dest)
-    _verify_published(src, records, remote, uri)
+    try:
+        _verify_published(src, records, scheme.existing(dest), uri)
+    except StorageError:
+        if (
+            marker is not None and not scheme.ATOMIC_CHANGES
+        ):  # a copy that failed verification never looks done
+            with Progress(what=f"remove {marker} from {uri.shown}", total_files=0, total_bytes=0) as progress:
+                scheme.put(dest, src, [], [marker], max_workers=max_workers, progress=progress)
+        raise
     uploaded = [r.path for r in plan.upload]
     return PublishResult(uri.shown, plan.state, records, uploaded, plan.delete, dest.head)
