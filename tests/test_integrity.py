@@ -19,9 +19,12 @@ from kfp_finetune.components._shared.storage.checksums import git_blob_sha1, md5
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.tiny.dataset import build_tiny_dataset
+from tests import test_export
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_standin import HubStandin
 from tests.support.sources import hub_env, moto_s3, result, run_python, use_s3_credentials, write_fake_model
+
+finetuned = test_export.finetuned  # the module-scoped fixture: a workspace holding one tiny LoRA run
 
 
 def sha256(path: Path) -> str:
@@ -244,3 +247,16 @@ def test_publish_read_back_of_other_bytes_fails_and_removes_the_completion_marke
         storage.publish_directory(src, "s3://store/out", marker="checksums.sha256", endpoint_url=s3.proxy.url)
     keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket="store", Prefix="out/").get("Contents", [])]
     assert "out/checksums.sha256" not in keys, keys
+
+
+@pytest.mark.slow
+def test_export_to_s3_detects_a_read_back_of_other_bytes(finetuned, s3):
+    s3.proxy.corrupt_etag("store/exported/adapter/adapter_model.safetensors")
+    with pytest.raises(
+        storage.StorageError, match=r"verification failed: adapter/adapter_model\.safetensors"
+    ):
+        test_export.export(finetuned, "s3://store/exported", format="both", s3_endpoint_url=s3.proxy.url)
+    keys = [
+        o["Key"] for o in s3.client.list_objects_v2(Bucket="store", Prefix="exported/").get("Contents", [])
+    ]
+    assert keys and "exported/checksums.sha256" not in keys, keys  # nothing says the copy is complete

@@ -176,9 +176,8 @@ def publish_directory(
     try:
         _verify_published(src, records, scheme.existing(dest), uri)
     except StorageError:
-        if (
-            marker is not None and not scheme.ATOMIC_CHANGES
-        ):  # a copy that failed verification never looks done
+        # A copy that failed verification never looks complete: its marker goes again.
+        if marker is not None and not scheme.ATOMIC_CHANGES:
             with Progress(what=f"remove {marker} from {uri.shown}", total_files=0, total_bytes=0) as progress:
                 scheme.put(dest, src, [], [marker], max_workers=max_workers, progress=progress)
         raise
