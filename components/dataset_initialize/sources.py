@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -143,20 +144,7 @@ class Source:
         num_proc = num_proc if num_proc > 1 else None
         try:
             if self.is_hub:
-                # Retried as a whole: files already in the cache are not fetched again.
-                return storage.with_retries(
-                    lambda: datasets.load_dataset(
-                        self.listing.uri.repo_id,
-                        self.subset or None,
-                        revision=self.listing.commit_sha,
-                        data_dir=self.listing.uri.path or None,
-                        split=split,
-                        cache_dir=cache_dir,
-                        token=os.environ.get("HF_TOKEN") or False,
-                        num_proc=num_proc,
-                    ),
-                    what=f"load {self.uri} split {split!r}",
-                ), []
+                return self._load_hub_split(split, cache_dir, num_proc), []
             root = self._root()
             # Split names come from file/folder names as in `datasets` (train*, validation*/dev*, test*/eval*);
             # a single file or unnamed files form the `train` split.
@@ -184,6 +172,45 @@ class Source:
             if "Unknown split" in str(exc) or "Bad split" in str(exc):
                 raise ValueError(f"{self.uri}: split {split!r}: {exc}") from exc
             raise
+
+    def _load_hub_split(self, split: str, cache_dir: str, num_proc: int | None):
+        """A split read by `datasets` from the hub, its downloaded files checked against the listing's sha256 /
+        git blob id; damaged files are fetched and the split read once more, then refused (IntegrityError)."""
+        import datasets
+
+        for attempt in (1, 2):
+            try:
+                # Retried as a whole: files already in the cache are not fetched again.
+                ds, error = (
+                    storage.with_retries(
+                        lambda: datasets.load_dataset(
+                            self.listing.uri.repo_id,
+                            self.subset or None,
+                            revision=self.listing.commit_sha,
+                            data_dir=self.listing.uri.path or None,
+                            split=split,
+                            cache_dir=cache_dir,
+                            token=os.environ.get("HF_TOKEN") or False,
+                            num_proc=num_proc,
+                        ),
+                        what=f"load {self.uri} split {split!r}",
+                    ),
+                    None,
+                )
+            except Exception as exc:  # a damaged file may fail to parse: check the files before reporting it
+                ds, error = None, exc
+            damaged = storage.verify_hub_cache(self.listing)
+            if error is not None and (short := storage.hub_truncation(error, self.listing)):
+                damaged.append(short)
+            if not damaged:
+                if error is not None:
+                    raise error
+                return ds
+            if attempt == 2:
+                raise damaged[0] from error
+            log.warning("%s; fetching %d damaged file(s) again", damaged[0], len(damaged))
+            shutil.rmtree(cache_dir, ignore_errors=True)  # the split prepared from them
+        raise AssertionError("unreachable")
 
 
 def _read_json_lines(files: list[str], arrow_path: Path):

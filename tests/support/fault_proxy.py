@@ -1,6 +1,11 @@
 """An HTTP proxy in front of a real server (moto's S3 server) that records every request and can answer the next
 ones with a server error, as S3 does under load: 503 SlowDown with an S3 XML error body
 (https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html). Tests count what a client really sent.
+
+It can also damage what a client reads, as a faulty disk, NIC or middlebox does: `corrupt(key)` flips bytes of the
+body of the next GET of an object (same length, headers untouched), `truncate(key)` answers it with the first half
+only and a matching Content-Length (a stream that ends early yet looks complete), and `corrupt_etag(key)` changes
+the ETag a HEAD of the object reports (a read-back that finds other bytes than were written).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class FaultProxy:
         self._upstream = (parsed.hostname, parsed.port)
         self.requests: list[tuple[str, str, int]] = []
         self._failures = 0
+        self._damage: dict[tuple[str, str], int] = {}  # (mode, key) -> how many more responses to damage
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -38,6 +44,30 @@ class FaultProxy:
     def fail_next(self, count: int) -> None:
         with self._lock:
             self._failures = count
+
+    def corrupt(self, key: str, times: int = 1) -> None:
+        """The next `times` GETs of object `key` (bucket/key) get a body of the same length with flipped bytes."""
+        self._arm("corrupt", key, times)
+
+    def truncate(self, key: str, times: int = 1) -> None:
+        """The next `times` GETs of `key` get the first half of the body, with a Content-Length that matches it."""
+        self._arm("truncate", key, times)
+
+    def corrupt_etag(self, key: str, times: int = 1) -> None:
+        """The next `times` HEADs of `key` report an ETag of the same length with other digits."""
+        self._arm("etag", key, times)
+
+    def _arm(self, mode: str, key: str, times: int) -> None:
+        with self._lock:
+            self._damage[(mode, "/" + key.lstrip("/"))] = times
+
+    def _take_damage(self, mode: str, path: str) -> bool:
+        key = (mode, urllib.parse.unquote(urllib.parse.urlparse(path).path))
+        with self._lock:
+            if self._damage.get(key):
+                self._damage[key] -= 1
+                return True
+            return False
 
     def _take_failure(self) -> bool:
         with self._lock:
@@ -81,6 +111,8 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             data = response.read()
             kept = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP}
             upstream.close()
+            if response.status in (200, 206):
+                kept, data = _damaged(proxy, self.command, self.path, kept, data)
             self._reply(response.status, kept, data)
 
         def _reply(self, status: int, headers: dict[str, str], data: bytes) -> None:
@@ -97,3 +129,27 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
     return Handler
+
+
+def flip(data: bytes) -> bytes:
+    """Same length, different bytes: every 97th byte inverted (at least the middle one)."""
+    damaged = bytearray(data)
+    for i in {*range(0, len(data), 97), len(data) // 2} if data else ():
+        damaged[i] ^= 0xFF
+    return bytes(damaged)
+
+
+def _damaged(proxy: FaultProxy, method: str, path: str, headers: dict, data: bytes) -> tuple[dict, bytes]:
+    if method == "GET" and proxy._take_damage("corrupt", path):
+        return headers, flip(data)
+    if method == "GET" and proxy._take_damage("truncate", path):
+        data = data[: len(data) // 2]
+        headers = {k: v for k, v in headers.items() if k.lower() != "content-length"}
+        return {**headers, "Content-Length": str(len(data))}, data
+    if method == "HEAD" and proxy._take_damage("etag", path):
+        return {k: (_other_hex(v) if k.lower() == "etag" else v) for k, v in headers.items()}, data
+    return headers, data
+
+
+def _other_hex(etag: str) -> str:
+    return "".join("0123456789abcdef"[(int(c, 16) + 1) % 16] if c in "0123456789abcdef" else c for c in etag)

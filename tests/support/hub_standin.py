@@ -12,8 +12,10 @@ signed absolute `Location` on another host name (`localhost` instead of 127.0.0.
 CDN), which refuses a request that still carries an `Authorization` header (400, as a presigned S3/CloudFront URL
 does: one auth mechanism only). Tree listings are paginated with a `Link: <…?cursor=…>; rel="next"` header
 (`tree_page_size`, 1000 entries on the hub). Faults: `fail_once(path, mode)` makes the next GET of a file drop the
-connection half-way ("drop"), answer 500 ("500"), or send half and hang until `release()` ("stall", to kill
-a client mid-download). Every request is recorded in `requests`.
+connection half-way ("drop"), answer 500 ("500"), send half and hang until `release()` ("stall", to kill
+a client mid-download), send bytes of the right length with some flipped ("corrupt": for an LFS file at the CDN
+URL, for a regular file at `/resolve/`), or send the first half with a Content-Length that matches it
+("truncate": a stream that ends early yet looks complete); `times=` repeats a fault. Every request is recorded in `requests`.
 
 Writes, for HfApi.create_repo / create_commit / upload_folder with a token: `POST /api/repos/create` (the repo
 starts with a `.gitattributes` commit, readable by the creating token when private), `/api/validate-yaml`,
@@ -41,6 +43,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
+
+from tests.support.fault_proxy import flip
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".h5", ".msgpack", ".parquet", ".arrow", ".model")
 LFS_MIN_SIZE = 10 * 1024
@@ -101,7 +105,7 @@ class HubStandin:
     def __init__(self) -> None:
         self.repos: dict[tuple[str, str], Repo] = {}
         self.requests: list[tuple[str, str, int]] = []
-        self._faults: dict[str, str] = {}
+        self._faults: dict[str, tuple[str, int]] = {}  # path -> (mode, how many more requests)
         self._storage = Path(tempfile.mkdtemp(prefix="hub-standin-"))  # pushed files and LFS objects
         self.lfs_objects: dict[str, Path] = {}  # sha256 -> stored object
         self.cdn_files: dict[str, tuple[Revision, RepoFile]] = {}  # sha256 -> what the CDN URL serves
@@ -141,14 +145,15 @@ class HubStandin:
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
-    def fail_once(self, path: str, mode: str = "drop") -> None:
+    def fail_once(self, path: str, mode: str = "drop", *, times: int = 1) -> None:
         """The next GET of repo file `path` (or PUT of the LFS object whose sha256 is `path`) fails: "drop"
         closes the connection half-way, "500" answers 500, "stall" sends (or reads) half and hangs until
-        `release()`."""
-        if mode not in ("drop", "500", "stall"):
+        `release()`; for GETs "corrupt" sends the right length with flipped bytes, "truncate" half the bytes
+        with a matching Content-Length. `times`: the next that many requests."""
+        if mode not in ("drop", "500", "stall", "corrupt", "truncate"):
             raise ValueError(mode)
         with self._lock:
-            self._faults[path] = mode
+            self._faults[path] = (mode, times)
 
     def release(self) -> None:
         """Let stalled responses finish (by closing them)."""
@@ -156,7 +161,10 @@ class HubStandin:
 
     def take_fault(self, path: str) -> str | None:
         with self._lock:
-            return self._faults.pop(path, None)
+            mode, times = self._faults.pop(path, (None, 0))
+            if times > 1:
+                self._faults[path] = (mode, times - 1)
+            return mode
 
     def record(self, method: str, path: str, status: int) -> None:
         with self._lock:
@@ -590,6 +598,10 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             if fault == "500":
                 raise _HubError(500, None, "Internal Error (injected)")
             data = f.local.read_bytes()
+            if fault == "corrupt":
+                data = flip(data)
+            elif fault == "truncate":
+                data = data[: len(data) // 2]
             start, end, status = 0, len(data), 200
             range_header = self.headers.get("Range")
             if range_header and range_header.startswith("bytes="):

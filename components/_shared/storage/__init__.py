@@ -14,12 +14,15 @@ AWS_SESSION_TOKEN), which pipelines fill from Kubernetes Secrets; a URI's own (a
 refused (HostileName) before anything is written.
 
 `list_files(uri)` returns a `Listing`; `download(listing, paths, dest)` copies the chosen files and verifies
-them (fetch.py). `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py). One
+them, fetching a damaged file once more before an IntegrityError (fetch.py); `verify_hub_cache(listing)` does the
+same check for hub files the `datasets` library downloaded. `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py). One
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
-from .errors import DestinationConflict, HostileName, StorageError
+from .errors import DestinationConflict, HostileName, IntegrityError, StorageError
 from .fetch import download, list_files
+from .hf import truncated as hub_truncation
+from .hf import verify_cached as verify_hub_cache
 from .listing import FileRecord, Listing, RemoteFile
 from .publish import PublishResult, publish_directory, refuse_root, require_credentials
 from .retry import is_transient, with_retries
@@ -30,12 +33,14 @@ __all__ = [
     "DestinationConflict",
     "FileRecord",
     "HostileName",
+    "IntegrityError",
     "Listing",
     "PublishResult",
     "RemoteFile",
     "StorageError",
     "StorageUri",
     "download",
+    "hub_truncation",
     "is_transient",
     "list_files",
     "parse_uri",
@@ -43,5 +48,6 @@ __all__ = [
     "redact_uri",
     "refuse_root",
     "require_credentials",
+    "verify_hub_cache",
     "with_retries",
 ]

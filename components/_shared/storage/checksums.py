@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.workspace import sha256_file
 
-from .errors import StorageError
+from .errors import IntegrityError
 from .listing import FileRecord, RemoteFile
 
 
@@ -29,19 +29,24 @@ def md5_file(path: Path) -> str:
 
 
 def verify(local: Path, remote: RemoteFile, source: str) -> FileRecord:
-    """Check size and every checksum the source stated; return the manifest entry."""
+    """Check size and every checksum the source stated; return the manifest entry. Raises IntegrityError naming
+    the file, the check and the expected and actual values."""
     size = local.stat().st_size
     if remote.size is not None and size != remote.size:
-        raise StorageError(f"{source}: {remote.path} has {size} bytes, the source says {remote.size}.")
-    sha256 = sha256_file(local)
-    if remote.sha256 and sha256 != remote.sha256:
-        raise StorageError(
-            f"{source}: {remote.path} sha256 {sha256} does not match the source's {remote.sha256}."
+        raise IntegrityError(
+            f"{source}: {remote.path} has {size} bytes, the source says {remote.size} (a truncated transfer)."
         )
-    if remote.md5 and md5_file(local) != remote.md5:
-        raise StorageError(f"{source}: {remote.path} does not match the source's MD5 ETag.")
-    if remote.git_blob_sha1 and git_blob_sha1(local) != remote.git_blob_sha1:
-        raise StorageError(f"{source}: {remote.path} does not match the source's git blob id.")
+    sha256 = sha256_file(local)
+    checks = [
+        ("sha256", remote.sha256, lambda: sha256),
+        ("MD5 (the S3 ETag)", remote.md5, lambda: md5_file(local)),
+        ("git blob id", remote.git_blob_sha1, lambda: git_blob_sha1(local)),
+    ]
+    for name, expected, compute in checks:
+        if expected and (actual := compute()) != expected:
+            raise IntegrityError(
+                f"{source}: {remote.path} is corrupt: {name} {actual} does not match the source's {expected}."
+            )
     return FileRecord(remote.path, size, sha256)
 
 

@@ -13,3 +13,7 @@ class DestinationConflict(StorageError):
 
 class HostileName(StorageError):
     """A remote name that would write outside the destination (absolute, `..`, control characters, ...)."""
+
+
+class IntegrityError(StorageError):
+    """Bytes read do not match what their source states (size, sha256, MD5 ETag or git blob id)."""

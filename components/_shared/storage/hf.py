@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from kfp_finetune.components._shared.logs import get_logger
 
-from .errors import StorageError
+from .checksums import verify
+from .errors import IntegrityError, StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .progress import Progress, human
@@ -172,9 +174,47 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
         cause = exc if isinstance(exc, HfHubHTTPError) else exc.__cause__
         mapped = error(cause, uri, listing.repo_type) if isinstance(cause, Exception) else None
         raise (mapped or StorageError(f"download of {uri.shown} failed: {exc}")) from exc
+    except OSError as exc:
+        raise (truncated(exc, listing) or exc) from exc
     for repo_path, target in zip(repo_paths, targets, strict=True):
         os.replace(hub_dir / repo_path, target)
     shutil.rmtree(hub_dir)  # the hub client's own resume metadata (.cache/) is not part of the copy
+
+
+def truncated(exc: BaseException, listing: Listing) -> IntegrityError | None:
+    """The hub client's own size check ("Consistency check failed: file should be of size N but has size M",
+    naming a signed URL) as an IntegrityError naming the listed file(s) of that size."""
+    sizes = re.search(r"should be of size (\d+) but has size (\d+)", str(exc))
+    if sizes is None:
+        return None
+    names = [f.path for f in listing.files if f.size == int(sizes[1])] or ["a file"]
+    return IntegrityError(
+        f"{listing.uri.shown}: {', '.join(names)} arrived with {sizes[2]} bytes, the hub states {sizes[1]} (a "
+        "truncated transfer)."
+    )
+
+
+def verify_cached(listing: Listing) -> list[IntegrityError]:
+    """Check the listed files the hub client's own cache holds (where `datasets` downloads hub files) against
+    the listing's sha256 / git blob id; damaged copies are removed from the cache so a reload fetches them
+    again. Returns one IntegrityError per damaged file."""
+    from huggingface_hub import try_to_load_from_cache
+
+    damaged = []
+    for remote in listing.files:
+        cached = try_to_load_from_cache(
+            listing.uri.repo_id, remote.source_path, revision=listing.commit_sha, repo_type=listing.repo_type
+        )
+        if not isinstance(cached, str):
+            continue  # not fetched by this load
+        try:
+            verify(Path(cached), remote, listing.uri.shown)
+        except IntegrityError as exc:
+            damaged.append(exc)
+            blob = Path(cached).resolve()
+            Path(cached).unlink()
+            blob.unlink(missing_ok=True)
+    return damaged
 
 
 # --- destinations ---------------------------------------------------------------------------------------------

@@ -176,7 +176,8 @@ def publish_directory(
       by the next). hf:// writes one commit, which is atomic; LFS objects uploaded by an interrupted run are
       not sent again.
     - afterwards every file is read back (sizes and the checksums the destination states: sha256, MD5 ETag or
-      git blob id) and compared with `src`.
+      git blob id) and compared with `src`; when that fails the manifest is removed again, so a copy that does
+      not hold `src` never looks complete.
 
     hf:// repos are created when missing, private unless `private=False`. Credentials come from the
     environment only (HF_TOKEN, AWS_*); missing ones fail before any transfer.
@@ -219,6 +220,15 @@ def publish_directory(
                 scheme.put(dest, src, content, [], **options)
                 if last:
                     scheme.put(dest, src, last, [], **options)
-    _verify_published(src, records, scheme.existing(dest), plan.kept, uri)
+    try:
+        _verify_published(src, records, scheme.existing(dest), plan.kept, uri)
+    except StorageError:
+        # A copy that failed verification never looks complete: its manifest goes again.
+        if manifest is not None and not scheme.ATOMIC_CHANGES:
+            with Progress(
+                what=f"remove {manifest} from {uri.shown}", total_files=0, total_bytes=0
+            ) as progress:
+                scheme.put(dest, src, [], [manifest], max_workers=max_workers, progress=progress)
+        raise
     uploaded = [r.path for r in plan.upload]
     return PublishResult(uri.shown, plan.state, records, uploaded, plan.delete, plan.kept, dest.head)

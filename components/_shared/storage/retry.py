@@ -35,9 +35,12 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection-level errors of the HTTP clients in use (huggingface_hub uses httpx2, older ones httpx or
     requests; boto3 uses botocore)."""
     from botocore.exceptions import ConnectionError as BotoConnectionError
-    from botocore.exceptions import HTTPClientError
+    from botocore.exceptions import FlexibleChecksumError, HTTPClientError
 
-    errors: list[type[BaseException]] = [BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError]
+    # FlexibleChecksumError: the bytes boto3 read do not match the object's CRC, i.e. damaged in transit.
+    errors: list[type[BaseException]] = [
+        BotoConnectionError, HTTPClientError, FlexibleChecksumError, ConnectionError, TimeoutError,
+    ]  # fmt: skip
     for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
                           ("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError"))):  # fmt: skip
         with contextlib.suppress(ImportError):

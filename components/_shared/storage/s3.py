@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 
-from .errors import StorageError
+from .errors import IntegrityError, StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .parallel import run_parallel
@@ -133,12 +133,17 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
     targets = {p: write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths}
 
     def download(rel: str) -> None:
+        from botocore.exceptions import FlexibleChecksumError
+
         key = remote[rel].source_path
         config = TransferConfig(max_concurrency=4)
-        with_retries(
-            lambda: client.download_file(uri.bucket, key, str(targets[rel]), Config=config),
-            what=f"download s3 {key}",
-        )
+        try:
+            with_retries(
+                lambda: client.download_file(uri.bucket, key, str(targets[rel]), Config=config),
+                what=f"download s3 {key}",
+            )
+        except FlexibleChecksumError as exc:
+            raise IntegrityError(f"{uri.shown}: {rel} (key {key}) is corrupt: {exc}.") from exc
         progress.file_done()
 
     with _mapped(uri, listing.endpoint_url):
