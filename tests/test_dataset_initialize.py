@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import shutil
-import ssl
-import subprocess
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +15,7 @@ from kfp_finetune.components.dataset_initialize.initialize import initialize_dat
 from kfp_finetune.components.dataset_initialize.sources import DatasetValidationError, detect_format
 from kfp_finetune.tiny.dataset import build_tiny_dataset
 from tests.support.hub_standin import HubStandin
-from tests.support.sources import hub_env, moto_s3, result, run_python, use_s3_credentials
+from tests.support.sources import https_server, hub_env, moto_s3, result, run_python, use_s3_credentials
 
 ROWS = [{"input": f"Reverse: {c} x", "output": f"x {c}"} for c in "abcdefghijklmnopqrst"]  # 20 rows
 
@@ -450,33 +444,11 @@ def test_leftovers_of_a_killed_run_are_removed_and_not_reused(tmp_path, workspac
 
 
 def test_https_single_file(tmp_path, workspace, monkeypatch):
-    if not shutil.which("openssl"):
-        pytest.skip("needs the openssl command to make a certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate, as a custom CA bundle would
     served = tmp_path / "www"
     write_rows(served / "train.jsonl", ROWS, "jsonl")
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(served)))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"https://127.0.0.1:{server.server_address[1]}/train.jsonl"
+    with https_server(served, tmp_path, monkeypatch) as server:
+        url = f"{server.url}/train.jsonl"
         res = initialize_dataset(url, str(workspace), eval_fraction=0.25)
-    finally:
-        server.shutdown()
     assert res.path.name == "train" and res.train_metadata["source_uri"] == url
     assert (res.train_metadata["num_rows"], res.eval_metadata["num_rows"]) == (15, 5)
 

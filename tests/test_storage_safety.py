@@ -6,13 +6,7 @@ local HTTPS server."""
 
 from __future__ import annotations
 
-import functools
 import json
-import shutil
-import ssl
-import subprocess
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +18,7 @@ from kfp_finetune.components._shared.storage.names import check_remote_name, wri
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.tiny.dataset import build_tiny_dataset
+from tests.support import sources
 from tests.support.sources import moto_s3, use_s3_credentials, write_fake_model
 
 # --- hostile names, one by one ------------------------------------------------------------------------------
@@ -155,36 +150,11 @@ def test_a_refused_uri_with_userinfo_is_shown_redacted():
 
 @pytest.fixture
 def https_server(tmp_path, monkeypatch):
-    """A local HTTPS server (self-signed, trusted through SSL_CERT_FILE) serving `tmp_path/www`."""
-    if not shutil.which("openssl"):
-        pytest.skip("needs the openssl command to make a certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    """A local HTTPS server serving `tmp_path/www`; the query string reaches it: it is the credential."""
     served = tmp_path / "www"
     served.mkdir()
-    requests: list[str] = []
-
-    class Recording(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            requests.append(self.path)  # the query string reaches the server: it is the credential
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Recording, directory=str(served)))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield SimpleNamespace(
-            url=f"https://127.0.0.1:{server.server_address[1]}", root=served, requests=requests
-        )
-    finally:
-        server.shutdown()
+    with sources.https_server(served, tmp_path, monkeypatch) as server:
+        yield SimpleNamespace(url=server.url, root=served, requests=server.requests)
 
 
 def _leaks(root: Path, texts: list[str]) -> list[str]:

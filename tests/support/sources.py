@@ -9,15 +9,22 @@ process with the stand-in's environment (`hub_env` + `run_python`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shutil
+import ssl
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,3 +135,34 @@ def use_s3_credentials(monkeypatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@contextlib.contextmanager
+def https_server(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """A local HTTPS server serving `folder` with a self-signed certificate, trusted through SSL_CERT_FILE as a
+    custom CA bundle would be; yields its `url` and the request paths it received (`requests`, query included)."""
+    if not shutil.which("openssl"):
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    requests: list[str] = []
+
+    class Recording(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requests.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Recording, directory=str(folder)))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield SimpleNamespace(url=f"https://127.0.0.1:{server.server_address[1]}", requests=requests)
+    finally:
+        server.shutdown()
