@@ -257,7 +257,7 @@ DATASET_ROWS = [
         lambda s: {"source_uri": str(write(s, "d/notes.md", "hi").parent)},
         ["no data files", "data_format"],
     ),
-    ("unsupported-scheme", lambda s: {"source_uri": "ftp://example.com/train.jsonl"}, ["ftp"]),
+    ("unsupported-scheme", lambda s: {"source_uri": "ftp://example.com/train.jsonl"}, ["ftp", "copy the files to S3"]),
     (
         "entry-name-with-slash",
         lambda s: {"source_uri": str(write(s, "train.jsonl", jsonl(GOOD))), "name": "a/b"},
@@ -318,7 +318,7 @@ MODEL_ROWS = [
     (
         "empty-folder",
         lambda t, s: {"source_uri": str((s / "m").mkdir() or s / "m")},
-        ["m is an empty directory"],
+        ["m is an empty directory", "put the files there"],
     ),
     (
         "no-config-json",

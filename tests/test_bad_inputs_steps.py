@@ -86,6 +86,12 @@ FINETUNE_ROWS = [
     ("adapter-only-full", {"method": "full", "save_adapter_weights_only": True}, None, ["method=full"]),
     ("packed-without-max-seq-len", {"packed": True}, None, ["packed=True", "max_seq_len"]),
     (
+        "max-seq-len-shorter-than-prompts",
+        {"max_seq_len": 8},
+        None,
+        ["max_seq_len=8", "prompt", "training row", "at least", "train_on_input=True"],
+    ),
+    (
         "non-numeric-clip-grad-norm",
         {"overrides": {"clip_grad_norm": "abc"}},
         None,

@@ -21,6 +21,7 @@ import yaml
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
 
 log = get_logger(__name__)
 
@@ -212,6 +213,7 @@ def resolve_run(
     _check_paths_inside(config, run_dir)
     if validate:
         validate_config(config)
+        check_prompts_fit(config)
 
     yaml_path = run_dir / RESOLVED_CONFIG
     if write:

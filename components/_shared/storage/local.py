@@ -50,7 +50,10 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
             RemoteFile(path.relative_to(root).as_posix(), stat.st_size, str(path), mtime_ns=stat.st_mtime_ns)
         )
     if not files:
-        raise StorageError(f"{uri.shown} is an empty directory.")
+        raise StorageError(
+            f"{uri.shown} is an empty directory (hidden files are skipped): put the files there, or name the "
+            "folder that holds them."
+        )
     return Listing(uri, files)
 
 

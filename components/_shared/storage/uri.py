@@ -100,6 +100,14 @@ def _parse_https(uri: str, rest: str) -> StorageUri:
     return StorageUri("https", uri, path=uri)
 
 
+# What to do instead of an unsupported scheme (named in the error, after the scheme).
+_COPY_FIRST = " (copy the files to S3, the Hugging Face Hub or a mounted volume first)"
+_SCHEME_FIXES = {
+    "gs": " (use Cloud Storage's S3-compatible API: s3://<bucket>/<prefix> with s3_endpoint_url="
+    "https://storage.googleapis.com and HMAC keys as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)",
+    "http": " (use https://: plain HTTP is refused because its bytes can be altered in transit)",
+}
+
 _PARSERS: dict[str, Callable[[str, str], StorageUri]] = {
     "hf": _parse_hf,
     "s3": _parse_s3,
@@ -122,5 +130,5 @@ def parse_uri(uri: str | StorageUri) -> StorageUri:
         raise _invalid(uri, "no scheme and not an absolute path")
     parser = _PARSERS.get(scheme.lower())
     if parser is None:
-        raise _invalid(uri, f"unknown scheme {scheme.lower()!r}")
+        raise _invalid(uri, f"unknown scheme {scheme.lower()!r}{_SCHEME_FIXES.get(scheme.lower(), _COPY_FIRST)}")
     return parser(uri, rest)

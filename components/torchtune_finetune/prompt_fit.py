@@ -1,0 +1,68 @@
+"""Refuse a `max_seq_len` that leaves training rows nothing to learn from, before any training starts.
+
+torchtune cuts every row at `tokenizer.max_seq_len`. When the prompt alone (template included) fills that length
+and prompts are masked (`train_on_input: False`), the row keeps no trained token: its loss is 0/0, and a batch of
+such rows makes the loss NaN hours into a run. The rows are tokenized here exactly as training will (the resolved
+dataset and tokenizer nodes, through torchtune), but only the longest by characters: a prompt that runs past the
+limit is among the longest texts, and tokenizing every row would cost minutes on a large dataset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kfp_finetune.components.torchtune_finetune.config import ConfigError
+
+#: How many of the longest rows (by characters) are tokenized.
+CANDIDATE_ROWS = 64
+_IGNORE = -100  # torchtune.data.CROSS_ENTROPY_IGNORE_IDX
+
+
+class PromptTooLong(ConfigError):
+    """Some training rows' prompts fill max_seq_len; the message names them and the fix."""
+
+
+def check_prompts_fit(config: dict[str, Any]) -> None:
+    """Raise PromptTooLong when a training row would keep no trained token after truncation.
+
+    Checked only where it can happen and is cheap to know: a max_seq_len is set, prompts are masked, and the data
+    are local files (an HF dataset source is loaded by training itself)."""
+    tokenizer_node = config.get("tokenizer") or {}
+    dataset_node = config.get("dataset")
+    max_seq_len = tokenizer_node.get("max_seq_len")
+    if (
+        not max_seq_len
+        or not isinstance(dataset_node, dict)
+        or dataset_node.get("train_on_input", True)
+        or not dataset_node.get("data_files")
+    ):
+        return
+    from omegaconf import OmegaConf
+    from torchtune import config as torchtune_config
+
+    tokenizer = torchtune_config.instantiate(OmegaConf.create({**tokenizer_node, "max_seq_len": None}))
+    dataset = torchtune_config.instantiate(OmegaConf.create({**dataset_node, "packed": False}), tokenizer)
+    rows = dataset._data  # the HF dataset torchtune's SFTDataset reads rows from
+    longest = sorted(range(len(rows)), key=lambda i: _characters(rows[i]), reverse=True)[:CANDIDATE_ROWS]
+    too_long = []
+    for index in longest:
+        labels = dataset[index]["labels"]
+        first_trained = next((pos for pos, label in enumerate(labels) if label != _IGNORE), len(labels))
+        if first_trained >= max_seq_len:
+            too_long.append((index, first_trained, len(labels)))
+    if not too_long:
+        return
+    index, prompt_tokens, _ = max(too_long, key=lambda row: row[1])
+    needed = max(total for _, _, total in too_long)
+    shown = ", ".join(str(i) for i, _, _ in sorted(too_long)[:10])
+    raise PromptTooLong(
+        f"max_seq_len={max_seq_len} is shorter than the prompt of {len(too_long)} training row(s) "
+        f"(row {shown}{' …' if len(too_long) > 10 else ''}, counted from 0 in train_data; the longest prompt is "
+        f"{prompt_tokens} tokens, row {index}): cut there, they keep no trained token and make the loss NaN. "
+        f"Fix: set max_seq_len to at least {needed} (their prompt + response), set train_on_input=True, or "
+        "remove those rows."
+    )
+
+
+def _characters(row: dict[str, Any]) -> int:
+    return sum(len(str(value)) for value in row.values() if value is not None)

@@ -1,0 +1,47 @@
+"""A max_seq_len shorter than the prompts is refused before training, counted with the tokenizer and template
+training uses; a long enough max_seq_len, or trained prompts, pass."""
+
+import json
+
+import pytest
+
+from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.prompt_fit import PromptTooLong
+from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
+
+
+@pytest.fixture(scope="module")
+def long_prompt_data(tmp_path_factory):
+    """Short rows, and one row (index 3) whose prompt is about 300 tokens of the tiny tokenizer."""
+    rows = [{"input": f"say {i}", "output": f"ok {i}"} for i in range(6)]
+    rows[3] = {"input": " ".join(f"word{i}" for i in range(150)), "output": "fine"}
+    path = tmp_path_factory.mktemp("prompt-fit") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def resolve(tiny_llama, data, tmp_path, **settings):
+    cfg = TorchtuneConfig(**settings)
+    return resolve_run(cfg, tiny_llama, data, tmp_path / "run", write=False)
+
+
+def test_prompt_longer_than_max_seq_len_is_refused(tiny_llama, long_prompt_data, tmp_path):
+    with pytest.raises(PromptTooLong) as caught:
+        resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=64)
+    message = str(caught.value)
+    assert "max_seq_len=64" in message and "1 training row(s) (row 3," in message
+    prompt_tokens = int(message.split("the longest prompt is ")[1].split()[0])
+    needed = int(message.split("at least ")[1].split()[0])
+    assert 64 < prompt_tokens < needed
+    # The boundary is exact: a limit of the prompt's length still cuts every response token; one more keeps one.
+    with pytest.raises(PromptTooLong):
+        resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=prompt_tokens)
+    resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=prompt_tokens + 1)
+    resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=needed)
+
+
+def test_trained_prompts_and_no_limit_are_accepted(tiny_llama, long_prompt_data, tmp_path):
+    from kfp_finetune.components.torchtune_finetune.config import DatasetSettings
+
+    resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=64, dataset=DatasetSettings(train_on_input=True))
+    resolve(tiny_llama, long_prompt_data, tmp_path)  # no max_seq_len: nothing is cut
