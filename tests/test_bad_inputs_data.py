@@ -257,7 +257,11 @@ DATASET_ROWS = [
         lambda s: {"source_uri": str(write(s, "d/notes.md", "hi").parent)},
         ["no data files", "data_format"],
     ),
-    ("unsupported-scheme", lambda s: {"source_uri": "ftp://example.com/train.jsonl"}, ["ftp", "copy the files to S3"]),
+    (
+        "unsupported-scheme",
+        lambda s: {"source_uri": "ftp://example.com/train.jsonl"},
+        ["ftp", "copy the files to S3"],
+    ),
     (
         "entry-name-with-slash",
         lambda s: {"source_uri": str(write(s, "train.jsonl", jsonl(GOOD))), "name": "a/b"},

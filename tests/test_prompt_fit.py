@@ -43,5 +43,7 @@ def test_prompt_longer_than_max_seq_len_is_refused(tiny_llama, long_prompt_data,
 def test_trained_prompts_and_no_limit_are_accepted(tiny_llama, long_prompt_data, tmp_path):
     from kfp_finetune.components.torchtune_finetune.config import DatasetSettings
 
-    resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=64, dataset=DatasetSettings(train_on_input=True))
+    resolve(
+        tiny_llama, long_prompt_data, tmp_path, max_seq_len=64, dataset=DatasetSettings(train_on_input=True)
+    )
     resolve(tiny_llama, long_prompt_data, tmp_path)  # no max_seq_len: nothing is cut

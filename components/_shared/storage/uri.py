@@ -130,5 +130,7 @@ def parse_uri(uri: str | StorageUri) -> StorageUri:
         raise _invalid(uri, "no scheme and not an absolute path")
     parser = _PARSERS.get(scheme.lower())
     if parser is None:
-        raise _invalid(uri, f"unknown scheme {scheme.lower()!r}{_SCHEME_FIXES.get(scheme.lower(), _COPY_FIRST)}")
+        raise _invalid(
+            uri, f"unknown scheme {scheme.lower()!r}{_SCHEME_FIXES.get(scheme.lower(), _COPY_FIRST)}"
+        )
     return parser(uri, rest)
