@@ -30,6 +30,7 @@ BENCHMARKS = {
     "packing": "benchmarks.bench_packing",
     "efficiency": "benchmarks.bench_efficiency",
     "peer": "benchmarks.bench_peer",
+    "export": "benchmarks.bench_export",
 }
 
 

@@ -54,7 +54,8 @@ def export(
         run_name: The pipeline run's name for the model card; pass `dsl.PIPELINE_JOB_NAME_PLACEHOLDER`.
         run_id: The pipeline run's id for the model card; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER`.
         task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER` (names the staging folder).
-        max_workers: Number of files uploaded in parallel (s3:// and paths).
+        max_workers: Number of files uploaded and hashed in parallel (paths); s3:// sends at least 32 files
+            and up to 64 requests at once.
 
     Returns:
         exported: A manifest; `uri` is the destination (for s3:// only in metadata `destination`: KFP

@@ -31,7 +31,6 @@ import yaml
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.workspace import sha256_file
 from kfp_finetune.components.export.model_card import CardInputs, numeric_metrics, render_card
 
 log = get_logger(__name__)
@@ -156,7 +155,7 @@ def export_model(
     stage = staging_root / f".{task_name}.tmp-{uuid.uuid4().hex[:8]}"
     metrics = numeric_metrics(eval_metrics or {})
     try:
-        layout = _stage(stage, sources, torch_dtype)
+        layout, staged_from = _stage(stage, sources, torch_dtype)
         card = CardInputs(
             title=_title(uri, model_metadata),
             model_metadata=model_metadata,
@@ -170,7 +169,8 @@ def export_model(
             task_name=task_name,
         )
         (stage / CARD).write_text(render_card(card))
-        files = _write_checksums(stage)
+        hashes = _write_checksums(stage, _recorded(staged_from, run_dir, model_metadata), max_workers)
+        files = {path: {"size": h.size, "sha256": h.sha256} for path, h in hashes.items()}
         log.info("staged %d files (%s) for %s", len(files), format, uri.shown)
         published = storage.publish_directory(
             stage,
@@ -181,6 +181,7 @@ def export_model(
             private=hf_private,
             commit_message=f"Export {format} model from kfp-finetune run {run_name or run_id or 'local'}",
             max_workers=max_workers,
+            hashes=hashes,
         )
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -264,8 +265,11 @@ def _training_config(workspace: Path, meta: dict) -> dict:
         return {}
 
 
-def _stage(stage: Path, sources: dict[str, tuple[str, Path]], torch_dtype: str) -> dict[str, str]:
-    layout = {}
+def _stage(
+    stage: Path, sources: dict[str, tuple[str, Path]], torch_dtype: str
+) -> tuple[dict[str, str], dict[str, Path]]:
+    """Stage the folders; returns the layout and, for every staged file, the workspace file it came from."""
+    layout, staged_from = {}, {}
     for folder, (kind, source) in sources.items():
         target = stage / folder if folder else stage
         converted = 0
@@ -275,6 +279,7 @@ def _stage(stage: Path, sources: dict[str, tuple[str, Path]], torch_dtype: str) 
                 continue  # ours to write; a copied base-model README would describe the wrong model
             out = target / rel
             out.parent.mkdir(parents=True, exist_ok=True)
+            staged_from[out.relative_to(stage).as_posix()] = path
             if torch_dtype and path.name.endswith(".safetensors"):
                 converted += _convert_safetensors(path, out, torch_dtype)
             else:
@@ -283,7 +288,23 @@ def _stage(stage: Path, sources: dict[str, tuple[str, Path]], torch_dtype: str) 
             _update_config_and_index(target, torch_dtype)
         what = "merged model (HF safetensors)" if kind == "merged" else "PEFT adapter"
         layout[folder] = what + (f", {converted} tensors converted to {torch_dtype}" if converted else "")
-    return layout
+    return layout, staged_from
+
+
+def _recorded(staged_from: dict[str, Path], run_dir: Path, meta: dict) -> dict[str, storage.FileHash]:
+    """The hashes torchtune-finetune recorded for the staged files' sources (metadata `files`, run-dir-relative);
+    whether each still holds is checked against the staged file (size and mtime) when it is used."""
+    recorded = meta.get("files") if isinstance(meta.get("files"), dict) else {}
+    known = {}
+    for staged, source in staged_from.items():
+        try:
+            entry = recorded.get(source.relative_to(run_dir).as_posix())
+        except ValueError:  # a source outside the run folder: nothing recorded for it
+            continue
+        digest = storage.FileHash.from_dict(entry) if isinstance(entry, dict) else None
+        if digest is not None:
+            known[staged] = digest
+    return known
 
 
 def _link(source: Path, target: Path) -> None:
@@ -344,16 +365,25 @@ def _replace_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _write_checksums(stage: Path) -> dict[str, dict]:
-    """Write checksums.sha256 (sha256sum format) and return every file's {size, sha256}, itself included."""
-    files = {
-        p.relative_to(stage).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in sorted(stage.rglob("*"))
-        if p.is_file()
+def _write_checksums(
+    stage: Path, known: dict[str, storage.FileHash], max_workers: int
+) -> dict[str, storage.FileHash]:
+    """Write checksums.sha256 (sha256sum format); return every file's hash, itself included. A hash recorded
+    after training is reused while the staged file still has its size and mtime; only the other files (ones the
+    export wrote: converted weights, config edits, the model card; or ones changed since) are hashed."""
+    paths = sorted(p for p in stage.rglob("*") if p.is_file())
+    reused = {
+        p: known[p.relative_to(stage).as_posix()] for p in paths if p.relative_to(stage).as_posix() in known
     }
-    (stage / CHECKSUMS).write_text("".join(f"{f['sha256']}  {path}\n" for path, f in sorted(files.items())))
-    files[CHECKSUMS] = {"size": (stage / CHECKSUMS).stat().st_size, "sha256": sha256_file(stage / CHECKSUMS)}
-    return dict(sorted(files.items()))
+    reused = {p: h for p, h in reused.items() if h.matches(p)}
+    fresh = storage.hash_files([p for p in paths if p not in reused], max_workers=max_workers)
+    if fresh:
+        log.info("hashed %d files the export wrote or that changed since training; reused %d recorded hashes",
+                 len(fresh), len(reused))  # fmt: skip
+    hashes = {p.relative_to(stage).as_posix(): h for p, h in (reused | fresh).items()}
+    (stage / CHECKSUMS).write_text("".join(f"{h.sha256}  {path}\n" for path, h in sorted(hashes.items())))
+    hashes[CHECKSUMS] = storage.hash_file(stage / CHECKSUMS)
+    return dict(sorted(hashes.items()))
 
 
 def run_component(**params: Any) -> ExportResult:

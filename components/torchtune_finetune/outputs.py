@@ -15,7 +15,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfp_finetune.components._shared.workspace import atomic_dir, sha256_file
+from kfp_finetune.components._shared.storage import hash_files
+from kfp_finetune.components._shared.workspace import atomic_dir
 
 # Set by `kfp-finetune run-local` and `demo` (inherited by kfp.local's step processes): a folder outside the run
 # workspace, which kfp.local deletes when the run ends, even when the quality gate stopped the export.
@@ -34,7 +35,9 @@ class FinalCheckpoint:
     epoch_dir: Path
     merged_dir: Path | None
     adapter_dir: Path | None
-    files: dict[str, dict] = field(default_factory=dict)  # run-dir-relative path -> {size, sha256}
+    # run-dir-relative path -> {size, mtime_ns, sha256 (, md5, git_blob_sha1)}: the one hash of each final file
+    # after training; export reuses it for every file it publishes unchanged.
+    files: dict[str, dict] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -76,12 +79,13 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
             config["use_dora"] = method == "dora"
             (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         result.adapter_dir = run_dir / ADAPTER_DIR
-    for folder in (result.merged_dir, result.adapter_dir):
-        for path in sorted(p for p in (folder.rglob("*") if folder else []) if p.is_file()):
-            result.files[path.relative_to(run_dir).as_posix()] = {
-                "size": path.stat().st_size,
-                "sha256": sha256_file(path),
-            }
+    final = [
+        path
+        for folder in (result.merged_dir, result.adapter_dir)
+        for path in sorted(p for p in (folder.rglob("*") if folder else []) if p.is_file())
+    ]
+    for path, digest in hash_files(final, max_workers=min(8, os.cpu_count() or 1)).items():
+        result.files[path.relative_to(run_dir).as_posix()] = digest.as_dict()
     if not result.files:
         raise FileNotFoundError(f"no model weights in {epoch}: nothing to hand on")
     return result

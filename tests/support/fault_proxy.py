@@ -6,6 +6,11 @@ It can also damage what a client reads, as a faulty disk, NIC or middlebox does:
 body of the next GET of an object (same length, headers untouched), `truncate(key)` answers it with the first half
 only and a matching Content-Length (a stream that ends early yet looks complete), and `corrupt_etag(key)` changes
 the ETag a HEAD of the object reports (a read-back that finds other bytes than were written).
+
+`barrier(count, method, query)` measures how many requests a client really has in flight at once, without
+timing: every matching request is held until `count` are held together (then all go on and later ones pass),
+and `peak` is the most that were held at once. A client that never sends `count` at once releases them after
+`timeout` seconds and leaves `peak < count` for the test to see.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class FaultProxy:
         self._failures = 0
         self._damage: dict[tuple[str, str], int] = {}  # (mode, key) -> how many more responses to damage
         self._lock = threading.Lock()
+        self._barrier: dict | None = None
+        self._held = threading.Condition()
+        self.peak = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
 
@@ -56,6 +64,41 @@ class FaultProxy:
     def corrupt_etag(self, key: str, times: int = 1) -> None:
         """The next `times` HEADs of `key` report an ETag of the same length with other digits."""
         self._arm("etag", key, times)
+
+    def barrier(self, count: int, method: str, query: str = "", timeout: float = 30.0) -> None:
+        """Hold `method` requests for an object (and whose query has `query`, e.g. "partNumber=") until `count`
+        are held at once; `peak` reports the most held together."""
+        with self._held:
+            self._barrier = {
+                "count": count,
+                "method": method,
+                "query": query,
+                "timeout": timeout,
+                "open": False,
+            }
+            self._barrier["held"] = self.peak = 0
+
+    def _hold(self, method: str, path: str) -> None:
+        parsed = urllib.parse.urlparse(path)
+        with self._held:
+            gate = self._barrier
+            if (
+                gate is None
+                or gate["open"]
+                or method != gate["method"]
+                or gate["query"] not in parsed.query
+                or parsed.path.strip("/").count("/") < 1  # the bucket itself (a listing), not an object
+            ):
+                return
+            gate["held"] += 1
+            self.peak = max(self.peak, gate["held"])
+            if gate["held"] >= gate["count"]:
+                gate["open"] = True
+                self._held.notify_all()
+            elif not self._held.wait_for(lambda: gate["open"], timeout=gate["timeout"]):
+                gate["open"] = True  # never reached: let everything through, `peak` tells the test
+                self._held.notify_all()
+            gate["held"] -= 1
 
     def _arm(self, mode: str, key: str, times: int) -> None:
         with self._lock:
@@ -101,6 +144,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            proxy._hold(self.command, self.path)
             if proxy._take_failure():
                 self._reply(503, {"Content-Type": "application/xml"}, _SLOW_DOWN)
                 return

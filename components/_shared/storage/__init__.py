@@ -19,6 +19,7 @@ same check for hub files the `datasets` library downloaded. `publish_directory(s
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
+from .checksums import FileHash, hash_file, hash_files
 from .errors import DestinationConflict, HostileName, IntegrityError, StorageError
 from .fetch import download, list_files
 from .hf import truncated as hub_truncation
@@ -31,6 +32,7 @@ from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
 __all__ = [
     "SUPPORTED_FORMS",
     "DestinationConflict",
+    "FileHash",
     "FileRecord",
     "HostileName",
     "IntegrityError",
@@ -40,6 +42,8 @@ __all__ = [
     "StorageError",
     "StorageUri",
     "download",
+    "hash_file",
+    "hash_files",
     "hub_truncation",
     "is_transient",
     "list_files",

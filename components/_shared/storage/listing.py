@@ -54,6 +54,8 @@ class FileRecord:
     path: str
     size: int
     sha256: str
+    md5: str | None = field(default=None, compare=False)  # from the one hashing pass, when it took them
+    git_blob_sha1: str | None = field(default=None, compare=False)
 
     def as_dict(self) -> dict:
         return {"path": self.path, "size": self.size, "sha256": self.sha256}

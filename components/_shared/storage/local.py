@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.workspace import sha256_file
 
+from .checksums import hash_file
 from .errors import StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
@@ -75,6 +75,9 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
 class Destination:
     uri: StorageUri
     head: str | None = None  # a commit id: hf:// only
+    # Files `put` wrote: path -> (size, mtime_ns, sha256 of the bytes copied). Reading them back compares size
+    # and mtime with what was written instead of hashing the copy a second time.
+    written: dict[str, tuple[int, int, str]] = field(default_factory=dict)
 
 
 def is_root(uri: StorageUri) -> bool:
@@ -99,11 +102,18 @@ def existing(dest: Destination) -> list[RemoteFile]:
     root = Path(dest.uri.path)
     if root.exists() and not root.is_dir():
         raise StorageError(f"destination {dest.uri.shown} is a file, not a folder.")
-    # Read back: the only checksum a plain folder can state is the one we compute.
-    return [
-        RemoteFile(p.relative_to(root).as_posix(), p.stat().st_size, str(p), sha256=sha256_file(p))
-        for p in (_visible_files(root) if root.is_dir() else [])
-    ]
+    # A plain folder states no checksum: a file this process wrote and that still has the size and mtime it
+    # was written with holds what was copied; any other file is hashed (it must be read to be known).
+    files = []
+    for path in _visible_files(root) if root.is_dir() else []:
+        rel, stat = path.relative_to(root).as_posix(), path.stat()
+        written = dest.written.get(rel)
+        if written and written[:2] == (stat.st_size, stat.st_mtime_ns):
+            sha256 = written[2]
+        else:
+            sha256 = hash_file(path).sha256
+        files.append(RemoteFile(rel, stat.st_size, str(path), sha256=sha256, mtime_ns=stat.st_mtime_ns))
+    return files
 
 
 def read_text(dest: Destination, rel: str) -> str:
@@ -122,6 +132,8 @@ def put(
         part = target.parent / f".{target.name}{_PART_MARK}{uuid.uuid4().hex[:8]}"
         shutil.copyfile(src / record.path, part)
         os.replace(part, target)  # readers never see a half-written file under its real name
+        stat = target.stat()
+        dest.written[record.path] = (stat.st_size, stat.st_mtime_ns, record.sha256)
         progress.file_done(record.size)
 
     run_parallel(copy, records, max_workers)

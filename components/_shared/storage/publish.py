@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.workspace import sha256_file
 
-from .checksums import same_content
+from .checksums import FileHash, hash_files, same_content
 from .errors import DestinationConflict, StorageError
 from .listing import FileRecord, RemoteFile
 from .progress import Progress
@@ -147,6 +146,16 @@ def _verify_published(
     log.info("verified %d files at %s (sizes and checksums read back)", len(records), uri.shown)
 
 
+def _records(src: Path, files: list[Path], hashes: dict[str, FileHash], max_workers: int) -> list[FileRecord]:
+    known = {p: hashes.get(p.relative_to(src).as_posix()) for p in files}
+    known = {p: h for p, h in known.items() if h is not None and h.matches(p)}
+    known |= hash_files([p for p in files if p not in known], max_workers=max_workers)
+    return [
+        FileRecord(p.relative_to(src).as_posix(), h.size, h.sha256, h.md5, h.git_blob_sha1)
+        for p, h in ((p, known[p]) for p in files)
+    ]
+
+
 def publish_directory(
     src: str | os.PathLike,
     uri: str | StorageUri,
@@ -157,6 +166,7 @@ def publish_directory(
     private: bool = True,
     commit_message: str = "Upload with kfp-finetune",
     max_workers: int = 8,
+    hashes: dict[str, FileHash] | None = None,
 ) -> PublishResult:
     """Make `uri` hold the files under `src`: an s3:// prefix, a local folder or an hf:// model repo
     (optionally a folder in it, @branch). Resumable, verified, conflict-aware, and touching only what it owns:
@@ -179,6 +189,9 @@ def publish_directory(
       git blob id) and compared with `src`; when that fails the manifest is removed again, so a copy that does
       not hold `src` never looks complete.
 
+    `hashes` (path in `src` -> FileHash, e.g. what training recorded) are used for every file whose size and
+    mtime still match; only the other files are hashed (in parallel, once).
+
     hf:// repos are created when missing, private unless `private=False`. Credentials come from the
     environment only (HF_TOKEN, AWS_*); missing ones fail before any transfer.
     """
@@ -193,7 +206,7 @@ def publish_directory(
     files = sorted(p for p in src.rglob("*") if p.is_file())
     if not files:
         raise StorageError(f"nothing to publish: {src} holds no files")
-    records = [FileRecord(p.relative_to(src).as_posix(), p.stat().st_size, sha256_file(p)) for p in files]
+    records = _records(src, files, hashes or {}, max_workers)
     if manifest is not None and manifest not in {r.path for r in records}:
         raise ValueError(f"manifest {manifest!r} is not a file in {src}")
     logging.getLogger("httpx2").setLevel(logging.WARNING)

@@ -26,6 +26,34 @@ ATOMIC_CHANGES = False
 OWNS_DESTINATION = False  # shared: overwrite removes only what an earlier manifest lists
 
 
+# Connections and part sizes. The defaults this replaces: botocore's Config(max_pool_connections=10) keeps at most
+# 10 connections per client, and s3transfer's TransferConfig(multipart_threshold=8 MiB, multipart_chunksize=8 MiB,
+# max_concurrency=10) cuts a 5 GB safetensors shard into 640 parts sent 10 at a time (we used to ask for 4).
+# - POOL_CONNECTIONS: one client (and so one pool) serves every file of a fetch or a put; 64 connections.
+# - PART_SIZE: 64 MiB parts: a 5 GB shard is 80 requests instead of 640 (S3 allows 10,000 parts, so up to
+#   640 GB per object); files up to 64 MiB go in one request, so their ETag is their MD5 (read-back checks it).
+# - FILE_WORKERS: many small files (tokenizer, config, parquet shards) need many files at once to use the pool:
+#   up to 32 files in flight (the `max_workers` parameter only ever raises this).
+# - files x parts <= pool: each file gets POOL_CONNECTIONS // (files in flight) parallel parts, so one big shard
+#   uses all 64 connections, 4 shards 16 each, 32 small files 2 each; nothing waits for or overflows the pool.
+POOL_CONNECTIONS = 64
+PART_SIZE = 64 << 20
+FILE_WORKERS = 32
+
+
+def _concurrency(items: int, max_workers: int) -> tuple[int, int]:
+    """(files in flight, parts in flight per file) for `items` files: their product stays within the pool."""
+    files = max(1, min(items, max(max_workers, FILE_WORKERS), POOL_CONNECTIONS))
+    return files, max(1, POOL_CONNECTIONS // files)
+
+
+def _transfer_config(parts: int):
+    """The one TransferConfig of uploads and downloads: PART_SIZE parts, `parts` of them at once."""
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=PART_SIZE, multipart_chunksize=PART_SIZE, max_concurrency=parts)
+
+
 def endpoint(endpoint_url: str | None = None) -> str | None:
     """The S3 endpoint: the parameter, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / S3_ENDPOINT_URL, else AWS."""
     return (
@@ -42,7 +70,11 @@ def _client(endpoint_url: str | None):
     from botocore.config import Config
 
     # Path-style addressing works for AWS and is what MinIO/Ceph expect on a custom endpoint.
-    config = Config(retries={"max_attempts": 3, "mode": "standard"}, s3={"addressing_style": "path"})
+    config = Config(
+        retries={"max_attempts": 3, "mode": "standard"},
+        s3={"addressing_style": "path"},
+        max_pool_connections=POOL_CONNECTIONS,
+    )
     return boto3.session.Session().client("s3", endpoint_url=endpoint(endpoint_url), config=config)
 
 
@@ -125,18 +157,17 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
-    from boto3.s3.transfer import TransferConfig
-
     client = _client(listing.endpoint_url)
     uri = listing.uri
     remote = listing.by_path()
     targets = {p: write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths}
+    files, parts = _concurrency(len(paths), max_workers)
+    config = _transfer_config(parts)
 
     def download(rel: str) -> None:
         from botocore.exceptions import FlexibleChecksumError
 
         key = remote[rel].source_path
-        config = TransferConfig(max_concurrency=4)
         try:
             with_retries(
                 lambda: client.download_file(uri.bucket, key, str(targets[rel]), Config=config),
@@ -147,7 +178,7 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
         progress.file_done()
 
     with _mapped(uri, listing.endpoint_url):
-        run_parallel(download, paths, max_workers)
+        run_parallel(download, paths, files)
 
 
 # --- destinations ---------------------------------------------------------------------------------------------
@@ -223,6 +254,8 @@ def put(
 ) -> None:  # fmt: skip
     """Upload `records` in parallel, then delete `remove`."""
     uri, client = dest.uri, dest.client
+    files, parts = _concurrency(len(records), max_workers)
+    config = _transfer_config(parts)
 
     def upload(record: FileRecord) -> None:
         key = _key(dest, record.path)
@@ -230,13 +263,15 @@ def put(
         # and it lets a rerun recognise content it already uploaded.
         extra = {"Metadata": {"sha256": record.sha256}}
         with_retries(
-            lambda: client.upload_file(str(src / record.path), uri.bucket, key, ExtraArgs=extra),
+            lambda: client.upload_file(
+                str(src / record.path), uri.bucket, key, ExtraArgs=extra, Config=config
+            ),
             what=f"upload s3 {key}",
         )
         progress.file_done(record.size)
 
     with _mapped(uri, dest.endpoint_url):
-        run_parallel(upload, records, max_workers)
+        run_parallel(upload, records, files)
         for rel in remove:
             key = _key(dest, rel)
             with_retries(
