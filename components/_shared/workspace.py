@@ -12,7 +12,6 @@ complete, so a failed or killed step never leaves something that looks finished.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -63,14 +62,6 @@ def write_json_atomic(path: str | os.PathLike, data: object) -> None:
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-
-
-def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_size):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(directory: str | os.PathLike) -> dict | None:

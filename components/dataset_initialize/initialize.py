@@ -35,7 +35,6 @@ from kfp_finetune.components._shared.workspace import (
     area_dir,
     atomic_dir,
     read_manifest,
-    sha256_file,
     write_json_atomic,
 )
 from kfp_finetune.components.dataset_initialize.sources import (
@@ -83,7 +82,11 @@ def write_shards(ds, out_dir: Path, rows_per_shard: int) -> list[Path]:
 
 def _split_records(files: list[Path], root: Path) -> list[dict]:
     return [
-        {"path": p.relative_to(root).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
+        {
+            "path": p.relative_to(root).as_posix(),
+            "size": p.stat().st_size,
+            "sha256": storage.hash_file(p).sha256,
+        }
         for p in files
     ]
 

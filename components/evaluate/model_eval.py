@@ -323,12 +323,12 @@ def score_model(
 
 def tokenizer_fingerprint(model_dir: ModelDir) -> dict[str, str]:
     """sha256 of the files that define the tokenizer: equal fingerprints tokenize identically."""
-    from kfp_finetune.components._shared.workspace import sha256_file
+    from kfp_finetune.components._shared.storage import hash_file
 
     files = {arg: Path(p) for arg, p in model_dir.tokenizer_paths.items()}
     if model_dir.special_tokens_path:
         files["special_tokens_path"] = Path(model_dir.special_tokens_path)
     return {
         "family_tokenizer": model_dir.family.tokenizer,
-        **{arg: sha256_file(p) for arg, p in sorted(files.items())},
+        **{arg: hash_file(p).sha256 for arg, p in sorted(files.items())},
     }
