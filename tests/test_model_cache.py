@@ -1,0 +1,48 @@
+"""The persistent model cache (issue 16 item 5): content-addressed entries, hard-linked into each run's workspace,
+used in place when the cache is on another volume. Local-file sources (the transfer itself is tested elsewhere)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from kfp_finetune.components.model_initialize import cache
+from kfp_finetune.components.model_initialize.initialize import initialize_model
+from tests.support.sources import write_fake_model
+
+
+def test_second_run_fetches_nothing_and_links_the_cache_entry(tmp_path):
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    cache_dir = tmp_path / "cache"
+    first = initialize_model(str(src), str(tmp_path / "ws1"), name="m", cache_path=str(cache_dir))
+    second = initialize_model(str(src), str(tmp_path / "ws2"), name="m", cache_path=str(cache_dir))
+    assert first.metadata["cache"]["hit"] is False and first.metadata["cache"]["bytes_fetched"] > 0
+    facts = second.metadata["cache"]
+    assert facts["hit"] is True and facts["bytes_fetched"] == 0 and facts["bytes_copied"] == 0
+    assert facts["workspace_copy"] == "hardlink" and second.metadata["workspace_path"] == "models/m"
+    entry = cache_dir / "models" / f"m-{second.manifest['fingerprint'][:12]}"
+    assert facts["entry"] == str(entry)
+    weights = tmp_path / "ws2" / "models" / "m" / "model.safetensors"
+    assert os.lstat(weights).st_ino == os.lstat(entry / "model.safetensors").st_ino  # a hard link
+
+    # A changed source is a new entry; the old one (another run may train from it) stays intact.
+    (src / "config.json").write_text('{"model_type": "llama", "architectures": ["Y"]}')
+    third = initialize_model(str(src), str(tmp_path / "ws3"), name="m", cache_path=str(cache_dir))
+    assert third.metadata["cache"]["hit"] is False and third.metadata["cache"]["entry"] != str(entry)
+    assert '"X"' in (entry / "config.json").read_text()
+    assert len(list((cache_dir / "models").glob("m-*"))) == 2
+
+
+def test_cache_on_another_volume_is_used_in_place(tmp_path, monkeypatch):
+    """EXDEV simulated: the one link helper fails as os.link does across filesystems (no second filesystem here)."""
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(src))
+
+    monkeypatch.setattr(cache, "link_file", cross_device)
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    res = initialize_model(str(src), str(tmp_path / "ws"), name="m", cache_path=str(tmp_path / "cache"))
+    assert res.metadata["cache"]["workspace_copy"] == "in place"
+    assert os.path.isabs(res.metadata["workspace_path"])
+    assert (tmp_path / "ws" / res.metadata["workspace_path"] / "config.json").is_file()  # resolves as before
+    assert not (tmp_path / "ws" / "models" / "m").exists()
