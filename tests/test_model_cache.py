@@ -6,8 +6,10 @@ from __future__ import annotations
 import errno
 import os
 
+from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components.model_initialize import cache
 from kfp_finetune.components.model_initialize.initialize import initialize_model
+from kfp_finetune.components.torchtune_finetune.finetune import workspace_entry
 from tests.support.sources import write_fake_model
 
 
@@ -45,4 +47,7 @@ def test_cache_on_another_volume_is_used_in_place(tmp_path, monkeypatch):
     assert res.metadata["cache"]["workspace_copy"] == "in place"
     assert os.path.isabs(res.metadata["workspace_path"])
     assert (tmp_path / "ws" / res.metadata["workspace_path"] / "config.json").is_file()  # resolves as before
+    # What the fine-tune and evaluate steps read it through.
+    assert entry_path(tmp_path / "ws", res.metadata["workspace_path"]) == res.path
+    assert workspace_entry(tmp_path / "ws", res.metadata, "base_model") == res.path
     assert not (tmp_path / "ws" / "models" / "m").exists()
