@@ -51,3 +51,73 @@ def test_cache_on_another_volume_is_used_in_place(tmp_path, monkeypatch):
     assert entry_path(tmp_path / "ws", res.metadata["workspace_path"]) == res.path
     assert workspace_entry(tmp_path / "ws", res.metadata, "base_model") == res.path
     assert not (tmp_path / "ws" / "models" / "m").exists()
+
+
+def test_a_second_run_waits_for_the_first_and_then_fetches_nothing(tmp_path, monkeypatch):
+    """Two initializations of one model into one cache at once (this process and a child process): the second
+    waits on the entry's lock while the first fetches, fetches nothing itself, and then finds the entry complete.
+    Synchronised by events and the child's log lines, never by sleeping."""
+    import json
+    import queue
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    from kfp_finetune.components.model_initialize import initialize
+
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    cache_dir = tmp_path / "cache"
+    fetching, release = threading.Event(), threading.Event()
+    real_fetch = initialize._fetch
+
+    def held_fetch(final, **kwargs):  # the first run, paused with the lock held and the fetch under way
+        fetching.set()
+        assert release.wait(300)
+        return real_fetch(final, **kwargs)
+
+    monkeypatch.setattr(initialize, "_fetch", held_fetch)
+    results: dict = {}
+    first = threading.Thread(
+        target=lambda: results.update(
+            first=initialize_model(str(src), str(tmp_path / "ws1"), name="m", cache_path=str(cache_dir))
+        )
+    )
+    first.start()
+    try:
+        assert fetching.wait(300)
+        script = (
+            "import json, sys\n"
+            "from kfp_finetune.components.model_initialize.initialize import initialize_model\n"
+            f"r = initialize_model({str(src)!r}, {str(tmp_path / 'ws2')!r}, name='m', cache_path={str(cache_dir)!r})\n"
+            "print(json.dumps(r.metadata['cache']))\n"
+        )
+        root = Path(__file__).resolve().parents[1]
+        child = subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(
+            target=lambda: [lines.put(line) for line in child.stderr] + [lines.put(None)]
+        ).start()
+        seen = []
+        while not any("waiting for it" in line for line in seen):
+            line = lines.get(timeout=300)  # a guard against a hang only
+            assert line is not None, "the second run ended without waiting:\n" + "".join(seen)
+            seen.append(line)
+        assert not any("fetching" in line and "waiting" not in line for line in seen), seen
+        entries = list((cache_dir / "models").glob("m-*"))
+        assert entries == []  # only the first run's partial folder and lock so far
+    finally:
+        release.set()
+        first.join()
+    out = child.stdout.read()
+    assert child.wait() == 0
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert results["first"].metadata["cache"]["hit"] is False
+    assert facts["hit"] is True and facts["bytes_fetched"] == 0 and facts["bytes_copied"] == 0
+    assert facts["entry"] == results["first"].metadata["cache"]["entry"]
