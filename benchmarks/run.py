@@ -5,7 +5,7 @@
     python -m benchmarks.run --only launcher,peer --repeats 5 --steps 20
     python -m benchmarks.run --max-load 1.0       # wait (up to --wait-timeout s) for a quiet machine first
 
-Names: launcher, orchestration, dataset_init, model_init, packing, efficiency, peer.
+Names: launcher, orchestration, dataset_init, model_init, model_resume, packing, efficiency, peer.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ BENCHMARKS = {
     "orchestration": "benchmarks.bench_orchestration",
     "dataset_init": "benchmarks.bench_dataset_init",
     "model_init": "benchmarks.bench_model_init",
+    "model_resume": "benchmarks.bench_model_resume",
     "packing": "benchmarks.bench_packing",
     "efficiency": "benchmarks.bench_efficiency",
     "peer": "benchmarks.bench_peer",

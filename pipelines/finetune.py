@@ -33,6 +33,16 @@ def with_credentials(task: dsl.PipelineTask, hf_token_secret, s3_secret) -> dsl.
     return task
 
 
+def with_model_cache(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Mount the model cache PVC (settings.MODEL_CACHE_PVC, when set) on a step that reads or fills the cache. The
+    fine-tune step forwards its volumes to the TrainJob's node pods, which read a base model used in place there."""
+    if settings.MODEL_CACHE_PVC:
+        kubernetes.mount_pvc(
+            task, pvc_name=settings.MODEL_CACHE_PVC, mount_path=settings.MODEL_CACHE_MOUNT_PATH
+        )
+    return task
+
+
 def step(task: dsl.PipelineTask, display_name: str, timeout_seconds: int) -> dsl.PipelineTask:
     task.set_display_name(display_name)
     task.set_caching_options(False)
@@ -52,6 +62,7 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
         **export_arguments,
     )
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
+    with_model_cache(task)
     return with_credentials(task, hf_token_secret, s3_secret)
 
 
@@ -74,6 +85,7 @@ def prepare_inputs(
     s3_endpoint_url: str = "",
     hf_token_secret: str = "hf-token",
     s3_secret: str = "s3-credentials",
+    model_cache_path: str = settings.MODEL_CACHE_PATH,
 ) -> PreparedInputs:
     """Bring the base model and the dataset into the run workspace, in parallel, verified.
 
@@ -89,10 +101,16 @@ def prepare_inputs(
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS or AWS_ENDPOINT_URL.
         hf_token_secret: Kubernetes Secret with key HF_TOKEN (gated/private models); optional.
         s3_secret: Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.
+        model_cache_path: A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is
+            fetched there once per content and hard-linked or used in place; empty: no cache.
     """
     model_task = model_initialize(
-        source_uri=model_uri, workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url
+        source_uri=model_uri,
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        s3_endpoint_url=s3_endpoint_url,
+        cache_path=model_cache_path,
     )
+    with_model_cache(model_task)
     data_task = dataset_initialize(
         source_uri=data_uri,
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
@@ -228,6 +246,7 @@ def tune_and_evaluate(
         export_format=export_format,
     )
     step(tune, "Fine-tune (torchtune)", settings.TRAIN_STEP_TIMEOUT_SECONDS)
+    with_model_cache(tune)
     # Reaches the TrainJob's node pods through the task config, not this launcher pod.
     tune.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(tune_gpus_per_node)
 
@@ -247,6 +266,7 @@ def tune_and_evaluate(
         task_name=tune_run_name,
     )
     step(check, "Evaluate: base vs tuned", settings.EVALUATE_TIMEOUT_SECONDS)
+    with_model_cache(check)
     check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
     return TunedAndEvaluated(
         model=tune.outputs["model"],
@@ -316,6 +336,7 @@ def finetune_pipeline(
     s3_endpoint_url: str = "",
     hf_token_secret: str = "hf-token",
     s3_secret: str = "s3-credentials",
+    model_cache_path: str = settings.MODEL_CACHE_PATH,
 ) -> FinetuneOutputs:
     """Fine-tune an LLM with torchtune and publish it only if it beats the base model.
 
@@ -369,6 +390,8 @@ def finetune_pipeline(
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS or AWS_ENDPOINT_URL.
         hf_token_secret: Kubernetes Secret with key HF_TOKEN (gated/private models, hf:// export); optional.
         s3_secret: Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.
+        model_cache_path: A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is
+            fetched there once per content and hard-linked or used in place; empty: no cache.
     """
     inputs = prepare_inputs(
         model_uri=model_uri,
@@ -382,6 +405,7 @@ def finetune_pipeline(
         s3_endpoint_url=s3_endpoint_url,
         hf_token_secret=hf_token_secret,
         s3_secret=s3_secret,
+        model_cache_path=model_cache_path,
     ).set_display_name("Prepare inputs")
     tuned = tune_and_evaluate(
         base_model=inputs.outputs["model"],

@@ -5,6 +5,11 @@
     KFP_FINETUNE_WORKSPACE_STORAGE_CLASS storage class (default: the cluster's default storage class)
     KFP_FINETUNE_WORKSPACE_ACCESS_MODE   ReadWriteOnce (default) or ReadWriteMany (needed for multi-node TrainJobs)
     KFP_FINETUNE_SWEEP_PARALLELISM       sweep trials trained at once (default 2)
+    KFP_FINETUNE_MODEL_CACHE_PVC         a PVC that outlives runs, mounted at /kfp-finetune/model-cache on the
+                                         model-initialize, fine-tune, evaluate and export steps and made the
+                                         default of `model_cache_path` (default: none, no model cache); the base
+                                         model is fetched there once per content. Give it ReadWriteMany unless
+                                         every step runs on one node.
 
 The compiled workspace is complete on its own (access mode + size), so a stock KFP >= 2.15 API server without an
 admin default (`Workspace.VolumeClaimTemplateSpec` in its config.json) accepts the run. The KFP backend builds the
@@ -24,6 +29,12 @@ STORAGE_CLASS = os.environ.get("KFP_FINETUNE_WORKSPACE_STORAGE_CLASS", "")
 # refused before launch on a ReadWriteOnce workspace) needs an RWX class that many clusters lack: a claim for it
 # would stay Pending there, so it is the override, not the default.
 ACCESS_MODE = os.environ.get("KFP_FINETUNE_WORKSPACE_ACCESS_MODE", "") or "ReadWriteOnce"
+
+# The persistent model cache (model-initialize's cache_path): a PVC the cluster admin creates once.
+MODEL_CACHE_PVC = os.environ.get("KFP_FINETUNE_MODEL_CACHE_PVC", "")
+MODEL_CACHE_MOUNT_PATH = "/kfp-finetune/model-cache"
+# The default of the pipelines' `model_cache_path` parameter: the mount when the PVC is set, else no cache.
+MODEL_CACHE_PATH = MODEL_CACHE_MOUNT_PATH if MODEL_CACHE_PVC else ""
 
 # Backstops so no step can hang a scheduled run forever (the TrainJob has its own timeout parameter).
 INITIALIZE_TIMEOUT_SECONDS = 6 * 3600

@@ -63,6 +63,7 @@ def sweep_pipeline(
     s3_endpoint_url: str = "",
     hf_token_secret: str = "hf-token",
     s3_secret: str = "s3-credentials",
+    model_cache_path: str = settings.MODEL_CACHE_PATH,
 ) -> SweepOutputs:
     """Sweep learning rate x LoRA rank with torchtune, evaluate every trial, export only the best.
 
@@ -106,6 +107,8 @@ def sweep_pipeline(
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS or AWS_ENDPOINT_URL.
         hf_token_secret: Kubernetes Secret with key HF_TOKEN; optional.
         s3_secret: Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.
+        model_cache_path: A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is
+            fetched there once per content and hard-linked or used in place; empty: no cache.
     """
     inputs = prepare_inputs(
         model_uri=model_uri,
@@ -119,6 +122,7 @@ def sweep_pipeline(
         s3_endpoint_url=s3_endpoint_url,
         hf_token_secret=hf_token_secret,
         s3_secret=s3_secret,
+        model_cache_path=model_cache_path,
     ).set_display_name("Prepare inputs")
     grid = step(
         sweep_grid(learning_rates=sweep_learning_rates, lora_ranks=sweep_lora_ranks), "Sweep grid", 600

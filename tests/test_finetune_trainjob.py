@@ -253,6 +253,34 @@ def test_bad_parameters_fail_before_any_trainjob(inputs, cpu_runtime, tmp_path, 
     assert kube.requests_for("POST", "trainjobs") == []
 
 
+def test_a_base_model_used_in_place_from_an_unmounted_cache_is_refused_before_launch(
+    tiny_llama, inputs, cpu_runtime, tmp_path, monkeypatch
+):
+    """model-initialize's cache on another volume (EXDEV: used in place, absolute workspace_path): the node pods
+    must mount that cache too, else the TrainJob would start and fail to find the weights."""
+    import errno
+
+    from kfp_finetune.components.model_initialize import cache
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(src))
+
+    monkeypatch.setattr(cache, "link_file", cross_device)
+    monkeypatch.setenv("KUBECONFIG", str(cpu_runtime.kubeconfig_path))
+    workspace, _, train = inputs
+    cached = Model(uri=str(tmp_path / "artifacts" / "cached_model"))
+    model_cache = tmp_path / "model-cache"
+    initialize_model(
+        str(tiny_llama), str(workspace), name="cached", cache_path=str(model_cache), output_model=cached
+    )
+    assert cached.metadata["workspace_path"].startswith(str(model_cache))
+    with pytest.raises(
+        ValueError, match=r"used in place from a model cache .*mount the model cache PVC on the fine-tune"
+    ):
+        call_component(workspace, cached, train, tmp_path, "trainjob", task_config(workspace))
+    assert cpu_runtime.requests_for("POST", "trainjobs") == []
+
+
 def test_cancelling_the_step_deletes_the_trainjob(inputs, cpu_runtime, tmp_path):
     """SIGTERM to the step (KFP run cancelled, pod evicted) deletes the running TrainJob and fails the step."""
 

@@ -32,9 +32,16 @@ def sha256(path: Path) -> str:
 
 
 def nothing_finished(workspace: Path, area: str) -> None:
-    """No entry folder, no manifest, no temp folder: only the empty area may remain."""
-    left = sorted(p.relative_to(workspace).as_posix() for p in workspace.rglob("*"))
+    """No entry folder, no manifest, no temp folder: only the area and hidden stable partial folders (kept for a
+    retry to resume, never with a manifest) may remain."""
+    left = sorted(
+        p.relative_to(workspace).as_posix()
+        for p in workspace.rglob("*")
+        if not any(part.endswith(".partial") for part in p.relative_to(workspace).parts[1:-1])
+    )
+    left = [p for p in left if not p.endswith(".partial") or p.count("/") != 1]
     assert left in ([], [area]), left
+    assert not list(workspace.rglob("manifest.json"))
 
 
 # --- hf:// model-initialize ------------------------------------------------------------------------------------
@@ -225,8 +232,11 @@ def test_s3_dataset_corrupt_or_truncated_is_refused_and_a_one_time_corruption_fe
             initialize_dataset("s3://store/reverse", str(workspace), s3_endpoint_url=s3.proxy.url)
         if damage == s3.proxy.corrupt:
             assert f"does not match the source's {expected}" in str(raised.value)
-        assert not list(workspace.rglob("*.parquet")) and not list(workspace.rglob("manifest.json"))
+        assert not list(workspace.rglob("manifest.json"))
         assert not (workspace / "datasets" / "reverse").exists()
+        # Only the file that verified stays, in the stable partial folder a retry resumes from.
+        kept = sorted(p.relative_to(workspace).as_posix() for p in workspace.rglob("*.parquet"))
+        assert kept == ["datasets/.reverse.partial/eval.parquet"], kept
 
     s3.proxy.corrupt("store/reverse/train.parquet")
     res = initialize_dataset("s3://store/reverse", str(tmp_path / "ws"), s3_endpoint_url=s3.proxy.url)

@@ -87,7 +87,7 @@ def test_local_model_is_copied_verified_and_described(tmp_path, workspace, log_l
     assert meta["total_bytes"] == sum(f["size"] for f in meta["files"])
     assert all(len(f["sha256"]) == 64 for f in meta["files"])
     assert json.loads(Path(out.path).read_text())["fingerprint"] == res.manifest["fingerprint"]
-    assert not list((workspace / "models").glob(".*"))  # no temp dirs left
+    assert not list((workspace / "models").glob(".*"))  # no temp or partial dirs left
     progress = [line for line in log_lines if line.startswith(f"fetch {src}: done: ")]
     assert progress and "7/7 files" in progress[0] and "64.7 KiB / 64.7 KiB" in progress[0]
     assert progress[0].endswith("/s")
@@ -133,7 +133,9 @@ def test_verification_failures_name_the_problem_and_leave_nothing(tmp_path, work
         initialize_model(str(src), str(workspace), name="broken")
     assert str(src) in str(err.value)
     assert not (workspace / "models" / "broken").exists()
-    assert not list((workspace / "models").glob(".*"))
+    # Only the stable partial folder stays (hidden, no manifest: it never looks finished), for a retry to resume.
+    assert [p.name for p in (workspace / "models").glob(".*")] == [".broken.partial"]
+    assert not (workspace / "models" / ".broken.partial" / "manifest.json").exists()
 
 
 def test_qwen_needs_vocab_and_merges(tmp_path, workspace):
@@ -178,31 +180,42 @@ def test_hf_model_end_to_end_with_commit_and_repo_id(tmp_path, workspace):
     model_dir = workspace / "models" / "Tiny-3.2"
     assert json.loads((model_dir / "original_repo_id.json").read_text()) == {"repo_id": "meta-llama/Tiny-3.2"}
     assert not any(p.endswith((".bin", ".h5", ".pth", "README.md")) for p in gets)
-    assert not (model_dir / ".hub-download").exists()
+    assert not list(model_dir.glob(".*"))  # no hub client folder, no journal
 
 
-def test_hf_download_killed_midway_then_rerun(tmp_path, workspace):
+def test_hf_download_killed_midway_resumes_keeping_verified_files(tmp_path, workspace):
+    """A step killed while the weights are half-sent, then retried: the files that had landed (and verify against
+    the hub's sha256 / git blob ids) are not requested again; one cut short in the partial folder is."""
     src = write_fake_model(tmp_path / "src")
+    landed = ["config.json", "generation_config.json", "original/tokenizer.model", "tokenizer.json"]
     with HubStandin() as hub:
         hub.add_repo("org/tiny", src)
         hub.fail_once("model.safetensors", "stall")
         env = hub_env(hub.endpoint, tmp_path)
         code = INIT_FROM_HUB % (str(tmp_path / "art"), "hf://org/tiny", str(workspace))
         child = subprocess.Popen([sys.executable, "-c", code.replace("\n    ", "\n")], env=env, cwd=ROOT)
-        deadline = time.monotonic() + 30
-        while not hub.gets_of("/model.safetensors") and time.monotonic() < deadline:
+        models = workspace / "models"
+        partial = models / ".tiny.partial"
+        deadline = time.monotonic() + 60  # a bound on waiting for a condition, not a timing assumption
+        while not (
+            hub.gets_of("/model.safetensors") and all((partial / name).is_file() for name in landed)
+        ):  # the other files are in place (each is moved there complete) and the weights are stalled
+            assert time.monotonic() < deadline and child.poll() is None
             time.sleep(0.05)
-        time.sleep(0.3)  # the half-sent body is on disk in the temp dir
         child.send_signal(signal.SIGKILL)
         child.wait()
-        models = workspace / "models"
+        # What a killed step leaves: the partial folder, never the entry.
         assert not (models / "tiny").exists()
-        assert list(models.glob(".tiny.tmp-*"))  # what a killed step leaves: a temp dir, never the entry
+        (partial / "tokenizer.json").write_bytes(b"{")  # cut off mid-write
         hub.release()
         meta = result(run_python(code, env))
+        gets = {name: hub.gets_of("/" + name) for name in [*landed, "model.safetensors"]}
     assert meta["reused_existing_copy"] is False
-    assert (models / "tiny" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
-    assert not list(models.glob(".tiny.tmp-*"))
+    assert gets == {**dict.fromkeys(landed, 1), "tokenizer.json": 2, "model.safetensors": 2}, gets
+    for name in [*landed, "model.safetensors"]:
+        assert (models / "tiny" / name).read_bytes() == (src / name).read_bytes()
+    assert not list(models.glob(".*"))  # partial folder renamed into place; no journal or hub scratch inside
+    assert not list((models / "tiny").glob(".*"))
 
 
 def test_s3_model_with_custom_endpoint(tmp_path, workspace, monkeypatch):

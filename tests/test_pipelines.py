@@ -26,6 +26,49 @@ def test_compiled_yaml_is_current():
     assert stale_files(COMPILED) == []
 
 
+CACHE_STEPS = {"exec-model-initialize", "exec-torchtune-finetune", "exec-evaluate", "exec-export"}
+
+
+def _compile(out: Path, **env) -> dict[str, list[dict]]:
+    """Compile in a child process: the settings are read from the environment when the modules are imported."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFP_FINETUNE_MODEL_CACHE")} | env
+    subprocess.run(
+        [sys.executable, "-m", "kfp_finetune.cli", "compile", "--output", str(out)],
+        env=env,
+        check=True,
+        cwd=ROOT,
+    )
+    return {
+        name: list(yaml.safe_load_all((out / f"{name}.yaml").read_text()))
+        for name in ("finetune-pipeline", "sweep-pipeline")
+    }
+
+
+@pytest.mark.parametrize("pvc", ["", "shared-model-cache"])
+def test_model_cache_pvc_is_mounted_on_the_steps_that_read_the_base_model(tmp_path, pvc):
+    """KFP_FINETUNE_MODEL_CACHE_PVC at compile time: the PVC is mounted on model-initialize, fine-tune (whose
+    volumes reach the TrainJob's node pods), evaluate and export, and its mount path is model_cache_path's
+    default; unset: no mount and no cache."""
+    for name, docs in _compile(tmp_path, **({"KFP_FINETUNE_MODEL_CACHE_PVC": pvc} if pvc else {})).items():
+        spec, platform = docs[0], (docs[1] if len(docs) > 1 else {})
+        default = spec["root"]["inputDefinitions"]["parameters"]["model_cache_path"].get("defaultValue", "")
+        executors = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {})["executors"]
+        mounted = {
+            executor
+            for executor, config in executors.items()
+            for mount in config.get("pvcMount", [])
+            if mount.get("constant") == pvc and mount["mountPath"] == "/kfp-finetune/model-cache"
+        }
+        if pvc:
+            assert default == "/kfp-finetune/model-cache", name
+            assert mounted == CACHE_STEPS, name
+        else:
+            assert default == "", name
+            assert not any(config.get("pvcMount") for config in executors.values()), name
+
+
 def _argument_for(spec_type: str):
     return {
         "STRING": "x",

@@ -61,5 +61,13 @@ def workspace_relative(path: Path, workspace: str | os.PathLike) -> str:
     return Path(path).resolve().relative_to(Path(workspace).resolve()).as_posix()
 
 
+def entry_path(workspace: str | os.PathLike, recorded: str) -> Path:
+    """Where an artifact's recorded entry (`workspace_path`, `merged_path`, ...) is: relative paths lie in the
+    run workspace; an absolute one is a model used in place from a persistent cache volume (model-initialize's
+    `cache_path`), which every step that reads it must mount as well."""
+    path = Path(recorded)
+    return path if path.is_absolute() else Path(workspace) / path
+
+
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -20,6 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+# Names starting with this inside a partial folder are the transfer's own scratch (storage.fetch), never content.
+SCRATCH_PREFIX = ".kfp-"
+PARTIAL_JOURNAL = SCRATCH_PREFIX + "verified.jsonl"
 AREAS = ("datasets", "models", "runs", "eval")
 
 
@@ -48,6 +51,34 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _replace(tmp, final)
+
+
+def partial_path(final: str | os.PathLike) -> Path:
+    """`<parent>/.<name>.partial`: the stable folder a transfer into `final` writes to (see partial_dir)."""
+    final = Path(final)
+    return final.parent / f".{final.name}.partial"
+
+
+@contextlib.contextmanager
+def partial_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield the stable partial folder of `final` (no random suffix), with whatever an earlier, killed or failed
+    attempt left in it; on success remove the transfer's scratch (SCRATCH_PREFIX names) and replace `final` with
+    it; on error keep it, so a retried step resumes (storage.download keeps what it can prove). Nothing partial
+    ever looks finished: `final` appears only by the rename."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = partial_path(final)
+    partial.mkdir(exist_ok=True)
+    yield partial
+    for scratch in partial.glob(SCRATCH_PREFIX + "*"):
+        shutil.rmtree(scratch) if scratch.is_dir() and not scratch.is_symlink() else scratch.unlink()
+    _replace(partial, final)
+
+
+def _replace(tmp: Path, final: Path) -> None:
     if final.exists():
         stale = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(final, stale)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from kfp_finetune.components._shared.workspace import (
     MANIFEST,
     area_dir,
     atomic_dir,
+    partial_path,
     read_manifest,
     write_json_atomic,
 )
@@ -199,7 +201,8 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
     # Scratch (downloads + Arrow cache) lives beside the entry, on the workspace volume, and is always removed
     # (named like atomic_dir's temp dirs, so remove_stale_temps also clears one a killed run left).
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.tmp-scratch-") as scratch:
-        source = Source(p["source_uri"], listing, p["data_format"], p["subset"], Path(scratch))
+        raw = partial_path(final)  # downloads: kept across a killed or retried attempt, removed once written
+        source = Source(p["source_uri"], listing, p["data_format"], p["subset"], Path(scratch), raw)
         where = p["source_uri"] + (f" (commit {listing.commit_sha})" if listing.commit_sha else "")
         log.info("loading split %r from %s", p["train_split"], where)
         train = source.load(p["train_split"], p["num_proc"])
@@ -266,6 +269,7 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
                 "created_at": utc_now(),
             }
             write_json_atomic(tmp / MANIFEST, manifest)
+    shutil.rmtree(raw, ignore_errors=True)
     return manifest
 
 

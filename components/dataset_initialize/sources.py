@@ -86,10 +86,20 @@ class Loaded:
 
 
 class Source:
-    """Loads splits from one source; files from s3/https are fetched once into a temp dir in the workspace."""
+    """Loads splits from one source; files from s3/https are fetched once into `raw` (the entry's stable partial
+    folder in the workspace, so a retried step keeps what it verified; default: `scratch/raw`)."""
 
-    def __init__(self, uri: str, listing: storage.Listing, data_format: str, subset: str, scratch: Path):
+    def __init__(
+        self,
+        uri: str,
+        listing: storage.Listing,
+        data_format: str,
+        subset: str,
+        scratch: Path,
+        raw: Path | None = None,
+    ):
         self.uri, self.listing, self.subset, self.scratch = uri, listing, subset, scratch
+        self.raw = raw or scratch / "raw"
         self.is_hub = listing.uri.scheme == "hf"
         self.format, self.data_files = (
             ("", []) if self.is_hub else detect_format([f.path for f in listing.files], data_format)
@@ -102,7 +112,7 @@ class Source:
                 path = Path(self.listing.uri.path)
                 self._local_root = path if path.is_dir() else path.parent
             else:
-                self._local_root = self.scratch / "raw"
+                self._local_root = self.raw
                 storage.download(self.listing, self.data_files, self._local_root)
         return self._local_root
 

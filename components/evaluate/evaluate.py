@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
@@ -104,9 +105,10 @@ def model_folder(workspace: Path, artifact: ArtifactInput, what: str) -> ModelDi
             f"{what} artifact has no workspace_path in its metadata: connect it to a torchtune-finetune or "
             "model-initialize output"
         )
-    path = workspace / relative
+    path = entry_path(workspace, relative)
     if not path.is_dir():
-        raise ConfigError(f"{what} points to {path}, which does not exist in this run's workspace")
+        where = "this step's volumes" if Path(relative).is_absolute() else "this run's workspace"
+        raise ConfigError(f"{what} points to {path}, which does not exist in {where}")
     try:
         return inspect_model_dir(path)
     except ConfigError as err:
@@ -118,7 +120,7 @@ def base_folder(workspace: Path, base_model: ArtifactInput | None, tuned: Artifa
     if base_model is not None:
         return model_folder(workspace, base_model, "base_model")
     recorded = tuned.metadata.get("base_model_path")
-    if recorded and (workspace / recorded).is_dir():
+    if recorded and entry_path(workspace, recorded).is_dir():
         log.info("base_model not connected: comparing with the fine-tune's recorded base model %s", recorded)
         return model_folder(workspace, ArtifactInput({"workspace_path": recorded}), "base_model")
     log.warning("no base model to compare with: reporting the tuned model alone")
@@ -138,7 +140,7 @@ def tuned_model(
     """The merged model folder, or for save_adapter_weights_only runs the base + the run's adapter weights."""
     meta = model.metadata
     relative = meta.get("merged_path") or meta.get("workspace_path") or ""
-    path = workspace / relative
+    path = entry_path(workspace, relative)
     if not relative or not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
         return TunedModel(model_folder(workspace, model, "model"))
     if base_dir is None:

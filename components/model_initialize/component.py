@@ -16,6 +16,7 @@ def model_initialize(
     base_model_id: str = "",
     s3_endpoint_url: str = "",
     max_workers: int = 8,
+    cache_path: str = "",
 ):
     """Bring a base model into the run workspace, verified, for fine-tuning.
 
@@ -38,11 +39,16 @@ def model_initialize(
             else the source URI.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
         max_workers: Number of files transferred in parallel.
+        cache_path: A directory on a mounted volume that outlives runs (e.g. a PVC): the model is fetched there
+            once per content and hard-linked into the workspace, or used in place when the volume is another
+            filesystem; default: no cache.
 
     Returns:
         model: A manifest.json; its metadata gives `workspace_path` (relative to the workspace), `source_uri`,
             `repo_id`, `revision`, `commit_sha`, `model_type`, `weight_format`, `files` (path, size, sha256),
-            `num_files`, `total_bytes` and `reused_existing_copy`.
+            `num_files`, `total_bytes` and `reused_existing_copy`; with `cache_path`, `cache` gives `hit`, `entry`,
+            `bytes_fetched`, `bytes_copied` and `workspace_copy`, and `workspace_path` is absolute when the model
+            is used in place from the cache.
     """
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components._shared.storage import StorageError
@@ -58,5 +64,6 @@ def model_initialize(
             base_model_id=base_model_id,
             s3_endpoint_url=s3_endpoint_url,
             max_workers=max_workers,
+            cache_path=cache_path,
             output_model=model,
         )

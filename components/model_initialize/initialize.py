@@ -1,8 +1,11 @@
 """Bring a base model into the run workspace (`models/<name>/`): the files training needs, verified.
 
-Sources: hf:// (huggingface_hub.snapshot_download pinned to the resolved commit), s3://, file:// / paths.
-The copy is written to a temp dir and renamed into place only once complete and verified; a rerun whose
-source content is unchanged (same manifest fingerprint) and whose files are all present skips the transfer.
+Sources: hf:// (huggingface_hub, pinned to the resolved commit), s3://, file:// / paths.
+The copy is written to a stable partial folder (`models/.<name>.partial`) and renamed into place only once
+complete and verified; a retried step keeps the files it already verified there. A rerun whose source content
+is unchanged (same manifest fingerprint) and whose files are all present skips the transfer. With `cache_path`
+the model is fetched into a persistent cache entry and linked into (or used in place of) the workspace entry
+(cache.py).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
     area_dir,
-    atomic_dir,
+    partial_dir,
     read_manifest,
     write_json_atomic,
 )
+from kfp_finetune.components.model_initialize import cache
 
 log = get_logger(__name__)
 
@@ -188,6 +192,7 @@ def initialize_model(
     base_model_id: str = "",
     s3_endpoint_url: str = "",
     max_workers: int = 8,
+    cache_path: str = "",
     output_model: ArtifactLike | None = None,
 ) -> ModelInitResult:
     """Fetch the model at `source_uri` into `<workspace_path>/models/<name>/` and describe it in `output_model`."""
@@ -206,37 +211,49 @@ def initialize_model(
     where = f"{source_uri}" + (f" (commit {listing.commit_sha})" if listing.commit_sha else "")
     repo_id = base_model_id or listing.uri.repo_id or source_uri
 
-    manifest = _present_copy_matches(final, fingerprint, repo_id)
-    skipped = manifest is not None
-    if skipped:
-        log.info("models/%s already holds %s with a matching manifest: skipping the transfer", name, where)
+    fetch = dict(listing=listing, paths=paths, name=name, repo_id=repo_id, fingerprint=fingerprint)
+    cache_facts: dict = {}
+    location = final
+    if cache_path:
+        entry = cache.cache_entry(cache_path, name, fingerprint)
+        with cache.locked(entry):
+            manifest = _present_copy_matches(entry, fingerprint, repo_id)
+            hit = manifest is not None
+            if hit:
+                log.info("model cache hit: %s holds %s; fetching nothing", entry, where)
+            else:
+                log.info("model cache miss: fetching %s into %s", where, entry)
+                manifest = _fetch(entry, max_workers=max_workers, **fetch)
+        how = "already present" if _present_copy_matches(final, fingerprint, repo_id) else None
+        if how is None:
+            how = cache.link_or_use_in_place(entry, final)
+        location = entry if how == "in place" else final
+        cache_facts = {
+            "hit": hit,
+            "entry": str(entry),
+            "bytes_fetched": 0 if hit else manifest["total_bytes"],
+            "bytes_copied": 0,
+            "workspace_copy": how,
+        }
+        skipped = hit
     else:
-        remove_stale_temps(final)
-        log.info(
-            "fetching %d of %d files from %s into models/%s", len(paths), len(listing.files), where, name
-        )
-        with atomic_dir(final) as tmp:
-            records = storage.download(listing, paths, tmp, max_workers=max_workers)
-            facts = verify_model_dir(tmp, source_uri)
-            write_json_atomic(tmp / REPO_ID_FILE, {"repo_id": repo_id})
-            manifest = {
-                "kind": "model",
-                "name": name,
-                "source_uri": source_uri,
-                "repo_id": repo_id,
-                "revision": listing.revision,
-                "commit_sha": listing.commit_sha,
-                "fingerprint": fingerprint,
-                "files": [r.as_dict() for r in records],
-                "total_bytes": sum(r.size for r in records),
-                "created_at": utc_now(),
-                **facts,
-            }
-            write_json_atomic(tmp / MANIFEST, manifest)
-        log.info("models/%s is complete: %d files, %d bytes", name, len(records), manifest["total_bytes"])
+        manifest = _present_copy_matches(final, fingerprint, repo_id)
+        skipped = manifest is not None
+        if skipped:
+            log.info(
+                "models/%s already holds %s with a matching manifest: skipping the transfer", name, where
+            )
+        else:
+            remove_stale_temps(final)
+            log.info(
+                "fetching %d of %d files from %s into models/%s", len(paths), len(listing.files), where, name
+            )
+            manifest = _fetch(final, max_workers=max_workers, **fetch)
 
     metadata = {
-        "workspace_path": workspace_relative(final, workspace_path),
+        # Relative to the workspace; absolute when the model is used in place on a cache volume
+        # (artifacts.entry_path resolves both).
+        "workspace_path": (workspace_relative(final, workspace_path) if location == final else str(location)),
         "source_uri": manifest["source_uri"],
         "repo_id": manifest["repo_id"],
         "revision": manifest["revision"] or "",
@@ -248,5 +265,41 @@ def initialize_model(
         "files": manifest["files"],
         "reused_existing_copy": skipped,
     }
+    if cache_facts:
+        metadata["cache"] = cache_facts
     write_artifact(output_model, manifest, metadata)
-    return ModelInitResult(final, manifest, metadata, skipped)
+    return ModelInitResult(location, manifest, metadata, skipped)
+
+
+def _fetch(
+    final: Path,
+    *,
+    listing: storage.Listing,
+    paths: list[str],
+    name: str,
+    repo_id: str,
+    fingerprint: str,
+    max_workers: int,
+) -> dict:
+    """Fetch `paths` into `final` through its stable partial folder, verify the model and write its manifest."""
+    source_uri = listing.uri.shown
+    with partial_dir(final) as tmp:
+        records = storage.download(listing, paths, tmp, max_workers=max_workers)
+        facts = verify_model_dir(tmp, source_uri)
+        write_json_atomic(tmp / REPO_ID_FILE, {"repo_id": repo_id})
+        manifest = {
+            "kind": "model",
+            "name": name,
+            "source_uri": source_uri,
+            "repo_id": repo_id,
+            "revision": listing.revision,
+            "commit_sha": listing.commit_sha,
+            "fingerprint": fingerprint,
+            "files": [r.as_dict() for r in records],
+            "total_bytes": sum(r.size for r in records),
+            "created_at": utc_now(),
+            **facts,
+        }
+        write_json_atomic(tmp / MANIFEST, manifest)
+    log.info("%s is complete: %d files, %d bytes", final.name, len(records), manifest["total_bytes"])
+    return manifest

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared import html_report
+from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
@@ -69,9 +70,10 @@ def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> 
             f"{what} artifact has no workspace_path in its metadata: connect it to a "
             f"{'model' if what == 'base_model' else 'dataset'}-initialize output"
         )
-    path = Path(workspace) / relative
+    path = entry_path(workspace, relative)
     if not path.exists():
-        raise ConfigError(f"{what} points to {path}, which does not exist in this run's workspace")
+        where = "this step's volumes" if Path(relative).is_absolute() else "this run's workspace"
+        raise ConfigError(f"{what} points to {path}, which does not exist in {where}")
     return path
 
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import SCRATCH_PREFIX
 
 from .checksums import verify
 from .errors import IntegrityError, StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
+from .parallel import run_parallel
 from .progress import Progress, human
 from .retry import status_code, with_retries
 from .uri import StorageUri
@@ -144,41 +146,43 @@ def _require_file_access(uri: StorageUri, repo_type: str, commit: str, remote_na
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # tqdm bars garble step logs; Progress reports instead
     uri = listing.uri
     remote = listing.by_path()
-    # Exact file names as allow patterns; pinned to the listed commit so every file comes from one revision.
-    repo_paths = [remote[p].source_path for p in paths]
-    targets = [write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths]
-    hub_dir = dest / ".hub-download"
+    targets = {p: write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths}
+    # The hub client's own folder (its resume metadata in .cache/ is not part of the copy); each file is moved
+    # into place as soon as it is complete, so an interrupted download keeps every finished file.
+    hub_dir = dest / (SCRATCH_PREFIX + "hub-download")
 
-    def download() -> None:
-        snapshot_download(
-            uri.repo_id,
-            repo_type=listing.repo_type,
-            revision=listing.commit_sha,
-            local_dir=hub_dir,
-            allow_patterns=repo_paths,
-            max_workers=max_workers,
-            token=_token(),
-            endpoint=_endpoint(),
+    def download(rel: str) -> None:
+        # Pinned to the listed commit so every file comes from one revision.
+        fetched = with_retries(
+            lambda: hf_hub_download(
+                uri.repo_id,
+                remote[rel].source_path,
+                repo_type=listing.repo_type,
+                revision=listing.commit_sha,
+                local_dir=hub_dir,
+                token=_token(),
+                endpoint=_endpoint(),
+            ),
+            what=f"download {uri.shown} {rel}",
         )
+        os.replace(fetched, targets[rel])
 
     try:
-        with_retries(download, what=f"download {uri.shown}")
+        run_parallel(download, paths, max_workers)
     except (HfHubHTTPError, LocalEntryNotFoundError) as exc:
         cause = exc if isinstance(exc, HfHubHTTPError) else exc.__cause__
         mapped = error(cause, uri, listing.repo_type) if isinstance(cause, Exception) else None
         raise (mapped or StorageError(f"download of {uri.shown} failed: {exc}")) from exc
     except OSError as exc:
         raise (truncated(exc, listing) or exc) from exc
-    for repo_path, target in zip(repo_paths, targets, strict=True):
-        os.replace(hub_dir / repo_path, target)
-    shutil.rmtree(hub_dir)  # the hub client's own resume metadata (.cache/) is not part of the copy
+    shutil.rmtree(hub_dir, ignore_errors=True)
 
 
 def truncated(exc: BaseException, listing: Listing) -> IntegrityError | None:

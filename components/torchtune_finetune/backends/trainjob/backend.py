@@ -95,6 +95,16 @@ class TrainJobBackend:
                 f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: give the pipeline "
                 "a workspace (dsl.PipelineConfig(workspace=...)) on KFP >= 2.15, or name its PVC in workspace_pvc"
             )
+        # A base model used in place from model-initialize's cache_path lies outside the workspace: the node pods
+        # read it there.
+        model = str(resolved.model.path)
+        if self.workspace_path and unmounted_paths([model], self.pod.volume_mounts):
+            raise ConfigError(
+                f"the base model {model} is used in place from a model cache outside the workspace, which is "
+                "not among the volumes forwarded to the TrainJob: mount the model cache PVC on the fine-tune "
+                "step as well (KFP_FINETUNE_MODEL_CACHE_PVC when compiling, or kubernetes.mount_pvc at the "
+                "path model-initialize's cache_path names)"
+            )
         api_client = load_api_client()
         namespace = current_namespace()
         placed = place_node_pods(self.pod, api_client=api_client, namespace=namespace, num_nodes=self.nodes)

@@ -1,0 +1,71 @@
+"""The persistent model cache: a folder on a volume that outlives runs (`cache_path`), so a scheduled run with an
+unchanged base model copies 0 bytes.
+
+    <cache>/models/<name>-<fingerprint[:12]>/         a complete, verified model + manifest.json
+    <cache>/models/.<name>-<fingerprint[:12]>.partial/ the fetch in progress (kept across killed attempts)
+    <cache>/models/.<name>-<fingerprint[:12]>.lock     flock'ed while one run checks or fills the entry
+
+Entries are content-addressed (the listing's fingerprint), so a changed source makes a new entry and never
+replaces one another run may be training from. The workspace entry is made of hard links to the cache entry (same
+filesystem: 0 bytes copied); where links cannot be made (EXDEV: the cache is its own volume) the cache entry is
+used in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import atomic_dir
+
+log = get_logger(__name__)
+
+CACHE_AREA = "models"
+
+
+def cache_entry(cache_path: str | os.PathLike, name: str, fingerprint: str) -> Path:
+    return Path(cache_path) / CACHE_AREA / f"{name}-{fingerprint[:12]}"
+
+
+@contextlib.contextmanager
+def locked(entry: Path) -> Iterator[None]:
+    """Hold the entry's lock file (fcntl.flock beside it): a second run fetching the same model waits here."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f".{entry.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another run is fetching %s into the model cache: waiting for it", entry.name)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            log.info("the other run is done with %s", entry.name)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def link_file(src: Path, dst: Path) -> None:
+    """The one place the cache makes a hard link (tests make it fail with EXDEV to act as another volume)."""
+    os.link(src, dst)
+
+
+def link_or_use_in_place(entry: Path, final: Path) -> str:
+    """Make `final` (the workspace entry) of hard links to every file of `entry`; return "hardlink". When the
+    cache is on another filesystem (EXDEV) nothing is made and "in place" is returned: use `entry` itself."""
+    try:
+        with atomic_dir(final) as tmp:
+            for src in sorted(p for p in entry.rglob("*") if p.is_file()):
+                dst = tmp / src.relative_to(entry)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                link_file(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        log.info("the model cache is on another volume (%s): using the cache entry in place", exc.strerror)
+        return "in place"
+    return "hardlink"
