@@ -106,6 +106,7 @@ def test_upload_of_a_pipeline_with_an_invalid_name_is_refused_by_the_server(caps
     code, _, err = cli(capsys, "upload", str(source), "--host", kfp_standin.url)
     assert code == 1
     assert "KFP answered 400" in err and "name should consist of lower case alphanumeric characters" in err
+    assert "error_details" not in err  # the upload server's api.Error body: its error_message is shown
     # Upstream's regexp is unanchored: a name with one lower-case letter passes, so the stand-in takes it too.
     documents[0]["pipelineInfo"]["name"] = "Prepare Inputs"
     source.write_text(yaml.safe_dump_all(documents))
@@ -182,6 +183,28 @@ def test_recurring_run_triggers_modes_and_enable_disable_as_upstream(kfp_standin
     assert record["status"] == "ENABLED"
     client.disable_recurring_run(paused.recurring_run_id)
     assert record["status"] == "DISABLED"
+
+
+def test_a_recurring_run_without_a_mode_is_disabled(kfp_standin):
+    """api_converter.go `toModelJobEnabled`: MODE_UNSPECIFIED is disabled (kfp.Client always sends a mode, so this
+    request is made by hand, as another client would)."""
+    import json
+    import urllib.request
+
+    spec = kb.load_package("prepare-inputs", _tmp()).spec
+    body = {
+        "display_name": "no-mode", "pipeline_spec": spec, "max_concurrency": "1",
+        "trigger": {"periodic_schedule": {"interval_second": "3600"}},
+        "runtime_config": {"parameters": PREP_VALUES},
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"{kfp_standin.url}/apis/v2beta1/recurringruns",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as answer:
+        created = json.load(answer)
+    assert (created["mode"], created["status"]) == ("DISABLE", "DISABLED")
 
 
 @pytest.mark.parametrize(
