@@ -311,3 +311,82 @@ def test_list_runtimes_shows_nodes_and_devices_per_node(capsys, kube_standin):
     assert table["big"][3:6] == ["4", "8", "amd.com/gpu"]
     assert table["torchtune"][3:6] == ["1", "1", "nvidia.com/gpu"]
     assert table["torchtune-cpu"][3:5] == ["1", "cpu"]
+
+
+# --- recurring runs start as KFP's controller starts them (scheduledworkflow/util/*.go) -------------------------
+
+HOUR = 3600
+
+
+def _schedule(capsys, standin, *options: str) -> str:
+    code, out, err = cli(capsys, "schedule", "prepare-inputs", "--host", standin.url, *PREP, *options)
+    assert code == 0, err
+    return next(iter(standin.recurring_runs))
+
+
+def test_default_schedule_runs_once_for_missed_slots_and_one_at_a_time(capsys, kfp_standin):
+    """The CLI's defaults (no catch-up, max concurrency 1): 3.5 hours behind starts one run, not three."""
+    recurring = _schedule(capsys, kfp_standin, "--interval-seconds", str(HOUR))
+    assert kfp_standin.tick(recurring, HOUR - 1) is None  # not due yet
+    first = kfp_standin.tick(recurring, int(3.5 * HOUR))
+    assert first and first["recurring_run_id"] == recurring
+    created = kfp_standin.recurring_runs[recurring]["_created_epoch"]
+    assert first["display_name"].endswith(
+        f"-{created + int(3.5 * HOUR)}"
+    )  # scheduled now, not at the 1st slot
+    assert kfp_standin.tick(recurring, int(3.5 * HOUR)) is None  # nothing missed any more (and one is active)
+    assert kfp_standin.tick(recurring, int(4.6 * HOUR)) is None  # due, but the first run is still active
+    kfp_standin.set_run_state(first["run_id"], "SUCCEEDED")
+    second = kfp_standin.tick(recurring, int(4.6 * HOUR))
+    assert second and second["display_name"].endswith(f"-{created + int(4.5 * HOUR)}")
+    assert len(kfp_standin.runs) == 2
+
+
+def test_catchup_back_fills_each_missed_slot_up_to_max_concurrency(capsys, kfp_standin):
+    recurring = _schedule(
+        capsys, kfp_standin, "--interval-seconds", str(HOUR), "--catchup", "--max-concurrency", "2"
+    )
+    started = [kfp_standin.tick(recurring, int(3.5 * HOUR)) for _ in range(3)]
+    assert [run is not None for run in started] == [True, True, False]  # the third waits for a free slot
+    created = kfp_standin.recurring_runs[recurring]["_created_epoch"]
+    assert [run["display_name"].rsplit("-", 1)[1] for run in started[:2]] == [
+        str(created + HOUR),
+        str(created + 2 * HOUR),
+    ]
+    kfp_standin.set_run_state(started[0]["run_id"], "FAILED")
+    third = kfp_standin.tick(recurring, int(3.5 * HOUR))
+    assert third and third["display_name"].endswith(str(created + 3 * HOUR))
+    assert kfp_standin.tick(recurring, int(3.5 * HOUR)) is None
+
+
+def test_a_disabled_schedule_starts_nothing_until_enabled(capsys, kfp_standin):
+    recurring = _schedule(capsys, kfp_standin, "--interval-seconds", str(HOUR), "--disabled")
+    assert kfp_standin.tick(recurring, 2 * HOUR) is None
+    kfp.Client(host=kfp_standin.url).enable_recurring_run(recurring)
+    assert kfp_standin.tick(recurring, 2 * HOUR)
+
+
+def test_cron_schedule_runs_at_its_wall_clock_slot():
+    from tests.support.kfp_schedule import cron_after, should_run
+
+    midnight = 1_767_225_600  # 2026-01-01T00:00:00Z, a Thursday
+    assert cron_after("0 0 2 * * *", midnight) == midnight + 2 * HOUR
+    assert cron_after("0 0 2 * * *", midnight + 2 * HOUR) == midnight + 26 * HOUR
+    assert cron_after("0 30 * * * MON", midnight) == midnight + 4 * 24 * HOUR + 1800  # Monday 00:30
+    # 5 fields: day of week left out, so crontab's "0 2 * * *" (02:00) is second 0, minute 2 of every hour.
+    assert cron_after("0 2 * * *", midnight) == midnight + 120
+    assert cron_after("@every 90m", midnight) == midnight + 5400
+    nightly = {
+        "trigger": {"cron_schedule": {"cron": "0 0 2 * * *"}},
+        "status": "ENABLED",
+        "max_concurrency": "1",
+    }
+    three_days = midnight + 3 * 24 * HOUR + 3 * HOUR  # 3 slots missed
+    assert should_run({**nightly, "no_catchup": True}, 0, None, midnight, three_days) == (
+        midnight + 74 * HOUR,
+        True,
+    )
+    assert should_run({**nightly, "no_catchup": False}, 0, None, midnight, three_days) == (
+        midnight + 2 * HOUR,
+        True,
+    )

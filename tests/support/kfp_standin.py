@@ -42,12 +42,12 @@ Runs stay ``PENDING`` until a test moves them: ``set_run_state(run_id, "RUNNING"
 
 Known deviations: no pagination (``next_page_token`` is never set), filters understand only ``EQUALS`` predicates,
 ``sort_by`` only ``created_at`` (asc/desc); archives (.zip/.tar.gz) are stored without being unpacked (so their
-runs' parameters are not checked); recurring runs never start runs by themselves.
+runs' parameters are not checked); recurring runs start runs only when a test calls ``tick`` (the controller's
+sync at a given time; tests/support/kfp_schedule.py).
 """
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import re
@@ -72,6 +72,7 @@ from tests.support.kfp_http import (
     uploaded_file,
     uploaded_spec,
 )
+from tests.support.kfp_schedule import TERMINAL_STATES, RecurringRuns, _now
 
 API = "/apis/v2beta1"
 _PROXY_PREFIX = re.compile(
@@ -80,11 +81,7 @@ _PROXY_PREFIX = re.compile(
 _GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 6}
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class KfpStandin:
+class KfpStandin(RecurringRuns):
     def __init__(
         self, *, token: str | None = None, multi_user: bool = False, workspace_default: dict | None = None
     ):
@@ -428,54 +425,6 @@ class KfpStandin:
         self.runs[run["run_id"]] = run
         return run
 
-    def _create_recurring_run(self, body: dict) -> dict:
-        """server/api_converter.go `toModelJob` and `toModelJobEnabled` (checks, messages, mode), then the
-        run checks of `createJob`."""
-        concurrency = int(body.get("max_concurrency") or 0)
-        if not 1 <= concurrency <= 10:
-            raise ApiError(
-                400,
-                "Max concurrency of a recurring run must be at least 1 and at most 10. Received "
-                f"{concurrency}",
-            )
-        trigger = body.get("trigger") or {}
-        cron, periodic = trigger.get("cron_schedule"), trigger.get("periodic_schedule")
-        if cron is not None:
-            problem = rules.cron_problem(cron.get("cron") or "")
-            if problem:
-                raise ApiError(
-                    400,
-                    "Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). "
-                    f"Error: {problem}",
-                )
-        if periodic is not None and int(periodic.get("interval_second") or 0) < 1:
-            raise ApiError(
-                400,
-                f"Found invalid period schedule interval {int(periodic.get('interval_second') or 0)}. "
-                "Set at interval to least 1 second",
-            )
-        self._check_pipeline_source(body, what="recurring run")
-        # MODE_UNSPECIFIED means disabled (toModelJobEnabled).
-        enabled = body.get("mode") == "ENABLE"
-        recurring = dict(
-            body,
-            recurring_run_id=str(uuid.uuid4()),
-            max_concurrency=str(concurrency),
-            no_catchup=bool(body.get("no_catchup")),
-            mode="ENABLE" if enabled else "DISABLE",
-            status="ENABLED" if enabled else "DISABLED",
-            created_at=_now(),
-            _order=next(self._order),
-        )
-        self.recurring_runs[recurring["recurring_run_id"]] = recurring
-        return recurring
-
-    def _set_recurring_mode(self, recurring_run_id: str, enabled: bool) -> dict:
-        """POST /recurringruns/{id}:enable and :disable (server/job_server.go): an empty answer."""
-        recurring = self._get(self.recurring_runs, recurring_run_id, "recurring run")
-        recurring["mode"], recurring["status"] = ("ENABLE", "ENABLED") if enabled else ("DISABLE", "DISABLED")
-        return {}
-
     # --- moving runs (test side) -----------------------------------------------------------------------------
 
     def set_run_state(self, run_id: str, state: str, tasks: dict[str, str] | None = None) -> None:
@@ -505,9 +454,6 @@ class KfpStandin:
             run["run_details"] = {"task_details": details}
         if state in TERMINAL_STATES:
             run["finished_at"] = _now()
-
-
-TERMINAL_STATES = ("SUCCEEDED", "SKIPPED", "FAILED", "CANCELED")
 
 
 # --- helpers ------------------------------------------------------------------------------------------------

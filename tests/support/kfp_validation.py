@@ -112,7 +112,7 @@ def pipeline_spec_problem(spec: dict) -> str | None:
 # --- cron: github.com/robfig/cron v1.2.0 `cron.Parse` (apiserver/server/api_converter.go `toModelJob`) ----------
 # The v1 default parser: Second | Minute | Hour | Dom | Month | DowOptional | Descriptor, so 6 fields, or 5 with
 # the day of week left out (a 5-field crontab line is read with every field shifted by one place).
-_BOUNDS = [
+BOUNDS = [
     (0, 59, {}),
     (0, 59, {}),
     (0, 23, {}),
@@ -145,7 +145,7 @@ def cron_problem(spec: str) -> str | None:
     fields = spec.split()
     if not 5 <= len(fields) <= 6:
         return f"Expected 5 to 6 fields, found {len(fields)}: {spec}"
-    for text, (low, high, names) in zip(fields, _BOUNDS, strict=False):
+    for text, (low, high, names) in zip(fields, BOUNDS, strict=False):
         for expression in text.split(","):
             problem = _range_problem(expression, low, high, names)
             if problem:
