@@ -38,7 +38,9 @@ def test_resolve_config_bad_input_exits_2(tiny_llama, tiny_dataset, capsys):
     assert main([*args, "--set", "optimzer.lr=1"]) == 2
     assert "'optimzer' does not exist" in capsys.readouterr().err
     assert main([*args, "--set", "lora_rank"]) == 2
-    assert "expected KEY=VALUE" in capsys.readouterr().err
+    assert "--set expects KEY=VALUE, got 'lora_rank'" in capsys.readouterr().err
+    assert main([*args, "--set", "lora_rank=1.5"]) == 2
+    assert "--set lora_rank: lora_rank is declared NUMBER_INTEGER" in capsys.readouterr().err
 
 
 # --- run-local and the demo ---------------------------------------------------------------------------------
@@ -61,7 +63,10 @@ def test_run_local_converts_params_to_the_declared_types():
 def test_run_local_bad_params_exit_2_naming_the_parameter(capsys):
     required = ["--param", "model_uri=/m", "--param", "data_uri=/d", "--param", "export_destination=/e"]
     assert main(["run-local", "finetune-pipeline", *required, "--param", "tune_seed=seven"]) == 2
-    assert "--param tune_seed: expected an integer, got 'seven'" in capsys.readouterr().err
+    assert (
+        "--param tune_seed: tune_seed is declared NUMBER_INTEGER, so it needs an integer, e.g. 8; got 'seven'"
+        in (capsys.readouterr().err)
+    )
     assert main(["run-local", "finetune-pipeline", *required, "--param", "tune_sed=1"]) == 2
     assert "unknown parameter(s) tune_sed" in capsys.readouterr().err
     assert main(["run-local", "finetune-pipeline", "--param", "model_uri=/m"]) == 2

@@ -243,10 +243,18 @@ def test_run_a_local_pipeline_sends_its_spec_inline(capsys, kfp_standin, tmp_pat
     ("param", "message"),
     [
         ("lerning_rate=1e-4", "unknown parameter(s) lerning_rate"),
-        ("eval_gpus=two", "--param eval_gpus: expected an integer, got 'two'"),
-        ("export_hf_private=maybe", "--param export_hf_private: expected true or false"),
-        ("eval_lm_eval_tasks=[a, b", "expected a YAML list, e.g. [a, b], got '[a, b'"),
-        ("no-equals-sign", "--param expects key=value, got 'no-equals-sign'"),
+        ("eval_gpus=two", "--param eval_gpus: eval_gpus is declared NUMBER_INTEGER, so it needs an integer"),
+        ("eval_gpus=1.5", "eval_gpus is declared NUMBER_INTEGER, so it needs an integer, e.g. 8; got '1.5'"),
+        (
+            "export_hf_private=maybe",
+            "export_hf_private is declared BOOLEAN, so it needs true or false; got 'maybe'",
+        ),
+        (
+            "export_hf_private=yes",
+            "export_hf_private is declared BOOLEAN, so it needs true or false; got 'yes'",
+        ),
+        ("eval_lm_eval_tasks=[a, b", "eval_lm_eval_tasks is declared LIST, so it needs a JSON/YAML list"),
+        ("no-equals-sign", "--param expects KEY=VALUE, got 'no-equals-sign'"),
     ],
 )
 def test_bad_parameters_are_usage_errors_and_nothing_is_sent(capsys, kfp_standin, param, message):
@@ -464,7 +472,7 @@ def test_list_runtimes_marks_ours(capsys, kube_standin):
     code, out, _ = cli(capsys, "list-runtimes", "--kubeconfig", kubeconfig)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["KIND", "NAME", "FRAMEWORK", "NODES", "IMAGE", "KFP-FINETUNE"]
+    assert lines[0].split() == ["KIND", "NAME", "FRAMEWORK", "NODES", "DEVICES/NODE", "IMAGE", "KFP-FINETUNE"]
     assert len(lines) == 4  # header + 3 cluster runtimes; team-torch needs --namespace
     assert next(line for line in lines if " torchtune " in line).rstrip().endswith("yes")
     assert not next(line for line in lines if "torch-distributed" in line).rstrip().endswith("yes")

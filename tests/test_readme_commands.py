@@ -5,7 +5,8 @@ Each ```bash / ```sh block runs in order in its own sandbox (exports and `cd` ca
 command is dispatched on its program; a program without a handler below fails the test, so a new kind of command
 in the docs needs a handler here. Offline equivalents, where a command needs a cluster or a registry:
 
-- `kfp-finetune upload/run/schedule`: against the KFP API stand-in (tests/support/kfp_standin.py) at KFP_HOST.
+- `kfp-finetune upload/run/schedule`: against the KFP API stand-in (tests/support/kfp_standin.py) at KFP_HOST;
+  `run --wait/--follow` on a run the stand-in moves to SUCCEEDED one step per status read.
 - `kfp-finetune run-local`: the tiny model and a small slice of the tiny dataset instead of the user's paths; a
   quality-gate threshold the tiny run cannot meet is added, so the run shows that a gated-out model is kept.
 - `make <target>`: `make -n` (the target exists and expands); `make demo` runs in tests/test_cli.py, `make test`
@@ -167,7 +168,16 @@ def kfp_finetune(sandbox: Sandbox, argv: list[str], command: str) -> None:
             (sandbox.cwd / args[args.index("--params-file") + 1]).write_text(yaml.safe_dump(params))
         if args[0] != "upload" and not sandbox.kfp.pipelines:  # run/schedule use what upload created
             sandbox.run([str(BIN / "kfp-finetune"), "upload", "finetune-pipeline", "--namespace", "team-a"])
-    sandbox.run([str(BIN / "kfp-finetune"), *args])
+        if args[0] == "run" and {"--wait", "--follow"} & set(args):
+            # The stand-in moves the run one step per status read; the CLI asks without pausing.
+            sandbox.kfp.plan_next_run(
+                ("RUNNING", {"dataset-initialize": "RUNNING"}),
+                ("SUCCEEDED", {"dataset-initialize": "SUCCEEDED"}),
+            )
+            args += ["--poll-interval", "0"]
+    out = sandbox.run([str(BIN / "kfp-finetune"), *args]).stdout
+    if "--follow" in args:
+        assert "task dataset-initialize: SUCCEEDED" in out and "run: SUCCEEDED" in out, out
 
 
 def run_local(sandbox: Sandbox, args: list[str]) -> None:

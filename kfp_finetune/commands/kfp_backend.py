@@ -23,15 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.commands import values
+from kfp_finetune.commands.values import UsageError
+
 TOKEN_ENV = "KFP_TOKEN"
 HOST_ENVS = ("KFP_HOST", "KF_PIPELINES_ENDPOINT")
 UI_HOST_ENV = "KF_PIPELINES_UI_ENDPOINT"
 PACKAGE_SUFFIXES = (".yaml", ".yml", ".zip", ".tar.gz", ".tgz")
 DEFAULT_EXPERIMENT = "Default"
-
-
-class UsageError(Exception):
-    """Bad input from the user: the command prints the message and exits with 2."""
 
 
 class BackendError(Exception):
@@ -167,7 +166,7 @@ def server_message(body: Any) -> str:
     except ValueError:
         return str(body or "")[:500].strip()
     if isinstance(parsed, dict):
-        return str(parsed.get("message") or parsed.get("error") or parsed)
+        return str(parsed.get("message") or parsed.get("error_message") or parsed.get("error") or parsed)
     return str(parsed)
 
 
@@ -292,90 +291,17 @@ def find_version(client, pipeline_id: str, version_name: str | None):
     return versions[0] if versions else None
 
 
-# --- run parameters -----------------------------------------------------------------------------------------
-
-# How a value given on the command line becomes the type a pipeline parameter declares.
-_PARAMETER_TYPES = {
-    "STRING": "a string",
-    "NUMBER_INTEGER": "an integer",
-    "NUMBER_DOUBLE": "a number",
-    "BOOLEAN": "true or false",
-    "LIST": "a YAML list, e.g. [a, b]",
-    "STRUCT": "a YAML mapping, e.g. {key: value}",
-}
+# --- run parameters ----------------------------------------------------------------------------------------
 
 
-def parse_params(pairs: list[str] | None, params_file: str | None = None) -> dict[str, tuple[Any, str]]:
-    """`key=value` pairs (values read as YAML) on top of a YAML mapping file: name -> (value, raw text)."""
-    import yaml
-
-    params: dict[str, tuple[Any, str]] = {}
-    if params_file:
-        try:
-            loaded = yaml.safe_load(Path(params_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise UsageError(f"--params-file {params_file}: {error}") from None
-        if not isinstance(loaded, dict):
-            raise UsageError(f"--params-file {params_file}: expected a mapping of parameter names to values")
-        params.update({str(key): (value, yaml.safe_dump(value).strip()) for key, value in loaded.items()})
-    for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--param expects key=value, got {pair!r}")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw  # not YAML (`a: b: c`, `@x`): fine for a string parameter, refused for the others
-        params[key.strip()] = (value, raw)
-    return params
+def parse_params(pairs: list[str] | None, params_file: str | None = None) -> dict[str, Any]:
+    """`--params-file` then `--param KEY=VALUE` pairs (which win): name -> value as given (typed later)."""
+    given = values.load_params_file(params_file) if params_file else {}
+    given.update(values.parse_pairs(pairs, "--param"))
+    return given
 
 
-def typed_params(params: dict[str, tuple[Any, str]], spec: dict | None) -> dict[str, Any]:
-    """Check names against the pipeline's inputs and convert values to the declared types.
-
-    Without a spec (an archive) the YAML-typed values are sent as they are.
-    """
-    if spec is None:
-        return {name: value for name, (value, _) in params.items()}
-    declared = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
-    unknown = sorted(set(params) - set(declared))
-    if unknown:
-        raise UsageError(
-            f"unknown parameter(s) {', '.join(unknown)}; the pipeline takes: {', '.join(sorted(declared)) or 'none'}"
-        )
-    missing = sorted(
-        name
-        for name, definition in declared.items()
-        if name not in params and "defaultValue" not in definition and not definition.get("isOptional")
-    )
-    if missing:
-        raise UsageError(f"missing required parameter(s): {', '.join(missing)} (pass --param NAME=VALUE)")
-    return {
-        name: _convert(name, value, raw, declared[name].get("parameterType"))
-        for name, (value, raw) in params.items()
-    }
-
-
-def _convert(name: str, value: Any, raw: str, parameter_type: str | None) -> Any:
-    if parameter_type == "STRING":
-        # The raw text, so `revision=0123` or `date=2024-01-01` stay what the user typed.
-        return value if isinstance(value, str) else raw
-    if parameter_type == "NUMBER_INTEGER" and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if parameter_type == "NUMBER_DOUBLE":
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        with contextlib.suppress(ValueError):
-            return float(raw)  # YAML 1.1 reads `1e-4` as a string
-    if parameter_type == "BOOLEAN" and isinstance(value, bool):
-        return value
-    if parameter_type == "LIST" and isinstance(value, list):
-        return value
-    if parameter_type == "STRUCT" and isinstance(value, dict):
-        return value
-    if parameter_type not in _PARAMETER_TYPES:
-        return value
-    raise UsageError(f"--param {name}: expected {_PARAMETER_TYPES[parameter_type]}, got {raw!r}")
+typed_params = values.typed_params
 
 
 # --- schedules ----------------------------------------------------------------------------------------------

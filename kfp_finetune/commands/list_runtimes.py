@@ -1,7 +1,9 @@
 """`kfp-finetune list-runtimes`: the Kubeflow Trainer runtimes a fine-tune step can use.
 
 Lists ClusterTrainingRuntimes (and, with --namespace, that namespace's TrainingRuntimes) with their framework label,
-the `node` container image and numNodes; the ones kfp-finetune ships (runtimes/) are marked.
+the `node` container image, the nodes (mlPolicy.numNodes) and the devices per node (the accelerators the `node`
+container asks for: limits, else requests, of every resource but cpu/memory/storage, e.g. `nvidia.com/gpu: 8`;
+"cpu" when none); the ones kfp-finetune ships (runtimes/) are marked.
 """
 
 from __future__ import annotations
@@ -39,20 +41,35 @@ def summarize(runtime: dict) -> dict:
         "framework": labels.get(FRAMEWORK_LABEL, ""),
         "image": node_image(spec),
         "numNodes": (spec.get("mlPolicy") or {}).get("numNodes"),
+        "devicesPerNode": devices_per_node(spec),
         "kfpFinetune": labels.get(SHIPPED_LABEL[0]) == SHIPPED_LABEL[1],
     }
 
 
-def node_image(spec: dict) -> str:
-    """Image of the trainer (`node`) container, which is what TrainJob.spec.trainer.image overrides."""
+def node_container(spec: dict) -> dict:
+    """The trainer (`node`) container of the runtime's `node` job (what TrainJob.spec.trainer overrides)."""
     jobs = ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
     for job in sorted(jobs, key=lambda j: j.get("name") != NODE):
         pod = ((((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
         containers = pod.get("containers") or []
         for container in sorted(containers, key=lambda c: c.get("name") != NODE):
             if container.get("image"):
-                return container["image"]
-    return ""
+                return container
+    return {}
+
+
+def node_image(spec: dict) -> str:
+    return node_container(spec).get("image", "")
+
+
+_NOT_DEVICES = ("cpu", "memory", "ephemeral-storage", "hugepages-")
+
+
+def devices_per_node(spec: dict) -> dict[str, str]:
+    """Accelerators one node's trainer asks for (resource name -> count): limits win over requests."""
+    resources = node_container(spec).get("resources") or {}
+    found = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    return {name: str(count) for name, count in sorted(found.items()) if not name.startswith(_NOT_DEVICES)}
 
 
 def fetch(api, namespace: str | None) -> list[dict]:
@@ -82,13 +99,14 @@ def explain(error) -> str:
 
 
 def render(rows: list[dict]) -> str:
-    header = ["KIND", "NAME", "FRAMEWORK", "NODES", "IMAGE", "KFP-FINETUNE"]
+    header = ["KIND", "NAME", "FRAMEWORK", "NODES", "DEVICES/NODE", "IMAGE", "KFP-FINETUNE"]
     table = [header] + [
         [
             row["kind"] + (f" ({row['namespace']})" if row["namespace"] else ""),
             row["name"],
             row["framework"] or "-",
             "-" if row["numNodes"] is None else str(row["numNodes"]),
+            ", ".join(f"{count} {name}" for name, count in row["devicesPerNode"].items()) or "cpu",
             row["image"] or "-",
             "yes" if row["kfpFinetune"] else "",
         ]

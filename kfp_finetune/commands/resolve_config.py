@@ -26,14 +26,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a typed setting (e.g. learning_rate=1e-4, lora_rank=16) or a dotted torchtune key "
-        "(e.g. clip_grad_norm=1.0, +new.key=1, ~profiler); values are YAML",
+        help="a typed setting (e.g. learning_rate=1e-4, lora_rank=16), converted to the setting's type, or a "
+        "dotted torchtune key (e.g. clip_grad_norm=1.0, +new.key=1, ~profiler), read as YAML 1.2",
     )
     parser.add_argument("-o", "--output", help="write the YAML here instead of printing it")
 
 
+# Python annotation -> the KFP parameter type the one value parser (commands/values.py) converts to.
+_KFP_TYPES = {
+    int: "NUMBER_INTEGER",
+    float: "NUMBER_DOUBLE",
+    bool: "BOOLEAN",
+    str: "STRING",
+    list: "LIST",
+    dict: "STRUCT",
+}
+
+
+def setting_types() -> dict[str, str]:
+    """Each flat TorchtuneConfig setting (nested lora/dataset ones included) -> its KFP parameter type."""
+    import dataclasses
+    import types
+    import typing
+
+    from kfp_finetune.components.torchtune_finetune import config
+
+    found: dict[str, str] = {}
+    for cls in (config.TorchtuneConfig, config.LoraSettings, config.DatasetSettings):
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name, hint in typing.get_type_hints(cls).items():
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))]
+            kinds = [kind for kind in kinds if kind is not type(None)]
+            if name in names and len(kinds) == 1 and kinds[0] in _KFP_TYPES:
+                found[name] = _KFP_TYPES[kinds[0]]
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
-    from kfp_finetune.components.torchtune_finetune.config import ConfigError, from_flat, parse_value
+    from kfp_finetune.commands.values import UsageError, parse_pairs, parse_value
+    from kfp_finetune.components.torchtune_finetune.config import ConfigError, from_flat
     from kfp_finetune.components.torchtune_finetune.resolve import render_yaml, resolve_run
 
     settings: dict = {
@@ -42,12 +74,13 @@ def run(args: argparse.Namespace) -> int:
         "config": args.config,
         "device": args.device,
     }
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"--set {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        settings[key] = parse_value(value)
+    declared = setting_types()
+    try:
+        for key, raw in parse_pairs(args.set, "--set").items():
+            settings[key] = parse_value(key, raw, declared.get(key), "--set")
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         config = from_flat({k: v for k, v in settings.items() if v is not None}, unknown_to_overrides=True)
         run = resolve_run(

@@ -26,36 +26,53 @@ Served (JSON in and out, grpc-gateway style errors ``{"error", "code", "message"
   * The same paths behind the Kubernetes API server's service proxy prefix
     ``/api/v1/namespaces/<ns>/services/ml-pipeline:http/proxy`` (how kfp.Client reaches KFP with a kubeconfig).
 
-Validation mirrors the API server where the CLI depends on it: uploaded files must be compiled pipelines (YAML with
-pipelineInfo and root); a run or recurring run needs exactly one of ``pipeline_spec`` and
-``pipeline_version_reference`` (which must name an existing version of that pipeline) and an existing experiment;
-``max_concurrency`` must be 1-10; a trigger needs exactly one of ``cron_schedule`` (5 or 6 fields, or an ``@``
-descriptor, as robfig/cron v1 accepts) and ``periodic_schedule`` (interval > 0); in multi-user mode experiments
-and uploads need a namespace. With ``token`` set, a request without ``Authorization: Bearer <token>`` gets 401.
+  * ``POST /apis/v2beta1/recurringruns/{id}:enable`` and ``:disable``
+
+Validation follows the API server (tests/support/kfp_validation.py names the upstream file of each rule): uploads
+must be v2 pipeline specs with a valid name; a run or recurring run needs exactly one of ``pipeline_spec`` and
+``pipeline_version_reference``, a display name, and runtime parameters that match the pipeline's inputs (missing,
+unknown, wrong kind: 400); no experiment means the "Default" experiment (multi-user mode needs one);
+``max_concurrency`` 1-10; a cron robfig/cron v1 parses (6 fields, or 5 without day of week); an interval >= 1;
+a recurring run without ``mode`` is disabled. With ``token`` set, a request without the bearer token gets 401.
+Errors have grpc-gateway's body ``{"code", "message", "details"}``; the upload endpoints answer
+``{"error_message", "error_details"}``.
+
+Runs stay ``PENDING`` until a test moves them: ``set_run_state(run_id, "RUNNING", tasks={...})``, or
+``plan_next_run((state, tasks), ...)`` before a run is created: each read of it then moves it one step.
 
 Known deviations: no pagination (``next_page_token`` is never set), filters understand only ``EQUALS`` predicates,
-``sort_by`` only ``created_at`` (asc/desc); nothing is ever executed (runs stay ``PENDING``); archives (.zip/.tar.gz)
-are stored without being unpacked; runtime parameters are stored, not checked against the pipeline's inputs.
+``sort_by`` only ``created_at`` (asc/desc); archives (.zip/.tar.gz) are stored without being unpacked (so their
+runs' parameters are not checked); recurring runs start runs only when a test calls ``tick`` (the controller's
+sync at a given time; tests/support/kfp_schedule.py).
 """
 
 from __future__ import annotations
 
-import datetime
-import email.parser
-import email.policy
 import itertools
 import json
 import re
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import yaml
+
+from tests.support import kfp_validation as rules
+from tests.support.kfp_http import (
+    ApiError,
+    RecordedRequest,
+    _order_key,
+    filtered,
+    listing,
+    parse_multipart,
+    public,
+    uploaded_file,
+    uploaded_spec,
+)
+from tests.support.kfp_schedule import TERMINAL_STATES, RecurringRuns, _now
 
 API = "/apis/v2beta1"
 _PROXY_PREFIX = re.compile(
@@ -64,33 +81,7 @@ _PROXY_PREFIX = re.compile(
 _GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 6}
 
 
-@dataclass
-class RecordedRequest:
-    method: str
-    path: str  # without the proxy prefix and query string
-    query: dict[str, list[str]]
-    headers: dict[str, str]  # lower-case names
-    json: Any = None
-    # multipart field -> (filename, content)
-    files: dict[str, tuple[str, bytes]] = field(default_factory=dict)
-    proxy_namespace: str | None = None  # set when the request came through the Kubernetes service proxy
-
-    def param(self, name: str) -> str | None:
-        values = self.query.get(name)
-        return values[0] if values else None
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class KfpStandin:
+class KfpStandin(RecurringRuns):
     def __init__(
         self, *, token: str | None = None, multi_user: bool = False, workspace_default: dict | None = None
     ):
@@ -105,6 +96,7 @@ class KfpStandin:
         self.experiments: dict[str, dict] = {}
         self.runs: dict[str, dict] = {}
         self.recurring_runs: dict[str, dict] = {}
+        self._planned: list[list[tuple]] = []  # plan_next_run
         self._requests: list[RecordedRequest] = []
         self._order = itertools.count()  # creation order (timestamps tie within a second)
         self._lock = threading.Lock()
@@ -198,7 +190,7 @@ class KfpStandin:
         content_type = handler.headers.get("Content-Type") or ""
         try:
             if content_type.startswith("multipart/form-data"):
-                request.files = _parse_multipart(content_type, raw)
+                request.files = parse_multipart(content_type, raw)
             elif raw:
                 request.json = json.loads(raw)
         except ValueError as error:
@@ -209,16 +201,17 @@ class KfpStandin:
                 self._authorize(request)
                 return 200, self._route(request)
             except ApiError as error:
+                if request.path.startswith(f"{API}/pipelines/upload"):
+                    # server/pipeline_upload_server.go `writeErrorToResponse`: a v1beta1 api.Error body.
+                    return error.status, {"error_message": error.message, "error_details": error.message}
                 return self._error(error.status, error.message)
 
     @staticmethod
     def _error(status: int, message: str) -> tuple[int, dict]:
-        return status, {
-            "error": message,
-            "code": _GRPC_CODES.get(status, 13),
-            "message": message,
-            "details": [],
-        }
+        """grpc-gateway v2's body for a google.rpc.Status (common/util/error.go `UserError.GRPCStatus`)."""
+        code = _GRPC_CODES.get(status, 13)
+        detail = {"@type": "type.googleapis.com/google.rpc.Status", "code": code, "message": message}
+        return status, {"code": code, "message": message, "details": [detail]}
 
     def _authorize(self, request: RecordedRequest) -> None:
         if self.token is None:
@@ -241,31 +234,37 @@ class KfpStandin:
             case "GET", ["pipelines"]:
                 namespace = request.param("namespace") or ""
                 found = [p for p in self.pipelines.values() if p.get("namespace", "") == namespace]
-                return _listing("pipelines", _filtered(found, request), request)
+                return listing("pipelines", filtered(found, request), request)
             case "GET", ["pipelines", pipeline_id]:
-                return _public(self._pipeline(pipeline_id))
+                return public(self._pipeline(pipeline_id))
             case "GET", ["pipelines", pipeline_id, "versions"]:
                 self._pipeline(pipeline_id)
                 found = [v for v in self.versions.values() if v["pipeline_id"] == pipeline_id]
-                return _listing("pipeline_versions", _filtered(found, request), request)
+                return listing("pipeline_versions", filtered(found, request), request)
             case "GET", ["pipelines", pipeline_id, "versions", version_id]:
-                return _public(self._version(pipeline_id, version_id))
+                return public(self._version(pipeline_id, version_id))
             case "GET", ["experiments"]:
                 namespace = request.param("namespace") or ""
                 found = [e for e in self.experiments.values() if e["namespace"] == namespace]
-                return _listing("experiments", _filtered(found, request), request)
+                return listing("experiments", filtered(found, request), request)
             case "POST", ["experiments"]:
-                return _public(self._create_experiment(request.json or {}))
+                return public(self._create_experiment(request.json or {}))
             case "GET", ["experiments", experiment_id]:
-                return _public(self._get(self.experiments, experiment_id, "experiment"))
+                return public(self._get(self.experiments, experiment_id, "experiment"))
             case "POST", ["runs"]:
-                return _public(self._create_run(request.json or {}))
+                return public(self._create_run(request.json or {}))
             case "GET", ["runs", run_id]:
-                return _public(self._get(self.runs, run_id, "run"))
+                run = self._get(self.runs, run_id, "run")
+                if run.get("_plan"):
+                    self._move(run, *run["_plan"].pop(0))
+                return public(run)
             case "POST", ["recurringruns"]:
-                return _public(self._create_recurring_run(request.json or {}))
+                return public(self._create_recurring_run(request.json or {}))
+            case "POST", ["recurringruns", action] if action.endswith((":enable", ":disable")):
+                recurring_run_id, _, verb = action.rpartition(":")
+                return self._set_recurring_mode(recurring_run_id, verb == "enable")
             case "GET", ["recurringruns", recurring_run_id]:
-                return _public(self._get(self.recurring_runs, recurring_run_id, "recurring run"))
+                return public(self._get(self.recurring_runs, recurring_run_id, "recurring run"))
         raise ApiError(404 if method == "GET" else 405, f"{method} {path} is not served by the stand-in")
 
     # --- resources -------------------------------------------------------------------------------------------
@@ -288,8 +287,10 @@ class KfpStandin:
         return version
 
     def _upload_pipeline(self, request: RecordedRequest) -> dict:
-        filename, content = _uploaded_file(request)
+        filename, content = uploaded_file(request)
         name = request.param("name") or request.param("display_name") or filename
+        if len(name) > 128:  # validation/length.go: Pipeline.Name at most 128 characters
+            raise ApiError(400, f"Pipeline.Name length cannot exceed 128 characters, got {len(name)}")
         namespace = request.param("namespace") or ""
         if self.multi_user and not namespace:
             raise ApiError(
@@ -297,7 +298,7 @@ class KfpStandin:
             )
         if any(p["name"] == name and p.get("namespace", "") == namespace for p in self.pipelines.values()):
             raise ApiError(409, f"AlreadyExistsError: a pipeline named {name} already exists")
-        spec = _pipeline_spec(filename, content)
+        spec = uploaded_spec(filename, content)
         pipeline = {
             "pipeline_id": str(uuid.uuid4()),
             "name": name,
@@ -309,10 +310,10 @@ class KfpStandin:
         }
         self.pipelines[pipeline["pipeline_id"]] = pipeline
         self._add_version(pipeline["pipeline_id"], name, pipeline["description"], spec, content)
-        return _public(pipeline)
+        return public(pipeline)
 
     def _upload_version(self, request: RecordedRequest) -> dict:
-        filename, content = _uploaded_file(request)
+        filename, content = uploaded_file(request)
         pipeline = self._pipeline(request.param("pipelineid") or "")
         name = request.param("name") or request.param("display_name") or filename
         if any(
@@ -321,8 +322,8 @@ class KfpStandin:
             raise ApiError(
                 409, f"AlreadyExistsError: pipeline {pipeline['name']} already has a version named {name}"
             )
-        spec = _pipeline_spec(filename, content)
-        return _public(
+        spec = uploaded_spec(filename, content)
+        return public(
             self._add_version(
                 pipeline["pipeline_id"], name, request.param("description") or "", spec, content
             )
@@ -365,7 +366,7 @@ class KfpStandin:
         self.experiments[experiment["experiment_id"]] = experiment
         return experiment
 
-    def _check_pipeline_source(self, body: dict) -> None:
+    def _check_pipeline_source(self, body: dict, what: str = "run") -> None:
         reference = body.get("pipeline_version_reference")
         if bool(body.get("pipeline_spec")) == bool(reference):
             raise ApiError(
@@ -375,159 +376,87 @@ class KfpStandin:
             version = self._version(
                 reference.get("pipeline_id") or "", reference.get("pipeline_version_id") or ""
             )
-            self._check_workspace(version["pipeline_spec"])
-        if body.get("pipeline_spec"):
-            self._check_workspace(body["pipeline_spec"])
+            stored = version["pipeline_spec"]
+        else:
+            stored = body["pipeline_spec"]
+        self._check_workspace(stored)
         if not body.get("display_name"):
-            raise ApiError(400, "InvalidInputError: display_name is empty")
-        self._get(self.experiments, body.get("experiment_id") or "", "experiment")
+            # server/run_server.go `createRun`; for recurring runs server/api_converter.go `toModelJob` (a 500).
+            if what == "run":
+                raise ApiError(400, "The run name is empty. Please specify a valid name")
+            raise ApiError(500, "InternalServerError: Recurring run's name cannot be empty")
+        body["experiment_id"] = self._experiment_for(body)
+        spec = stored.get("pipeline_spec", stored) if isinstance(stored, dict) else None
+        if isinstance(spec, dict) and "root" in spec:
+            values = (body.get("runtime_config") or {}).get("parameters")
+            problem = rules.pipeline_job_input_problem(spec, values)
+            if problem:
+                raise ApiError(400, problem)
+
+    def _experiment_for(self, body: dict) -> str:
+        """resource/resource_manager.go `GetValidExperimentNamespacePair`: no experiment means the default one
+        ("Default", created when missing, `CreateDefaultExperiment`); in multi-user mode an experiment is needed."""
+        experiment_id = body.get("experiment_id") or ""
+        if experiment_id:
+            return self._get(self.experiments, experiment_id, "experiment")["experiment_id"]
+        if self.multi_user:
+            raise ApiError(400, "Experiment id can not be empty in multi-user mode")
+        default = next((e for e in self.experiments.values() if e["display_name"] == "Default"), None)
+        if default is None:
+            default = self._create_experiment(
+                {
+                    "display_name": "Default",
+                    "description": "All runs created without specifying an experiment will be grouped here.",
+                }
+            )
+        return default["experiment_id"]
 
     def _check_workspace(self, spec: Any) -> None:
-        """The run's workspace PVC as KFP builds it (backend/src/v2/compiler/argocompiler/argo.go `GetWorkspacePVC`,
-        `convertStructToPVCSpec`): the admin default patched by the pipeline's pvcSpecPatch, whose only allowed
-        fields are accessModes and storageClassName. A claim without accessModes is refused."""
-        platform = spec.get("platform_spec") if isinstance(spec, dict) else None
-        config = ((platform or {}).get("platforms", {}).get("kubernetes", {}) or {}).get(
-            "pipelineConfig"
-        ) or {}
-        workspace = config.get("workspace")
-        if not workspace or "kubernetes" not in workspace:
-            return  # argo.go adds a workspace PVC only when the workspace has a kubernetes section
-        patch = workspace["kubernetes"].get("pvcSpecPatch") or {}
-        unknown = sorted(set(patch) - {"accessModes", "storageClassName"})
-        if unknown:
-            raise ApiError(400, f"InvalidInputError: unknown fields in PVC spec patch: {unknown}")
-        claim = {**(self.workspace_default or {}), **patch}
-        if not claim.get("accessModes"):
-            raise ApiError(400, "InvalidInputError: workspace PVC spec must specify accessModes")
-        # Kubernetes' PVC validation (pkg/apis/core/validation ValidatePersistentVolumeClaimSpec) then refuses others.
-        modes = {"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"}
-        if not set(claim["accessModes"]) <= modes:
-            raise ApiError(
-                400, f"InvalidInputError: spec.accessModes: Unsupported value: {claim['accessModes']}"
-            )
+        problem = rules.workspace_problem(spec, self.workspace_default)
+        if problem:
+            raise ApiError(400, problem)
 
     def _create_run(self, body: dict) -> dict:
         self._check_pipeline_source(body)
         run = dict(
             body, run_id=str(uuid.uuid4()), state="PENDING", created_at=_now(), _order=next(self._order)
         )
+        run["_plan"] = self._planned.pop(0) if self._planned else []
         self.runs[run["run_id"]] = run
         return run
 
-    def _create_recurring_run(self, body: dict) -> dict:
-        self._check_pipeline_source(body)
-        try:
-            concurrency = int(body.get("max_concurrency") or 0)
-        except ValueError:
-            raise ApiError(400, "InvalidInputError: max_concurrency is not a number") from None
-        if not 1 <= concurrency <= 10:
-            raise ApiError(
-                400,
-                "InvalidInputError: The max concurrency of the recurring run is out of range. "
-                f"Support 1-10. Received {concurrency}.",
-            )
-        trigger = body.get("trigger") or {}
-        cron, periodic = trigger.get("cron_schedule"), trigger.get("periodic_schedule")
-        if bool(cron) == bool(periodic):
-            raise ApiError(
-                400, "InvalidInputError: a trigger needs exactly one of cron_schedule and periodic_schedule"
-            )
-        if cron and not _robfig_cron_shape(cron.get("cron") or ""):
-            raise ApiError(
-                400, f"InvalidInputError: Schedule cron is not a supported format: {cron.get('cron')!r}"
-            )
-        if periodic and int(periodic.get("interval_second") or 0) <= 0:
-            raise ApiError(400, "InvalidInputError: periodic schedule interval_second must be positive")
-        recurring = dict(
-            body,
-            recurring_run_id=str(uuid.uuid4()),
-            max_concurrency=str(concurrency),
-            mode=body.get("mode") or "ENABLE",
-            status="ENABLED" if body.get("mode", "ENABLE") == "ENABLE" else "DISABLED",
-            created_at=_now(),
-            _order=next(self._order),
-        )
-        self.recurring_runs[recurring["recurring_run_id"]] = recurring
-        return recurring
+    # --- moving runs (test side) -----------------------------------------------------------------------------
+
+    def set_run_state(self, run_id: str, state: str, tasks: dict[str, str] | None = None) -> None:
+        """Move a run to `state` (RUNNING, SUCCEEDED, FAILED, CANCELED, ...) with its tasks' states (display name ->
+        state) as `run_details.task_details` reports them. Nothing moves unless a test moves it."""
+        with self._lock:
+            self._move(self._get(self.runs, run_id, "run"), state, tasks)
+
+    def plan_next_run(self, *steps: tuple[str, dict[str, str] | None]) -> None:
+        """The next run created moves one step per read: the first GET answers steps[0], the next steps[1], ...
+        (then it stays). A test drives a polling client through states this way without sleeping."""
+        with self._lock:
+            self._planned.append(list(steps))
+
+    def _move(self, run: dict, state: str, tasks: dict[str, str] | None) -> None:
+        run["state"] = state
+        if tasks is not None:
+            details = [
+                {
+                    "run_id": run["run_id"],
+                    "task_id": f"{run['run_id']}-{n}",
+                    "display_name": name,
+                    "state": task,
+                }
+                for n, (name, task) in enumerate(tasks.items())
+            ]
+            run["run_details"] = {"task_details": details}
+        if state in TERMINAL_STATES:
+            run["finished_at"] = _now()
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
-
-
-def _order_key(item: dict) -> int:
-    return item["_order"]
-
-
-def _public(item: dict) -> dict:
-    return {key: value for key, value in item.items() if not key.startswith("_")}
-
-
-def _filtered(items: list[dict], request: RecordedRequest) -> list[dict]:
-    raw_filter = request.param("filter")
-    if raw_filter:
-        for predicate in json.loads(raw_filter).get("predicates", []):
-            if predicate.get("operation") not in ("EQUALS", 1):
-                raise ApiError(400, f"stand-in: unsupported filter operation {predicate.get('operation')!r}")
-            expected = predicate.get("stringValue", predicate.get("string_value"))
-            items = [i for i in items if i.get(predicate.get("key")) == expected]
-    sort_by = (request.param("sort_by") or "").split()
-    if sort_by and sort_by[0] != "created_at":
-        raise ApiError(400, f"stand-in: unsupported sort_by {request.param('sort_by')!r}")
-    items = sorted(items, key=_order_key, reverse=sort_by[1:] == ["desc"])
-    page_size = int(request.param("page_size") or 0)
-    return items[:page_size] if page_size > 0 else items
-
-
-def _listing(key: str, items: list[dict], request: RecordedRequest) -> dict:
-    if not items:
-        return {"total_size": 0}  # grpc-gateway omits empty repeated fields
-    return {key: [_public(i) for i in items], "total_size": len(items)}
-
-
-def _parse_multipart(content_type: str, raw: bytes) -> dict[str, tuple[str, bytes]]:
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        f"Content-Type: {content_type}\r\n\r\n".encode() + raw
-    )
-    if not message.is_multipart():
-        raise ValueError("not a multipart body")
-    files = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        files[name] = (part.get_filename() or "", part.get_payload(decode=True) or b"")
-    return files
-
-
-def _uploaded_file(request: RecordedRequest) -> tuple[str, bytes]:
-    if "uploadfile" not in request.files:
-        raise ApiError(400, "InvalidInputError: Failed to read pipeline from file: no uploadfile part")
-    return request.files["uploadfile"]
-
-
-def _pipeline_spec(filename: str, content: bytes) -> Any:
-    """What the server stores as the version's pipeline_spec: the spec, or spec + platform spec together."""
-    if not filename.endswith((".yaml", ".yml")):
-        return {"archive": filename}  # archives are not unpacked (see the module docstring)
-    try:
-        documents = [d for d in yaml.safe_load_all(content) if d is not None]
-    except yaml.YAMLError as error:
-        raise ApiError(400, f"InvalidInputError: Failed to parse the pipeline YAML: {error}") from None
-    if (
-        not documents
-        or not isinstance(documents[0], dict)
-        or not {"pipelineInfo", "root"} <= set(documents[0])
-    ):
-        raise ApiError(
-            400, "InvalidInputError: the file is not a compiled KFP v2 pipeline (pipelineInfo, root)"
-        )
-    if len(documents) == 1:
-        return documents[0]
-    return {"pipeline_spec": documents[0], "platform_spec": documents[1]}
-
-
-def _robfig_cron_shape(expression: str) -> bool:
-    """What KFP's robfig/cron v1 parser accepts in shape: 5 or 6 fields (day of week optional), or a descriptor."""
-    return expression.startswith("@") or len(expression.split()) in (5, 6)
 
 
 @pytest.fixture
