@@ -133,9 +133,8 @@ def test_verification_failures_name_the_problem_and_leave_nothing(tmp_path, work
         initialize_model(str(src), str(workspace), name="broken")
     assert str(src) in str(err.value)
     assert not (workspace / "models" / "broken").exists()
-    # Only the stable partial folder stays (hidden, no manifest: it never looks finished), for a retry to resume.
-    assert [p.name for p in (workspace / "models").glob(".*")] == [".broken.partial"]
-    assert not (workspace / "models" / ".broken.partial" / "manifest.json").exists()
+    # An unusable source leaves no partial folder either: no retry of the same source can resume into a model.
+    assert list((workspace / "models").glob(".*")) == []
 
 
 def test_qwen_needs_vocab_and_merges(tmp_path, workspace):

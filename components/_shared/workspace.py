@@ -61,18 +61,25 @@ def partial_path(final: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def partial_dir(final: str | os.PathLike) -> Iterator[Path]:
+def partial_dir(
+    final: str | os.PathLike, *, discard_on: tuple[type[BaseException], ...] = ()
+) -> Iterator[Path]:
     """Yield the stable partial folder of `final` (no random suffix), with whatever an earlier, killed or failed
     attempt left in it; on success remove the transfer's scratch (SCRATCH_PREFIX names) and replace `final` with
-    it; on error keep it, so a retried step resumes (storage.download keeps what it can prove). Nothing partial
-    ever looks finished: `final` appears only by the rename."""
+    it; on error keep it, so a retried step resumes (storage.download keeps what it can prove) — unless the error
+    is one of `discard_on`: a source that is itself unusable, which no retry of the same source can fix. Nothing
+    partial ever looks finished: `final` appears only by the rename."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}.old-*"):
         shutil.rmtree(stale, ignore_errors=True)
     partial = partial_path(final)
     partial.mkdir(exist_ok=True)
-    yield partial
+    try:
+        yield partial
+    except discard_on:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     for scratch in partial.glob(SCRATCH_PREFIX + "*"):
         shutil.rmtree(scratch) if scratch.is_dir() and not scratch.is_symlink() else scratch.unlink()
     _replace(partial, final)

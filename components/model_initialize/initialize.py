@@ -283,7 +283,8 @@ def _fetch(
 ) -> dict:
     """Fetch `paths` into `final` through its stable partial folder, verify the model and write its manifest."""
     source_uri = listing.uri.shown
-    with partial_dir(final) as tmp:
+    # A model that fails verification is unusable at its source: nothing in its partial folder is worth keeping.
+    with partial_dir(final, discard_on=(ModelVerificationError,)) as tmp:
         records = storage.download(listing, paths, tmp, max_workers=max_workers)
         facts = verify_model_dir(tmp, source_uri)
         write_json_atomic(tmp / REPO_ID_FILE, {"repo_id": repo_id})
