@@ -22,6 +22,7 @@ from kfp_finetune.components._shared.artifacts import (
     workspace_relative,
     write_artifact,
 )
+from kfp_finetune.components._shared.contract import BaseModel
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
@@ -235,18 +236,18 @@ def initialize_model(
             write_json_atomic(tmp / MANIFEST, manifest)
         log.info("models/%s is complete: %d files, %d bytes", name, len(records), manifest["total_bytes"])
 
-    metadata = {
-        "workspace_path": workspace_relative(final, workspace_path),
-        "source_uri": manifest["source_uri"],
-        "repo_id": manifest["repo_id"],
-        "revision": manifest["revision"] or "",
-        "commit_sha": manifest["commit_sha"] or "",
-        "model_type": manifest["model_type"],
-        "weight_format": manifest["weight_format"],
-        "num_files": len(manifest["files"]),
-        "total_bytes": manifest["total_bytes"],
-        "files": manifest["files"],
-        "reused_existing_copy": skipped,
-    }
+    metadata = BaseModel(
+        workspace_path=workspace_relative(final, workspace_path),
+        source_uri=manifest["source_uri"],
+        repo_id=manifest["repo_id"],
+        revision=manifest["revision"] or "",
+        commit_sha=manifest["commit_sha"] or "",
+        model_type=manifest["model_type"],
+        weight_format=manifest["weight_format"],
+        num_files=len(manifest["files"]),
+        total_bytes=manifest["total_bytes"],
+        files=manifest["files"],
+        reused_existing_copy=skipped,
+    ).to_metadata()
     write_artifact(output_model, manifest, metadata)
     return ModelInitResult(final, manifest, metadata, skipped)
