@@ -54,9 +54,11 @@ compile: setup
 check-compiled: setup
 	$(PY) -m kfp_finetune.cli compile --check --output compiled
 
+# The import rule (a component imports only _shared and itself; _shared no component): an ast walk, no imports run.
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_import_rule.py
 
 format: setup
 	$(PY) -m ruff check --fix .

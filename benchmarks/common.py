@@ -244,7 +244,7 @@ def bench_env(**extra: str) -> dict[str, str]:
 
 def step_tokens_per_second(metrics_file: Path) -> list[float]:
     """torchtune's per-step `tokens_per_second_per_gpu` (trained, i.e. unmasked, tokens) from a metrics file."""
-    from kfp_finetune.components.torchtune_finetune.metrics import read_metrics_file
+    from kfp_finetune.components._shared.metrics_file import read_metrics_file
 
     return [s.tokens_per_second for s in read_metrics_file(metrics_file) if s.tokens_per_second is not None]
 

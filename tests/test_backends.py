@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted
+from kfp_finetune.components._shared.metrics_file import collect_steps, parse_metric_line
 from kfp_finetune.components.torchtune_finetune.backends import backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
@@ -16,10 +17,8 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifes
 from kfp_finetune.components.torchtune_finetune.config import ConfigError
 from kfp_finetune.components.torchtune_finetune.metrics import (
     LossDiverged,
-    collect_steps,
     divergence,
     first_divergence,
-    parse_metric_line,
     summarize,
 )
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from kfp_finetune.cli import main
+from kfp_finetune.components._shared.errors import ContractError
 from kfp_finetune.components._shared.storage import StorageError
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.evaluate import evaluate
@@ -281,6 +282,20 @@ def test_export_refuses(tmp_path, workspace, monkeypatch, kwargs, fragments):
     assert_message(caught.value, fragments)
     assert entries(workspace) == set()  # no staging folder
     assert not destination.exists() and not output.metadata
+
+
+def test_export_refuses_a_model_artifact_of_another_shape(tmp_path, workspace):
+    """Metadata that is not a tuned model's (contract.TunedModel) fails naming the input and what to connect."""
+    output = SimpleNamespace(path=str(tmp_path / "out" / "model"), metadata={}, uri="")
+    with pytest.raises(ContractError) as caught:
+        export_model(
+            workspace=workspace,
+            output=output,
+            model_metadata={**LORA, "merged_path": ["runs/r/merged"]},
+            destination=str(tmp_path / "exported"),
+        )
+    assert_message(caught.value, ["model", "'merged_path'", "a string", "torchtune-finetune's model output"])
+    assert entries(workspace) == set() and not output.metadata
 
 
 # --- the CLI --------------------------------------------------------------------------------------------------

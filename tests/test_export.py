@@ -230,7 +230,7 @@ def test_interrupted_copy_to_a_path_is_completed(finetuned, tmp_path):
 @pytest.mark.parametrize(
     ("change", "destination", "match"),
     [
-        ({}, "gs://bucket/model", "unknown scheme 'gs' (use Cloud Storage's S3-compatible API"),
+        ({}, "gs://bucket/model", r"unknown scheme 'gs' \(use Cloud Storage's S3-compatible API"),
         ({}, "relative/dir", "no scheme and not an absolute path"),
         ({}, "https://example.org/model", "use s3://bucket/prefix, hf://org/repo or a path"),
         ({}, "s3://bucket", "name a folder"),

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components._shared.errors import ConfigError
 
 
 @dataclass(frozen=True)

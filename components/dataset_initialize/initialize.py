@@ -30,6 +30,7 @@ from kfp_finetune.components._shared.artifacts import (
     workspace_relative,
     write_artifact,
 )
+from kfp_finetune.components._shared.contract import DatasetSplit
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
@@ -120,25 +121,25 @@ def _torchtune_hints(style: str) -> dict:
 def _artifact_metadata(manifest: dict, split: str, final: Path, workspace: str, skipped: bool) -> dict:
     info = manifest["splits"].get(split, {"num_rows": 0, "files": [], "source_split": ""})
     rel = workspace_relative(final, workspace)
-    return {
-        "workspace_path": f"{rel}/{split}",
-        "data_files": [f"{rel}/{f['path']}" for f in info["files"]],
-        "format": "parquet",
-        "split": split,
-        "source_split": info["source_split"],
-        "num_rows": info["num_rows"],
-        "columns": manifest["columns"],
-        "dataset_type": manifest["dataset_type"],
-        "data_style": manifest["data_style"],
+    return DatasetSplit(
+        workspace_path=f"{rel}/{split}",
+        data_files=[f"{rel}/{f['path']}" for f in info["files"]],
+        format="parquet",
+        split=split,
+        source_split=info["source_split"],
+        num_rows=info["num_rows"],
+        columns=manifest["columns"],
+        dataset_type=manifest["dataset_type"],
+        data_style=manifest["data_style"],
         **_torchtune_hints(manifest["data_style"]),
-        "column_map": manifest["column_map"],
-        "source_uri": manifest["source_uri"],
-        "revision": manifest["revision"] or "",
-        "commit_sha": manifest["commit_sha"] or "",
-        "files": info["files"],
-        "total_bytes": sum(f["size"] for f in info["files"]),
-        "reused_existing_copy": skipped,
-    }
+        column_map=manifest["column_map"],
+        source_uri=manifest["source_uri"],
+        revision=manifest["revision"] or "",
+        commit_sha=manifest["commit_sha"] or "",
+        files=info["files"],
+        total_bytes=sum(f["size"] for f in info["files"]),
+        reused_existing_copy=skipped,
+    ).to_metadata()
 
 
 def initialize_dataset(

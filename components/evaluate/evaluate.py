@@ -16,14 +16,15 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared import contract
 from kfp_finetune.components._shared.artifacts import entry_path
+from kfp_finetune.components._shared.contract import ArtifactInput
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import scoring
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
-from kfp_finetune.components.torchtune_finetune.finetune import ArtifactInput
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics, read_metrics_file
 
 log = get_logger(__name__)
 
@@ -98,13 +99,11 @@ class EvalResult:
 
 def model_folder(workspace: Path, artifact: ArtifactInput, what: str) -> ModelDir:
     """The HF model folder an artifact points to (the merged model for a fine-tune output), inspected."""
-    meta = artifact.metadata
-    relative = meta.get("merged_path") or meta.get("workspace_path")
-    if not relative:
-        raise ConfigError(
-            f"{what} artifact has no workspace_path in its metadata: connect it to a torchtune-finetune or "
-            "model-initialize output"
-        )
+    if what == "base_model":
+        relative = contract.BaseModel.from_metadata(artifact.metadata, input_name=what).workspace_path
+    else:
+        tuned = contract.TunedModel.from_metadata(artifact.metadata, input_name=what)
+        relative = tuned.model_path or tuned.require("workspace_path", input_name=what)
     path = entry_path(workspace, relative)
     if not path.is_dir():
         where = "this step's volumes" if Path(relative).is_absolute() else "this run's workspace"
@@ -119,10 +118,12 @@ def base_folder(workspace: Path, base_model: ArtifactInput | None, tuned: Artifa
     """The base model to compare with: the connected input, else the base the fine-tune recorded, if present."""
     if base_model is not None:
         return model_folder(workspace, base_model, "base_model")
-    recorded = tuned.metadata.get("base_model_path")
+    recorded = contract.TunedModel.from_metadata(tuned.metadata, input_name="model").base_model_path
     if recorded and entry_path(workspace, recorded).is_dir():
         log.info("base_model not connected: comparing with the fine-tune's recorded base model %s", recorded)
-        return model_folder(workspace, ArtifactInput({"workspace_path": recorded}), "base_model")
+        return model_folder(
+            workspace, ArtifactInput(contract.BaseModel(workspace_path=recorded).to_metadata()), "base_model"
+        )
     log.warning("no base model to compare with: reporting the tuned model alone")
     return None
 
@@ -138,8 +139,8 @@ def tuned_model(
     workspace: Path, model: ArtifactInput, base_dir: ModelDir | None, train_config: dict
 ) -> TunedModel:
     """The merged model folder, or for save_adapter_weights_only runs the base + the run's adapter weights."""
-    meta = model.metadata
-    relative = meta.get("merged_path") or meta.get("workspace_path") or ""
+    meta = contract.TunedModel.from_metadata(model.metadata, input_name="model")
+    relative = meta.model_path
     path = entry_path(workspace, relative)
     if not relative or not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
         return TunedModel(model_folder(workspace, model, "model"))
@@ -149,9 +150,9 @@ def tuned_model(
             "output) so evaluate can apply the adapter to it"
         )
     lora_node = train_config.get("model") or {}
-    run_dir = workspace / meta.get("run_dir", "")
+    run_dir = workspace / meta.run_dir
     epochs = sorted(run_dir.glob("epoch_*/adapter_model.pt"), key=lambda p: int(p.parent.name.split("_")[1]))
-    if "lora_rank" not in lora_node or not meta.get("run_dir") or not epochs:
+    if "lora_rank" not in lora_node or not meta.run_dir or not epochs:
         raise ConfigError(
             f"model is a LoRA adapter without merged weights ({path}) and its fine-tune run folder "
             f"({run_dir}) lacks the resolved LoRA config or epoch_N/adapter_model.pt evaluate rebuilds it from"
@@ -176,7 +177,7 @@ def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
 
 def training_config(workspace: Path, tuned: ArtifactInput) -> dict:
     """The fine-tune run's resolved torchtune YAML (empty when the model was not trained by this library)."""
-    run_dir = tuned.metadata.get("run_dir")
+    run_dir = contract.TunedModel.from_metadata(tuned.metadata, input_name="model").run_dir
     path = workspace / run_dir / "torchtune_config.yaml" if run_dir else None
     if path is None or not path.is_file():
         return {}
@@ -184,9 +185,9 @@ def training_config(workspace: Path, tuned: ArtifactInput) -> dict:
 
 
 def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:
-    meta = eval_data.metadata
-    files = meta.get("data_files") or []
-    if not files or meta.get("num_rows") == 0:
+    meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
+    files = meta.data_files
+    if not files or meta.num_rows == 0:
         raise ConfigError(
             "eval_data has no rows: give dataset-initialize an eval_split or eval_fraction, and connect its "
             "`eval` output"
@@ -204,21 +205,21 @@ def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str])
     Builder, column mapping, system prompt and conversation style are kept from training so examples are built
     (and masked) exactly as the model saw them; without a training config they come from eval_data.
     """
-    meta = eval_data.metadata
+    meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
     node = dict(train_config.get("dataset") or {})
     if not node.get("_component_"):
-        style = meta.get("data_style") or _DEFAULT_STYLE.get(meta.get("dataset_type", "instruct"), "")
+        style = meta.data_style or _DEFAULT_STYLE.get(meta.dataset_type or "instruct", "")
         if style not in _DATASET_BUILDERS:
             raise ConfigError(
-                f"eval_data has dataset_type {meta.get('dataset_type')!r} / data_style {style!r}; expected "
+                f"eval_data has dataset_type {meta.dataset_type or None!r} / data_style {style!r}; expected "
                 f"instruct, chat or text (styles {', '.join(_DATASET_BUILDERS)})"
             )
         node = {"_component_": _DATASET_BUILDERS[style]}
         if style in ("openai", "sharegpt"):
-            node["conversation_column"] = meta.get("conversation_column", "messages")
-            node["conversation_style"] = meta.get("conversation_style", style)
+            node["conversation_column"] = meta.conversation_column or "messages"
+            node["conversation_style"] = meta.conversation_style or style
         elif style == "text":
-            node["column"] = meta.get("text_column", "text")
+            node["column"] = meta.text_column or "text"
     suffix = Path(files[0]).suffix
     node.update(
         source={".jsonl": "json", ".json": "json"}.get(suffix, suffix.lstrip(".")),
@@ -365,9 +366,12 @@ def run_evaluate(
     metrics = flat_metrics(tuned_values, base, gate, len(examples), scores["tuned"].loss_tokens, wall)
     steps = training_steps(workspace, model)
     context = {
-        "tuned_model": model.metadata.get("merged_path") or model.metadata.get("workspace_path", ""),
+        "tuned_model": contract.TunedModel.from_metadata(model.metadata, input_name="model").model_path,
         "base_model": os.path.relpath(base_dir.path, workspace.resolve()) if base_dir else "",
-        "eval_data": eval_data.metadata.get("workspace_path") or ", ".join(files[:2]),
+        "eval_data": contract.DatasetSplit.from_metadata(
+            eval_data.metadata, input_name="eval_data"
+        ).workspace_path
+        or ", ".join(files[:2]),
         "device": str(device),
         "samples": f"{len(examples)} of {len(dataset)} eval rows (seed {settings.seed})",
         "max_new_tokens": settings.max_new_tokens,
@@ -380,12 +384,12 @@ def run_evaluate(
         (tmp / SAMPLES_FILE).write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
         (tmp / REPORT_FILE).write_text(html)
         (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    samples_metadata = {
-        "workspace_path": (output_dir / SAMPLES_FILE).resolve().relative_to(workspace.resolve()).as_posix(),
-        "format": "jsonl",
-        "num_rows": len(samples),
-        "columns": list(samples[0]) if samples else [],
-    }
+    samples_metadata = contract.EvalSamples(
+        workspace_path=(output_dir / SAMPLES_FILE).resolve().relative_to(workspace.resolve()).as_posix(),
+        format="jsonl",
+        num_rows=len(samples),
+        columns=list(samples[0]) if samples else [],
+    ).to_metadata()
     return EvalResult(metrics, tuned_values, base, gate, samples, html, output_dir, samples_metadata)
 
 
@@ -450,7 +454,7 @@ def flat_metrics(
 
 
 def training_steps(workspace: Path, model: ArtifactInput) -> list[StepMetrics]:
-    relative = model.metadata.get("metrics_file")
+    relative = contract.TunedModel.from_metadata(model.metadata, input_name="model").metrics_file
     path = workspace / relative if relative else None
     return read_metrics_file(path) if path is not None and path.is_file() else []
 
@@ -462,9 +466,6 @@ def run_component(**params: Any) -> bool:
     """What the component body calls with all its parameters; returns the gate's verdict."""
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 
-    def artifact_input(artifact: Any) -> ArtifactInput | None:
-        return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None
-
     settings = EvalSettings(
         **{name: params[name] for name in EvalSettings.__dataclass_fields__ if name in params}
     )
@@ -472,13 +473,13 @@ def run_component(**params: Any) -> bool:
     settings.lm_eval_tasks = list(settings.lm_eval_tasks or [])
     result = run_evaluate(
         workspace=params["workspace_path"],
-        model=artifact_input(params["model"]),
-        eval_data=artifact_input(params["eval_data"]),
-        base_model=artifact_input(params.get("base_model")),
+        model=ArtifactInput.of(params["model"]),
+        eval_data=ArtifactInput.of(params["eval_data"]),
+        base_model=ArtifactInput.of(params.get("base_model")),
         settings=settings,
         output_name=trainjob_name(params["run_id"] or "local", params["task_name"] or "evaluate"),
     )
-    for name, value in result.metrics.items():
+    for name, value in contract.EvalMetrics(values=result.metrics).to_metadata().items():
         params["metrics"].log_metric(name, value)
     Path(params["report"].path).parent.mkdir(parents=True, exist_ok=True)
     Path(params["report"].path).write_text(result.report_html)

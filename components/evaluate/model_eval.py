@@ -56,7 +56,7 @@ def pick_device(requested: str) -> Any:
     if requested in ("", "auto"):
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        from kfp_finetune.components.torchtune_finetune.config import ConfigError
+        from kfp_finetune.components._shared.errors import ConfigError
 
         raise ConfigError("device=cuda but this step sees no GPU: request one on the task, or use device=cpu")
     return torch.device(requested)

@@ -6,8 +6,8 @@ import json
 
 from kfp_finetune.components._shared import html_report
 from kfp_finetune.components._shared.html_report import escape
+from kfp_finetune.components._shared.metrics_file import StepMetrics
 from kfp_finetune.components.evaluate import scoring
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics
 
 
 def _number(value: float | None) -> str:

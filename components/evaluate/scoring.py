@@ -7,12 +7,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components._shared.contract import lower_is_better
+from kfp_finetune.components._shared.errors import ConfigError
 
 GENERATION_METRICS = ("exact_match", "token_f1", "rouge_l")
 LOSS_METRICS = ("eval_loss", "perplexity")
-# Substrings of metric names where a smaller value is better (losses, perplexities, lm-eval's bits_per_byte).
-_LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "bits_per_byte")
+# Which metrics are better lower (losses, perplexities, lm-eval's bits_per_byte): contract.lower_is_better.
 
 
 def normalize(text: str) -> str:
@@ -65,10 +65,6 @@ def score_generation(prediction: str, reference: str) -> dict[str, float]:
         "token_f1": token_f1(prediction, reference),
         "rouge_l": rouge_l(prediction, reference),
     }
-
-
-def lower_is_better(metric: str) -> bool:
-    return any(part in metric for part in _LOWER_IS_BETTER)
 
 
 def improvement(metric: str, tuned: float, base: float) -> float:

@@ -65,9 +65,9 @@ def export(
             `method`, `dataset_source`, `metrics`, `layout` and, for hf://, `commit_sha`.
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
-    from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components._shared.errors import ContractError, usage_errors
     from kfp_finetune.components._shared.storage import StorageError
     from kfp_finetune.components.export.export import ExportError, run_component
 
-    with usage_errors(ExportError, StorageError):
+    with usage_errors(ExportError, StorageError, ContractError):
         run_component(**parameters)

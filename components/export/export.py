@@ -30,8 +30,9 @@ import yaml
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
+from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components.export.model_card import CardInputs, numeric_metrics, render_card
+from kfp_finetune.components.export.model_card import CardInputs, render_card
 
 log = get_logger(__name__)
 
@@ -82,13 +83,13 @@ def normalize_dtype(dtype: str) -> str:
     return DTYPES[key]
 
 
-def check_request(model_metadata: dict, fmt: str, dtype: str, destination: str) -> storage.StorageUri:
+def check_request(model: TunedModel, fmt: str, dtype: str, destination: str) -> storage.StorageUri:
     """Validate format/dtype/destination/credentials against the model; nothing is written."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     normalize_dtype(dtype)
-    method = model_metadata.get("method") or "?"
-    if fmt in ("adapter", "both") and not model_metadata.get("adapter_path"):
+    method = model.method or "?"
+    if fmt in ("adapter", "both") and not model.adapter_path:
         why = (
             "a full fine-tune has no adapter"
             if method == "full"
@@ -97,7 +98,7 @@ def check_request(model_metadata: dict, fmt: str, dtype: str, destination: str) 
         raise ExportError(
             f"format={fmt} needs a PEFT adapter, but {why} (method={method}): export format=merged instead."
         )
-    if fmt in ("merged", "both") and not model_metadata.get("merged_path"):
+    if fmt in ("merged", "both") and not model.merged_path:
         raise ExportError(
             f"format={fmt} needs merged weights, but the model has none (trained with "
             "save_adapter_weights_only, or not a torchtune-finetune output): export format=adapter instead."
@@ -133,36 +134,32 @@ def export_model(
     max_workers: int = 8,
     output: ArtifactLike | None = None,
 ) -> ExportResult:
-    """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported."""
-    uri = check_request(model_metadata, format, dtype, destination)
+    """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported.
+    `model_metadata` is the tuned model's (contract.TunedModel), `eval_metrics` a Metrics output's."""
+    model = TunedModel.from_metadata(model_metadata, input_name="model")
+    uri = check_request(model, format, dtype, destination)
     # Shown in the model card and recorded in metadata: never with a credential an upstream URI carried.
-    model_metadata = {
-        **model_metadata,
-        **{
-            k: storage.redact_uri(model_metadata[k])
-            for k in ("base_model", "dataset_source")
-            if model_metadata.get(k)
-        },
-    }
+    model.base_model = storage.redact_uri(model.base_model) if model.base_model else ""
+    model.dataset_source = storage.redact_uri(model.dataset_source) if model.dataset_source else ""
     torch_dtype = normalize_dtype(dtype)
     workspace = Path(workspace)
-    sources = _sources(workspace, model_metadata, format)
-    run_dir = _run_dir(workspace, model_metadata, sources)
+    sources = _sources(workspace, model, format)
+    run_dir = _run_dir(workspace, model, sources)
     staging_root = run_dir / "exports"
     staging_root.mkdir(parents=True, exist_ok=True)
     for stale in staging_root.glob(f".{task_name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted attempt
     stage = staging_root / f".{task_name}.tmp-{uuid.uuid4().hex[:8]}"
-    metrics = numeric_metrics(eval_metrics or {})
+    metrics = EvalMetrics.from_metadata(eval_metrics or {}, input_name="metrics").numeric()
     try:
         layout, staged_from = _stage(stage, sources, torch_dtype)
         card = CardInputs(
-            title=_title(uri, model_metadata),
-            model_metadata=model_metadata,
+            title=_title(uri, model),
+            model=model,
             format=format,
             dtype=torch_dtype,
             layout=layout,
-            training_config=_training_config(workspace, model_metadata),
+            training_config=_training_config(workspace, model),
             eval_metrics=metrics,
             run_name=run_name,
             run_id=run_id,
@@ -188,29 +185,27 @@ def export_model(
         with contextlib.suppress(OSError):
             staging_root.rmdir()  # only when empty: another export task may be staging beside us
     manifest_sha256 = files[CHECKSUMS]["sha256"]
-    metadata = {
-        "destination": uri.shown,
-        "format": format,
-        "dtype": torch_dtype or "as trained",
-        "state": published.state,
-        "files": files,
-        "num_files": len(files),
-        "total_bytes": published.total_bytes,
-        "uploaded_files": len(published.uploaded),
-        "manifest_sha256": manifest_sha256,
-        "base_model": model_metadata.get("base_model", ""),
-        "base_model_revision": model_metadata.get("base_model_revision", ""),
-        "method": model_metadata.get("method", ""),
-        "dataset_source": model_metadata.get("dataset_source", ""),
-        "metrics": {
-            **{k: model_metadata[k] for k in ("final_loss", "min_loss") if k in model_metadata},
-            **metrics,
-        },
-        "layout": layout,
-        "commit_sha": published.commit_sha or "",
-        "run_id": run_id,
-        "run_name": run_name,
-    }
+    training = {"final_loss": model.final_loss, "min_loss": model.min_loss}
+    metadata = ExportedModel(
+        destination=uri.shown,
+        format=format,
+        dtype=torch_dtype or "as trained",
+        state=published.state,
+        files=files,
+        num_files=len(files),
+        total_bytes=published.total_bytes,
+        uploaded_files=len(published.uploaded),
+        manifest_sha256=manifest_sha256,
+        base_model=model.base_model,
+        base_model_revision=model.base_model_revision,
+        method=model.method,
+        dataset_source=model.dataset_source,
+        metrics={**{k: v for k, v in training.items() if v is not None}, **metrics},
+        layout=layout,
+        commit_sha=published.commit_sha or "",
+        run_id=run_id,
+        run_name=run_name,
+    ).to_metadata()
     if output is not None:
         write_artifact(output, {"kind": "exported-model", **metadata}, metadata)
         # After writing the manifest: KFP derives the artifact's local path from its uri. Not for s3://: KFP's
@@ -225,7 +220,7 @@ def export_model(
     return ExportResult(uri.shown, published.state, files, manifest_sha256, published.uploaded, metadata)
 
 
-def _sources(workspace: Path, meta: dict, fmt: str) -> dict[str, tuple[str, Path]]:
+def _sources(workspace: Path, meta: TunedModel, fmt: str) -> dict[str, tuple[str, Path]]:
     """Export folder ("" = root) -> (kind, source folder in the workspace)."""
     wanted = {
         "merged": {"": ("merged", "merged_path")},
@@ -234,31 +229,31 @@ def _sources(workspace: Path, meta: dict, fmt: str) -> dict[str, tuple[str, Path
     }[fmt]
     sources = {}
     for folder, (kind, key) in wanted.items():
-        path = workspace / meta[key]
+        path = workspace / getattr(meta, key)
         if not path.is_dir():
             raise ExportError(f"the {kind} model folder {path} ({key}) is not in the workspace")
         sources[folder] = (kind, path)
     return sources
 
 
-def _run_dir(workspace: Path, meta: dict, sources: dict[str, tuple[str, Path]]) -> Path:
-    if meta.get("run_dir"):
-        return workspace / meta["run_dir"]
+def _run_dir(workspace: Path, meta: TunedModel, sources: dict[str, tuple[str, Path]]) -> Path:
+    if meta.run_dir:
+        return workspace / meta.run_dir
     return next(iter(sources.values()))[1].parent
 
 
-def _title(uri: storage.StorageUri, meta: dict) -> str:
+def _title(uri: storage.StorageUri, meta: TunedModel) -> str:
     if uri.scheme == "hf":
         return uri.repo_id.split("/")[-1]
-    base = str(meta.get("base_model") or "model").rstrip("/").split("/")[-1]
-    return f"{base} ({meta.get('method') or 'fine-tuned'})"
+    base = (meta.base_model or "model").rstrip("/").split("/")[-1]
+    return f"{base} ({meta.method or 'fine-tuned'})"
 
 
-def _training_config(workspace: Path, meta: dict) -> dict:
+def _training_config(workspace: Path, meta: TunedModel) -> dict:
     """The resolved torchtune YAML of the run, when it is in the workspace (for the hyperparameters)."""
-    if not meta.get("run_dir"):
+    if not meta.run_dir:
         return {}
-    path = workspace / meta["run_dir"] / "torchtune_config.yaml"
+    path = workspace / meta.run_dir / "torchtune_config.yaml"
     try:
         return yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError):
@@ -391,11 +386,11 @@ def run_component(**params: Any) -> ExportResult:
     metrics = params.get("metrics")
     return export_model(
         workspace=params["workspace_path"],
-        model_metadata=dict(params["model"].metadata),
+        model_metadata=ArtifactInput.of(params["model"]).metadata,
         destination=params["destination"],
         format=params["format"],
         dtype=params["dtype"],
-        eval_metrics=dict(metrics.metadata) if metrics is not None else None,
+        eval_metrics=ArtifactInput.of(metrics).metadata if metrics is not None else None,
         overwrite=params["overwrite"],
         s3_endpoint_url=params["s3_endpoint_url"],
         hf_private=params["hf_private"],

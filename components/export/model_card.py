@@ -6,11 +6,12 @@ recognised as already present at the destination.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
 import yaml
+
+from kfp_finetune.components._shared.contract import TunedModel
 
 # Resolved torchtune config keys worth showing, as (label, dotted key).
 _HYPERPARAMETERS = (
@@ -44,7 +45,7 @@ class CardInputs:
     """Everything the card shows. `layout` maps a folder in the export ("" = root) to what it holds."""
 
     title: str
-    model_metadata: dict
+    model: TunedModel
     format: str
     dtype: str
     layout: dict[str, str]
@@ -64,15 +65,6 @@ def lookup(config: dict, dotted: str):
     return node
 
 
-def numeric_metrics(metadata: dict) -> dict[str, float]:
-    """The numbers in a Metrics artifact's metadata (bools and non-finite values left out)."""
-    return {
-        key: value
-        for key, value in sorted(metadata.items())
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    }
-
-
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -90,22 +82,22 @@ def _table(rows: list[tuple[str, object]]) -> list[str]:
 
 
 def render_card(card: CardInputs) -> str:
-    meta = card.model_metadata
-    base = str(meta.get("base_model") or "")
+    meta = card.model
+    base = meta.base_model
     front: dict = {
         "library_name": "peft" if card.format == "adapter" else "transformers",
         "pipeline_tag": "text-generation",
-        "tags": ["kfp-finetune", "torchtune", str(meta.get("method") or "finetuned")],
+        "tags": ["kfp-finetune", "torchtune", meta.method or "finetuned"],
     }
     if _HF_REPO_ID.match(base):  # only hub ids: a workspace path means nothing to a reader of the card
         front["base_model"] = base
-    dataset = _HF_DATASET.match(str(meta.get("dataset_source") or ""))
+    dataset = _HF_DATASET.match(meta.dataset_source)
     if dataset:
         front["datasets"] = [dataset.group(1)]
     lines = ["---", yaml.safe_dump(front, sort_keys=True).strip(), "---", "", f"# {card.title}", ""]
     lines += [
-        f"Fine-tuned from **{base or 'an unnamed base model'}** with torchtune ({meta.get('method', '?')}, "
-        f"recipe `{meta.get('recipe', '?')}`) by a kfp-finetune pipeline.",
+        f"Fine-tuned from **{base or 'an unnamed base model'}** with torchtune ({meta.method or '?'}, "
+        f"recipe `{meta.recipe or '?'}`) by a kfp-finetune pipeline.",
         "",
         "## Contents",
         "",
@@ -139,15 +131,15 @@ def render_card(card: CardInputs) -> str:
     lines += _table(
         [
             ("base model", base),
-            ("base model revision", meta.get("base_model_revision")),
-            ("dataset", meta.get("dataset_source")),
-            ("method", meta.get("method")),
-            ("recipe", meta.get("recipe")),
-            ("torchtune config", meta.get("config")),
-            ("steps", meta.get("steps")),
-            ("final training loss", meta.get("final_loss")),
-            ("min training loss", meta.get("min_loss")),
-            ("tokens/s", meta.get("tokens_per_second")),
+            ("base model revision", meta.base_model_revision),
+            ("dataset", meta.dataset_source),
+            ("method", meta.method),
+            ("recipe", meta.recipe),
+            ("torchtune config", meta.config),
+            ("steps", meta.steps),
+            ("final training loss", meta.final_loss),
+            ("min training loss", meta.min_loss),
+            ("tokens/s", meta.tokens_per_second),
         ]
     )
     hyper = [(label, lookup(card.training_config, key)) for label, key in _HYPERPARAMETERS]
@@ -165,7 +157,7 @@ def render_card(card: CardInputs) -> str:
             ("pipeline run", card.run_name),
             ("run id", card.run_id),
             ("export task", card.task_name),
-            ("training run folder", meta.get("run_dir")),
+            ("training run folder", meta.run_dir),
         ]
     )
     return "\n".join(lines) + "\n"

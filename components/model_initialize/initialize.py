@@ -25,6 +25,7 @@ from kfp_finetune.components._shared.artifacts import (
     workspace_relative,
     write_artifact,
 )
+from kfp_finetune.components._shared.contract import BaseModel
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
@@ -250,23 +251,22 @@ def initialize_model(
             )
             manifest = _fetch(final, max_workers=max_workers, **fetch)
 
-    metadata = {
+    metadata = BaseModel(
         # Relative to the workspace; absolute when the model is used in place on a cache volume
         # (artifacts.entry_path resolves both).
-        "workspace_path": (workspace_relative(final, workspace_path) if location == final else str(location)),
-        "source_uri": manifest["source_uri"],
-        "repo_id": manifest["repo_id"],
-        "revision": manifest["revision"] or "",
-        "commit_sha": manifest["commit_sha"] or "",
-        "model_type": manifest["model_type"],
-        "weight_format": manifest["weight_format"],
-        "num_files": len(manifest["files"]),
-        "total_bytes": manifest["total_bytes"],
-        "files": manifest["files"],
-        "reused_existing_copy": skipped,
-    }
-    if cache_facts:
-        metadata["cache"] = cache_facts
+        workspace_path=(workspace_relative(final, workspace_path) if location == final else str(location)),
+        source_uri=manifest["source_uri"],
+        repo_id=manifest["repo_id"],
+        revision=manifest["revision"] or "",
+        commit_sha=manifest["commit_sha"] or "",
+        model_type=manifest["model_type"],
+        weight_format=manifest["weight_format"],
+        num_files=len(manifest["files"]),
+        total_bytes=manifest["total_bytes"],
+        files=manifest["files"],
+        reused_existing_copy=skipped,
+        cache=cache_facts or None,
+    ).to_metadata()
     write_artifact(output_model, manifest, metadata)
     return ModelInitResult(location, manifest, metadata, skipped)
 

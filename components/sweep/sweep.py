@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.components._shared.contract import EvalMetrics, TunedModel, lower_is_better
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components.evaluate.scoring import lower_is_better
 
 log = get_logger(__name__)
 
@@ -57,17 +57,24 @@ def select_best(models: list, eval_metrics: list, best_model: Any, best_metrics:
         raise ValueError(
             f"got {len(models)} models and {len(eval_metrics)} evaluations: one of each per trial"
         )
-    metadata = [dict(m.metadata) for m in eval_metrics]
-    index = best_trial(metadata, metric)
-    for position, values in enumerate(metadata):
+    evaluations = [
+        EvalMetrics.from_metadata(m.metadata, input_name=f"eval_metrics[{i}]")
+        for i, m in enumerate(eval_metrics)
+    ]
+    trials = [TunedModel.from_metadata(m.metadata, input_name=f"models[{i}]") for i, m in enumerate(models)]
+    index = best_trial([e.values for e in evaluations], metric)
+    for position, values in enumerate(evaluations):
         marker = "<- best" if position == index else ""
-        log.info("trial %d (%s): %s=%.6g %s", position, models[position].metadata.get("run_dir", "?"), metric,
-                 values[f"tuned_{metric}"], marker)  # fmt: skip
-    for source, target in ((models[index], best_model), (eval_metrics[index], best_metrics)):
-        target.metadata.update(source.metadata)
+        log.info("trial %d (%s): %s=%.6g %s", position, trials[position].run_dir or "?", metric,
+                 values.values[f"tuned_{metric}"], marker)  # fmt: skip
+    best = trials[index]
+    best.sweep_metric, best.sweep_trial = metric, index
+    for source, target, metadata in (
+        (models[index], best_model, best.to_metadata()),
+        (eval_metrics[index], best_metrics, evaluations[index].to_metadata()),
+    ):
+        target.metadata.update(metadata)
         if Path(source.path).is_file():
             Path(target.path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source.path, target.path)
-    best_model.metadata["sweep_metric"] = metric
-    best_model.metadata["sweep_trial"] = index
-    return bool(metadata[index].get("passed", False))
+    return evaluations[index].passed

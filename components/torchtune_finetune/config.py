@@ -9,14 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kfp_finetune.components._shared.errors import ConfigError
+
 METHODS = ("full", "lora", "qlora", "dora")
 DATASET_TYPES = ("instruct", "chat", "text")
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICES = ("cuda", "cpu", "xpu", "npu", "mps")
-
-
-class ConfigError(ValueError):
-    """Bad input, reported before anything runs. The message names the parameter and how to fix it."""
 
 
 @dataclass

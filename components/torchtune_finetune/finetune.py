@@ -17,20 +17,23 @@ import yaml
 
 from kfp_finetune.components._shared import html_report
 from kfp_finetune.components._shared.artifacts import entry_path
+from kfp_finetune.components._shared.contract import (
+    ArtifactInput,
+    BaseModel,
+    DatasetSplit,
+    TrainConfig,
+    TunedModel,
+)
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
-from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig, from_flat
-from kfp_finetune.components.torchtune_finetune.metrics import (
-    LossDiverged,
-    StepMetrics,
-    first_divergence,
-    read_metrics_file,
-    summarize,
-)
+from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig, from_flat
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
     finalize_checkpoint,
@@ -39,14 +42,6 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run
 
 log = get_logger(__name__)
-
-
-@dataclass
-class ArtifactInput:
-    """An input artifact as the step sees it: its metadata (from the producing step) and its file."""
-
-    metadata: dict
-    path: str = ""
 
 
 @dataclass
@@ -64,12 +59,8 @@ class FinetuneResult:
 
 
 def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> Path:
-    relative = metadata.get("workspace_path")
-    if not relative:
-        raise ConfigError(
-            f"{what} artifact has no workspace_path in its metadata: connect it to a "
-            f"{'model' if what == 'base_model' else 'dataset'}-initialize output"
-        )
+    kind = BaseModel if what == "base_model" else DatasetSplit
+    relative = kind.from_metadata(metadata, input_name=what).require("workspace_path", input_name=what)
     path = entry_path(workspace, relative)
     if not path.exists():
         where = "this step's volumes" if Path(relative).is_absolute() else "this run's workspace"
@@ -81,40 +72,38 @@ def training_settings(
     settings: dict[str, Any], train_data: ArtifactInput, workspace: str | os.PathLike
 ) -> tuple[TorchtuneConfig, list[str]]:
     """The typed config, with the dataset type and files taken from the Dataset artifact unless overridden."""
+    split = DatasetSplit.from_metadata(train_data.metadata, input_name="train_data")
     values = {k: v for k, v in settings.items() if v is not None}
     # How the data looks comes from dataset-initialize, unless the step overrides it.
-    for key in ("dataset_type", "data_style", "conversation_style", "conversation_column", "text_column"):
-        if key not in values and train_data.metadata.get(key):
-            values[key] = train_data.metadata[key]
+    for key, value in split.torchtune_hints().items():
+        values.setdefault(key, value)
     config = from_flat(values)
-    _check_fits_data(config, train_data.metadata)
-    files = train_data.metadata.get("data_files") or []
-    if not files and not config.dataset.source:
-        raise ConfigError(
-            "train_data has no data_files in its metadata: connect it to dataset-initialize's train output"
-        )
+    _check_fits_data(config, split)
+    files = (
+        split.data_files if config.dataset.source else split.require("data_files", input_name="train_data")
+    )
     data_files = [str(Path(workspace) / f) for f in files]
     missing = [f for f in data_files if not Path(f).is_file()]
     if missing:
         raise ConfigError(f"train_data files are missing from the workspace: {', '.join(missing[:3])}")
     if data_files and not config.dataset.source:
-        config.dataset.source = train_data.metadata.get("format", "parquet")
+        config.dataset.source = split.format
         config.dataset.data_files = data_files
     return config, data_files
 
 
-def _check_fits_data(config: TorchtuneConfig, metadata: dict) -> None:
+def _check_fits_data(config: TorchtuneConfig, split: DatasetSplit) -> None:
     """Settings that contradict the data dataset-initialize wrote (its type, its columns) fail now, not in
     torchtune's dataset builder after the model is loaded."""
-    written = metadata.get("dataset_type")
+    written = split.dataset_type
     wanted = config.dataset.dataset_type
     if written and wanted != written and not config.dataset.source:
         raise ConfigError(
             f"dataset_type {wanted!r} contradicts train_data, which dataset-initialize wrote as {written!r} "
-            f"(style {metadata.get('data_style') or '?'}): leave dataset_type unset, or run dataset-initialize "
+            f"(style {split.data_style or '?'}): leave dataset_type unset, or run dataset-initialize "
             f"with dataset_type={wanted!r}"
         )
-    columns = metadata.get("columns")
+    columns = split.columns
     if not columns or config.dataset.source:
         return
     named = {f"column_map[{k!r}]": v for k, v in (config.dataset.column_map or {}).items()}
@@ -164,6 +153,9 @@ def run_finetune(
     """Validate everything, resolve the run, train with `backend` (see `backends.backend_for`), and build the
     outputs. `export_format` is how the model will be exported (see `resolve_run`)."""
     model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
+    base = BaseModel.from_metadata(base_model.metadata, input_name="base_model")
+    train = DatasetSplit.from_metadata(train_data.metadata, input_name="train_data")
+    held_out = DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data") if eval_data else None
     config, _ = training_settings(settings, train_data, workspace)
     config.device = pick_device(config.device, backend.gpus_available())
     # The TrainJob's name doubles as the run folder's: deterministic per KFP run + task, so a retry finds both.
@@ -184,7 +176,7 @@ def run_finetune(
         resolved.config_name,
         resolved.yaml_path,
     )
-    steps_planned = total_steps(resolved.config, train_data.metadata.get("num_rows"))
+    steps_planned = total_steps(resolved.config, train.num_rows)
 
     started = time.monotonic()
     outcome = backend.run(resolved, total_steps=steps_planned)
@@ -198,35 +190,36 @@ def run_finetune(
     if diverged:
         raise diverged
     summary = summarize(steps)
-    base_name = base_model.metadata.get("repo_id") or str(model_dir)
+    base_name = base.repo_id or str(model_dir)
     checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
 
     def rel(path: Path) -> str:
         return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
 
     metrics = _metrics(summary, steps, wall)
-    model_metadata = {
-        "workspace_path": rel(checkpoint.merged_dir or checkpoint.adapter_dir),
-        "run_dir": rel(run_dir),
-        "merged_path": rel(checkpoint.merged_dir) if checkpoint.merged_dir else "",
-        "adapter_path": rel(checkpoint.adapter_dir) if checkpoint.adapter_dir else "",
-        "metrics_file": rel(resolved.metrics_path),
-        "base_model": base_name,
-        "base_model_path": base_model.metadata.get("workspace_path", ""),
-        "base_model_revision": base_model.metadata.get("commit_sha")
-        or base_model.metadata.get("revision", ""),
-        "dataset_source": train_data.metadata.get("source_uri", ""),
-        "eval_data_path": (eval_data.metadata.get("workspace_path", "") if eval_data else ""),
-        "recipe": resolved.recipe,
-        "config": resolved.config_name or "user file",
-        "method": config.method,
-        "backend": backend.name,
-        "epochs": resolved.config.get("epochs"),
-        "steps": len(steps),
-        "files": checkpoint.files,
-        "total_bytes": checkpoint.total_bytes,
-        **{k: v for k, v in metrics.items() if k in ("final_loss", "min_loss", "tokens_per_second")},
-    }
+    model_metadata = TunedModel(
+        workspace_path=rel(checkpoint.merged_dir or checkpoint.adapter_dir),
+        run_dir=rel(run_dir),
+        merged_path=rel(checkpoint.merged_dir) if checkpoint.merged_dir else "",
+        adapter_path=rel(checkpoint.adapter_dir) if checkpoint.adapter_dir else "",
+        metrics_file=rel(resolved.metrics_path),
+        base_model=base_name,
+        base_model_path=base.workspace_path,
+        base_model_revision=base.pinned_revision,
+        dataset_source=train.source_uri,
+        eval_data_path=held_out.workspace_path if held_out else "",
+        recipe=resolved.recipe,
+        config=resolved.config_name or "user file",
+        method=config.method,
+        backend=backend.name,
+        epochs=resolved.config.get("epochs"),
+        steps=len(steps),
+        files=checkpoint.files,
+        total_bytes=checkpoint.total_bytes,
+        final_loss=metrics.get("final_loss"),
+        min_loss=metrics.get("min_loss"),
+        tokens_per_second=metrics.get("tokens_per_second"),
+    ).to_metadata()
     return FinetuneResult(
         run=resolved,
         checkpoint=checkpoint,
@@ -354,14 +347,11 @@ def run_component(**params: Any) -> FinetuneResult:
         task_name=params["task_name"],
     )
 
-    def artifact_input(artifact: Any) -> ArtifactInput | None:
-        return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None
-
     result = run_finetune(
         workspace=params["workspace_path"],
-        train_data=artifact_input(params["train_data"]),
-        base_model=artifact_input(params["base_model"]),
-        eval_data=artifact_input(params.get("eval_data")),
+        train_data=ArtifactInput.of(params["train_data"]),
+        base_model=ArtifactInput.of(params["base_model"]),
+        eval_data=ArtifactInput.of(params.get("eval_data")),
         settings=settings,
         run_id=run_id,
         task_name=params["task_name"],
@@ -383,11 +373,11 @@ def run_component(**params: Any) -> FinetuneResult:
     for name, text in {"torchtune_config.yaml": result.resolved_yaml, **result.extra_files}.items():
         (config_dir / name).write_text(text)
     params["train_config"].metadata.update(
-        {
-            "recipe": result.run.recipe,
-            "config": result.run.config_name or "user file",
-            "files": sorted(p.name for p in config_dir.iterdir()),
-        }  # fmt: skip
+        TrainConfig(
+            recipe=result.run.recipe,
+            config=result.run.config_name or "user file",
+            files=sorted(p.name for p in config_dir.iterdir()),
+        ).to_metadata()
     )
     log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
     return result

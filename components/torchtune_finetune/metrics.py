@@ -1,4 +1,5 @@
-"""torchtune's metric lines, parsed — one format for the local process, TrainJob pod logs and the metrics file.
+"""torchtune's metric lines during and after a run — one format for the local process, TrainJob pod logs and the
+metrics file (the line format and its parser: _shared/metrics_file.py, which evaluate reads too).
 
 torchtune's DiskLogger writes `Step N | loss:2.31 lr:0.0003 tokens_per_second_per_gpu:812.5 ` per logged step
 (plus `peak_memory_*` on CUDA). `TeeMetricLogger` writes the same lines to the file *and* stdout, so a TrainJob's
@@ -14,27 +15,14 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-_STEP_LINE = re.compile(r"Step (\d+) \| (.*)$")
-_PAIR = re.compile(r"([A-Za-z_][\w/.-]*):(\S+)")
+from kfp_finetune.components._shared.metrics_file import (
+    StepMetrics,
+)
+
 _KUBELET_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
-
-
-@dataclass
-class StepMetrics:
-    step: int
-    values: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def loss(self) -> float | None:
-        return self.values.get("loss")
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.values.get("tokens_per_second_per_gpu")
 
 
 # What usually makes a run diverge, as the pipeline parameters that fix it.
@@ -71,34 +59,6 @@ def divergence(metrics: StepMetrics) -> LossDiverged | None:
 def first_divergence(steps: Iterable[StepMetrics]) -> LossDiverged | None:
     """The divergence at the first step with a non-finite loss, or None when every logged loss is finite."""
     return next((diverged for s in steps if (diverged := divergence(s)) is not None), None)
-
-
-def parse_metric_line(line: str) -> StepMetrics | None:
-    """The metrics of one `Step N | k:v ...` line (anywhere in the line), or None for any other line."""
-    match = _STEP_LINE.search(line.strip())
-    if not match:
-        return None
-    values = {}
-    for name, raw in _PAIR.findall(match.group(2)):
-        try:
-            values[name] = float(raw)
-        except ValueError:
-            continue
-    return StepMetrics(int(match.group(1)), values) if values else None
-
-
-def collect_steps(lines: Iterable[str]) -> list[StepMetrics]:
-    """Step metrics from lines, one entry per step (values logged separately for a step are merged)."""
-    by_step: dict[int, StepMetrics] = {}
-    for line in lines:
-        parsed = parse_metric_line(line)
-        if parsed:
-            by_step.setdefault(parsed.step, StepMetrics(parsed.step)).values.update(parsed.values)
-    return [by_step[step] for step in sorted(by_step)]
-
-
-def read_metrics_file(path: str | Path) -> list[StepMetrics]:
-    return collect_steps(Path(path).read_text().splitlines())
 
 
 def summarize(steps: list[StepMetrics]) -> dict[str, float]:

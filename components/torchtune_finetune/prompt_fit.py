@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components._shared.errors import ConfigError
 
 #: How many of the longest rows (by characters) are tokenized.
 CANDIDATE_ROWS = 64

@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
-from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
 from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
 
 log = get_logger(__name__)

@@ -30,6 +30,9 @@ MIN_IMPROVEMENT = 1.0
 
 
 class Outputs(NamedTuple):
+    base_model: Model
+    train_data: Dataset
+    eval_data: Dataset
     model: Model
     train_metrics: Metrics
     train_report: HTML
@@ -144,6 +147,9 @@ def component_pipeline(model_uri: str, data_uri: str, export_destination: str, g
         task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
     )
     return Outputs(
+        base_model=model_task.outputs["model"],
+        train_data=data_task.outputs["train"],
+        eval_data=data_task.outputs["eval"],
         model=tune.outputs["model"],
         train_metrics=tune.outputs["metrics"],
         train_report=tune.outputs["report"],

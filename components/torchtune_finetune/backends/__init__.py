@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components._shared.errors import ConfigError
 
 if TYPE_CHECKING:
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings

@@ -19,16 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp_finetune.components._shared.cancel import StopSignals, signal_name
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
-from kfp_finetune.components.torchtune_finetune.metrics import (
-    LossDiverged,
-    StepMetrics,
-    divergence,
-    parse_metric_line,
-    progress_line,
-)
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence, progress_line
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 log = get_logger(__name__)

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
     CLUSTER_RUNTIME_KIND,
@@ -17,7 +18,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
     trainjob_name,
     unmounted_paths,
 )
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 

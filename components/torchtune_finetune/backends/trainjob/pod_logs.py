@@ -18,14 +18,13 @@ from typing import Any
 
 from kfp_finetune.components._shared.kube import Backoff, is_retryable
 from kfp_finetune.components._shared.kube_watch import Streams, is_connection_error, raw_json
+from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import restarted_node_containers
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NODE
 from kfp_finetune.components.torchtune_finetune.metrics import (
     LossDiverged,
-    StepMetrics,
     divergence,
     kubelet_timestamp_ns,
-    parse_metric_line,
     progress_line,
 )
 

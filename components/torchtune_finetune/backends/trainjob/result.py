@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from kfp_finetune.components.torchtune_finetune.metrics import StepMetrics
+from kfp_finetune.components._shared.metrics_file import StepMetrics
 
 
 @dataclasses.dataclass
