@@ -327,7 +327,7 @@ CLI_ROWS = [
         "set-without-value",
         ["resolve-config", "--model-dir", "{model}", "--set", "lora_rank"],
         2,
-        ["--set 'lora_rank'", "KEY=VALUE"],
+        ["--set", "KEY=VALUE", "'lora_rank'"],
     ),
     (
         "set-negative-weight-decay",

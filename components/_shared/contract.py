@@ -138,7 +138,6 @@ class DatasetSplit(_Metadata):
     files: list[dict] = field(default_factory=list)  # {path, size, sha256} per shard
     total_bytes: int = 0
     reused_existing_copy: bool = False
-    cache: dict | None = None  # model cache facts (hit, entry, bytes_fetched, bytes_copied, workspace_copy)
 
     @classmethod
     def producer(cls, input_name: str) -> str:
@@ -169,6 +168,7 @@ class BaseModel(_Metadata):
     total_bytes: int = 0
     files: list[dict] = field(default_factory=list)
     reused_existing_copy: bool = False
+    cache: dict | None = None  # model cache facts (hit, entry, bytes_fetched, bytes_copied, workspace_copy)
 
     @property
     def pinned_revision(self) -> str:
