@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import scoring
@@ -458,7 +459,6 @@ def training_steps(workspace: Path, model: ArtifactInput) -> list[StepMetrics]:
 
 def run_component(**params: Any) -> bool:
     """What the component body calls with all its parameters; returns the gate's verdict."""
-    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 
     def artifact_input(artifact: Any) -> ArtifactInput | None:
         return ArtifactInput(dict(artifact.metadata), artifact.path) if artifact is not None else None
@@ -474,7 +474,10 @@ def run_component(**params: Any) -> bool:
         eval_data=artifact_input(params["eval_data"]),
         base_model=artifact_input(params.get("base_model")),
         settings=settings,
-        output_name=trainjob_name(params["run_id"] or "local", params["task_name"] or "evaluate"),
+        # Named from this task's own KFP id: two evaluations in one run (nested uses, sweep trials) never share.
+        output_name=instance_name(
+            params["task_name"] or "evaluate", params.get("task_id") or params["run_id"] or "local"
+        ),
     )
     for name, value in result.metrics.items():
         params["metrics"].log_metric(name, value)

@@ -31,6 +31,7 @@ import yaml
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components.export.model_card import CardInputs, numeric_metrics, render_card
 
 log = get_logger(__name__)
@@ -132,6 +133,7 @@ def export_model(
     task_name: str = "export",
     max_workers: int = 8,
     output: ArtifactLike | None = None,
+    task_id: str = "",
 ) -> ExportResult:
     """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported."""
     uri = check_request(model_metadata, format, dtype, destination)
@@ -150,9 +152,11 @@ def export_model(
     run_dir = _run_dir(workspace, model_metadata, sources)
     staging_root = run_dir / "exports"
     staging_root.mkdir(parents=True, exist_ok=True)
-    for stale in staging_root.glob(f".{task_name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted attempt
-    stage = staging_root / f".{task_name}.tmp-{uuid.uuid4().hex[:8]}"
+    # Named from this task's own KFP id: another export of the same model in this run stages beside us untouched.
+    staging_name = instance_name(task_name, task_id)
+    for stale in staging_root.glob(f".{staging_name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted attempt of this task
+    stage = staging_root / f".{staging_name}.tmp-{uuid.uuid4().hex[:8]}"
     metrics = numeric_metrics(eval_metrics or {})
     try:
         layout, staged_from = _stage(stage, sources, torch_dtype)
@@ -404,4 +408,5 @@ def run_component(**params: Any) -> ExportResult:
         task_name=params["task_name"],
         max_workers=params["max_workers"],
         output=params["exported"],
+        task_id=params.get("task_id", ""),
     )

@@ -189,10 +189,12 @@ def initialize_model(
     s3_endpoint_url: str = "",
     max_workers: int = 8,
     output_model: ArtifactLike | None = None,
+    task_id: str = "",
 ) -> ModelInitResult:
-    """Fetch the model at `source_uri` into `<workspace_path>/models/<name>/` and describe it in `output_model`."""
+    """Fetch the model at `source_uri` into `<workspace_path>/models/<name>-<task>/` (`<task>`: a hash of `task_id`,
+    see names.instance_name) and describe it in `output_model`."""
     parsed = storage.parse_uri(source_uri)
-    name = entry_name(name, parsed.repo_id or parsed.raw)
+    name = entry_name(name, parsed.repo_id or parsed.raw, task_id)
     final = area_dir(workspace_path, "models", name)
     listing = storage.list_files(parsed, repo_type="model", endpoint_url=s3_endpoint_url or None)
     source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
