@@ -2,7 +2,9 @@
 `finetune_pipeline`, built from them, which exports the model only when evaluation says it is better.
 
 Parameters are grouped by stage through their prefixes (data_, model_, tune_, eval_, export_). Every step writes
-to the run's workspace, so caching is off (a cached step would point into another run's workspace).
+to the run's workspace, so caching is off (a cached step would point into another run's workspace). Every step
+that writes there gets KFP's id of its task instance (`task_id=TASK_ID`), which names what it writes: nested
+uses of these DAGs in one run, and sweep trials, never share a folder or a TrainJob.
 """
 
 # No `from __future__ import annotations`: KFP reads pipeline signatures' annotations as types.
@@ -22,6 +24,8 @@ from kfp_finetune.pipelines import settings
 
 HF_TOKEN_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+# Resolved by KFP once per task execution: unique per nested use and ParallelFor iteration (see _shared/names.py).
+TASK_ID = dsl.PIPELINE_TASK_ID_PLACEHOLDER
 
 
 def with_credentials(task: dsl.PipelineTask, hf_token_secret, s3_secret) -> dsl.PipelineTask:
@@ -59,6 +63,7 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
         run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        task_id=TASK_ID,
         **export_arguments,
     )
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
@@ -109,6 +114,7 @@ def prepare_inputs(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
         s3_endpoint_url=s3_endpoint_url,
         cache_path=model_cache_path,
+        task_id=TASK_ID,
     )
     with_model_cache(model_task)
     data_task = dataset_initialize(
@@ -121,6 +127,7 @@ def prepare_inputs(
         eval_fraction=data_eval_fraction,
         seed=data_seed,
         s3_endpoint_url=s3_endpoint_url,
+        task_id=TASK_ID,
     )
     for task, name in ((model_task, "Initialize model"), (data_task, "Initialize dataset")):
         # No KFP-level retry (see `publish`): transient errors are retried in-process, bad input fails at once.
@@ -205,7 +212,7 @@ def tune_and_evaluate(
         tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
         tune_cleanup_policy: on-success (keep failed TrainJobs), always or never.
         tune_workspace_pvc: The workspace's PVC name, when KFP does not forward the workspace volume itself.
-        tune_run_name: Names the run folder and TrainJob within the pipeline run (unique per fine-tune).
+        tune_run_name: Readable part of the run folder, TrainJob and eval folder names (KFP's task id keeps them apart).
         eval_max_samples: Held-out rows evaluated; 0: all.
         eval_max_new_tokens: Generation length limit.
         eval_gate_metric: Metric the tuned model must improve over the base (eval_loss, exact_match, ...).
@@ -243,6 +250,7 @@ def tune_and_evaluate(
         workspace_pvc=tune_workspace_pvc,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         task_name=tune_run_name,
+        task_id=TASK_ID,
         export_format=export_format,
     )
     step(tune, "Fine-tune (torchtune)", settings.TRAIN_STEP_TIMEOUT_SECONDS)
@@ -264,6 +272,7 @@ def tune_and_evaluate(
         device=eval_device,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         task_name=tune_run_name,
+        task_id=TASK_ID,
     )
     step(check, "Evaluate: base vs tuned", settings.EVALUATE_TIMEOUT_SECONDS)
     with_model_cache(check)

@@ -16,15 +16,21 @@ from tests.support.sources import write_fake_model
 def test_second_run_fetches_nothing_and_links_the_cache_entry(tmp_path):
     src = write_fake_model(tmp_path / "src", extra_bin=False)
     cache_dir = tmp_path / "cache"
-    first = initialize_model(str(src), str(tmp_path / "ws1"), name="m", cache_path=str(cache_dir))
-    second = initialize_model(str(src), str(tmp_path / "ws2"), name="m", cache_path=str(cache_dir))
+    # Two scheduled runs: two KFP task ids, so two workspace entry names, and one cache entry.
+    first = initialize_model(
+        str(src), str(tmp_path / "ws1"), name="m", cache_path=str(cache_dir), task_id="run-1"
+    )
+    second = initialize_model(
+        str(src), str(tmp_path / "ws2"), name="m", cache_path=str(cache_dir), task_id="run-2"
+    )
     assert first.metadata["cache"]["hit"] is False and first.metadata["cache"]["bytes_fetched"] > 0
     facts = second.metadata["cache"]
     assert facts["hit"] is True and facts["bytes_fetched"] == 0 and facts["bytes_copied"] == 0
-    assert facts["workspace_copy"] == "hardlink" and second.metadata["workspace_path"] == "models/m"
+    assert facts["workspace_copy"] == "hardlink" and second.metadata["workspace_path"] == f"models/{second.path.name}"
     entry = cache_dir / "models" / f"m-{second.manifest['fingerprint'][:12]}"
     assert facts["entry"] == str(entry)
-    weights = tmp_path / "ws2" / "models" / "m" / "model.safetensors"
+    assert second.path.name.startswith("m-") and second.path.name != first.path.name
+    weights = second.path / "model.safetensors"
     assert os.lstat(weights).st_ino == os.lstat(entry / "model.safetensors").st_ino  # a hard link
 
     # A changed source is a new entry; the old one (another run may train from it) stays intact.

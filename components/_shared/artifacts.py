@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.names import instance_name
 
 log = get_logger(__name__)
 
@@ -36,11 +37,14 @@ def write_artifact(artifact: ArtifactLike | None, manifest: dict, metadata: dict
     artifact.metadata.update(json.loads(json.dumps(metadata)))
 
 
-def entry_name(explicit: str, source: str) -> str:
-    """The workspace entry name: `explicit`, else the last meaningful part of the source's path, made path-safe.
-    Only the path: a URI's query string or userinfo may hold credentials."""
-    if explicit:
-        return explicit
+def entry_name(explicit: str, source: str, task_id: str = "") -> str:
+    """The workspace entry name: `explicit`, else the last meaningful part of the source's path, made path-safe
+    (only the path: a URI's query string or userinfo may hold credentials), followed by a hash of the KFP task id
+    (see names.instance_name), so two sources whose paths end alike, or two uses of one source, get two entries."""
+    return instance_name(explicit or _source_name(source), task_id)
+
+
+def _source_name(source: str) -> str:
     if "://" in source:
         parts = urllib.parse.urlsplit(source)
         source = (parts.hostname or "") + parts.path

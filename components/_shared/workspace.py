@@ -1,9 +1,13 @@
 """The run workspace layout (DESIGN.md §1) and all-or-nothing writes into it.
 
-    <workspace>/datasets/<name>/   parquet shards + manifest.json
-    <workspace>/models/<name>/     HF-layout model + manifest.json
-    <workspace>/runs/<id>/         resolved torchtune YAML, logs, checkpoints
-    <workspace>/eval/<id>/         evaluation report and samples
+    <workspace>/datasets/<name>-<task>/   parquet shards + manifest.json
+    <workspace>/models/<name>-<task>/     HF-layout model + manifest.json
+    <workspace>/runs/<trainjob name>/     resolved torchtune YAML, logs, checkpoints (exports/ stages the export)
+    <workspace>/eval/<name>-<task>/       evaluation report and samples
+
+`<name>` is readable (the source's file or repo name, the fine-tune's tune_run_name); `<task>` is 8 hex characters
+of a hash of KFP's id of the step's task instance (names.instance_name), and the TrainJob's name hashes it too, so
+two uses of a step in one run (nested DAGs, sweep trials, sources whose paths end alike) never share an entry.
 
 A step writes into a hidden temp dir beside the destination and renames it into place only when the content is
 complete, so a failed or killed step never leaves something that looks finished.

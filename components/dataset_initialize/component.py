@@ -24,6 +24,7 @@ def dataset_initialize(
     rows_per_shard: int = 100000,
     num_proc: int = 1,
     s3_endpoint_url: str = "",
+    task_id: str = "",
 ):
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
@@ -31,9 +32,9 @@ def dataset_initialize(
     canonical names (the step log lists the columns dropped), validates every row (types, nulls, empty
     values; the error names the first bad rows by source file and line — JSON Lines, CSV, txt — or row index
     within the file — parquet, arrow, JSON arrays), optionally holds out an eval split, and writes `train/` and
-    `eval/` parquet shards plus a manifest to `<workspace>/datasets/<name>/`. Instruct rows with a per-row
-    `system` column are written as OpenAI `messages` (system, user, assistant; alpaca's input follows the
-    instruction after a blank line) with dataset_type `chat`, so training keeps the system prompt with the same
+    `eval/` parquet shards plus a manifest to `<workspace>/datasets/<name>-<task>/` (`<task>`: 8 characters of a
+    hash of `task_id`). Instruct rows with a per-row `system` column are written as OpenAI `messages` (system,
+    user, assistant; alpaca's input follows the instruction after a blank line) with dataset_type `chat`, so training keeps the system prompt with the same
     masking. Plain-text files (`.txt`) give one row per line; blank lines are skipped. The copy is renamed into place only when complete; a rerun
     with the same source content and parameters skips the work. Credentials come only from the environment:
     HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and
@@ -44,7 +45,8 @@ def dataset_initialize(
             jsonl, csv, parquet, arrow or txt files at `s3://<bucket>/<prefix>`, `https://<host>/<file>`,
             `file:///<path>` or an absolute path (a file or a folder).
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
-        name: Folder name under `datasets/`; default: the repo, file or folder name of the source.
+        name: Readable part of the folder name under `datasets/`; default: the repo, file or folder name of the
+            source.
         dataset_type: `instruct` (columns `input` + `output`, or alpaca `instruction` + optional `input` +
             `output`; optional `system`), `chat` (OpenAI `messages` or ShareGPT `conversations`) or `text`
             (`text`, or the lines of .txt files).
@@ -63,6 +65,8 @@ def dataset_initialize(
         rows_per_shard: Maximum rows per written parquet shard.
         num_proc: Processes the datasets library uses to parse source files (JSON Lines are streamed by pyarrow).
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
+        task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (keeps two datasets whose
+            sources end in the same name apart); empty: not under KFP.
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
@@ -92,6 +96,7 @@ def dataset_initialize(
             rows_per_shard=rows_per_shard,
             num_proc=num_proc,
             s3_endpoint_url=s3_endpoint_url,
+            task_id=task_id,
             output_train=train,
             output_eval=eval,
         )

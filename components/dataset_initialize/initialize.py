@@ -157,10 +157,12 @@ def initialize_dataset(
     rows_per_shard: int = 100_000,
     num_proc: int = 1,
     s3_endpoint_url: str = "",
+    task_id: str = "",
     output_train: ArtifactLike | None = None,
     output_eval: ArtifactLike | None = None,
 ) -> DatasetInitResult:
-    """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>/`."""
+    """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>-<task>/`
+    (`<task>`: a hash of `task_id`, see names.instance_name)."""
     column_map = dict(column_map or {})
     if eval_split and eval_fraction:
         raise ValueError("set either eval_split or eval_fraction, not both")
@@ -169,7 +171,7 @@ def initialize_dataset(
     if rows_per_shard < 1:
         raise ValueError("rows_per_shard must be positive")
     parsed = storage.parse_uri(source_uri)
-    name = entry_name(name, parsed.repo_id or parsed.raw)
+    name = entry_name(name, parsed.repo_id or parsed.raw, task_id)
     final = area_dir(workspace_path, "datasets", name)
     listing = storage.list_files(parsed, repo_type="dataset", endpoint_url=s3_endpoint_url or None)
     source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials

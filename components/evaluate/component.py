@@ -32,6 +32,7 @@ def evaluate(
     report_samples: int = 20,
     run_id: str = "",
     task_name: str = "evaluate",
+    task_id: str = "",
 ) -> NamedTuple("Outputs", [("passed", bool)]):
     """Tell whether fine-tuning helped: the tuned model against its base on held-out data, with a quality gate.
 
@@ -43,7 +44,8 @@ def evaluate(
     tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). The quality gate
     passes when the tuned model beats the base on `gate_metric` by at least `min_improvement` and meets every
     threshold; wire `passed` into `dsl.If` to export only better models. Runs on CPU, or on a GPU the task
-    requests. Writes samples, report and metrics to `<workspace>/eval/<task>/` too.
+    requests. Writes samples, report and metrics to `<workspace>/eval/<task_name>-<task>/` too (`<task>`: 8
+    characters of a hash of `task_id`).
 
     Args:
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
@@ -70,8 +72,10 @@ def evaluate(
         lm_eval_limit: Examples per lm-eval task; 0: all.
         lm_eval_include_path: A folder of custom lm-eval task YAMLs (e.g. on a mounted volume); empty: none.
         report_samples: Number of samples shown in the report (all are in `samples`).
-        run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the eval folder).
-        task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+        run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the eval folder without task_id).
+        task_name: Readable part of the eval folder's name.
+        task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (gives each evaluation in a run its
+            own eval folder); empty: not under KFP.
 
     Returns:
         metrics: tuned_<m>, base_<m> and delta_<m> (tuned - base) for m in eval_loss, perplexity, exact_match,

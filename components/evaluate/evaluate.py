@@ -22,6 +22,7 @@ from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
+from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import scoring
@@ -464,7 +465,6 @@ def training_steps(workspace: Path, model: ArtifactInput) -> list[StepMetrics]:
 
 def run_component(**params: Any) -> bool:
     """What the component body calls with all its parameters; returns the gate's verdict."""
-    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 
     settings = EvalSettings(
         **{name: params[name] for name in EvalSettings.__dataclass_fields__ if name in params}
@@ -477,7 +477,10 @@ def run_component(**params: Any) -> bool:
         eval_data=ArtifactInput.of(params["eval_data"]),
         base_model=ArtifactInput.of(params.get("base_model")),
         settings=settings,
-        output_name=trainjob_name(params["run_id"] or "local", params["task_name"] or "evaluate"),
+        # Named from this task's own KFP id: two evaluations in one run (nested uses, sweep trials) never share.
+        output_name=instance_name(
+            params["task_name"] or "evaluate", params.get("task_id") or params["run_id"] or "local"
+        ),
     )
     for name, value in contract.EvalMetrics(values=result.metrics).to_metadata().items():
         params["metrics"].log_metric(name, value)

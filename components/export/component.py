@@ -23,6 +23,7 @@ def export(
     run_id: str = "",
     task_name: str = "export",
     max_workers: int = 8,
+    task_id: str = "",
 ):
     """Deliver the fine-tuned model where serving and registries read it: S3, the Hugging Face Hub or a volume.
 
@@ -53,9 +54,11 @@ def export(
         hf_private: Create a missing hf:// repo as private (an existing repo keeps its visibility).
         run_name: The pipeline run's name for the model card; pass `dsl.PIPELINE_JOB_NAME_PLACEHOLDER`.
         run_id: The pipeline run's id for the model card; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER`.
-        task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER` (names the staging folder).
+        task_name: The task's name, for the model card; readable part of the staging folder's name.
         max_workers: Number of files uploaded and hashed in parallel (paths); s3:// sends at least 32 files
             and up to 64 requests at once.
+        task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (gives each export of a model in
+            a run its own staging folder); empty: not under KFP.
 
     Returns:
         exported: A manifest; `uri` is the destination (for s3:// only in metadata `destination`: KFP

@@ -32,6 +32,7 @@ from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
 from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components.export.model_card import CardInputs, render_card
 
 log = get_logger(__name__)
@@ -133,6 +134,7 @@ def export_model(
     task_name: str = "export",
     max_workers: int = 8,
     output: ArtifactLike | None = None,
+    task_id: str = "",
 ) -> ExportResult:
     """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported.
     `model_metadata` is the tuned model's (contract.TunedModel), `eval_metrics` a Metrics output's."""
@@ -147,9 +149,11 @@ def export_model(
     run_dir = _run_dir(workspace, model, sources)
     staging_root = run_dir / "exports"
     staging_root.mkdir(parents=True, exist_ok=True)
-    for stale in staging_root.glob(f".{task_name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted attempt
-    stage = staging_root / f".{task_name}.tmp-{uuid.uuid4().hex[:8]}"
+    # Named from this task's own KFP id: another export of the same model in this run stages beside us untouched.
+    staging_name = instance_name(task_name, task_id)
+    for stale in staging_root.glob(f".{staging_name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted attempt of this task
+    stage = staging_root / f".{staging_name}.tmp-{uuid.uuid4().hex[:8]}"
     metrics = EvalMetrics.from_metadata(eval_metrics or {}, input_name="metrics").numeric()
     try:
         layout, staged_from = _stage(stage, sources, torch_dtype)
@@ -399,4 +403,5 @@ def run_component(**params: Any) -> ExportResult:
         task_name=params["task_name"],
         max_workers=params["max_workers"],
         output=params["exported"],
+        task_id=params.get("task_id", ""),
     )

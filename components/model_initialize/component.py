@@ -17,22 +17,23 @@ def model_initialize(
     s3_endpoint_url: str = "",
     max_workers: int = 8,
     cache_path: str = "",
+    task_id: str = "",
 ):
     """Bring a base model into the run workspace, verified, for fine-tuning.
 
-    Copies the files training needs (safetensors weights, config and tokenizer files; PyTorch .bin only when
-    the source has no safetensors) to `<workspace>/models/<name>/`, verifies them (config.json parses, all
-    weight shards present and complete, the model family's tokenizer present, sizes and sha256 where the
-    source states them) and writes `original_repo_id.json` for torchtune. The copy is renamed into place only
-    when complete; a rerun with unchanged source content skips the transfer. Credentials come only from the
-    environment: HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-    AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
+    Copies the files training needs (safetensors weights, config and tokenizer files; PyTorch .bin only when the
+    source has no safetensors) to `<workspace>/models/<name>-<task>/` (`<task>`: 8 characters of a hash of
+    `task_id`), verifies them (config.json parses, all weight shards present and complete, the model family's
+    tokenizer present, sizes and sha256 where the source states them) and writes `original_repo_id.json` for
+    torchtune. The copy is renamed into place only when complete; a rerun with unchanged source content skips the
+    transfer. Credentials come only from the environment: HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID /
+    AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
 
     Args:
         source_uri: Where the model is: `hf://<org>/<repo>[/<sub/path>][@<revision>]`, `s3://<bucket>/<prefix>`,
             `file:///<path>` or an absolute path (e.g. a mounted PVC).
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
-        name: Folder name under `models/`; default: the repo or folder name of the source.
+        name: Readable part of the folder name under `models/`; default: the repo or folder name of the source.
         allow_patterns: Glob patterns of files to copy; default: `*.safetensors`, `*.json`, `*.txt`, `*.model`,
             `*.tiktoken`.
         base_model_id: Model id recorded as the base model of trained adapters; default: the hf:// repo id,
@@ -42,6 +43,8 @@ def model_initialize(
         cache_path: A directory on a mounted volume that outlives runs (e.g. a PVC): the model is fetched there
             once per content and hard-linked into the workspace, or used in place when the volume is another
             filesystem; default: no cache.
+        task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (keeps two models whose sources end
+            in the same name apart); empty: not under KFP.
 
     Returns:
         model: A manifest.json; its metadata gives `workspace_path` (relative to the workspace), `source_uri`,
@@ -66,4 +69,5 @@ def model_initialize(
             max_workers=max_workers,
             cache_path=cache_path,
             output_model=model,
+            task_id=task_id,
         )

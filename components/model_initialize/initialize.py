@@ -195,10 +195,14 @@ def initialize_model(
     max_workers: int = 8,
     cache_path: str = "",
     output_model: ArtifactLike | None = None,
+    task_id: str = "",
 ) -> ModelInitResult:
-    """Fetch the model at `source_uri` into `<workspace_path>/models/<name>/` and describe it in `output_model`."""
+    """Fetch the model at `source_uri` into `<workspace_path>/models/<name>-<task>/` (`<task>`: a hash of `task_id`,
+    see names.instance_name) and describe it in `output_model`."""
     parsed = storage.parse_uri(source_uri)
-    name = entry_name(name, parsed.repo_id or parsed.raw)
+    # The cache is shared by runs: its entries are named by the source alone (and its content), never the task.
+    readable = entry_name(name, parsed.repo_id or parsed.raw)
+    name = entry_name(name, parsed.repo_id or parsed.raw, task_id)
     final = area_dir(workspace_path, "models", name)
     listing = storage.list_files(parsed, repo_type="model", endpoint_url=s3_endpoint_url or None)
     source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
@@ -216,7 +220,7 @@ def initialize_model(
     cache_facts: dict = {}
     location = final
     if cache_path:
-        entry = cache.cache_entry(cache_path, name, fingerprint)
+        entry = cache.cache_entry(cache_path, readable, fingerprint)
         with cache.locked(entry):
             manifest = _present_copy_matches(entry, fingerprint, repo_id)
             hit = manifest is not None

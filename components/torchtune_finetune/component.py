@@ -77,17 +77,18 @@ def torchtune_finetune(
     run_id: str = "",
     task_name: str = "finetune",
     workspace_pvc: str = "",
+    task_id: str = "",
 ):
     """Fine-tune a model with torchtune: full, LoRA, QLoRA or DoRA, on any model family torchtune supports.
 
     Reads the base model folder (config.json, weights, tokenizer) and the dataset, picks the torchtune recipe and
     base config (or uses the ones you name), and writes one complete torchtune YAML to
-    `<workspace>/runs/<run>/torchtune_config.yaml`, validated before any GPU time is spent. With
-    backend=trainjob it creates a Kubeflow Trainer TrainJob whose node pods mount this workspace, streams the
-    rank-0 log here and waits (a retry of this task re-attaches instead of training twice; cancelling the run
-    deletes the TrainJob). With backend=local it trains in this step's own process. Parameters left empty (or
-    0 / -1 where noted) keep the value of torchtune's base config. GPUs, tolerations, node selectors, env and volumes set on this task
-    are forwarded to the TrainJob's node pods.
+    `<workspace>/runs/<job>/torchtune_config.yaml` (`<job>`: the TrainJob's name, unique per task instance),
+    validated before any GPU time is spent. With backend=trainjob it creates a Kubeflow Trainer TrainJob whose
+    node pods mount this workspace, streams the rank-0 log here and waits (a retry of this task re-attaches
+    instead of training twice; cancelling the run deletes the TrainJob). With backend=local it trains in this
+    step's own process. Parameters left empty (or 0 / -1 where noted) keep the value of torchtune's base config.
+    GPUs, tolerations, node selectors, env and volumes set on this task are forwarded to the TrainJob's node pods.
 
     Args:
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
@@ -144,9 +145,11 @@ def torchtune_finetune(
         cleanup_policy: Delete the TrainJob on-success (keep failed ones for debugging), always, or never.
         trainer_image: Container image for the TrainJob's node pods; empty: the runtime's image.
         run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the run folder and TrainJob).
-        task_name: The task's name; pass `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+        task_name: Readable part of the run folder's and TrainJob's name.
         workspace_pvc: PVC of the workspace, mounted in the TrainJob's node pods at workspace_path; empty: the
             workspace volume KFP forwards through kubernetes_config (KFP >= 2.15).
+        task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (gives each use of this step in a
+            run its own run folder and TrainJob; a restarted step re-attaches to its own); empty: not under KFP.
 
     Returns:
         model: manifest.json; metadata gives `workspace_path` (the merged model, or the adapter with

@@ -149,17 +149,20 @@ def run_finetune(
     backend: TrainingBackend,
     eval_data: ArtifactInput | None = None,
     export_format: str = "",
+    task_id: str = "",
 ) -> FinetuneResult:
     """Validate everything, resolve the run, train with `backend` (see `backends.backend_for`), and build the
-    outputs. `export_format` is how the model will be exported (see `resolve_run`)."""
+    outputs. `export_format` is how the model will be exported (see `resolve_run`); `task_id` is KFP's id of
+    this task instance ("": not under KFP)."""
     model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
     base = BaseModel.from_metadata(base_model.metadata, input_name="base_model")
     train = DatasetSplit.from_metadata(train_data.metadata, input_name="train_data")
     held_out = DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data") if eval_data else None
     config, _ = training_settings(settings, train_data, workspace)
     config.device = pick_device(config.device, backend.gpus_available())
-    # The TrainJob's name doubles as the run folder's: deterministic per KFP run + task, so a retry finds both.
-    run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name))
+    # The TrainJob's name doubles as the run folder's: deterministic per KFP task instance, so a retry finds both
+    # and a second instance (a nested use, a ParallelFor iteration) gets its own.
+    run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name, task_id))
     backend.prepare(run_dir)
     resolved = resolve_run(
         config,
@@ -297,7 +300,8 @@ USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged)
 _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
-    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "workspace_pvc", "export_format",
+    "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
+    "export_format",
 }  # fmt: skip
 
 
@@ -345,6 +349,7 @@ def run_component(**params: Any) -> FinetuneResult:
         cleanup=params["cleanup_policy"],
         run_id=run_id,
         task_name=params["task_name"],
+        task_id=params.get("task_id", ""),
     )
 
     result = run_finetune(
@@ -357,6 +362,7 @@ def run_component(**params: Any) -> FinetuneResult:
         task_name=params["task_name"],
         backend=backend,
         export_format=params.get("export_format", ""),
+        task_id=params.get("task_id", ""),
     )
     kept = keep_local_copy(result.checkpoint, params["task_name"])
     if kept:

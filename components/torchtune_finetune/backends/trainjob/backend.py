@@ -35,9 +35,10 @@ class TrainJobBackend:
         image: Trainer image override (None: the runtime's).
         timeout: Seconds until the TrainJob is deleted and the step fails (also `activeDeadlineSeconds`).
         cleanup: Cleanup policy after the end (launcher.CLEANUP_POLICIES).
-        run_id: The KFP run id (labels; with task_name, the TrainJob's name).
+        run_id: The KFP run id (labels; with task_name and task_id, the TrainJob's name).
         task_name: The KFP task name.
-        job_name: The TrainJob's name (None: from run_id and task_name).
+        task_id: KFP's id of the task instance ("": not under KFP).
+        job_name: The TrainJob's name (None: from run_id, task_name and task_id).
         namespace: Namespace written into the manifest (None: the step's own, when launched).
     """
 
@@ -54,11 +55,12 @@ class TrainJobBackend:
     cleanup: str = "on-success"
     run_id: str = "local"
     task_name: str = "torchtune-finetune"
+    task_id: str = ""
     job_name: str | None = None
     namespace: str | None = None
 
     def __post_init__(self) -> None:
-        self.job_name = self.job_name or trainjob_name(self.run_id, self.task_name)
+        self.job_name = self.job_name or trainjob_name(self.run_id, self.task_name, self.task_id)
 
     def gpus_available(self) -> bool:
         return self.pod.gpus > 0

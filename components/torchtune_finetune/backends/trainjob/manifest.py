@@ -68,16 +68,18 @@ def _dns_slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def trainjob_name(run_id: str, task_name: str) -> str:
-    """A deterministic TrainJob name for one KFP task of one run: a retry of the task gets the same name.
+def trainjob_name(run_id: str, task_name: str, task_id: str = "") -> str:
+    """A deterministic TrainJob name for one KFP task instance of one run: a restart of the task's pod gets the
+    same name (and re-attaches), another instance another one.
 
-    Readable parts (task, start of the run id) plus a hash of both in full, so distinct runs/tasks never collide
-    even when the readable parts are truncated.
+    Readable parts (task name, start of the run id) plus a hash of the run id, the task name and KFP's task id
+    (`{{$.pipeline_task_uuid}}`, distinct for each nested use and ParallelFor iteration; empty: not under KFP)
+    in full, so distinct runs and task instances never collide even when the readable parts are truncated.
     """
     if not run_id or not task_name:
         raise ValueError("a TrainJob name needs both the KFP run id and the task name")
     parts = [p for p in (_dns_slug(task_name)[:20].strip("-"), _dns_slug(run_id)[:8].strip("-")) if p]
-    name = "-".join([*parts, _digest(run_id, task_name)])
+    name = "-".join([*parts, _digest(run_id, task_name, *([task_id] if task_id else []))])
     if not name[0].isalpha():
         name = f"ft-{name}"
     return validate_name(name)
