@@ -26,7 +26,10 @@ def test_second_run_fetches_nothing_and_links_the_cache_entry(tmp_path):
     assert first.metadata["cache"]["hit"] is False and first.metadata["cache"]["bytes_fetched"] > 0
     facts = second.metadata["cache"]
     assert facts["hit"] is True and facts["bytes_fetched"] == 0 and facts["bytes_copied"] == 0
-    assert facts["workspace_copy"] == "hardlink" and second.metadata["workspace_path"] == f"models/{second.path.name}"
+    assert (
+        facts["workspace_copy"] == "hardlink"
+        and second.metadata["workspace_path"] == f"models/{second.path.name}"
+    )
     entry = cache_dir / "models" / f"m-{second.manifest['fingerprint'][:12]}"
     assert facts["entry"] == str(entry)
     assert second.path.name.startswith("m-") and second.path.name != first.path.name
