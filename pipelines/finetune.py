@@ -18,6 +18,7 @@ from kfp_finetune.components.dataset_initialize.component import dataset_initial
 from kfp_finetune.components.evaluate.component import evaluate
 from kfp_finetune.components.export.component import export
 from kfp_finetune.components.model_initialize.component import model_initialize
+from kfp_finetune.components.preflight.component import preflight
 from kfp_finetune.components.quality_gate.component import quality_gate
 from kfp_finetune.components.torchtune_finetune.component import torchtune_finetune
 from kfp_finetune.pipelines import settings
@@ -67,6 +68,15 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
         **export_arguments,
     )
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
+    with_model_cache(task)
+    return with_credentials(task, hf_token_secret, s3_secret)
+
+
+def check_first(hf_token_secret, s3_secret, **preflight_arguments) -> dsl.PipelineTask:
+    """The pre-flight step, the first of a pipeline: the steps that download `.after()` it. It gets the Secrets and
+    volumes the export gets, so it sees the destination as the export will."""
+    task = preflight(hf_token_secret=hf_token_secret, s3_secret=s3_secret, **preflight_arguments)
+    step(task, "Pre-flight checks", 600)
     with_model_cache(task)
     return with_credentials(task, hf_token_secret, s3_secret)
 
@@ -349,8 +359,9 @@ def finetune_pipeline(
 ) -> FinetuneOutputs:
     """Fine-tune an LLM with torchtune and publish it only if it beats the base model.
 
-    Dataset and model initialize in parallel into the run's workspace; torchtune-finetune trains (a Kubeflow
-    Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
+    A pre-flight step first checks in seconds that the destination is writable, the Secrets' credentials are
+    there, gated hub repos are readable and the training runtime exists; then dataset and model initialize in
+    parallel into the run's workspace; torchtune-finetune trains (a Kubeflow Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
     the quality gate passes.
 
     Args:
@@ -402,6 +413,16 @@ def finetune_pipeline(
         model_cache_path: A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is
             fetched there once per content and hard-linked or used in place; empty: no cache.
     """
+    checked = check_first(
+        hf_token_secret,
+        s3_secret,
+        export_destination=export_destination,
+        model_uri=model_uri,
+        data_uri=data_uri,
+        s3_endpoint_url=s3_endpoint_url,
+        tune_backend=tune_backend,
+        tune_runtime=tune_runtime,
+    )
     inputs = prepare_inputs(
         model_uri=model_uri,
         data_uri=data_uri,
@@ -416,6 +437,7 @@ def finetune_pipeline(
         s3_secret=s3_secret,
         model_cache_path=model_cache_path,
     ).set_display_name("Prepare inputs")
+    inputs.after(checked)
     tuned = tune_and_evaluate(
         base_model=inputs.outputs["model"],
         train_data=inputs.outputs["train"],

@@ -13,7 +13,7 @@ from kfp.dsl import Metrics, Model
 
 from kfp_finetune.components.sweep.component import select_best, sweep_grid
 from kfp_finetune.pipelines import settings
-from kfp_finetune.pipelines.finetune import prepare_inputs, publish, step, tune_and_evaluate
+from kfp_finetune.pipelines.finetune import check_first, prepare_inputs, publish, step, tune_and_evaluate
 
 
 class SweepOutputs(NamedTuple):
@@ -67,6 +67,9 @@ def sweep_pipeline(
 ) -> SweepOutputs:
     """Sweep learning rate x LoRA rank with torchtune, evaluate every trial, export only the best.
 
+    A pre-flight step first checks the export destination, the Secrets' credentials, gated hub repos and the
+    training runtime, in seconds; the model and dataset are fetched only when it passes.
+
     Args:
         model_uri: Base model: hf://org/repo[@revision], s3://bucket/prefix, or a path on a mounted volume.
         data_uri: Dataset: hf://org/name[@revision], s3://..., https://... (one file), or a path.
@@ -110,6 +113,16 @@ def sweep_pipeline(
         model_cache_path: A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is
             fetched there once per content and hard-linked or used in place; empty: no cache.
     """
+    checked = check_first(
+        hf_token_secret,
+        s3_secret,
+        export_destination=export_destination,
+        model_uri=model_uri,
+        data_uri=data_uri,
+        s3_endpoint_url=s3_endpoint_url,
+        tune_backend=tune_backend,
+        tune_runtime=tune_runtime,
+    )
     inputs = prepare_inputs(
         model_uri=model_uri,
         data_uri=data_uri,
@@ -124,6 +137,7 @@ def sweep_pipeline(
         s3_secret=s3_secret,
         model_cache_path=model_cache_path,
     ).set_display_name("Prepare inputs")
+    inputs.after(checked)
     grid = step(
         sweep_grid(learning_rates=sweep_learning_rates, lora_ranks=sweep_lora_ranks), "Sweep grid", 600
     )

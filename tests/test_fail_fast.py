@@ -53,7 +53,9 @@ def _run_until_a_step_fails(tmp_path, capfd, **arguments):
     )
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="finished with status .*FAILURE") as failed:
-        finetune_pipeline(export_destination=str(tmp_path / "exported"), tune_backend="local", **arguments)
+        finetune_pipeline(
+            **{"export_destination": str(tmp_path / "exported"), "tune_backend": "local", **arguments}
+        )
     seconds = time.monotonic() - started
     return _ANSI.sub("", str(failed.value)), _ANSI.sub("", capfd.readouterr().out), seconds
 

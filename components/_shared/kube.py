@@ -163,3 +163,36 @@ def call_with_retry(
             if on_retry:
                 on_retry(error, delay)
             backoff.sleep(delay)
+
+
+TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
+RUNTIME_PLURALS = {"ClusterTrainingRuntime": "clustertrainingruntimes", "TrainingRuntime": "trainingruntimes"}
+
+
+def training_runtime_exists(api_client: Any, name: str, kind: str, namespace: str, *, backoff: Backoff | None = None
+                            ) -> bool | None:  # fmt: skip
+    """Whether the Kubeflow Trainer (Cluster)TrainingRuntime `name` exists (a TrainingRuntime in `namespace`);
+    None when the ServiceAccount may not read it (403: a tighter Role than runtimes/rbac.yaml; creating the
+    TrainJob is then the real test). Raises ValueError for an unknown `kind`."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    if kind not in RUNTIME_PLURALS:
+        raise ValueError(f"runtime kind must be one of {sorted(RUNTIME_PLURALS)}, got {kind!r}")
+    custom = client.CustomObjectsApi(api_client)
+    group = (TRAINER_GROUP, TRAINER_VERSION)
+    try:
+        if kind == "ClusterTrainingRuntime":
+            call_with_retry(
+                custom.get_cluster_custom_object, *group, RUNTIME_PLURALS[kind], name, backoff=backoff
+            )
+        else:
+            call_with_retry(custom.get_namespaced_custom_object, *group, namespace, RUNTIME_PLURALS[kind], name,
+                            backoff=backoff)  # fmt: skip
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        if error.status == 403:
+            return None
+        raise
+    return True

@@ -23,6 +23,10 @@ starts with a `.gitattributes` commit, readable by the creating token when priva
 current oid so the client skips unchanged files), the git-LFS batch API with the plain "basic" transfer (a
 PUT of the whole object, sha256 and size checked; objects already stored get no upload action, which is how
 an interrupted push resumes) and `/api/models/<repo>/commit/<rev>` (ndjson; `parentCommit` is checked).
+Tokens: `add_token(token, account, role, orgs)` registers what `GET /api/whoami-v2` answers for it (the hub's
+body: `name`, `orgs[].roleInOrg`, `auth.accessToken.role` read / write / fineGrained with `fineGrained.scoped`);
+an unregistered or missing token gets 401 there, as on the hub. A "read" token is refused every write (403), as
+the hub refuses writes with a read token even to the account's own repos; other roles write as before.
 The stand-in offers no Xet storage: clients must run with HF_HUB_DISABLE_XET=1 (as `hub_env` sets).
 `fail_once(<sha256>, mode)` applies the same faults to the PUT of that LFS object; `puts_of(sha256)` counts
 them.
@@ -111,6 +115,7 @@ class HubStandin:
         self.cdn_files: dict[str, tuple[Revision, RepoFile]] = {}  # sha256 -> what the CDN URL serves
         self.stalled = 0  # LFS uploads currently held by a "stall" fault
         self.tree_page_size = 1000  # entries per /tree page, as the hub's
+        self.accounts: dict[str, dict] = {}  # token -> the whoami-v2 body (add_token)
         self._lock = threading.Lock()
         self._released = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
@@ -144,6 +149,26 @@ class HubStandin:
         repo = Repo(repo_id, repo_type, revs, gated=gated, private=private, tokens=set(tokens))
         self.repos[(repo_type, repo_id)] = repo
         return repo
+
+    def add_token(
+        self, token: str, account: str, *, role: str = "write", orgs: dict[str, str] | None = None,
+        scoped: list[dict] | None = None,
+    ) -> None:  # fmt: skip
+        """Register `token` of user `account`: `role` read, write or fineGrained (then `scoped`: the hub's
+        `fineGrained.scoped` entries, e.g. [{"entity": {"type": "org", "name": "acme"}, "permissions":
+        ["repo.write"]}]), `orgs` {org: roleInOrg}."""
+        access = {"displayName": f"{account}-token", "role": role, "createdAt": "2026-01-01T00:00:00.000Z"}
+        if role == "fineGrained":
+            access["fineGrained"] = {"global": [], "scoped": scoped or [], "canReadGatedRepos": True}
+        self.accounts[token] = {
+            "type": "user",
+            "id": hashlib.sha1(account.encode(), usedforsecurity=False).hexdigest()[:24],
+            "name": account,
+            "fullname": account,
+            "isPro": False,
+            "orgs": [{"type": "org", "name": o, "roleInOrg": r} for o, r in (orgs or {}).items()],
+            "auth": {"type": "access_token", "accessToken": access},
+        }
 
     def fail_once(self, path: str, mode: str = "drop", *, times: int = 1) -> None:
         """The next GET of repo file `path` (or PUT of the LFS object whose sha256 is `path`) fails: "drop"
@@ -326,8 +351,12 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
                 return b"".join(chunks)
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
+        def _read_only(self) -> bool:
+            account = hub.accounts.get(self._token() or "")
+            return bool(account) and account["auth"]["accessToken"]["role"] == "read"
+
         def _writable(self, repo: Repo) -> None:
-            if self._token() not in repo.tokens:
+            if self._token() not in repo.tokens or self._read_only():
                 raise _HubError(403, None, f"You don't have the rights to write to {repo.repo_id}.")
 
         def _route(self) -> None:
@@ -341,6 +370,11 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
                     self._lfs_put(segments[1])
                 elif self.command == "POST" and segments[:1] == ["lfs-verify"] and len(segments) == 2:
                     self._lfs_verify(segments[1])
+                elif self.command == "GET" and segments == ["api", "whoami-v2"]:
+                    account = hub.accounts.get(self._token() or "")
+                    if account is None:  # the hub: 401 for a missing, unknown or revoked token
+                        raise _HubError(401, None, "Invalid credentials in Authorization header")
+                    self._send_json(200, account)
                 elif self.command == "POST" and segments == ["api", "repos", "create"]:
                     self._create_repo()
                 elif self.command == "POST" and segments == ["api", "validate-yaml"]:
@@ -451,6 +485,8 @@ def _make_handler(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             token = self._token()
             if token is None:
                 raise _HubError(401, None, "Invalid username or password.")
+            if self._read_only():
+                raise _HubError(403, None, "You don't have the rights to create a repo (read-only token).")
             body = json.loads(self._read_body() or b"{}")
             repo_type = body.get("type") or "model"
             repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]

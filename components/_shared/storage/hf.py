@@ -246,6 +246,60 @@ def require_credentials(uri: StorageUri) -> None:
         )
 
 
+# What a token may write, as the hub's /api/whoami-v2 states it (`auth.accessToken`): role "read" writes nothing;
+# "write" writes to the account's own namespace and to organizations where its role is above "read";
+# "fineGrained" writes where a `fineGrained.scoped` entry for the namespace (user / org) or the repo itself holds
+# "repo.write" (hub settings/tokens; huggingface_hub's HfApi.whoami returns this body unchanged).
+_ORG_WRITE_ROLES = {"admin", "write", "contributor"}
+
+
+def _may_write(who: dict, repo_id: str) -> str | None:
+    """None when the whoami body says the token may write to `repo_id`; else why not."""
+    namespace = repo_id.split("/")[0]
+    token = (who.get("auth") or {}).get("accessToken") or {}
+    role = token.get("role")
+    account = who.get("name", "?")
+    if role == "read":
+        return f"the token in HF_TOKEN (account {account!r}) is read-only: use a token with write access"
+    if role == "fineGrained":
+        scoped = (token.get("fineGrained") or {}).get("scoped") or []
+        if any(
+            (s.get("entity") or {}).get("name") in (namespace, repo_id)
+            and "repo.write" in s.get("permissions", [])
+            for s in scoped
+        ):
+            return None
+        return (f"the fine-grained token in HF_TOKEN (account {account!r}) has no repo.write permission on "
+                f"{namespace!r}: add it to the token, or use a write token")  # fmt: skip
+    orgs = {o.get("name"): o.get("roleInOrg") for o in who.get("orgs") or []}
+    if namespace == account or orgs.get(namespace) in _ORG_WRITE_ROLES:
+        return None
+    if namespace in orgs:
+        return f"the account {account!r} of HF_TOKEN has only the {orgs[namespace]!r} role in {namespace!r}"
+    return f"the account {account!r} of HF_TOKEN may not write to the namespace {namespace!r}"
+
+
+def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
+    """Ask the hub what the token may do (whoami) and whether it may write to the repo's namespace; nothing is
+    created or committed."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if uri.repo_type not in (None, "model"):
+        raise ValueError(f"cannot publish to {uri.shown!r}: only model repos are supported")
+    try:
+        who = with_retries(lambda: _api().whoami(), what="ask the hub who HF_TOKEN is")
+    except HfHubHTTPError as exc:
+        if status_code(exc) == 401:
+            raise StorageError(
+                f"the hub refuses the token in HF_TOKEN (401, invalid or expired): cannot push to {uri.shown}. "
+                "Put a valid write token in the Secret."
+            ) from exc
+        raise StorageError(f"cannot ask the hub about HF_TOKEN for {uri.shown}: {exc}") from exc
+    why = _may_write(who, uri.repo_id)
+    if why:
+        raise StorageError(f"cannot push to {uri.shown}: {why}.")
+
+
 def destination(
     uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
 ) -> Destination:

@@ -89,6 +89,28 @@ def require_credentials(uri: StorageUri) -> None:
     """A local folder needs none: the step's file permissions decide."""
 
 
+def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
+    """The folder (or its nearest existing parent, where the export would create it) takes a file: one is
+    created and removed there, which is the only test a read-only mount, a missing permission or a full quota
+    cannot fool."""
+    import tempfile
+
+    path = Path(uri.path)
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"lies under {existing}, which is a file"
+        raise StorageError(f"destination {uri.shown} {what}, not a folder: name a folder.")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".kfp-finetune-probe-"):
+            pass
+    except OSError as exc:
+        where = "" if existing == path else f" (the export would create it in {existing})"
+        raise StorageError(
+            f"cannot write to {uri.shown}{where}: {exc.strerror or exc}. Mount a writable volume there, or "
+            "choose another destination."
+        ) from exc
+
+
 def destination(
     uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
 ) -> Destination:

@@ -213,6 +213,35 @@ def destination(
     return Destination(uri, endpoint_url, _client(endpoint_url))
 
 
+PROBE_NAME = ".kfp-finetune-probe-"  # + a random id: never an export's file name
+
+
+def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
+    """Write and delete a small object under the prefix: what an export needs (s3:PutObject, s3:DeleteObject)."""
+    import uuid
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = _client(endpoint_url)
+    key = f"{uri.path}/{PROBE_NAME}{uuid.uuid4().hex[:12]}"
+    where = _where(uri, endpoint_url)
+    try:
+        with_retries(lambda: client.put_object(Bucket=uri.bucket, Key=key, Body=b"kfp-finetune pre-flight\n"),
+                     what=f"write a probe object to {uri.shown}")  # fmt: skip
+    except (ClientError, BotoCoreError) as exc:
+        code = exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+        if code in ("AccessDenied", "403", "Forbidden"):
+            raise StorageError(f"the S3 credentials may not write to {where} ({code}): grant s3:PutObject on the "
+                               "prefix, or choose another destination.") from exc  # fmt: skip
+        raise (error(exc, uri, endpoint_url) or StorageError(f"cannot write to {where}: {exc}")) from exc
+    try:
+        with_retries(lambda: client.delete_object(Bucket=uri.bucket, Key=key), what=f"delete {key}")
+    except (ClientError, BotoCoreError) as exc:
+        # Writing is what an export needs; deleting only for overwrite. Say what was left behind.
+        log.warning("could write but not delete the probe object s3://%s/%s (%s): remove it by hand", uri.bucket,
+                    key, exc)  # fmt: skip
+
+
 def _key(dest: Destination, rel: str) -> str:
     return f"{dest.uri.path}/{rel}" if dest.uri.path else rel
 

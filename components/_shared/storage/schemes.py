@@ -15,6 +15,7 @@ and, when WRITABLE:
     existing(dest) -> list[RemoteFile]                         what the destination holds, with its checksums
     read_text(dest, rel) -> str                                a file there (an earlier manifest; not OWNS_...)
     put(dest, src, records, remove, *, max_workers, progress)  writes `records`, then removes `remove`
+    probe(uri, *, endpoint_url)                                the credentials may write there; leaves nothing
 and maps its client's errors to StorageError messages itself (its `error` function).
 """
 

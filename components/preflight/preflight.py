@@ -1,0 +1,185 @@
+"""Pre-flight: everything a run needs that can be checked in seconds, checked before any download or training.
+
+`run_preflight` runs every check and collects the problems; when there are any, it raises one PreflightError
+listing them all (each names the pipeline parameter and the fix), so a user fixes everything in one go:
+
+1. credentials: the variables the named Kubernetes Secrets put into the step's environment (HF_TOKEN for an hf://
+   destination; AWS_* for s3://, unless another credential source is configured);
+2. the export destination: the credentials may write there (storage.probe_destination: a probe object written
+   and deleted on s3://, the token's rights on hf://, a file created and removed in a local folder);
+3. hf:// sources: a gated or private model or dataset repo is readable with the token (its listing, and one
+   file's metadata as a download starts);
+4. the TrainingRuntime / ClusterTrainingRuntime exists (backend trainjob; the local backend needs none).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class PreflightError(Exception):
+    """One or more problems a run would hit later; the message lists them all on one line."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    parameter: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.parameter}: {' '.join(self.message.split())}"  # one line, whatever the cause's layout
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The names of the Secrets the pipeline reads credentials from (for the messages)."""
+
+    hf_token: str
+    s3: str
+
+    def hf_hint(self) -> str:
+        return (
+            f"HF_TOKEN comes from the Kubernetes Secret named by hf_token_secret ({self.hf_token!r}): create it "
+            f"(kubectl create secret generic {self.hf_token or 'hf-token'} --from-literal=HF_TOKEN=<token>) or "
+            "name another Secret"
+        )
+
+    def s3_hint(self) -> str:
+        return (
+            f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY come from the Kubernetes Secret named by s3_secret "
+            f"({self.s3!r}): create it (kubectl create secret generic {self.s3 or 's3-credentials'} "
+            "--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=...) or name another Secret"
+        )
+
+
+def _parsed(parameter: str, uri: str, problems: list[Problem]) -> storage.StorageUri | None:
+    try:
+        return storage.parse_uri(uri)
+    except ValueError as error:
+        problems.append(Problem(parameter, str(error)))
+        return None
+
+
+def check_credentials(
+    uris: dict[str, storage.StorageUri], destination: str, secrets: Secrets
+) -> list[Problem]:
+    """The credential variables the schemes in use need are in the environment (filled from the Secrets)."""
+    import boto3
+
+    problems = []
+    s3_users = [name for name, uri in uris.items() if uri.scheme == "s3"]
+    if s3_users and boto3.session.Session().get_credentials() is None:
+        problems.append(
+            Problem(", ".join(s3_users), f"no S3 credentials in the step's environment; {secrets.s3_hint()}")
+        )
+    if destination in uris and uris[destination].scheme == "hf" and not os.environ.get("HF_TOKEN"):
+        problems.append(
+            Problem(destination, f"pushing to the hub needs a write token in HF_TOKEN; {secrets.hf_hint()}")
+        )
+    return problems
+
+
+def check_destination(parameter: str, uri: storage.StorageUri, endpoint_url: str | None) -> list[Problem]:
+    try:
+        storage.probe_destination(uri, endpoint_url=endpoint_url)
+    except (storage.StorageError, ValueError) as error:
+        return [Problem(parameter, str(error))]
+    log.info("%s: %s is writable", parameter, uri.shown)
+    return []
+
+
+def check_hub_source(
+    parameter: str, uri: storage.StorageUri, repo_type: str, secrets: Secrets
+) -> list[Problem]:
+    """A gated or private hf:// repo is readable with the token: listing it reads one file's metadata when it
+    is gated (the hub serves a gated repo's info to anyone and its files only to accepted tokens)."""
+    try:
+        storage.list_files(uri, repo_type=repo_type)
+    except (storage.StorageError, ValueError) as error:
+        hint = "" if os.environ.get("HF_TOKEN") else f" ({secrets.hf_hint()})"
+        return [Problem(parameter, f"{error}{hint}")]
+    log.info("%s: %s is readable", parameter, uri.shown)
+    return []
+
+
+def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
+    """On a cluster (backend trainjob) the runtime the TrainJob names exists."""
+    from kfp_finetune.components._shared.kube import (
+        Backoff,
+        current_namespace,
+        load_api_client,
+        training_runtime_exists,
+    )
+
+    if backend != "trainjob":
+        return []
+    try:
+        namespace = current_namespace()
+        exists = training_runtime_exists(
+            load_api_client(), name, kind, namespace, backoff=Backoff(attempts=3)
+        )
+    except ValueError as error:
+        return [Problem("tune_runtime", str(error))]
+    except Exception as error:  # no cluster configuration, or an API server that cannot be reached
+        return [Problem("tune_backend", f"trainjob needs a Kubernetes cluster, which cannot be reached ({error}); "
+                                        "run the pipeline on KFP, or set tune_backend=local")]  # fmt: skip
+    if exists is None:
+        log.info("cannot read %s %r (forbidden): the fine-tune step will find out", kind, name)
+    elif not exists:
+        where = "" if kind == "ClusterTrainingRuntime" else f" in namespace {namespace}"
+        return [Problem("tune_runtime", f"{kind} {name!r} not found{where}: install the kfp-finetune runtimes "
+                                        "with `kubectl apply -k runtimes/`, or name an existing runtime")]  # fmt: skip
+    else:
+        log.info("tune_runtime: %s %r exists", kind, name)
+    return []
+
+
+def run_preflight(
+    *,
+    export_destination: str = "",
+    model_uri: str = "",
+    data_uri: str = "",
+    s3_endpoint_url: str = "",
+    hf_token_secret: str = "hf-token",
+    s3_secret: str = "s3-credentials",
+    tune_backend: str = "trainjob",
+    tune_runtime: str = "torchtune",
+    tune_runtime_kind: str = "ClusterTrainingRuntime",
+) -> list[str]:
+    """Run every check; return what was checked, or raise PreflightError listing every problem found."""
+    secrets = Secrets(hf_token_secret, s3_secret)
+    problems: list[Problem] = []
+    given = {"export_destination": export_destination, "model_uri": model_uri, "data_uri": data_uri}
+    uris = {name: u for name, value in given.items() if value and (u := _parsed(name, value, problems))}
+    problems += check_credentials(uris, "export_destination", secrets)
+    blocked = {p for problem in problems for p in problem.parameter.split(", ")}  # no credentials: no probe
+    checks: list[tuple[str, Callable[[], list[Problem]]]] = []
+    if "export_destination" in uris:
+        checks.append(("export_destination", lambda: check_destination(
+            "export_destination", uris["export_destination"], s3_endpoint_url or None)))  # fmt: skip
+    for name, repo_type in (("model_uri", "model"), ("data_uri", "dataset")):
+        if name in uris and uris[name].scheme == "hf":
+            checks.append((name, lambda name=name, repo_type=repo_type: check_hub_source(
+                name, uris[name], repo_type, secrets)))  # fmt: skip
+    if tune_backend == "trainjob":  # the local backend needs no cluster
+        checks.append(("tune_runtime", lambda: check_runtime(tune_backend, tune_runtime, tune_runtime_kind)))
+    done = []
+    for name, check in checks:
+        if name not in blocked:
+            problems += check()
+            done.append(name)
+    if problems:
+        count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+        raise PreflightError(
+            f"pre-flight found {count}, nothing was downloaded or trained: "
+            + " | ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+        )
+    log.info("pre-flight passed: %s", ", ".join(done))
+    return done
