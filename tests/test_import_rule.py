@@ -14,14 +14,6 @@ COMPONENTS = Path(__file__).resolve().parent.parent / "components"
 PACKAGE = "kfp_finetune.components"
 SHARED = "_shared"
 
-# Imports the rule forbids that another piece of work removes; each must still exist (the test says when one
-# is gone, so the entry goes with it). file (relative to components/) -> the imported module.
-PENDING: dict[str, str] = {
-    # evaluate names its eval folder like the fine-tune's run folder; the collision-free names work (issue 17,
-    # item 3) moves that naming into _shared.
-    "evaluate/evaluate.py": "kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest",
-}
-
 
 def imported_modules(path: Path, root: Path = COMPONENTS) -> list[tuple[int, str]]:
     """(line, absolute module) for every import in the file; relative imports resolved against its package."""
@@ -59,8 +51,6 @@ def violations(root: Path = COMPONENTS) -> list[str]:
             if target == SHARED or (target == room and room != SHARED):
                 continue
             where = path.relative_to(root).as_posix()
-            if PENDING.get(where) == module:
-                continue
             why = (
                 "_shared imports no component"
                 if room == SHARED
@@ -73,15 +63,6 @@ def violations(root: Path = COMPONENTS) -> list[str]:
 def test_components_import_only_shared_and_themselves():
     found = violations()
     assert not found, "the import rule is broken (DESIGN.md §2):\n" + "\n".join(found)
-
-
-def test_pending_exceptions_still_exist():
-    stale = [
-        f"{where} -> {module}"
-        for where, module in PENDING.items()
-        if module not in {m for _, m in imported_modules(COMPONENTS / where)}
-    ]
-    assert not stale, f"remove these from PENDING, the import is gone: {stale}"
 
 
 def test_the_check_sees_a_forbidden_import(tmp_path):

@@ -26,7 +26,14 @@ def test_compiled_yaml_is_current():
     assert stale_files(COMPILED) == []
 
 
-CACHE_STEPS = {"exec-model-initialize", "exec-torchtune-finetune", "exec-evaluate", "exec-export"}
+# The pre-flight step gets the export's volumes: a local destination is checked where the export writes it.
+CACHE_STEPS = {
+    "exec-preflight",
+    "exec-model-initialize",
+    "exec-torchtune-finetune",
+    "exec-evaluate",
+    "exec-export",
+}
 
 
 def _compile(out: Path, **env) -> dict[str, list[dict]]:
