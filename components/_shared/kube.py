@@ -169,8 +169,15 @@ TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 RUNTIME_PLURALS = {"ClusterTrainingRuntime": "clustertrainingruntimes", "TrainingRuntime": "trainingruntimes"}
 
 
-def training_runtime_exists(api_client: Any, name: str, kind: str, namespace: str, *, backoff: Backoff | None = None
-                            ) -> bool | None:  # fmt: skip
+def training_runtime_exists(
+    api_client: Any,
+    name: str,
+    kind: str,
+    namespace: str,
+    *,
+    backoff: Backoff | None = None,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> bool | None:
     """Whether the Kubeflow Trainer (Cluster)TrainingRuntime `name` exists (a TrainingRuntime in `namespace`);
     None when the ServiceAccount may not read it (403: a tighter Role than runtimes/rbac.yaml; creating the
     TrainJob is then the real test). Raises ValueError for an unknown `kind`."""
@@ -184,11 +191,23 @@ def training_runtime_exists(api_client: Any, name: str, kind: str, namespace: st
     try:
         if kind == "ClusterTrainingRuntime":
             call_with_retry(
-                custom.get_cluster_custom_object, *group, RUNTIME_PLURALS[kind], name, backoff=backoff
+                custom.get_cluster_custom_object,
+                *group,
+                RUNTIME_PLURALS[kind],
+                name,
+                backoff=backoff,
+                on_retry=on_retry,
             )
         else:
-            call_with_retry(custom.get_namespaced_custom_object, *group, namespace, RUNTIME_PLURALS[kind], name,
-                            backoff=backoff)  # fmt: skip
+            call_with_retry(
+                custom.get_namespaced_custom_object,
+                *group,
+                namespace,
+                RUNTIME_PLURALS[kind],
+                name,
+                backoff=backoff,
+                on_retry=on_retry,
+            )
     except ApiException as error:
         if error.status == 404:
             return False

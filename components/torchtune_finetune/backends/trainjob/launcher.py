@@ -216,7 +216,12 @@ class TrainJobLauncher:
         from kubernetes.client.exceptions import ApiException
 
         check_runtime(
-            self.custom, self.manifest["spec"]["runtimeRef"], self.namespace, api=self._api, log=self.log
+            self.custom,
+            self.manifest["spec"]["runtimeRef"],
+            self.namespace,
+            backoff=self.backoff,
+            on_retry=self._on_retry,
+            log=self.log,
         )
         for _ in range(2):  # a second round after replacing a failed TrainJob of ours
             try:

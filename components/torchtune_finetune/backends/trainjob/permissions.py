@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kfp_finetune.components._shared.kube import Backoff, training_runtime_exists
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobConflict,
@@ -17,7 +18,13 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import 
 
 
 def check_runtime(
-    custom: Any, runtime_ref: Mapping[str, Any], namespace: str, *, api: Callable[..., Any], log: Any
+    custom: Any,
+    runtime_ref: Mapping[str, Any],
+    namespace: str,
+    *,
+    backoff: Backoff,
+    on_retry: Callable[[BaseException, float], None],
+    log: Any,
 ) -> None:
     """Raise TrainJobError naming the fix when the TrainJob's (Cluster)TrainingRuntime does not exist.
 
@@ -25,40 +32,22 @@ def check_runtime(
         custom: A `kubernetes.client.CustomObjectsApi`.
         runtime_ref: The TrainJob's `spec.runtimeRef`.
         namespace: The TrainJob's namespace (where a namespaced TrainingRuntime must be).
-        api: Calls an API function with retries (`call_with_retry` with the launcher's backoff).
+        backoff, on_retry: The launcher's retry settings (`kube.call_with_retry`).
         log: Where to say that the runtime could not be read.
     """
-    from kubernetes.client.exceptions import ApiException
-
     kind = runtime_ref.get("kind") or tj.CLUSTER_RUNTIME_KIND
-    try:
-        if kind == tj.CLUSTER_RUNTIME_KIND:
-            api(
-                custom.get_cluster_custom_object,
-                tj.GROUP,
-                tj.VERSION,
-                "clustertrainingruntimes",
-                runtime_ref["name"],
-            )
-        else:
-            api(
-                custom.get_namespaced_custom_object,
-                tj.GROUP,
-                tj.VERSION,
-                namespace,
-                "trainingruntimes",
-                runtime_ref["name"],
-            )
-    except ApiException as error:
-        if error.status == 404:
-            where = "" if kind == tj.CLUSTER_RUNTIME_KIND else f" in namespace {namespace}"
-            raise TrainJobError(
-                f"{kind} {runtime_ref['name']!r} not found{where}: install the kfp-finetune runtimes with "
-                "`kubectl apply -k runtimes/` or pick an existing runtime"
-            ) from None
-        if error.status != 403:
-            raise
-        log.info("cannot read %s %r (forbidden); creating the TrainJob anyway", kind, runtime_ref["name"])
+    name = runtime_ref["name"]
+    exists = training_runtime_exists(
+        custom.api_client, name, kind, namespace, backoff=backoff, on_retry=on_retry
+    )
+    if exists is False:
+        where = "" if kind == tj.CLUSTER_RUNTIME_KIND else f" in namespace {namespace}"
+        raise TrainJobError(
+            f"{kind} {name!r} not found{where}: install the kfp-finetune runtimes with "
+            "`kubectl apply -k runtimes/` or pick an existing runtime"
+        )
+    if exists is None:
+        log.info("cannot read %s %r (forbidden); creating the TrainJob anyway", kind, name)
 
 
 def require_ours(manifest: Mapping[str, Any], existing: Mapping[str, Any]) -> None:
