@@ -468,6 +468,15 @@ def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
+def test_dry_run_names_the_trainjob_as_the_pipeline_task_would(tiny_llama, tiny_dataset, tmp_path):
+    manifest, _ = dry_run(
+        "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "0",
+        "--workspace", str(tmp_path), "--run-id", RUN_ID, "--task", TASK, "--task-id", "task-uuid-1",
+    )  # fmt: skip
+    assert manifest["metadata"]["name"] == tj.trainjob_name(RUN_ID, TASK, "task-uuid-1")
+    assert manifest["metadata"]["name"] != tj.trainjob_name(RUN_ID, TASK)
+
+
 def test_dry_run_multi_node_gpus_with_workspace_pvc(tiny_llama, tiny_dataset, tmp_path):
     manifest, notes = dry_run(
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "4",

@@ -29,9 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime", help="ClusterTrainingRuntime (default: torchtune, or torchtune-cpu with --gpus 0)"
     )
-    parser.add_argument("--name", help="TrainJob name (default: derived from --run-id and --task)")
+    parser.add_argument("--name", help="TrainJob name (default: derived from --run-id, --task and --task-id)")
     parser.add_argument("--run-id", default=DEFAULT_RUN_ID, help="KFP run id recorded on the TrainJob")
     parser.add_argument("--task", default=DEFAULT_TASK, help="KFP task name recorded on the TrainJob")
+    parser.add_argument(
+        "--task-id",
+        default="",
+        help="KFP task id ({{$.pipeline_task_uuid}}) of the fine-tune step, to get the name a pipeline run gives",
+    )
     parser.add_argument("--namespace", help="namespace to put in the manifest")
     parser.add_argument("--image", help="trainer image override (default: the runtime's)")
     parser.add_argument(
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --gpus must be 0 or more and --nodes at least 1", file=sys.stderr)
         return 2
     try:
-        name = tj.validate_name(args.name) if args.name else tj.trainjob_name(args.run_id, args.task)
+        name = tj.validate_name(args.name) if args.name else tj.trainjob_name(args.run_id, args.task, args.task_id)
         workspace = _workspace(args)
         config = TorchtuneConfig(method=args.method, device="cpu" if args.gpus == 0 else None)
         run_dir = workspace / "runs" / name
