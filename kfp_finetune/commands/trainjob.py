@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: --gpus must be 0 or more and --nodes at least 1", file=sys.stderr)
         return 2
     try:
-        name = tj.validate_name(args.name) if args.name else tj.trainjob_name(args.run_id, args.task, args.task_id)
+        name = (
+            tj.validate_name(args.name)
+            if args.name
+            else tj.trainjob_name(args.run_id, args.task, args.task_id)
+        )
         workspace = _workspace(args)
         config = TorchtuneConfig(method=args.method, device="cpu" if args.gpus == 0 else None)
         run_dir = workspace / "runs" / name
