@@ -10,6 +10,10 @@ passes them on with `values.feeding("component")` (the component arguments the t
 
 Parameters are grouped by stage through their prefixes: data_, model_, tune_, eval_, export_, sweep_; access
 settings (credentials, endpoints) have none.
+
+Optional settings follow the one "unset" convention of components/_shared/unset.py, the same in the components,
+these pipelines and the sweep: -1 for numbers, "" for text, [] / {} for lists and mappings, "auto" for on/off
+settings ("auto" | "true" | "false"); unset keeps the base torchtune config's value.
 """
 
 # No `from __future__ import annotations`: KFP reads the signatures' annotations as types.
@@ -68,10 +72,10 @@ TABLE: tuple[Parameter, ...] = (
     _p("train_data", Dataset, REQUIRED, "dataset-initialize's train output."),
     _p("eval_data", Dataset, REQUIRED, "dataset-initialize's eval output (held out)."),
     # --- sweep ------------------------------------------------------------------------------------------------
-    _p("sweep_learning_rates", list, [1e-4, 3e-4], "Peak learning rates to try; 0 keeps the torchtune config's.",
+    _p("sweep_learning_rates", list, [1e-4, 3e-4], "Peak learning rates to try; -1 keeps the base config's.",
        "sweep_grid.learning_rates"),
     _p("sweep_lora_ranks", list, [8, 16],
-       "LoRA ranks to try; 0 keeps the torchtune config's (use [0] for full fine-tuning).",
+       "LoRA ranks to try; -1 keeps the base config's (use [-1] for full fine-tuning).",
        "sweep_grid.lora_ranks"),
     _p("sweep_metric", str, "eval_loss",
        "Evaluate metric that picks the best trial (eval_loss, perplexity, exact_match, ...).",
@@ -99,21 +103,22 @@ TABLE: tuple[Parameter, ...] = (
        "torchtune config name or YAML path; empty: the model family's config nearest in size.",
        "torchtune_finetune.config"),
     _p("tune_epochs", int, 1, "Passes over the training data.", "torchtune_finetune.epochs"),
-    _p("tune_max_steps_per_epoch", int, 0, "Cap on optimizer steps per epoch; 0: whole epochs.",
+    _p("tune_max_steps_per_epoch", int, -1, "Cap on optimizer steps per epoch; -1: the base config's (whole epochs).",
        "torchtune_finetune.max_steps_per_epoch"),
-    _p("tune_batch_size", int, 0, "Examples per device per step; 0: the base config's.",
+    _p("tune_batch_size", int, -1, "Examples per device per step; -1: the base config's.",
        "torchtune_finetune.batch_size"),
-    _p("tune_learning_rate", float, 0.0, "Peak learning rate; 0: the base config's.",
+    _p("tune_learning_rate", float, -1.0, "Peak learning rate; -1: the base config's.",
        "torchtune_finetune.learning_rate"),
-    _p("tune_lora_rank", int, 0, "LoRA rank; 0: the base config's.", "torchtune_finetune.lora_rank"),
-    _p("tune_max_seq_len", int, 0, "Truncate (or pack) examples to this many tokens; 0: no limit.",
+    _p("tune_lora_rank", int, -1, "LoRA rank; -1: the base config's.", "torchtune_finetune.lora_rank"),
+    _p("tune_max_seq_len", int, -1,
+       "Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit).",
        "torchtune_finetune.max_seq_len"),
     _p("tune_num_warmup_steps", int, -1,
-       "Learning-rate warmup steps (adds a cosine schedule if the config has none); -1: the config's.",
+       "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's.",
        "torchtune_finetune.num_warmup_steps"),
     _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed"),
     _p("tune_seed", int, -1, "Random seed; -1: the base config's.", "torchtune_finetune.seed"),
-    _p("tune_overrides", dict, {}, 'Other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}.',
+    _p("tune_overrides", dict, {}, 'Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; empty: none.',
        "torchtune_finetune.overrides"),
     _p("tune_backend", str, "trainjob", "trainjob (Kubeflow Trainer) or local (in the step's own pod; small models).",
        "torchtune_finetune.backend"),

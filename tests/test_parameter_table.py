@@ -28,9 +28,7 @@ DIFFERENT_DEFAULTS = {
     "evaluate.task_name": "evaluate's folder is named after the fine-tune it checks",
     "quality_gate.gate_metric": "only the log line of the gate uses it",
 }
-# Component arguments still typed Optional (None = unset) where the pipelines use a sentinel: the unset convention
-# removes these.
-OPTIONAL_IN_COMPONENT = {"torchtune_finetune.learning_rate", "torchtune_finetune.overrides"}
+
 REQUIRED_PARAMETERS = {"model_uri", "data_uri", "export_destination", "base_model", "train_data", "eval_data"}
 
 
@@ -51,8 +49,6 @@ def test_each_parameter_feeds_a_real_component_argument_of_the_same_type_and_def
         f"{component} has no argument {argument} (fed by {parameter.name})"
     )
     target = signature.parameters[argument]
-    if f"{component}.{argument}" in OPTIONAL_IN_COMPONENT:
-        return
     assert target.annotation == parameter.type, (
         f"{parameter.name} is {parameter.type}, {component}.{argument} is {target.annotation}"
     )
