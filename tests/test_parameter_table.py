@@ -106,3 +106,52 @@ def test_docs_parameter_table_is_current():
     assert path.read_text() == parameters.markdown(), (
         "docs/parameters.md is stale: python -m kfp_finetune.pipelines.parameters > docs/parameters.md"
     )
+
+
+# KEP-2401's fields (kubeflow/sdk kubeflow/trainer/types/types.py: TorchTuneConfig, LoraConfig,
+# TorchTuneInstructDataset) and the finetune-pipeline parameter that sets each.
+KEP_2401 = {
+    "TorchTuneConfig.dtype": "tune_dtype",
+    "TorchTuneConfig.batch_size": "tune_batch_size",
+    "TorchTuneConfig.epochs": "tune_epochs",
+    "TorchTuneConfig.loss": "tune_loss",
+    "TorchTuneConfig.num_nodes": "tune_num_nodes",
+    "TorchTuneConfig.resources_per_node": "tune_gpus_per_node",
+    "LoraConfig.apply_lora_to_mlp": "tune_apply_lora_to_mlp",
+    "LoraConfig.apply_lora_to_output": "tune_apply_lora_to_output",
+    "LoraConfig.lora_attn_modules": "tune_lora_attn_modules",
+    "LoraConfig.lora_rank": "tune_lora_rank",
+    "LoraConfig.lora_alpha": "tune_lora_alpha",
+    "LoraConfig.lora_dropout": "tune_lora_dropout",
+    "LoraConfig.quantize_base": "tune_method",  # qlora
+    "LoraConfig.use_dora": "tune_method",  # dora
+    "TorchTuneInstructDataset.source": "data_uri",
+    "TorchTuneInstructDataset.split": "data_train_split",
+    "TorchTuneInstructDataset.train_on_input": "tune_train_on_input",
+    "TorchTuneInstructDataset.new_system_prompt": "tune_new_system_prompt",
+    "TorchTuneInstructDataset.column_map": "data_column_map",
+}
+# torchtune-finetune settings no pipeline parameter feeds, and why.
+NOT_PIPELINE_PARAMETERS = {
+    "column_map": "dataset-initialize already renames the columns (data_column_map)",
+    "dataset_type": "read from the train_data artifact dataset-initialize wrote (data_type)",
+    "save_adapter_weights_only": "follows export_format: training saves what the export needs",
+}
+
+
+@pytest.mark.parametrize("name", ["finetune-pipeline", "sweep-pipeline"])
+def test_every_kep_2401_field_is_a_typed_pipeline_parameter(name):
+    inputs = PIPELINES[name].component_spec.inputs
+    swept = {"tune_lora_rank": "sweep_lora_ranks"} if name == "sweep-pipeline" else {}
+    missing = {f: p for f, p in KEP_2401.items() if swept.get(p, p) not in inputs}
+    assert not missing, f"{name} lacks {missing}"
+
+
+def test_every_torchtune_setting_of_the_component_is_a_pipeline_parameter():
+    from kfp_finetune.components.torchtune_finetune.finetune import _STEP_PARAMETERS
+
+    fed = {
+        target.split(".")[1] for p in TABLE for target in p.feeds if target.startswith("torchtune_finetune.")
+    }
+    settings = set(inspect.signature(torchtune_finetune.python_func).parameters) - _STEP_PARAMETERS
+    assert settings - fed == set(NOT_PIPELINE_PARAMETERS)

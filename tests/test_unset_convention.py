@@ -100,3 +100,16 @@ def test_sweep_with_learning_rate_unset_keeps_the_base_configs(tiny_llama, tiny_
 def test_sweep_refuses_values_that_are_neither_real_nor_unset(rates, ranks):
     with pytest.raises(ValueError, match="-1 keeps the base config's"):
         trial_grid(rates, ranks)
+
+
+def test_switches_reach_the_torchtune_yaml(tiny_llama, tiny_dataset, tmp_path):
+    """On/off settings as the pipelines pass them (text): "true"/"false" set the key, "auto" keeps the base's."""
+    data = tiny_dataset["train.jsonl"]
+    base = resolved(tiny_llama, data, tmp_path / "base", method="lora", device="cpu")
+    c = resolved(
+        tiny_llama, data, tmp_path / "set", method="lora", device="cpu",
+        train_on_input="true", apply_lora_to_mlp="false", enable_activation_checkpointing="auto",
+    )  # fmt: skip
+    assert (base["dataset"].get("train_on_input"), base["model"]["apply_lora_to_mlp"]) != (True, False)
+    assert (c["dataset"]["train_on_input"], c["model"]["apply_lora_to_mlp"]) == (True, False)
+    assert c.get("enable_activation_checkpointing") == base.get("enable_activation_checkpointing")
