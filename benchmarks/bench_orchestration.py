@@ -128,7 +128,7 @@ def _pipeline_arguments(s: Settings, out: Path) -> dict:
         "tune_learning_rate": 3e-3,
         "tune_batch_size": 16,
         "tune_max_steps_per_epoch": int(s.extra.get("pipeline_steps", 10)),
-        "tune_max_seq_len": 0,
+        "tune_max_seq_len": -1,  # unset: the base config's
         "tune_seed": 0,
         "eval_max_samples": 10,
         "eval_max_new_tokens": 8,

@@ -4,6 +4,7 @@ API stand-in's execute mode)."""
 
 # No `from __future__ import annotations`: KFP reads pipeline signatures' annotations as types.
 
+import html
 import os
 import sys
 from pathlib import Path
@@ -162,9 +163,18 @@ def test_finetune_pipeline_end_to_end_exports_when_the_gate_passes(tiny_llama, t
     task = run_locally(
         tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
         export_destination=str(destination), **FAST_TRAINING,
+        # Typed torchtune settings (not tune_overrides), with 0 as a real value and an on/off switch as text.
+        tune_weight_decay=0.0, tune_lora_dropout=0.0, tune_train_on_input="false", tune_dtype="fp32",
     )  # fmt: skip
     outputs = task.outputs
     assert outputs["passed"] is True
+    # The resolved torchtune YAML, as the train report shows it (kfp.local deletes the run workspace).
+    report = Path(outputs["train_report"].path).read_text()
+    config = yaml.safe_load(
+        html.unescape(report.split("Resolved torchtune config", 1)[1].split("<pre>")[1].split("</pre>")[0])
+    )
+    assert (config["optimizer"]["weight_decay"], config["model"]["lora_dropout"]) == (0.0, 0.0)
+    assert (config["dataset"]["train_on_input"], config["dtype"]) == (False, "fp32")
     evaluation = outputs["eval_metrics"].metadata
     assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
     assert outputs["train_metrics"].metadata["steps"] == 12

@@ -11,8 +11,8 @@ def sweep_grid(learning_rates: list, lora_ranks: list) -> list:
     """List the sweep's trials: every learning rate with every LoRA rank, each with a unique name.
 
     Args:
-        learning_rates: Peak learning rates to try; 0 keeps the torchtune config's.
-        lora_ranks: LoRA ranks to try; 0 keeps the torchtune config's.
+        learning_rates: Peak learning rates to try; -1 keeps the base config's.
+        lora_ranks: LoRA ranks to try; -1 keeps the base config's.
 
     Returns:
         Trials as {"trial_name", "learning_rate", "lora_rank"} for `dsl.ParallelFor` (not "name": a loop

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.components._shared import unset
 from kfp_finetune.components._shared.contract import EvalMetrics, TunedModel, lower_is_better
 from kfp_finetune.components._shared.logs import get_logger
 
@@ -18,19 +19,30 @@ log = get_logger(__name__)
 
 
 def trial_grid(learning_rates: list, lora_ranks: list) -> list[dict[str, Any]]:
-    """Every (learning rate, LoRA rank) pair as a named trial; names are unique and DNS-friendly."""
+    """Every (learning rate, LoRA rank) pair as a named trial; names are unique and DNS-friendly.
+
+    -1 keeps the base config's value (the one "unset" convention of `_shared/unset.py`); the trial passes it on
+    as it is, so the fine-tune step reads it the way it reads its own parameters."""
     if not learning_rates or not lora_ranks:
         raise ValueError(
-            "sweep needs at least one learning rate and one LoRA rank (use [0] to keep the config's)"
+            "sweep needs at least one learning rate and one LoRA rank (use [-1] to keep the base config's)"
         )
     trials = []
     for lr, rank in itertools.product(learning_rates, lora_ranks):
-        if float(lr) < 0 or int(rank) < 0:
+        lr, rank = float(lr), int(rank)
+        if not (lr > 0 or lr == unset.UNSET_NUMBER) or not (rank >= 1 or rank == unset.UNSET_NUMBER):
             raise ValueError(
-                f"learning rates and ranks must be positive (0: the config's); got lr={lr}, rank={rank}"
+                f"learning rates must be > 0 and LoRA ranks at least 1 (-1 keeps the base config's); got "
+                f"lr={lr:g}, rank={rank}"
             )
-        name = f"trial-lr{float(lr):g}-r{int(rank)}".replace(".", "p").replace("+", "").replace("-0", "-m0")
-        trials.append({"trial_name": name.lower(), "learning_rate": float(lr), "lora_rank": int(rank)})
+        lr_name = (
+            "base"
+            if lr == unset.UNSET_NUMBER
+            else f"{lr:g}".replace(".", "p").replace("+", "").replace("-", "m")
+        )
+        rank_name = "base" if rank == unset.UNSET_NUMBER else str(rank)
+        name = f"trial-lr{lr_name}-r{rank_name}"
+        trials.append({"trial_name": name.lower(), "learning_rate": lr, "lora_rank": rank})
     if len({t["trial_name"] for t in trials}) != len(trials):
         raise ValueError("sweep values repeat: each learning rate and rank may appear once")
     return trials

@@ -1,7 +1,5 @@
 """The torchtune-finetune KFP component (signature + docstring; the implementation is finetune.py)."""
 
-from typing import Optional
-
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
@@ -34,38 +32,38 @@ def torchtune_finetune(
     recipe: str = "",
     config: str = "",
     epochs: int = 1,
-    max_steps_per_epoch: int = 0,
-    batch_size: int = 0,
-    gradient_accumulation_steps: int = 0,
-    learning_rate: Optional[float] = None,
-    weight_decay: Optional[float] = None,
-    optimizer: Optional[str] = None,
-    optimizer_fused: Optional[bool] = None,
-    lr_scheduler: Optional[str] = None,
+    max_steps_per_epoch: int = -1,
+    batch_size: int = -1,
+    gradient_accumulation_steps: int = -1,
+    learning_rate: float = -1.0,
+    weight_decay: float = -1.0,
+    optimizer: str = "",
+    optimizer_fused: str = "auto",
+    lr_scheduler: str = "",
     num_warmup_steps: int = -1,
-    loss: Optional[str] = None,
+    loss: str = "",
     device: str = "auto",
-    dtype: Optional[str] = None,
-    enable_activation_checkpointing: Optional[bool] = None,
-    enable_activation_offloading: Optional[bool] = None,
-    lora_rank: int = 0,
-    lora_alpha: Optional[float] = None,
-    lora_dropout: Optional[float] = None,
-    lora_attn_modules: Optional[list] = None,
-    apply_lora_to_mlp: Optional[bool] = None,
-    apply_lora_to_output: Optional[bool] = None,
-    save_adapter_weights_only: Optional[bool] = None,
+    dtype: str = "",
+    enable_activation_checkpointing: str = "auto",
+    enable_activation_offloading: str = "auto",
+    lora_rank: int = -1,
+    lora_alpha: float = -1.0,
+    lora_dropout: float = -1.0,
+    lora_attn_modules: list = [],  # noqa: B006 (KFP needs a literal default)
+    apply_lora_to_mlp: str = "auto",
+    apply_lora_to_output: str = "auto",
+    save_adapter_weights_only: str = "auto",
     export_format: str = "merged",
-    dataset_type: Optional[str] = None,
-    column_map: Optional[dict] = None,
-    train_on_input: Optional[bool] = None,
-    new_system_prompt: Optional[str] = None,
-    conversation_style: Optional[str] = None,
+    dataset_type: str = "",
+    column_map: dict = {},  # noqa: B006
+    train_on_input: str = "auto",
+    new_system_prompt: str = "",
+    conversation_style: str = "",
     packed: bool = False,
-    max_seq_len: int = 0,
+    max_seq_len: int = -1,
     compile: bool = False,
     seed: int = -1,
-    overrides: Optional[dict] = None,
+    overrides: dict = {},  # noqa: B006
     backend: str = "trainjob",
     runtime_name: str = "torchtune",
     runtime_kind: str = "ClusterTrainingRuntime",
@@ -87,7 +85,8 @@ def torchtune_finetune(
     validated before any GPU time is spent. With backend=trainjob it creates a Kubeflow Trainer TrainJob whose
     node pods mount this workspace, streams the rank-0 log here and waits (a retry of this task re-attaches
     instead of training twice; cancelling the run deletes the TrainJob). With backend=local it trains in this
-    step's own process. Parameters left empty (or 0 / -1 where noted) keep the value of torchtune's base config.
+    step's own process. A setting left unset keeps the value of torchtune's base config: -1 for numbers, "" for
+    text, [] / {} for lists and mappings, "auto" for on/off settings (which take "auto", "true" or "false").
     GPUs, tolerations, node selectors, env and volumes set on this task are forwarded to the TrainJob's node pods.
 
     Args:
@@ -103,38 +102,44 @@ def torchtune_finetune(
         config: torchtune config name (see `tune ls`) or YAML path for the base hyperparameters; empty: the
             model family's config nearest in size.
         epochs: Passes over the training data.
-        max_steps_per_epoch: Cap on optimizer steps per epoch; 0: the whole epoch.
-        batch_size: Examples per device per step; 0: the base config's.
-        gradient_accumulation_steps: Steps accumulated per optimizer update; 0: the base config's.
-        learning_rate: Peak learning rate; empty: the base config's.
-        weight_decay: Optimizer weight decay; empty: the base config's.
+        max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
+        batch_size: Examples per device per step; -1: the base config's.
+        gradient_accumulation_steps: Steps accumulated per optimizer update; -1: the base config's.
+        learning_rate: Peak learning rate; -1: the base config's.
+        weight_decay: Optimizer weight decay (0 turns it off); -1: the base config's.
         optimizer: Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.
-        optimizer_fused: Use the fused optimizer kernel; empty: the base config's.
-        lr_scheduler: Scheduler component, e.g. torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup.
-        num_warmup_steps: Learning-rate warmup steps; -1: the base config's.
+        optimizer_fused: Use the fused optimizer kernel: true, false or auto (the base config's).
+        lr_scheduler: Scheduler component, e.g. torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup;
+            empty: the base config's.
+        num_warmup_steps: Learning-rate warmup steps (0: none); -1: the base config's.
         loss: Loss component, e.g. torchtune.modules.loss.CEWithChunkedOutputLoss; empty: the base config's.
         device: cuda, cpu, ... or auto (cuda when the task or TrainJob has GPUs, else cpu).
         dtype: bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).
-        enable_activation_checkpointing: Recompute activations to save memory; empty: the base config's.
-        enable_activation_offloading: Offload activations to CPU memory (CUDA only); empty: the base config's.
-        lora_rank: LoRA rank (lora/qlora/dora); 0: the base config's.
-        lora_alpha: LoRA scaling alpha; empty: the base config's.
-        lora_dropout: Dropout on the LoRA path; empty: the base config's.
-        lora_attn_modules: Attention projections with adapters, from q_proj, k_proj, v_proj, output_proj.
-        apply_lora_to_mlp: Adapters on the MLP layers too; empty: the base config's.
-        apply_lora_to_output: An adapter on the output projection (not for tied embeddings).
-        save_adapter_weights_only: Save only the adapter, no merged model (lora/qlora/dora).
+        enable_activation_checkpointing: Recompute activations to save memory: true, false or auto (the base
+            config's).
+        enable_activation_offloading: Offload activations to CPU memory (CUDA only): true, false or auto (the
+            base config's).
+        lora_rank: LoRA rank (lora/qlora/dora); -1: the base config's.
+        lora_alpha: LoRA scaling alpha; -1: the base config's.
+        lora_dropout: Dropout on the LoRA path (0 turns it off); -1: the base config's.
+        lora_attn_modules: Attention projections with adapters, from q_proj, k_proj, v_proj, output_proj; empty:
+            the base config's.
+        apply_lora_to_mlp: Adapters on the MLP layers too: true, false or auto (the base config's).
+        apply_lora_to_output: An adapter on the output projection (not for tied embeddings): true, false or auto.
+        save_adapter_weights_only: Save only the adapter, no merged model (lora/qlora/dora): true, false or auto.
         export_format: The format export will publish (merged, adapter or both), checked before training; empty: none.
         dataset_type: instruct, chat or text; empty: from the train_data artifact.
-        column_map: Maps torchtune's column names to the data's, e.g. {"input": "question"}.
-        train_on_input: Also train on the prompt tokens (default: only the response).
-        new_system_prompt: A system prompt prepended to every example.
-        conversation_style: openai (messages) or sharegpt (conversations), for chat data.
+        column_map: Maps torchtune's column names to the data's, e.g. {"input": "question"}; empty: none.
+        train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually only
+            the response).
+        new_system_prompt: A system prompt prepended to every example; empty: none.
+        conversation_style: openai (messages) or sharegpt (conversations), for chat data; empty: from the data.
         packed: Pack examples into max_seq_len sequences (needs max_seq_len).
-        max_seq_len: Truncate (or pack) examples to this many tokens; 0: no limit.
+        max_seq_len: Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit).
         compile: torch.compile the model and loss.
         seed: Random seed; -1: the base config's.
-        overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes.
+        overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;
+            empty: none.
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with
             the step pod's own resources, so CPU unless GPUs are applied to the pod itself).
         runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune).

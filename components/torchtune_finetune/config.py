@@ -1,7 +1,9 @@
 """The typed torchtune run configuration: every field of the KEP-2401 TorchTuneConfig, plus what users of
 torchtune reach for next (packing, sequence length, compile, seeds, free overrides).
 
-`None` everywhere means "keep the value of the base torchtune config" — the recipe authors' tested defaults.
+`None` everywhere means "keep the value of the base torchtune config" — the recipe authors' tested defaults. The
+component's parameters spell that `None` with the one "unset" convention of `_shared/unset.py` (-1, "", [], {},
+"auto"); `finetune.component_settings` converts them.
 """
 
 from __future__ import annotations
@@ -118,14 +120,14 @@ class TorchtuneConfig:
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {value})")
+                raise ConfigError(f"{name} must be at least 1 (got {value}){_UNSET_HINT}")
         if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0 (got {self.learning_rate})")
+            raise ConfigError(f"learning_rate must be > 0 (got {self.learning_rate}){_UNSET_HINT}")
         if self.num_warmup_steps is not None and self.num_warmup_steps < 0:
-            raise ConfigError(f"num_warmup_steps must be >= 0 (got {self.num_warmup_steps})")
+            raise ConfigError(f"num_warmup_steps must be >= 0 (got {self.num_warmup_steps}){_UNSET_HINT}")
         if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ConfigError(
-                f"weight_decay must be >= 0 (got {self.weight_decay}); typical values are 0-0.1"
+                f"weight_decay must be >= 0 (got {self.weight_decay}); typical values are 0-0.1{_UNSET_HINT}"
             )
         if self.seed is not None and self.seed < 0:
             raise ConfigError(
@@ -136,11 +138,15 @@ class TorchtuneConfig:
             raise ConfigError(f"log_every_n_steps must be at least 1 (got {self.log_every_n_steps})")
         lora = self.lora
         if lora.lora_rank is not None and lora.lora_rank < 1:
-            raise ConfigError(f"lora_rank must be at least 1 (got {lora.lora_rank}); typical values are 8-64")
+            raise ConfigError(
+                f"lora_rank must be at least 1 (got {lora.lora_rank}); typical values are 8-64{_UNSET_HINT}"
+            )
         if lora.lora_alpha is not None and not lora.lora_alpha > 0:
-            raise ConfigError(f"lora_alpha must be > 0 (got {lora.lora_alpha}); usually twice lora_rank")
+            raise ConfigError(
+                f"lora_alpha must be > 0 (got {lora.lora_alpha}); usually twice lora_rank{_UNSET_HINT}"
+            )
         if lora.lora_dropout is not None and not 0 <= lora.lora_dropout < 1:
-            raise ConfigError(f"lora_dropout must be in [0, 1) (got {lora.lora_dropout})")
+            raise ConfigError(f"lora_dropout must be in [0, 1) (got {lora.lora_dropout}){_UNSET_HINT}")
         if lora.lora_attn_modules is not None:
             unknown = sorted(set(lora.lora_attn_modules) - {"q_proj", "k_proj", "v_proj", "output_proj"})
             if unknown or not lora.lora_attn_modules:
@@ -158,6 +164,17 @@ class TorchtuneConfig:
             raise ConfigError("method=dora needs use_dora; remove use_dora=False or use method=lora")
         if self.overrides is None or not isinstance(self.overrides, dict):
             raise ConfigError("overrides must be a mapping of dotted torchtune keys to values")
+
+
+# On/off settings: the component takes them as "auto" | "true" | "false" text (see _shared/unset.py).
+SWITCHES = frozenset(
+    f.name
+    for cls in (TorchtuneConfig, LoraSettings, DatasetSettings)
+    for f in fields(cls)
+    if f.type == "bool | None"
+)
+
+_UNSET_HINT = "; -1 keeps the base config's"
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from kfp_finetune.components._shared import html_report
+from kfp_finetune.components._shared import html_report, unset
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import (
     ArtifactInput,
@@ -32,7 +32,7 @@ from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend,
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig, from_flat
+from kfp_finetune.components.torchtune_finetune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
@@ -305,12 +305,15 @@ _STEP_PARAMETERS = {
 }  # fmt: skip
 
 
-# Pipeline parameters can't default to None (kfp.local casts every int input with int() and cannot carry a None
-# float), so these values mean "keep the base config's value".
-_UNSET_VALUES = {
-    "max_steps_per_epoch": 0, "batch_size": 0, "gradient_accumulation_steps": 0, "lora_rank": 0, "max_seq_len": 0,
-    "num_warmup_steps": -1, "seed": -1, "learning_rate": 0.0,
-}  # fmt: skip
+def component_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The component's training settings with the one "unset" convention read (`_shared/unset.py`): -1, "", [],
+    {} and "auto" become None (the base config's value); on/off settings ("auto" | "true" | "false") become
+    None / True / False. A 0 stays 0: the typed config refuses it where it is not a valid value."""
+    given = {k: v for k, v in params.items() if k not in _STEP_PARAMETERS}
+    try:
+        return unset.settings_from_parameters(given, switches=SWITCHES)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def run_component(**params: Any) -> FinetuneResult:
@@ -321,11 +324,7 @@ def run_component(**params: Any) -> FinetuneResult:
         workspace_volume,
     )
 
-    settings = {
-        k: None if v == _UNSET_VALUES.get(k, object()) or v == "" else v
-        for k, v in params.items()
-        if k not in _STEP_PARAMETERS
-    }
+    settings = component_settings(params)
     pod = trainjob_spec_from_task_config(params["kubernetes_config"])
     if params.get("workspace_pvc") and not any(
         m.get("mountPath") == params["workspace_path"] for m in pod.volume_mounts

@@ -28,7 +28,7 @@ _KUBELET_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}
 # What usually makes a run diverge, as the pipeline parameters that fix it.
 DIVERGENCE_CAUSES = (
     "usual causes: a learning rate too high for the method (lower tune_learning_rate), fp16 without loss "
-    'scaling (train in dtype bf16: tune_overrides {"dtype": "bf16"}), no gradient clipping (set tune_overrides '
+    "scaling (train in bf16: tune_dtype bf16), no gradient clipping (set tune_overrides "
     '{"clip_grad_norm": 1.0})'
 )
 

@@ -1,0 +1,337 @@
+"""The one table of pipeline parameters, and the factory that turns a DAG body into a KFP pipeline from it.
+
+Each parameter is declared once here: its name, type, default, the component argument(s) it feeds and its one
+line of UI text. `pipeline(...)` gives a DAG body the real Python signature KFP reads (`inspect.Signature`) and a
+docstring whose Args section is built from the table, so the four pipelines (finetune-pipeline, prepare-inputs,
+tune-and-evaluate, sweep-pipeline) cannot drift apart. A body receives the parameters as one `Values` object and
+passes them on with `values.feeding("component")` (the component arguments the table says they feed) or
+`values.arguments_for(sub_pipeline)` (the sub-DAG's own parameters). tests/test_parameter_table.py checks every
+`feeds` entry against the component's signature (the argument exists, with the same type and default).
+
+Parameters are grouped by stage through their prefixes: data_, model_, tune_, eval_, export_, sweep_; access
+settings (credentials, endpoints) have none.
+
+Optional settings follow the one "unset" convention of components/_shared/unset.py, the same in the components,
+these pipelines and the sweep: -1 for numbers, "" for text, [] / {} for lists and mappings, "auto" for on/off
+settings ("auto" | "true" | "false"); unset keeps the base torchtune config's value.
+"""
+
+# No `from __future__ import annotations`: KFP reads the signatures' annotations as types.
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kfp import dsl
+from kfp.dsl import Dataset, Model
+
+from kfp_finetune.pipelines import settings
+
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One pipeline parameter: `doc` is its UI text; `feeds` lists the `component.argument`s it is passed to."""
+
+    name: str
+    type: Any
+    default: Any
+    doc: str
+    feeds: tuple[str, ...] = ()
+
+    @property
+    def group(self) -> str:
+        if self.type in (Model, Dataset):
+            return "artifacts"
+        prefix = self.name.split("_", 1)[0]
+        return prefix if prefix in GROUPS else "access"
+
+
+GROUPS = ("model", "data", "tune", "eval", "export", "sweep")
+
+
+def _p(name: str, type_: Any, default: Any, doc: str, *feeds: str) -> Parameter:
+    return Parameter(name, type_, default, doc, feeds)
+
+
+TABLE: tuple[Parameter, ...] = (
+    # --- what every run needs ---------------------------------------------------------------------------------
+    _p("model_uri", str, REQUIRED,
+       "Base model: hf://org/repo[@revision], s3://bucket/prefix, or a path on a mounted volume.",
+       "model_initialize.source_uri", "preflight.model_uri"),
+    _p("data_uri", str, REQUIRED,
+       "Dataset: hf://org/name[@revision], s3://..., https://... (one file), or a path.",
+       "dataset_initialize.source_uri", "preflight.data_uri"),
+    _p("export_destination", str, REQUIRED,
+       "Where the model goes: s3://bucket/prefix, hf://org/repo, or a path.",
+       "export.destination", "preflight.export_destination"),
+    # --- the sub-DAG tune-and-evaluate's artifact inputs --------------------------------------------------------
+    _p("base_model", Model, REQUIRED, "model-initialize's output."),
+    _p("train_data", Dataset, REQUIRED, "dataset-initialize's train output."),
+    _p("eval_data", Dataset, REQUIRED, "dataset-initialize's eval output (held out)."),
+    # --- sweep ------------------------------------------------------------------------------------------------
+    _p("sweep_learning_rates", list, [1e-4, 3e-4], "Peak learning rates to try; -1 keeps the base config's.",
+       "sweep_grid.learning_rates"),
+    _p("sweep_lora_ranks", list, [8, 16],
+       "LoRA ranks to try; -1 keeps the base config's (use [-1] for full fine-tuning).",
+       "sweep_grid.lora_ranks"),
+    _p("sweep_metric", str, "eval_loss",
+       "Evaluate metric that picks the best trial (eval_loss, perplexity, exact_match, ...).",
+       "select_best.metric"),
+    # --- data -------------------------------------------------------------------------------------------------
+    _p("data_type", str, "instruct", "instruct (input/output or alpaca), chat (messages or conversations) or text.",
+       "dataset_initialize.dataset_type"),
+    _p("data_column_map", dict, {},
+       'Renames the data\'s columns to the standard ones, e.g. {"input": "question"}.',
+       "dataset_initialize.column_map"),
+    _p("data_train_split", str, "train",
+       "Training split, a datasets split expression such as train or train[:5000].",
+       "dataset_initialize.train_split"),
+    _p("data_eval_split", str, "",
+       "A named held-out split; empty: carve data_eval_fraction out of the training split.",
+       "dataset_initialize.eval_split"),
+    _p("data_eval_fraction", float, 0.05, "Share of the training split held out for evaluation (seeded).",
+       "dataset_initialize.eval_fraction"),
+    _p("data_seed", int, 42, "Seed of the held-out split.", "dataset_initialize.seed"),
+    # --- tune -------------------------------------------------------------------------------------------------
+    _p("tune_method", str, "lora",
+       "full, lora, qlora (LoRA on a 4-bit base: KEP-2401 quantize_base) or dora (use_dora).",
+       "torchtune_finetune.method"),
+    _p("tune_recipe", str, "", "torchtune recipe; empty: chosen from the method and GPU count.",
+       "torchtune_finetune.recipe"),
+    _p("tune_config", str, "",
+       "torchtune config name or YAML path; empty: the model family's config nearest in size.",
+       "torchtune_finetune.config"),
+    _p("tune_epochs", int, 1, "Passes over the training data.", "torchtune_finetune.epochs"),
+    _p("tune_max_steps_per_epoch", int, -1, "Cap on optimizer steps per epoch; -1: the base config's (whole epochs).",
+       "torchtune_finetune.max_steps_per_epoch"),
+    _p("tune_batch_size", int, -1, "Examples per device per step; -1: the base config's.",
+       "torchtune_finetune.batch_size"),
+    _p("tune_gradient_accumulation_steps", int, -1,
+       "Steps accumulated per optimizer update (a larger effective batch); -1: the base config's.",
+       "torchtune_finetune.gradient_accumulation_steps"),
+    _p("tune_dtype", str, "", "bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).", "torchtune_finetune.dtype"),
+    _p("tune_learning_rate", float, -1.0, "Peak learning rate; -1: the base config's.",
+       "torchtune_finetune.learning_rate"),
+    _p("tune_optimizer", str, "", "Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.",
+       "torchtune_finetune.optimizer"),
+    _p("tune_optimizer_fused", str, "auto", "Use the fused optimizer kernel: true, false or auto (the base config's).",
+       "torchtune_finetune.optimizer_fused"),
+    _p("tune_weight_decay", float, -1.0, "Optimizer weight decay (0 turns it off); -1: the base config's.",
+       "torchtune_finetune.weight_decay"),
+    _p("tune_lr_scheduler", str, "",
+       "Learning-rate scheduler component, e.g. torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup; "
+       "empty: the base config's.",
+       "torchtune_finetune.lr_scheduler"),
+    _p("tune_loss", str, "",
+       "Loss component, e.g. torchtune.modules.loss.CEWithChunkedOutputLoss; empty: the base config's.",
+       "torchtune_finetune.loss"),
+    _p("tune_lora_rank", int, -1, "LoRA rank; -1: the base config's.", "torchtune_finetune.lora_rank"),
+    _p("tune_lora_alpha", float, -1.0, "LoRA scaling alpha (usually twice the rank); -1: the base config's.",
+       "torchtune_finetune.lora_alpha"),
+    _p("tune_lora_dropout", float, -1.0, "Dropout on the LoRA path (0 turns it off); -1: the base config's.",
+       "torchtune_finetune.lora_dropout"),
+    _p("tune_lora_attn_modules", list, [],
+       "Attention projections with LoRA adapters, from q_proj, k_proj, v_proj, output_proj; empty: the base config's.",
+       "torchtune_finetune.lora_attn_modules"),
+    _p("tune_apply_lora_to_mlp", str, "auto",
+       "LoRA adapters on the MLP layers too: true, false or auto (the base config's).",
+       "torchtune_finetune.apply_lora_to_mlp"),
+    _p("tune_apply_lora_to_output", str, "auto",
+       "A LoRA adapter on the output projection (not with tied embeddings): true, false or auto (the base config's).",
+       "torchtune_finetune.apply_lora_to_output"),
+    _p("tune_max_seq_len", int, -1,
+       "Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit).",
+       "torchtune_finetune.max_seq_len"),
+    _p("tune_num_warmup_steps", int, -1,
+       "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's.",
+       "torchtune_finetune.num_warmup_steps"),
+    _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed"),
+    _p("tune_train_on_input", str, "auto",
+       "Also train on the prompt tokens: true, false or auto (the base config's; usually only the response).",
+       "torchtune_finetune.train_on_input"),
+    _p("tune_new_system_prompt", str, "", "A system prompt prepended to every training example; empty: none.",
+       "torchtune_finetune.new_system_prompt"),
+    _p("tune_conversation_style", str, "",
+       "openai (messages) or sharegpt (conversations), for chat data; empty: from the data.",
+       "torchtune_finetune.conversation_style"),
+    _p("tune_enable_activation_checkpointing", str, "auto",
+       "Recompute activations to save GPU memory: true, false or auto (the base config's).",
+       "torchtune_finetune.enable_activation_checkpointing"),
+    _p("tune_enable_activation_offloading", str, "auto",
+       "Offload activations to CPU memory (CUDA only): true, false or auto (the base config's).",
+       "torchtune_finetune.enable_activation_offloading"),
+    _p("tune_compile", bool, False, "torch.compile the model and loss (faster steps after a slower first one).",
+       "torchtune_finetune.compile"),
+    _p("tune_seed", int, -1, "Random seed; -1: the base config's.", "torchtune_finetune.seed"),
+    _p("tune_overrides", dict, {},
+       'Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the typed tune_ settings; empty: none.',
+       "torchtune_finetune.overrides"),
+    _p("tune_backend", str, "trainjob", "trainjob (Kubeflow Trainer) or local (in the step's own pod; small models).",
+       "torchtune_finetune.backend", "preflight.tune_backend"),
+    _p("tune_device", str, "auto", "cuda, cpu or auto (cuda when GPUs are requested).", "torchtune_finetune.device"),
+    _p("tune_runtime", str, "torchtune", "ClusterTrainingRuntime for the TrainJob (see runtimes/).",
+       "torchtune_finetune.runtime_name", "preflight.tune_runtime"),
+    _p("tune_num_nodes", int, 1, "TrainJob nodes; more than 1 needs a ReadWriteMany workspace.",
+       "torchtune_finetune.num_nodes"),
+    _p("tune_gpus_per_node", int, 1, "GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training."),
+    _p("tune_timeout_seconds", int, 86400, "The TrainJob is deleted and the step fails after this long; 0: no limit.",
+       "torchtune_finetune.timeout_seconds"),
+    _p("tune_cleanup_policy", str, "on-success", "on-success (keep failed TrainJobs), always or never.",
+       "torchtune_finetune.cleanup_policy"),
+    _p("tune_workspace_pvc", str, "",
+       "The workspace's PVC name, when KFP does not forward the workspace volume itself.",
+       "torchtune_finetune.workspace_pvc"),
+    _p("tune_run_name", str, "torchtune-finetune",
+       "Names the run folder and TrainJob within the pipeline run (unique per fine-tune).",
+       "torchtune_finetune.task_name", "evaluate.task_name"),
+    # --- eval -------------------------------------------------------------------------------------------------
+    _p("eval_max_samples", int, 200, "Held-out rows evaluated; 0: all.", "evaluate.max_samples"),
+    _p("eval_max_new_tokens", int, 64, "Generation length limit.", "evaluate.max_new_tokens"),
+    _p("eval_gate_metric", str, "eval_loss",
+       "Metric the tuned model must improve over the base (eval_loss, exact_match, ...).",
+       "evaluate.gate_metric", "quality_gate.gate_metric"),
+    _p("eval_min_improvement", float, 0.0, "Required gain on eval_gate_metric; 0: not worse.",
+       "evaluate.min_improvement"),
+    _p("eval_thresholds", dict, {}, 'Absolute bounds for the tuned model, e.g. {"exact_match": 0.5}.',
+       "evaluate.thresholds"),
+    _p("eval_lm_eval_tasks", list, [], "lm-eval-harness tasks to run as well; empty: none.", "evaluate.lm_eval_tasks"),
+    _p("eval_device", str, "auto", "cuda, cpu or auto.", "evaluate.device"),
+    _p("eval_gpus", int, 0, "GPUs for the evaluate step."),
+    # --- export -----------------------------------------------------------------------------------------------
+    _p("export_format", str, "merged",
+       "merged (HF safetensors folder), adapter (PEFT) or both; training saves what it needs.",
+       "export.format", "torchtune_finetune.export_format"),
+    _p("export_dtype", str, "", "Convert weights to bf16, fp16 or fp32 on export; empty: as trained.",
+       "export.dtype"),
+    _p("export_overwrite", bool, False, "Replace different content already at the destination.", "export.overwrite"),
+    _p("export_hf_private", bool, True, "Create hf:// repos as private.", "export.hf_private"),
+    # --- access -----------------------------------------------------------------------------------------------
+    _p("s3_endpoint_url", str, "", "S3 endpoint for MinIO / Ceph; empty: AWS or AWS_ENDPOINT_URL.",
+       "model_initialize.s3_endpoint_url", "dataset_initialize.s3_endpoint_url", "export.s3_endpoint_url", "preflight.s3_endpoint_url"),
+    _p("hf_token_secret", str, "hf-token",
+       "Kubernetes Secret with key HF_TOKEN (gated/private models, hf:// export); optional.", "preflight.hf_token_secret"),
+    _p("s3_secret", str, "s3-credentials", "Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.", "preflight.s3_secret"),
+    _p("model_cache_path", str, settings.MODEL_CACHE_PATH,
+       "A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is fetched there "
+       "once per content and hard-linked or used in place; empty: no cache.",
+       "model_initialize.cache_path"),
+)  # fmt: skip
+
+PARAMETERS: dict[str, Parameter] = {p.name: p for p in TABLE}
+
+
+def names(
+    *, groups: tuple[str, ...] = (), extra: tuple[str, ...] = (), without: tuple[str, ...] = ()
+) -> list[str]:
+    """Parameter names in table order: those of `groups` plus `extra`, less `without`."""
+    chosen = [p.name for p in TABLE if (p.group in groups or p.name in extra) and p.name not in without]
+    unknown = set(extra) - set(chosen) - set(without)
+    assert not unknown, f"not in the parameter table: {sorted(unknown)}"
+    return chosen
+
+
+class Values:
+    """A pipeline's parameters as its body sees them (KFP channels at compile time)."""
+
+    def __init__(self, values: dict[str, Any]):
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def feeding(self, component: str, **more: Any) -> dict[str, Any]:
+        """The component arguments these parameters feed (by the table's `feeds`), plus `more`."""
+        arguments = {}
+        for name, value in self._values.items():
+            for target in PARAMETERS[name].feeds:
+                owner, _, argument = target.partition(".")
+                if owner == component:
+                    arguments[argument] = value
+        return {**arguments, **more}
+
+    def arguments_for(self, pipeline: Any, **more: Any) -> dict[str, Any]:
+        """The parameters a sub-pipeline takes that this one has, plus `more` (which win)."""
+        taken = pipeline.component_spec.inputs or {}
+        return {**{k: v for k, v in self._values.items() if k in taken}, **more}
+
+
+def signature(parameter_names: list[str], returns: Any) -> inspect.Signature:
+    ordered = sorted(parameter_names, key=lambda n: PARAMETERS[n].default is not REQUIRED)
+    return inspect.Signature(
+        [
+            inspect.Parameter(
+                n,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=PARAMETERS[n].default,
+                annotation=PARAMETERS[n].type,
+            )
+            for n in ordered
+        ],
+        return_annotation=returns,
+    )
+
+
+def docstring(summary: str, parameter_names: list[str]) -> str:
+    """`summary` and an Args section with each parameter's line from the table (the KFP UI text)."""
+    lines = [inspect.cleandoc(summary), "", "Args:"]
+    lines += [f"    {n}: {PARAMETERS[n].doc}" for n in signature(parameter_names, None).parameters]
+    return "\n".join(lines) + "\n"
+
+
+def pipeline(name: str, parameter_names: list[str]) -> Callable[[Callable], Any]:
+    """Make a DAG body `def body(p: Values) -> Outputs` a KFP pipeline whose parameters come from the table."""
+
+    def make(body: Callable) -> Any:
+        sig = signature(parameter_names, inspect.signature(body).return_annotation)
+
+        def dag(*args: Any, **kwargs: Any) -> Any:
+            return body(Values(dict(sig.bind(*args, **kwargs).arguments)))
+
+        dag.__name__ = dag.__qualname__ = body.__name__
+        dag.__module__ = body.__module__
+        dag.__signature__ = sig
+        dag.__doc__ = docstring(body.__doc__ or "", parameter_names)
+        return dsl.pipeline(name=name, pipeline_config=settings.pipeline_config())(dag)
+
+    return make
+
+
+def markdown() -> str:
+    """docs/parameters.md: the table by stage, with the pipelines that take each parameter."""
+    from kfp_finetune.pipelines import PIPELINES
+
+    taken = {n: [k for k, p in PIPELINES.items() if n in (p.component_spec.inputs or {})] for n in PARAMETERS}
+    out = [
+        "# Pipeline parameters",
+        "",
+        "Generated from `pipelines/parameters.py` (`python -m kfp_finetune.pipelines.parameters > "
+        "docs/parameters.md`); a test keeps it current.",
+    ]
+    for group in (*GROUPS, "access"):
+        rows = [p for p in TABLE if p.group == group and taken[p.name]]
+        if not rows:
+            continue
+        out += [
+            "",
+            f"## {group}",
+            "",
+            "| parameter | type | default | pipelines | what it does |",
+            "|---|---|---|---|---|",
+        ]
+        for p in rows:
+            default = "required" if p.default is REQUIRED else f"`{p.default!r}`"
+            kind = getattr(p.type, "__name__", str(p.type))
+            out.append(
+                f"| `{p.name}` | {kind} | {default} | {', '.join(taken[p.name])} | {p.doc.replace('|', '/')} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
