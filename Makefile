@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 LM_EVAL_ENV_DIR := $(CURDIR)/.venv-lm-eval
 LM_EVAL_PY := $(LM_EVAL_ENV_DIR)/bin/python
 LM_EVAL_STAMP := $(LM_EVAL_ENV_DIR)/.kfp-finetune-setup
-LM_EVAL_TESTS ?= tests/test_training.py tests/test_evaluate.py tests/test_export.py tests/test_storage.py
+LM_EVAL_TESTS ?= tests/components/torchtune_finetune/test_training.py tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py
 MAIN_EXTRAS := train,test
 LM_EVAL_EXTRAS := train,test,lm-eval
 
@@ -58,7 +58,7 @@ check-compiled: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_import_rule.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/components/test_import_rule.py
 
 format: setup
 	$(PY) -m ruff check --fix .

@@ -5,7 +5,7 @@ line of UI text. `pipeline(...)` gives a DAG body the real Python signature KFP 
 docstring whose Args section is built from the table, so the four pipelines (finetune-pipeline, prepare-inputs,
 tune-and-evaluate, sweep-pipeline) cannot drift apart. A body receives the parameters as one `Values` object and
 passes them on with `values.feeding("component")` (the component arguments the table says they feed) or
-`values.arguments_for(sub_pipeline)` (the sub-DAG's own parameters). tests/test_parameter_table.py checks every
+`values.arguments_for(sub_pipeline)` (the sub-DAG's own parameters). tests/pipelines/test_parameter_table.py checks every
 `feeds` entry against the component's signature (the argument exists, with the same type and default).
 
 Parameters are grouped by stage through their prefixes: data_, model_, tune_, eval_, export_, sweep_; access

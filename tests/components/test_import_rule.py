@@ -2,7 +2,7 @@
 `_shared` imports no component. Checked on the source with `ast` (as kubeflow/pipelines-components'
 .github/scripts/check_imports/check_imports.py does), so imports inside functions — component bodies — count too.
 
-Run alone with `python -m pytest tests/test_import_rule.py` (`make lint` does).
+Run alone with `python -m pytest tests/components/test_import_rule.py` (`make lint` does).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-COMPONENTS = Path(__file__).resolve().parent.parent / "components"
+COMPONENTS = Path(__file__).resolve().parents[2] / "components"
 PACKAGE = "kfp_finetune.components"
 SHARED = "_shared"
 

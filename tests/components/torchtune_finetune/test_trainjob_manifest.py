@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from tests.deploy.test_runtimes import RUNTIMES, manifest_errors
 from tests.support.kube_standin import KubeStandin, expand_kube_vars
-from tests.test_runtimes import RUNTIMES, manifest_errors
 
 RUN_ID = "8d5c1e0a-4a1b-4c55-9a3e-0f6b2d1c7e42"
 TASK = "torchtune-finetune"

@@ -16,7 +16,7 @@ import yaml
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NODE
 from tests.support.kube_standin._typed_schema import typed_model_errors
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNTIMES = REPO / "runtimes"
 # The upstream CRD files are not part of the repository: CI points KFP_FINETUNE_CRD_DIR at them (.ci/run).
 CRD_DIR = Path(os.environ["KFP_FINETUNE_CRD_DIR"]) if os.environ.get("KFP_FINETUNE_CRD_DIR") else None
@@ -304,7 +304,7 @@ def test_runtimes_use_the_default_trainer_image(monkeypatch):
         importlib.reload(images)
 
 
-# --- RBAC (what the backend really calls is checked against rbac.yaml in tests/test_rbac.py) -------------------
+# --- RBAC (what the backend really calls is checked against rbac.yaml in tests/deploy/test_rbac.py) -------------------
 
 
 def rbac_documents() -> list[dict]:

@@ -1,7 +1,7 @@
 """evaluate as a KFP component after a real fine-tune, under kfp.local: initializers → torchtune-finetune
 (local backend, CPU) → evaluate with a min_improvement gate → quality-gate → `dsl.If`. The pipeline run is the
 one the finetune and export component tests share (tests/support/component_pipeline.py). The real pipeline's
-gated export is proven both ways by tests/test_pipelines.py."""
+gated export is proven both ways by tests/pipelines/test_pipelines.py."""
 
 import json
 import re

@@ -11,6 +11,7 @@ import boto3
 import pytest
 
 from kfp_finetune.components.preflight.preflight import PreflightError, run_preflight
+from tests.pipelines.test_fail_fast import _run_until_a_step_fails
 from tests.support import kube_standin as standin
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_standin import HubStandin
@@ -22,7 +23,6 @@ from tests.support.sources import (
     use_s3_credentials,
     write_fake_model,
 )
-from tests.test_fail_fast import _run_until_a_step_fails
 
 kube_standin = standin.kube_standin
 LOCAL = {"tune_backend": "local"}

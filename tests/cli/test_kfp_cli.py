@@ -23,7 +23,7 @@ from tests.support import kube_standin as kube_support
 kfp_standin = kfp_support.kfp_standin
 kube_standin = kube_support.kube_standin
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPILED = REPO / "compiled"
 TOKEN = "test-token-d41d8cd9"
 # The parameters finetune-pipeline requires (no default), plus a few typed ones.

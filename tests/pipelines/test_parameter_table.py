@@ -83,7 +83,7 @@ def test_pipeline_signature_and_ui_text_are_the_table(name):
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_every_pipeline_parameter_reaches_a_step(name):
     """A parameter the table gives a pipeline but its body never passes on would be a knob that does nothing."""
-    text = (Path(__file__).parents[1] / "compiled" / f"{name}.yaml").read_text()
+    text = (Path(__file__).parents[2] / "compiled" / f"{name}.yaml").read_text()
     for key in PIPELINES[name].component_spec.inputs:
         assert (
             f"componentInputParameter: {key}\n" in text
@@ -108,7 +108,7 @@ def test_shared_parameters_are_declared_once():
 
 
 def test_docs_parameter_table_is_current():
-    path = Path(__file__).parents[1] / "docs" / "parameters.md"
+    path = Path(__file__).parents[2] / "docs" / "parameters.md"
     assert path.read_text() == parameters.markdown(), (
         "docs/parameters.md is stale: python -m kfp_finetune.pipelines.parameters > docs/parameters.md"
     )

@@ -29,7 +29,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from tests.support.kube_standin import KubeStandin, Scenario
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 RUN_ID = "run-7f3a"
 TASK = "torchtune-finetune"
 NAME = tj.trainjob_name(RUN_ID, TASK)

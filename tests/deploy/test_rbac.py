@@ -17,7 +17,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from tests.support.kube_standin import KubeStandin, Scenario
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "runtimes" / "rbac.yaml"
 NAMESPACE, ACCOUNT = "kubeflow", "pipeline-runner"  # where runtimes/rbac.yaml binds its roles
 USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"

@@ -30,7 +30,7 @@ from packaging.version import Version
 from kfp_finetune import __version__
 from kfp_finetune.components._shared import images
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {
     "component": REPO / "images" / "component" / "Dockerfile",
     "trainer": REPO / "images" / "trainer" / "Dockerfile",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_finetune_trainjob
+from tests.components.torchtune_finetune import test_finetune_trainjob
 from tests.support import kube_standin as standin
 from tests.support.component_pipeline import TRAINING_STEPS
 

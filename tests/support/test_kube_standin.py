@@ -27,7 +27,7 @@ from tests.support.kube_standin import (
 kube_standin = standin.kube_standin  # the shared fixture: a started stand-in with runtime torch-distributed
 
 NS = "team-a"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def trainjob(name: str, **spec) -> dict:

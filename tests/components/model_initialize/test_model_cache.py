@@ -101,7 +101,7 @@ def test_a_second_run_waits_for_the_first_and_then_fetches_nothing(tmp_path, mon
             f"r = initialize_model({str(src)!r}, {str(tmp_path / 'ws2')!r}, name='m', cache_path={str(cache_dir)!r})\n"
             "print(json.dumps(r.metadata['cache']))\n"
         )
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[3]
         child = subprocess.Popen(
             [sys.executable, "-c", script],
             cwd=root,

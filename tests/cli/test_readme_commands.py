@@ -9,7 +9,7 @@ in the docs needs a handler here. Offline equivalents, where a command needs a c
   `run --wait/--follow` on a run the stand-in moves to SUCCEEDED one step per status read.
 - `kfp-finetune run-local`: the tiny model and a small slice of the tiny dataset instead of the user's paths; a
   quality-gate threshold the tiny run cannot meet is added, so the run shows that a gated-out model is kept.
-- `make <target>`: `make -n` (the target exists and expands); `make demo` runs in tests/test_cli.py, `make test`
+- `make <target>`: `make -n` (the target exists and expands); `make demo` runs in tests/cli/test_cli.py, `make test`
   in CI.
 - `docker push <tag>`: the tag is one `make images` builds for that registry.
 - `kubectl apply -k <dir>`: the kustomization builds (`kubectl kustomize`); `kubectl create …`: client-side dry run;
@@ -34,7 +34,7 @@ import yaml
 
 from tests.support.kfp_standin import KfpStandin
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"bash", "sh", "shell"}
 BIN = Path(sys.executable).parent
@@ -136,7 +136,7 @@ def run_block(block: Block, tmp_path: Path, tiny_inputs: dict) -> None:
             argv = shlex.split(command, comments=True)
             handler = HANDLERS.get(argv[0])
             assert handler, (
-                f"{block.id}: no offline equivalent for `{argv[0]}` in tests/test_readme_commands.py"
+                f"{block.id}: no offline equivalent for `{argv[0]}` in tests/cli/test_readme_commands.py"
             )
             handler(sandbox, argv, command)
 
@@ -250,7 +250,9 @@ def kubectl(sandbox: Sandbox, argv: list[str], command: str) -> None:
     elif verb in ("get", "describe", "auth"):
         sandbox.run(["kubectl", *argv[1 : 3 if verb == "auth" else 2], "--help"])
     else:
-        pytest.fail(f"no offline equivalent for `kubectl {verb}`: add one to tests/test_readme_commands.py")
+        pytest.fail(
+            f"no offline equivalent for `kubectl {verb}`: add one to tests/cli/test_readme_commands.py"
+        )
 
 
 HANDLERS = {

@@ -14,11 +14,11 @@ import yaml
 
 from kfp_finetune.commands import kfp_backend as kb
 from kfp_finetune.commands import schedule, values
-from tests import test_kfp_cli as kfp_cli_tests
+from tests.cli import test_kfp_cli as kfp_cli_tests
+from tests.cli.test_kfp_cli import FINETUNE_PARAMS, cli, seed_our_runtimes, upload
 from tests.support import kfp_standin as kfp_support
 from tests.support import kfp_validation
 from tests.support import kube_standin as kube_support
-from tests.test_kfp_cli import FINETUNE_PARAMS, cli, seed_our_runtimes, upload
 
 kfp_standin = kfp_support.kfp_standin
 kube_standin = kube_support.kube_standin

@@ -18,7 +18,7 @@ from kfp_finetune.commands.compile import stale_files
 from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, sweep_pipeline
 from tests.support import kube_standin as standin
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPILED = ROOT / "compiled"
 kube_standin = standin.kube_standin
 

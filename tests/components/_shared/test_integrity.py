@@ -19,7 +19,7 @@ from kfp_finetune.components._shared.storage.checksums import git_blob_sha1, md5
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.tiny.dataset import build_tiny_dataset
-from tests import test_export
+from tests.components.export import test_export
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_standin import HubStandin
 from tests.support.sources import hub_env, moto_s3, result, run_python, use_s3_credentials, write_fake_model

@@ -86,7 +86,7 @@ def call_component(workspace, base_model, train, tmp_path, backend, config, **pa
 def cpu_runtime(kube_standin, monkeypatch):
     """The CPU runtime, and this process as the KFP step pod on STEP_NODE holding the run workspace: a
     ReadWriteOnce claim (many clusters' default storage class), so node pods can only start on STEP_NODE."""
-    runtime = Path(__file__).resolve().parents[1] / "runtimes" / "torchtune-cpu.yaml"
+    runtime = Path(__file__).resolve().parents[3] / "runtimes" / "torchtune-cpu.yaml"
     import yaml
 
     kube_standin.add_object(yaml.safe_load(runtime.read_text()))

@@ -7,9 +7,9 @@ import yaml
 
 from kfp_finetune.cli import main
 from kfp_finetune.commands.values import UsageError, parse_value
-from tests import test_kfp_cli as kfp_cli_tests
+from tests.cli import test_kfp_cli as kfp_cli_tests
+from tests.cli.test_kfp_cli import FINETUNE_PARAMS, cli
 from tests.support import kfp_standin as kfp_support
-from tests.test_kfp_cli import FINETUNE_PARAMS, cli
 
 kfp_standin = kfp_support.kfp_standin
 clean_environment = kfp_cli_tests.clean_environment  # autouse: no ambient KFP settings, a known token

@@ -12,7 +12,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobTimeout,
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
-from tests import test_trainjob_launcher as base
+from tests.components.torchtune_finetune import test_trainjob_launcher as base
 from tests.support.kube_standin import Scenario
 
 NAME = base.NAME

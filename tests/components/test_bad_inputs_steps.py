@@ -22,7 +22,7 @@ from kfp_finetune.components.evaluate import evaluate
 from kfp_finetune.components.export.export import ExportError, export_model
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.components.torchtune_finetune.finetune import USAGE_ERRORS, ArtifactInput, run_finetune
-from tests.test_bad_inputs_data import assert_message
+from tests.components.test_bad_inputs_data import assert_message
 
 
 @pytest.fixture(scope="module")
