@@ -41,6 +41,9 @@ def entry_name(explicit: str, source: str, task_id: str = "") -> str:
     """The workspace entry name: `explicit`, else the last meaningful part of the source's path, made path-safe
     (only the path: a URI's query string or userinfo may hold credentials), followed by a hash of the KFP task id
     (see names.instance_name), so two sources whose paths end alike, or two uses of one source, get two entries."""
+    if explicit and ("/" in explicit or "\\" in explicit or explicit.strip(".") == ""):
+        # A name the user typed is refused, not rewritten: they would look for it under the name they gave.
+        raise ValueError(f"invalid workspace entry name {explicit!r}: use a plain name without '/'")
     return instance_name(explicit or _source_name(source), task_id)
 
 

@@ -18,7 +18,7 @@ This module imports neither torch nor torchtune.
 # thread, other jobs running): mean loss of the first 5 / last 10 steps, greedy exact match on 50 held-out
 # rows (the untrained base scores 0.0), wall time of `tune run` (~5 s of it is start-up).
 #
-# `max_seq_len: 0` means "no limit" to the finetune component (rows are ~20 tokens). A trap the settings avoid:
+# `max_seq_len: -1` is "unset" (the base config's: no limit; rows are ~20 tokens). A trap the settings avoid:
 # - LoRA cannot reach exact matches on a *random* base within minutes: the tied embedding/output layer,
 #   the norms and the random attention stay frozen. LoRA settings below give a clear loss drop (enough to
 #   test the pipeline's mechanics and an eval-loss gate); use full fine-tuning for an exact-match gate.
@@ -29,7 +29,7 @@ RECOMMENDED_TRAINING: dict[str, dict] = {
         "batch_size": 16,
         "max_steps_per_epoch": 600,
         "num_warmup_steps": 10,
-        "max_seq_len": 0,
+        "max_seq_len": -1,
         "measured": {
             "llama3_2": {"loss_first_5": 8.22, "loss_last_10": 0.006, "exact_match": 1.0, "wall_seconds": 38},
             "qwen2_5": {"loss_first_5": 7.86, "loss_last_10": 0.008, "exact_match": 1.0, "wall_seconds": 38},
@@ -41,7 +41,7 @@ RECOMMENDED_TRAINING: dict[str, dict] = {
         "batch_size": 16,
         "max_steps_per_epoch": 600,
         "num_warmup_steps": 10,
-        "max_seq_len": 0,
+        "max_seq_len": -1,
         "lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"],
         "apply_lora_to_mlp": True,
         "apply_lora_to_output": False,  # impossible with tied embeddings (torchtune raises)
