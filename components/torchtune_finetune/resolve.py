@@ -152,7 +152,9 @@ def select_recipe_and_config(
 
 
 def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> str:
-    """The family's config (any family's if it has none for this recipe) of the best variant and nearest size."""
+    """The family's config (any family's if it has none for this recipe) of the nearest size, and of that size the
+    best variant. Size before variant: an 8B QLoRA run on 8 GPUs must get the 8B LoRA config, not the family's
+    only QLoRA config (405B, with adapter-only checkpoints and 405B-sized settings)."""
     preferences = _VARIANTS[method]
     scored = []
     for name in config_names:
@@ -162,7 +164,7 @@ def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> st
             continue
         other_family = family != model.family.name
         distance = abs(math.log(params) - math.log(max(model.num_parameters, 1)))
-        scored.append((other_family, preferences.index(variant), distance, name))
+        scored.append((other_family, distance, preferences.index(variant), name))
     if not scored:
         raise ConfigError(f"no torchtune config fits method={method!r}; pass config explicitly")
     return min(scored)[-1]
