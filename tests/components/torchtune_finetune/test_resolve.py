@@ -92,9 +92,10 @@ def fake_model_dir(root, family):
 
 def resolve(model_dir, data, tmp_path, validate=True, **settings):
     devices, nodes = settings.pop("devices", 1), settings.pop("nodes", 1)
+    extra = {k: settings.pop(k) for k in ("token_lengths", "gpu_memory_gib") if k in settings}
     cfg = TorchtuneConfig(**settings)
     return resolve_run(
-        cfg, model_dir, data, tmp_path / "run", devices=devices, nodes=nodes, validate=validate
+        cfg, model_dir, data, tmp_path / "run", devices=devices, nodes=nodes, validate=validate, **extra
     )
 
 
