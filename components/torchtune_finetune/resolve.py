@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.defaults import Choice, TokenLengths, choose_defaults
 from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
 
 log = get_logger(__name__)
@@ -65,6 +66,7 @@ class ResolvedRun:
     run_dir: Path
     model: ModelDir
     distributed: bool
+    defaults: list[Choice] = field(default_factory=list)  # what defaults.py chose, each with its reason
 
     @property
     def metrics_path(self) -> Path:
@@ -152,7 +154,9 @@ def select_recipe_and_config(
 
 
 def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> str:
-    """The family's config (any family's if it has none for this recipe) of the best variant and nearest size."""
+    """The family's config (any family's if it has none for this recipe) of the nearest size, and of that size the
+    best variant. Size before variant: an 8B QLoRA run on 8 GPUs must get the 8B LoRA config, not the family's
+    only QLoRA config (405B, with adapter-only checkpoints and 405B-sized settings)."""
     preferences = _VARIANTS[method]
     scored = []
     for name in config_names:
@@ -162,7 +166,7 @@ def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> st
             continue
         other_family = family != model.family.name
         distance = abs(math.log(params) - math.log(max(model.num_parameters, 1)))
-        scored.append((other_family, preferences.index(variant), distance, name))
+        scored.append((other_family, distance, preferences.index(variant), name))
     if not scored:
         raise ConfigError(f"no torchtune config fits method={method!r}; pass config explicitly")
     return min(scored)[-1]
@@ -181,11 +185,17 @@ def resolve_run(
     write: bool = True,
     validate: bool = True,
     export_format: str = "",
+    gpu_memory_gib: float | None = None,
+    token_lengths: TokenLengths | None = None,
+    preview: bool = False,
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
 
     `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
-    is made to hold what that needs, or the run is refused."""
+    is made to hold what that needs, or the run is refused. `gpu_memory_gib` (None: 80) and `token_lengths` (the
+    data's, when dataset-initialize recorded them; None: a sample is tokenized) feed the defaults (defaults.py).
+    `preview` (resolve-config on a machine without GPU-only packages) validates components from those packages
+    as if they were present."""
     cfg.check()
     if export_format and export_format not in EXPORT_FORMATS:
         raise ConfigError(f"export_format must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})")
@@ -209,11 +219,12 @@ def resolve_run(
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
+    choices = choose_defaults(config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths)
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
     _check_paths_inside(config, run_dir)
     if validate:
-        validate_config(config)
+        validate_config(config, preview=preview)
         check_prompts_fit(config)
 
     yaml_path = run_dir / RESOLVED_CONFIG
@@ -222,7 +233,7 @@ def resolve_run(
         tmp = yaml_path.with_name(f".{yaml_path.name}.tmp")
         tmp.write_text(render_yaml(config, recipe, config_name))
         os.replace(tmp, yaml_path)
-    return ResolvedRun(recipe, config_name, config, yaml_path, run_dir, model, distributed)
+    return ResolvedRun(recipe, config_name, config, yaml_path, run_dir, model, distributed, choices)
 
 
 def _load_config_file(path: Path) -> dict:
@@ -511,13 +522,30 @@ def _check_paths_inside(config: dict, run_dir: Path) -> None:
             )
 
 
-def validate_config(config: dict) -> None:
-    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable."""
+# Packages only GPU machines have (bitsandbytes' paged 8-bit optimizers in the *_full_single_device configs).
+GPU_ONLY_PACKAGES = ("bitsandbytes",)
+
+
+def validate_config(config: dict, preview: bool = False) -> None:
+    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable.
+
+    `preview`: a component from a GPU-only package that is not installed here is checked as torch's AdamW."""
+    import importlib.util
+
     from omegaconf import OmegaConf
     from torchtune.config import validate
     from torchtune.config._errors import ConfigError as TorchtuneConfigError
     from torchtune.config._errors import InstantiationError
 
+    optimizer = str((config.get("optimizer") or {}).get("_component_", ""))
+    package = optimizer.partition(".")[0]
+    if preview and package in GPU_ONLY_PACKAGES and importlib.util.find_spec(package) is None:
+        log.warning("preview: %s is not installed here; the optimizer %s is checked as torch.optim.AdamW", package,
+                    optimizer)  # fmt: skip
+        config = {**config, "optimizer": {**config["optimizer"], "_component_": "torch.optim.AdamW"}}
+        config["optimizer"] = {
+            k: v for k, v in config["optimizer"].items() if k in ("_component_", "lr", "weight_decay")
+        }
     try:
         validate(OmegaConf.create(config))
     except (TorchtuneConfigError, TypeError) as err:

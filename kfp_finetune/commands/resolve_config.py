@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", help="torchtune config name or YAML file (default: nearest for the model)"
     )
     parser.add_argument("--device", help="cuda, cpu, ... (default: the base config's)")
+    parser.add_argument(
+        "--gpu-memory-gib", type=float, help="memory of one GPU for the defaults' memory model (default: 80)"
+    )
     parser.add_argument("--run-dir", default="run", help="where the run's outputs would go (default: ./run)")
     parser.add_argument(
         "--set",
@@ -91,18 +94,23 @@ def run(args: argparse.Namespace) -> int:
             devices=args.devices,
             nodes=args.nodes,
             write=False,
+            gpu_memory_gib=args.gpu_memory_gib,
+            preview=True,
         )
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     text = render_yaml(run.config, run.recipe, run.config_name)
+    chosen = "".join(f"# {choice.line()}\n" for choice in run.defaults)
     if args.output:
         Path(args.output).write_text(text)
         print(
             f"recipe: {run.recipe}\nconfig: {run.config_name or 'user file'}\nwrote {args.output}",
             file=sys.stderr,
         )
+        print(chosen, end="", file=sys.stderr)
     else:
         print(f"# recipe: {run.recipe}")
+        print(chosen, end="")
         print(text, end="")
     return 0

@@ -92,9 +92,10 @@ def fake_model_dir(root, family):
 
 def resolve(model_dir, data, tmp_path, validate=True, **settings):
     devices, nodes = settings.pop("devices", 1), settings.pop("nodes", 1)
+    extra = {k: settings.pop(k) for k in ("token_lengths", "gpu_memory_gib") if k in settings}
     cfg = TorchtuneConfig(**settings)
     return resolve_run(
-        cfg, model_dir, data, tmp_path / "run", devices=devices, nodes=nodes, validate=validate
+        cfg, model_dir, data, tmp_path / "run", devices=devices, nodes=nodes, validate=validate, **extra
     )
 
 
@@ -131,6 +132,9 @@ def test_every_family_builds_the_same_architecture_as_torchtunes_named_builder(f
         ("llama3_2", "full", 8, 2, "full_finetune_distributed", "llama3_2/1B_full"),
         ("llama3", "dora", 1, 1, "lora_finetune_single_device", "llama3/8B_dora_single_device"),
         ("llama3_1", "qlora", 1, 1, "lora_finetune_single_device", "llama3_1/8B_qlora_single_device"),
+        # The nearest size first: the family's only distributed QLoRA config is 405B's (adapter-only checkpoints).
+        ("llama3_1", "qlora", 8, 1, "lora_finetune_distributed", "llama3_1/8B_lora"),
+        ("llama3_2", "qlora", 8, 1, "lora_finetune_distributed", "llama3_2/1B_lora"),
         ("qwen2_5", "lora", 1, 1, "lora_finetune_single_device", "qwen2_5/0.5B_lora_single_device"),
         ("qwen2", "full", 2, 1, "full_finetune_distributed", "qwen2/0.5B_full"),
         ("mistral", "full", 1, 1, "full_finetune_single_device", "mistral/7B_full_low_memory"),

@@ -1,0 +1,425 @@
+"""Throughput defaults chosen from the data, the model and the hardware (DESIGN.md §7), each with its reason.
+
+`choose_defaults` runs on the assembled config after the user's typed settings and `overrides`: a setting the user
+gave (typed or as an override key) is never touched. On CUDA it decides packing + a data-derived `max_seq_len`,
+`compile`, activation checkpointing / offloading from a memory model (`estimate_memory`), the micro-batch (~8-16k
+tokens) and gradient accumulation (the base config's global tokens per step, over all devices). On every device it
+keeps `lora_alpha` at the base config's alpha/rank ratio and fits the LR schedule to the planned steps. On CPU the
+throughput settings stay as they are (the tiny kit runs fast as it is).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.seq_len import choose_max_seq_len
+from kfp_finetune.components._shared.torchtune_model import ModelDir
+from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
+
+log = get_logger(__name__)
+
+GIB = 1024**3
+DEFAULT_GPU_MEMORY_GIB = 80.0
+#: Fraction of the GPU the estimate may fill: the rest is the CUDA context, allocator fragmentation, NCCL buffers.
+MEMORY_MARGIN = 0.85
+#: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
+MICRO_BATCH_TOKENS = (16384, 8192)
+SAMPLE_ROWS = 2000
+SAMPLE_SEED = 0
+WARMUP_CAP = 0.05  # of the planned optimizer steps
+WARMUP_NEW = 0.03  # where we add a schedule (full fine-tunes' constant LR)
+COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
+#: Characters per token assumed when the tokenizer cannot be loaded (a preview with placeholder files):
+#: low, so lengths are over- rather than under-estimated.
+CHARS_PER_TOKEN = 3.0
+
+#: `nvidia.com/gpu.product` label (GPU feature discovery) fragments -> memory in GiB, most specific first.
+GPU_PRODUCTS = (
+    ("H200", 141.0), ("GH200", 96.0), ("H100-NVL", 94.0), ("H100", 80.0), ("H800", 80.0), ("B200", 180.0),
+    ("A100-SXM4-40GB", 40.0), ("A100-PCIE-40GB", 40.0), ("A100", 80.0), ("A800", 80.0), ("L40S", 48.0),
+    ("L40", 48.0), ("A6000", 48.0), ("A40", 48.0), ("L4", 24.0), ("A10G", 24.0), ("A10", 24.0),
+    ("V100-SXM2-32GB", 32.0), ("V100", 16.0), ("T4", 16.0),
+)  # fmt: skip
+
+
+@dataclass
+class Choice:
+    setting: str
+    value: Any
+    reason: str
+
+    def line(self) -> str:
+        return f"default {self.setting} = {self.value}: {self.reason}"
+
+
+def gpu_memory_from_product(product: str | None) -> float | None:
+    """GiB of one GPU named by a `nvidia.com/gpu.product` label value (e.g. NVIDIA-H100-80GB-HBM3); None if unknown."""
+    if not product:
+        return None
+    name = product.upper()
+    for fragment, gib in GPU_PRODUCTS:
+        if fragment in name:
+            return gib
+    return None
+
+
+# --- the memory model ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryEstimate:
+    """GiB per GPU for one run, by component; `activations_*` for the micro-batch's tokens."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float  # without checkpointing
+    activations_checkpointed: float
+    activations_offloaded: float
+    trained_parameters: int
+
+    @property
+    def fixed(self) -> float:
+        return self.parameters + self.gradients + self.optimizer
+
+    def total(self, checkpointing: bool, offloading: bool = False) -> float:
+        if offloading:
+            return self.fixed + self.activations_offloaded
+        return self.fixed + (self.activations_checkpointed if checkpointing else self.activations)
+
+    def summary(self, checkpointing: bool, offloading: bool = False) -> str:
+        act = self.total(checkpointing, offloading) - self.fixed
+        return (
+            f"params {self.parameters:.1f} + grads {self.gradients:.1f} + optimizer {self.optimizer:.1f} + "
+            f"activations {act:.1f} = {self.total(checkpointing, offloading):.1f} GiB per GPU"
+        )
+
+
+def _dims(model: ModelDir) -> dict[str, int]:
+    c = model.hf_config
+    dim, heads = c["hidden_size"], c["num_attention_heads"]
+    head_dim = c.get("head_dim") or dim // heads
+    return {
+        "dim": dim,
+        "layers": c["num_hidden_layers"],
+        "q": heads * head_dim,
+        "kv": (c.get("num_key_value_heads") or heads) * head_dim,
+        "hidden": c.get("intermediate_size", 4 * dim),
+        "vocab": c["vocab_size"],
+    }
+
+
+def lora_parameters(model: ModelDir, lora: dict) -> int:
+    """Adapter parameters: rank x (in + out) for every adapted projection."""
+    d, rank = _dims(model), int(lora.get("lora_rank") or 8)
+    shapes = {
+        "q_proj": (d["dim"], d["q"]),
+        "k_proj": (d["dim"], d["kv"]),
+        "v_proj": (d["dim"], d["kv"]),
+        "output_proj": (d["q"], d["dim"]),
+    }
+    per_layer = sum(rank * sum(shapes[m]) for m in lora.get("lora_attn_modules") or () if m in shapes)
+    if lora.get("apply_lora_to_mlp"):
+        per_layer += 3 * rank * (d["dim"] + d["hidden"])
+    total = per_layer * d["layers"]
+    if lora.get("apply_lora_to_output"):
+        total += rank * (d["dim"] + d["vocab"])
+    return total
+
+
+def estimate_memory(
+    model: ModelDir, method: str, lora: dict | None, dtype: str, optimizer: str, world: int, tokens: int
+) -> MemoryEstimate:
+    """Parameters (QLoRA: 4-bit base linears), gradients and AdamW state (two fp32 moments; 8-bit optimizers one
+    byte each) of the trained parameters, divided by the FSDP sharding over `world` GPUs; activations per token
+    from the model's dims for `tokens` tokens per micro-batch.
+
+    Activations per token and layer, in elements of `dtype` (SDPA / flash attention: no seq x seq scores):
+    4 x dim (two norm outputs, two residual inputs) + 3 x q (q, attention output, output projection input)
+    + 2 x kv (k, v) + 4 x intermediate (gate, up, activation, product). With checkpointing only each layer's input
+    (dim) is kept, plus one layer recomputed at a time; offloading moves the kept inputs to CPU. The logits add
+    vocab x (2 bytes + 4 bytes for the fp32 loss) per token in every case."""
+    d = _dims(model)
+    width = 4 if dtype == "fp32" else 2
+    total = model.num_parameters
+    linear = d["layers"] * (d["dim"] * (2 * d["q"] + 2 * d["kv"]) + 3 * d["dim"] * d["hidden"])
+    # QLoRA: NF4 base linears (0.5 byte each), the rest in dtype.
+    weight_bytes = linear * 0.5 + (total - linear) * width if method == "qlora" else total * width
+    trained = total if method == "full" else lora_parameters(model, lora or {})
+    if method != "full":
+        weight_bytes += trained * width
+    optimizer_bytes_per = 2 if "8bit" in optimizer.lower() else 8
+    shard = max(world, 1)
+    per_layer = 4 * d["dim"] + 3 * d["q"] + 2 * d["kv"] + 4 * d["hidden"]
+    logits = d["vocab"] * (2 + 4)
+    act = tokens * (d["layers"] * per_layer * width + logits)
+    act_ckpt = tokens * (d["layers"] * d["dim"] * width + per_layer * width + logits)
+    act_offload = tokens * (per_layer * width + logits)
+    return MemoryEstimate(
+        parameters=weight_bytes / shard / GIB,
+        gradients=trained * width / shard / GIB,
+        optimizer=trained * optimizer_bytes_per / shard / GIB,
+        activations=act / GIB,
+        activations_checkpointed=act_ckpt / GIB,
+        activations_offloaded=act_offload / GIB,
+        trained_parameters=trained,
+    )
+
+
+# --- token lengths ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenLengths:
+    lengths: list[int]
+    num_rows: int
+    how: str  # where the lengths come from, for the reasons
+
+
+def sample_token_lengths(
+    config: dict, rows: int = SAMPLE_ROWS, seed: int = SAMPLE_SEED
+) -> TokenLengths | None:
+    """Token lengths (prompt + response, template included) of a seeded random sample of the training rows,
+    tokenized exactly as training does (the resolved tokenizer and dataset nodes, through torchtune). None when
+    the data are not local files (an HF dataset source is loaded by training itself)."""
+    dataset_node, tokenizer_node = config.get("dataset"), config.get("tokenizer") or {}
+    if not isinstance(dataset_node, dict) or not dataset_node.get("data_files"):
+        return None
+    from omegaconf import OmegaConf
+    from torchtune import config as torchtune_config
+
+    dataset_node = {**dataset_node, "packed": False}
+    try:
+        tokenizer = torchtune_config.instantiate(OmegaConf.create({**tokenizer_node, "max_seq_len": None}))
+    except Exception as err:  # noqa: BLE001 - a preview with placeholder tokenizer files: estimate instead
+        tokenizer, why = None, f"{type(err).__name__}: {str(err)[:80]}"
+    if tokenizer is None:
+        from datasets import load_dataset
+
+        data = load_dataset(
+            dataset_node["source"],
+            data_files=dataset_node["data_files"],
+            split=dataset_node.get("split", "train"),
+        )
+        picked = _sample(len(data), rows, seed)
+        lengths = [
+            max(1, math.ceil(sum(len(str(v)) for v in data[i].values() if v is not None) / CHARS_PER_TOKEN))
+            for i in picked
+        ]
+        how = f"estimated from characters ÷ {CHARS_PER_TOKEN:g} (tokenizer not loadable: {why}) of {len(picked)} rows"
+        return TokenLengths(lengths, len(data), how)
+    dataset = torchtune_config.instantiate(OmegaConf.create(dataset_node), tokenizer)
+    picked = _sample(len(dataset), rows, seed)
+    lengths = [len(dataset[i]["tokens"]) for i in picked]
+    how = (
+        f"a random sample of {len(picked)} of {len(dataset)} rows (seed {seed})"
+        if len(picked) < len(dataset)
+        else f"all {len(dataset)} rows"
+    )
+    return TokenLengths(lengths, len(dataset), how)
+
+
+def _sample(total: int, rows: int, seed: int) -> list[int]:
+    return sorted(random.Random(seed).sample(range(total), rows)) if total > rows else list(range(total))
+
+
+# --- the choices -------------------------------------------------------------------------------------------------
+
+
+def user_set(cfg: TorchtuneConfig, field: str | None, key: str) -> bool:
+    """True when the typed `field` is set or an override names `key` (or a node above or below it)."""
+    if field is not None:
+        holder = cfg.lora if field.startswith(("lora_", "apply_lora")) else cfg
+        if getattr(holder, field, None) is not None:
+            return True
+    for raw in cfg.overrides:
+        name = str(raw).lstrip("+~")
+        if name == key or name.startswith(key + ".") or key.startswith(name + "."):
+            return True
+    return False
+
+
+def choose_defaults(
+    config: dict,
+    base: dict,
+    cfg: TorchtuneConfig,
+    model: ModelDir,
+    devices: int,
+    nodes: int,
+    gpu_memory_gib: float | None = None,
+    lengths: TokenLengths | None = None,
+) -> list[Choice]:
+    """Apply the defaults to `config` in place; return each choice with its reason (also logged, one line each)."""
+    choices: list[Choice] = []
+    _lora_alpha(config, base, cfg, choices)
+    world = devices * nodes
+    # Only for a device the run names (the step always does; a bare resolve keeps the base config's settings).
+    if config.get("device") == "cuda" and user_set(cfg, "device", "device"):
+        if lengths is None:
+            lengths = sample_token_lengths(config)
+        _packing(config, cfg, model, lengths, choices)
+        if not user_set(cfg, "compile", "compile"):
+            config["compile"] = True
+            choices.append(Choice("compile", True, "CUDA: torch.compile speeds training ~1.3x (QLoRA ~3x)"))
+        _memory_and_batch(config, base, cfg, model, world, gpu_memory_gib, lengths, choices)
+    _schedule(config, cfg, world, lengths, choices)
+    for choice in choices:
+        log.info("%s", choice.line())
+    return choices
+
+
+def as_metadata(choices: list[Choice]) -> list[dict]:
+    return [asdict(c) for c in choices]
+
+
+def _lora_alpha(config: dict, base: dict, cfg: TorchtuneConfig, choices: list[Choice]) -> None:
+    base_model, model = base.get("model") or {}, config.get("model") or {}
+    base_rank, base_alpha = base_model.get("lora_rank"), base_model.get("lora_alpha")
+    if not (cfg.is_peft and cfg.lora.lora_rank is not None and base_rank and base_alpha):
+        return
+    if user_set(cfg, "lora_alpha", "model.lora_alpha") or cfg.lora.lora_rank == base_rank:
+        return
+    alpha = float(base_alpha) / float(base_rank) * cfg.lora.lora_rank
+    model["lora_alpha"] = alpha
+    choices.append(
+        Choice("lora_alpha", alpha, f"keeps the base config's alpha/rank = {base_alpha}/{base_rank} at rank "
+               f"{cfg.lora.lora_rank}")
+    )  # fmt: skip
+
+
+def _packing(
+    config: dict, cfg: TorchtuneConfig, model: ModelDir, lengths: TokenLengths | None, choices: list[Choice]
+) -> None:
+    tokenizer = config["tokenizer"]
+    if not user_set(cfg, "max_seq_len", "tokenizer.max_seq_len"):
+        if lengths is None:
+            choices.append(Choice("max_seq_len", tokenizer.get("max_seq_len"),
+                                  "kept: the data's token lengths are unknown (not local files)"))  # fmt: skip
+        else:
+            limit = model.hf_config.get("max_position_embeddings")
+            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit)
+            longest = max(lengths.lengths)
+            choices.append(Choice("max_seq_len", tokenizer["max_seq_len"],
+                                  f"99th percentile of prompt + response tokens rounded up to 256, capped at "
+                                  f"{limit} (longest {longest}; from {lengths.how})"))  # fmt: skip
+    if not user_set(cfg, "packed", "dataset.packed"):
+        if tokenizer.get("max_seq_len"):
+            config["dataset"]["packed"] = True
+            choices.append(Choice("packed", True, f"rows packed into {tokenizer['max_seq_len']}-token sequences: "
+                                  "no padding (torchtune: +238 % tokens/s)"))  # fmt: skip
+        else:
+            choices.append(
+                Choice("packed", config["dataset"].get("packed"), "kept: packing needs a max_seq_len")
+            )
+
+
+def _memory_and_batch(
+    config: dict,
+    base: dict,
+    cfg: TorchtuneConfig,
+    model: ModelDir,
+    world: int,
+    gpu_memory_gib: float | None,
+    lengths: TokenLengths | None,
+    choices: list[Choice],
+) -> None:
+    seq = config["tokenizer"].get("max_seq_len")
+    gpu = gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
+    budget = gpu * MEMORY_MARGIN
+    lora = config.get("model") if cfg.is_peft else None
+    optimizer = str((config.get("optimizer") or {}).get("_component_", ""))
+
+    def estimate(tokens: int) -> MemoryEstimate:
+        return estimate_memory(model, cfg.method, lora, config.get("dtype", "bf16"), optimizer, world, tokens)
+
+    batch_set = user_set(cfg, "batch_size", "batch_size")
+    if batch_set or not seq:
+        options = [int(config.get("batch_size") or 1) * int(seq or 2048)]
+    else:
+        options = [max(1, round(t / seq)) * seq for t in MICRO_BATCH_TOKENS]
+    ckpt_set = user_set(cfg, "enable_activation_checkpointing", "enable_activation_checkpointing")
+    offload_set = user_set(cfg, "enable_activation_offloading", "enable_activation_offloading")
+    # The largest micro-batch that fits without checkpointing, else with it, else offloaded.
+    plans = (
+        [(t, False, False) for t in options]
+        + [(t, True, False) for t in options]
+        + [(options[-1], True, True)]
+    )
+    if ckpt_set:
+        plans = [p for p in plans if p[1] == bool(config.get("enable_activation_checkpointing"))] or plans
+    if offload_set:
+        plans = [p for p in plans if p[2] == bool(config.get("enable_activation_offloading"))] or plans
+    tokens, ckpt, offload = next((p for p in plans if estimate(p[0]).total(p[1], p[2]) <= budget), plans[-1])
+    mem = estimate(tokens)
+    fits = mem.total(ckpt, offload) <= budget
+    where = f"{gpu:g} GiB GPU{'' if gpu_memory_gib else ' (assumed: gpu_memory_gib unset)'}"
+    estimate_text = f"{mem.summary(ckpt, offload)}, {tokens} tokens per micro-batch, on a {where}"
+    if not fits:
+        estimate_text += (
+            f" — OVER {MEMORY_MARGIN:.0%} of it: expect out-of-memory; lower max_seq_len or batch_size"
+        )
+    if not ckpt_set:
+        config["enable_activation_checkpointing"] = ckpt
+        why = "needed" if ckpt else "not needed"
+        choices.append(Choice("enable_activation_checkpointing", ckpt, f"{why}: {estimate_text}"))
+    if not offload_set:
+        config["enable_activation_offloading"] = offload
+        choices.append(Choice("enable_activation_offloading", offload,
+                              "still short with checkpointing" if offload else "not needed"))  # fmt: skip
+    if not batch_set and seq:
+        config["batch_size"] = max(1, tokens // seq)
+        choices.append(Choice("batch_size", config["batch_size"], f"{config['batch_size']} x {seq} tokens ≈ "
+                              f"{tokens} tokens per micro-batch (8-16k keeps the GPU busy)"))  # fmt: skip
+    if not user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps") and seq and lengths:
+        mean = sum(lengths.lengths) / len(lengths.lengths)
+        target = int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean
+        per_step = config["batch_size"] * seq * world
+        accumulation = max(1, round(target / per_step))
+        config["gradient_accumulation_steps"] = accumulation
+        choices.append(Choice("gradient_accumulation_steps", accumulation,
+                              f"keeps the base config's ~{target:,.0f} tokens per optimizer step "
+                              f"(batch {base.get('batch_size')} x accumulation {base.get('gradient_accumulation_steps')} "
+                              f"x {mean:.0f} tokens per row) over {world} GPU(s) x {per_step:,} tokens"))  # fmt: skip
+
+
+def planned_steps(config: dict, world: int, lengths: TokenLengths | None) -> int | None:
+    """Optimizer steps the run will take (packed: the data's tokens in max_seq_len packs)."""
+    if lengths is None:
+        return None
+    per_row = sum(lengths.lengths) / len(lengths.lengths)
+    seq = config["tokenizer"].get("max_seq_len")
+    samples = lengths.num_rows
+    if config["dataset"].get("packed") and seq:
+        samples = math.ceil(lengths.num_rows * per_row / seq)
+    per_step = (
+        int(config.get("batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1) * world
+    )
+    per_epoch = max(1, samples // per_step)
+    if config.get("max_steps_per_epoch"):
+        per_epoch = min(per_epoch, int(config["max_steps_per_epoch"]))
+    return per_epoch * int(config.get("epochs") or 1)
+
+
+def _schedule(
+    config: dict, cfg: TorchtuneConfig, world: int, lengths: TokenLengths | None, choices: list[Choice]
+) -> None:
+    steps = planned_steps(config, world, lengths)
+    if steps is None or user_set(cfg, "num_warmup_steps", "lr_scheduler.num_warmup_steps"):
+        return
+    scheduler = config.get("lr_scheduler")
+    if not scheduler and not user_set(cfg, "lr_scheduler", "lr_scheduler") and cfg.method == "full":
+        warmup = max(1, round(WARMUP_NEW * steps))
+        config["lr_scheduler"] = {"_component_": COSINE, "num_warmup_steps": warmup}
+        choices.append(Choice("lr_scheduler", f"cosine, {warmup} warmup steps",
+                              f"the base config's LR is constant; {WARMUP_NEW:.0%} warmup of {steps} planned steps"))  # fmt: skip
+        return
+    if isinstance(scheduler, dict) and isinstance(scheduler.get("num_warmup_steps"), int):
+        cap = max(1, math.floor(WARMUP_CAP * steps))
+        if scheduler["num_warmup_steps"] > cap:
+            choices.append(Choice("num_warmup_steps", cap, f"the base config's {scheduler['num_warmup_steps']} is "
+                                  f"over {WARMUP_CAP:.0%} of the {steps} planned optimizer steps"))  # fmt: skip
+            scheduler["num_warmup_steps"] = cap

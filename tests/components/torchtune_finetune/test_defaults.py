@@ -1,0 +1,207 @@
+"""Defaults chosen from the data, the model and the hardware (defaults.py): what they choose, why, and that every
+user setting wins. GPU behaviour is checked through the resolved config (no GPU here)."""
+
+import pytest
+
+from kfp_finetune.commands import resolve_config
+from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+from kfp_finetune.components.torchtune_finetune.defaults import (
+    TokenLengths,
+    estimate_memory,
+    gpu_memory_from_product,
+)
+from tests.components.torchtune_finetune.test_resolve import fake_model_dir, resolve
+
+# Rows of 300-700 tokens, one in a hundred 3000: the p99 is 700 -> max_seq_len 768, not the outlier's length.
+LENGTHS = TokenLengths([300 + (i % 400) for i in range(990)] + [3000] * 10, num_rows=50_000, how="the test")
+GPU_FAMILIES = ["llama3_1", "llama3_2", "qwen2_5", "mistral", "gemma", "phi3"]
+
+
+def on_gpu(model_dir, tmp_path, lengths=LENGTHS, gpu_memory_gib=None, **settings):
+    settings.setdefault("device", "cuda")
+    return resolve(
+        model_dir, tmp_path / "data.jsonl", tmp_path, validate=False, token_lengths=lengths,
+        gpu_memory_gib=gpu_memory_gib, **settings,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def data(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"input": "a", "output": "b"}\n')
+
+
+def chosen(run) -> dict:
+    return {c.setting: c for c in run.defaults}
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
+    family, method, tmp_path, data
+):
+    run = on_gpu(fake_model_dir(tmp_path, family), tmp_path, method=method)
+    c = run.config
+    assert c["dataset"]["packed"] is True
+    assert c["tokenizer"]["max_seq_len"] == 768  # p99 700 rounded up to 256, the 3000-token outliers cut
+    assert c["compile"] is True
+    assert isinstance(c["enable_activation_checkpointing"], bool)
+    reason = chosen(run)["enable_activation_checkpointing"].reason
+    assert "params" in reason and "activations" in reason and "GiB per GPU" in reason
+    assert 8192 <= c["batch_size"] * 768 <= 16384
+    if method == "lora":  # gemma has no single-device full config: another family's is used
+        assert run.config_name.split("/")[0] == family
+
+
+def test_resolve_config_cli_previews_a_cuda_run_here(tiny_llama, tiny_dataset, capsys, log_lines):
+    """Real tokenizer, a sample of the real rows, a full fine-tune whose base config names bitsandbytes (absent)."""
+    for method in ("lora", "full"):
+        parser = __import__("argparse").ArgumentParser()
+        resolve_config.add_arguments(parser)
+        args = parser.parse_args(
+            ["--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--device", "cuda",
+             "--method", method]
+        )  # fmt: skip
+        assert resolve_config.run(args) == 0
+        out = capsys.readouterr().out
+        assert "packed: true" in out and "compile: true" in out
+        assert "# default enable_activation_checkpointing = False: not needed: params" in out
+        assert "# default max_seq_len = " in out and "random sample of 2000 of" in out
+    assert any("default packed = True" in line for line in log_lines)
+
+
+def test_memory_model_matches_hand_computed_values_for_llama3_8b(tmp_path):
+    model = inspect_model_dir(fake_model_dir(tmp_path, "llama3"))
+    gib = 1024**3
+    # Llama-3-8B: dim 4096, 32 layers, q 4096, kv 8x128=1024, intermediate 14336, vocab 128256, untied.
+    params = 32 * (4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336) + 128256 * 4096 * 2
+    assert model.num_parameters == params == 8_029_995_008  # norms (266k) left out
+    lora = {
+        "lora_rank": 8,
+        "lora_attn_modules": ["q_proj", "v_proj", "output_proj"],
+        "apply_lora_to_mlp": True,
+    }
+    adapter = 32 * (8 * (4096 + 4096) + 8 * (4096 + 1024) + 8 * (4096 + 4096) + 3 * 8 * (4096 + 14336))
+    per_token_layer = 4 * 4096 + 3 * 4096 + 2 * 1024 + 4 * 14336  # = 88064 elements
+    logits = 128256 * 6
+
+    lora_run = estimate_memory(model, "lora", lora, "bf16", "torch.optim.AdamW", world=1, tokens=8192)
+    assert lora_run.trained_parameters == adapter == 19_660_800
+    assert lora_run.parameters == pytest.approx((params + adapter) * 2 / gib)
+    assert lora_run.gradients == pytest.approx(adapter * 2 / gib)
+    assert lora_run.optimizer == pytest.approx(adapter * 8 / gib)
+    assert lora_run.activations == pytest.approx(8192 * (32 * per_token_layer * 2 + logits) / gib)
+    assert lora_run.activations == pytest.approx(48.87, abs=0.01)
+    assert lora_run.activations_checkpointed == pytest.approx(
+        8192 * (32 * 4096 * 2 + per_token_layer * 2 + logits) / gib
+    )
+
+    full_8 = estimate_memory(model, "full", None, "bf16", "torch.optim.AdamW", world=8, tokens=8192)
+    assert full_8.parameters == pytest.approx(params * 2 / 8 / gib)  # FSDP shards over the 8 GPUs
+    assert full_8.optimizer == pytest.approx(params * 8 / 8 / gib)  # two fp32 moments
+    assert full_8.fixed == pytest.approx(params * 12 / 8 / gib) == pytest.approx(11.22, abs=0.01)
+
+    qlora = estimate_memory(model, "qlora", lora, "bf16", "torch.optim.AdamW", world=1, tokens=8192)
+    linear = 32 * (4096 * 128 * 80 + 3 * 4096 * 14336)
+    assert qlora.parameters == pytest.approx((linear * 0.5 + (params - linear) * 2 + adapter * 2) / gib)
+    paged = estimate_memory(model, "full", None, "bf16", "bitsandbytes.optim.PagedAdamW8bit", 1, 8192)
+    assert paged.optimizer == pytest.approx(params * 2 / gib)
+
+
+def test_checkpointing_and_offloading_only_when_the_memory_needs_them(tmp_path, data):
+    model_dir = fake_model_dir(tmp_path, "llama3_1")
+    roomy = on_gpu(model_dir, tmp_path, method="lora", gpu_memory_gib=141)
+    assert roomy.config["enable_activation_checkpointing"] is False
+    assert roomy.config["batch_size"] * 768 > 8192  # the larger micro-batch fits
+    tight = on_gpu(model_dir, tmp_path, method="lora", gpu_memory_gib=40)
+    assert tight.config["enable_activation_checkpointing"] is True
+    assert tight.config["enable_activation_offloading"] is False
+    assert "needed: params" in chosen(tight)["enable_activation_checkpointing"].reason
+    tiny = on_gpu(
+        model_dir, tmp_path, method="full", gpu_memory_gib=40
+    )  # 8B full on one 40 GiB GPU: cannot fit
+    assert tiny.config["enable_activation_offloading"] is True
+    assert "OVER" in chosen(tiny)["enable_activation_checkpointing"].reason
+
+
+def test_user_settings_win_over_every_default(tmp_path, data):
+    model_dir = fake_model_dir(tmp_path, "llama3_1")
+    typed = on_gpu(
+        model_dir, tmp_path, method="lora", packed=False, max_seq_len=1024, compile=False, batch_size=3,
+        gradient_accumulation_steps=5, enable_activation_checkpointing=True, enable_activation_offloading=True,
+        num_warmup_steps=50, lora={"lora_rank": 16, "lora_alpha": 7.0},
+    )  # fmt: skip
+    c = typed.config
+    assert (c["dataset"]["packed"], c["tokenizer"]["max_seq_len"], c["compile"], c["batch_size"]) == (
+        False, 1024, False, 3)  # fmt: skip
+    assert (c["gradient_accumulation_steps"], c["enable_activation_checkpointing"]) == (5, True)
+    assert (c["enable_activation_offloading"], c["lr_scheduler"]["num_warmup_steps"]) == (True, 50)
+    assert c["model"]["lora_alpha"] == 7.0
+    assert typed.defaults == []
+    overridden = on_gpu(
+        model_dir, tmp_path, method="lora",
+        overrides={"dataset.packed": False, "tokenizer.max_seq_len": 512, "compile": False, "batch_size": 2,
+                   "gradient_accumulation_steps": 4, "enable_activation_checkpointing": True,
+                   "enable_activation_offloading": False, "lr_scheduler.num_warmup_steps": 7},
+    )  # fmt: skip
+    c = overridden.config
+    assert (c["dataset"]["packed"], c["tokenizer"]["max_seq_len"], c["compile"], c["batch_size"]) == (
+        False, 512, False, 2)  # fmt: skip
+    assert (c["gradient_accumulation_steps"], c["enable_activation_checkpointing"]) == (4, True)
+    assert c["lr_scheduler"]["num_warmup_steps"] == 7
+    assert overridden.defaults == []
+
+
+def test_warmup_is_capped_at_five_percent_of_the_planned_steps(tmp_path, data):
+    small = TokenLengths([500] * 100, num_rows=20_000, how="the test")  # 20k x 500 tokens = 10M tokens
+    run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, lengths=small, method="lora")
+    c = run.config
+    per_step = c["batch_size"] * c["gradient_accumulation_steps"]
+    planned = (20_000 * 500 // 512 + 1) // per_step * c["epochs"]
+    assert c["lr_scheduler"]["num_warmup_steps"] == planned * 5 // 100 < 100  # the base config's 100
+    assert "5% of the" in chosen(run)["num_warmup_steps"].reason
+    full = on_gpu(fake_model_dir(tmp_path / "f", "llama3_2"), tmp_path, lengths=small, method="full")
+    assert full.config["lr_scheduler"]["_component_"].endswith("get_cosine_schedule_with_warmup")
+    assert 1 <= full.config["lr_scheduler"]["num_warmup_steps"] <= 0.05 * planned
+
+
+def test_lora_alpha_keeps_the_base_ratio_when_only_the_rank_changes(tiny_llama, tiny_dataset, tmp_path):
+    run = resolve(tiny_llama, tiny_dataset["train.jsonl"], tmp_path, method="lora", lora={"lora_rank": 32})
+    assert run.config_name == "llama3_2/1B_lora_single_device"  # base rank 64, alpha 128
+    assert run.config["model"]["lora_alpha"] == 64.0
+    same = resolve(tiny_llama, tiny_dataset["train.jsonl"], tmp_path, method="lora", lora={"lora_rank": 64})
+    assert same.config["model"]["lora_alpha"] == 128 and same.defaults == []
+
+
+def test_accumulation_keeps_the_global_batch_as_devices_grow(tmp_path, data):
+    model_dir = fake_model_dir(tmp_path, "llama3_1")
+    long_rows = TokenLengths(
+        [4000] * 100, num_rows=10_000, how="the test"
+    )  # 4096-token packs, 2-4 per micro-batch
+    one = on_gpu(model_dir, tmp_path, lengths=long_rows, method="lora", gpu_memory_gib=141)
+    eight = on_gpu(model_dir, tmp_path, lengths=long_rows, method="lora", gpu_memory_gib=141, devices=8)
+    assert one.config["gradient_accumulation_steps"] > 1
+
+    def global_tokens(run, world):
+        c = run.config
+        return c["batch_size"] * c["gradient_accumulation_steps"] * c["tokenizer"]["max_seq_len"] * world
+
+    assert eight.config["gradient_accumulation_steps"] < one.config["gradient_accumulation_steps"]
+    assert global_tokens(eight, 8) <= 2 * global_tokens(one, 1)  # not 8x
+
+
+def test_gpu_memory_from_the_product_label():
+    assert gpu_memory_from_product("NVIDIA-H100-80GB-HBM3") == 80
+    assert gpu_memory_from_product("NVIDIA-H200") == 141
+    assert gpu_memory_from_product("NVIDIA-A100-SXM4-40GB") == 40
+    assert gpu_memory_from_product("NVIDIA-L4") == 24
+    assert gpu_memory_from_product("something-else") is None
+
+
+def test_an_override_of_a_whole_node_wins_over_the_defaults_inside_it(tmp_path, data):
+    scheduler = {"_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
+                 "num_warmup_steps": 100}  # fmt: skip
+    run = on_gpu(
+        fake_model_dir(tmp_path, "llama3_2"), tmp_path, method="lora", overrides={"lr_scheduler": scheduler}
+    )
+    assert run.config["lr_scheduler"]["num_warmup_steps"] == 100
+    assert "num_warmup_steps" not in chosen(run)
