@@ -2,8 +2,9 @@
 
 Order of precedence: the base config from torchtune's registry (the recipe authors' tested hyperparameters),
 then what the model directory dictates (model builder + dims, checkpointer, tokenizer), then the data, then the
-user's typed fields, then the free `overrides`. Every output path is pinned inside the run directory. The result
-is checked with torchtune's own config validation. One file per run sidesteps the CLI-override traps of
+user's typed fields, then the free `overrides`. Every output path is pinned inside the run directory. Resolving
+imports no torch (the launcher step runs without it); torchtune's own config validation runs where training
+runs (torch_checks.py). One file per run sidesteps the CLI-override traps of
 `tune run` (values with `=`, `~key` on missing keys, nodes created without `_component_`).
 """
 
@@ -18,11 +19,11 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
 
 log = get_logger(__name__)
 
@@ -82,15 +83,11 @@ def tune_command(
 
 
 def _registry() -> dict[str, Any]:
-    from torchtune._recipe_registry import get_all_recipes
-
-    return {recipe.name: recipe for recipe in get_all_recipes()}
+    return torchtune_files.recipes()  # read from torchtune's files: the launcher imports no torch
 
 
 def _config_file(file_path: str) -> Path:
-    import torchtune
-
-    return Path(torchtune.__file__).parent.parent / "recipes" / "configs" / file_path
+    return torchtune_files.config_file(file_path)
 
 
 def _config_parts(config_name: str) -> tuple[str, str, str]:
@@ -179,10 +176,14 @@ def resolve_run(
     devices: int = 1,
     nodes: int = 1,
     write: bool = True,
-    validate: bool = True,
+    validate: bool = False,
     export_format: str = "",
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
+
+    Imports no torch: everything that can be checked without it is checked here. `validate=True` adds the checks
+    that need torch (torchtune's config validation, prompts against max_seq_len: torch_checks.py), which the
+    backends otherwise run where training runs, first thing (entrypoint.py in a TrainJob).
 
     `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
     is made to hold what that needs, or the run is refused."""
@@ -212,9 +213,10 @@ def resolve_run(
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
     _check_paths_inside(config, run_dir)
-    if validate:
-        validate_config(config)
-        check_prompts_fit(config)
+    if validate:  # torch's checks: where training runs (torch_checks.py); here only when asked
+        from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
+
+        check_resolved(config)
 
     yaml_path = run_dir / RESOLVED_CONFIG
     if write:
@@ -509,22 +511,3 @@ def _check_paths_inside(config: dict, run_dir: Path) -> None:
             raise ConfigError(
                 f"{key}={value} is outside the run directory {run_dir}; outputs must stay inside it"
             )
-
-
-def validate_config(config: dict) -> None:
-    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable."""
-    from omegaconf import OmegaConf
-    from torchtune.config import validate
-    from torchtune.config._errors import ConfigError as TorchtuneConfigError
-    from torchtune.config._errors import InstantiationError
-
-    try:
-        validate(OmegaConf.create(config))
-    except (TorchtuneConfigError, TypeError) as err:
-        raise ConfigError(f"torchtune rejects the resolved config: {err}") from err
-    except (InstantiationError, ImportError, AttributeError, ValueError) as err:
-        summary = " ".join(str(err).splitlines()[:2])
-        raise ConfigError(
-            f"torchtune cannot load a component named in the config ({summary}); install the package "
-            "that provides it, or choose another component (e.g. optimizer=torch.optim.AdamW)"
-        ) from err
