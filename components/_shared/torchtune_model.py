@@ -9,12 +9,12 @@ exactly what is built.
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError
 
 
@@ -123,11 +123,11 @@ class ModelDir:
         return builder_node(self.family, self.hf_config, lora, where=str(self.path))
 
     def lora_args(self) -> set[str]:
-        return set(inspect.signature(_import(self.family.lora_builder)).parameters)
+        return set(torchtune_files.parameters(self.family.lora_builder))
 
     def tokenizer_node(self, max_seq_len: int | None) -> dict:
         node: dict = {"_component_": self.family.tokenizer, **self.tokenizer_paths}
-        accepted = inspect.signature(_import(self.family.tokenizer)).parameters
+        accepted = torchtune_files.parameters(self.family.tokenizer)
         if self.special_tokens_path and "special_tokens_path" in accepted:
             node["special_tokens_path"] = self.special_tokens_path
         node["max_seq_len"] = max_seq_len
@@ -150,7 +150,8 @@ def builder_node(
     """The family's component builder (LoRA builder when `lora` is given) with every dimension from an HF
     config.json; only arguments the builder accepts are passed."""
     component = family.lora_builder if lora is not None else family.builder
-    accepted = set(inspect.signature(_import(component)).parameters)
+    signature = torchtune_files.parameters(component)  # read from the source: no torch imported
+    accepted = set(signature)
     node: dict = {"_component_": component}
     for hf_key, arg in _HF_TO_BUILDER.items():
         if arg in accepted and hf_config.get(hf_key) is not None:
@@ -165,8 +166,8 @@ def builder_node(
         node["tie_word_embeddings"] = bool(hf_config.get("tie_word_embeddings", False))
     missing = [
         name
-        for name, param in inspect.signature(_import(component)).parameters.items()
-        if param.default is inspect.Parameter.empty and name not in node and name not in (lora or {})
+        for name, has_default in signature.items()
+        if not has_default and name not in node and name not in (lora or {})
     ]
     if missing:
         raise ConfigError(

@@ -181,22 +181,27 @@ class TokenLengths:
 
 
 def sample_token_lengths(
-    config: dict, rows: int = SAMPLE_ROWS, seed: int = SAMPLE_SEED
+    config: dict, rows: int = SAMPLE_ROWS, seed: int = SAMPLE_SEED, *, tokenize: bool = True
 ) -> TokenLengths | None:
     """Token lengths (prompt + response, template included) of a seeded random sample of the training rows,
     tokenized exactly as training does (the resolved tokenizer and dataset nodes, through torchtune). None when
-    the data are not local files (an HF dataset source is loaded by training itself)."""
+    the data are not local files (an HF dataset source is loaded by training itself). `tokenize=False` (the
+    TrainJob launcher, which imports no torch) estimates them from characters instead."""
     dataset_node, tokenizer_node = config.get("dataset"), config.get("tokenizer") or {}
     if not isinstance(dataset_node, dict) or not dataset_node.get("data_files"):
         return None
-    from omegaconf import OmegaConf
-    from torchtune import config as torchtune_config
+    tokenizer, why = None, "the launcher imports no torch; dataset-initialize records exact lengths"
+    if tokenize:
+        from omegaconf import OmegaConf
+        from torchtune import config as torchtune_config
 
+        try:
+            tokenizer = torchtune_config.instantiate(
+                OmegaConf.create({**tokenizer_node, "max_seq_len": None})
+            )
+        except Exception as err:  # noqa: BLE001 - a preview with placeholder tokenizer files: estimate instead
+            why = f"tokenizer not loadable: {type(err).__name__}: {str(err)[:80]}"
     dataset_node = {**dataset_node, "packed": False}
-    try:
-        tokenizer = torchtune_config.instantiate(OmegaConf.create({**tokenizer_node, "max_seq_len": None}))
-    except Exception as err:  # noqa: BLE001 - a preview with placeholder tokenizer files: estimate instead
-        tokenizer, why = None, f"{type(err).__name__}: {str(err)[:80]}"
     if tokenizer is None:
         from datasets import load_dataset
 
@@ -210,7 +215,7 @@ def sample_token_lengths(
             max(1, math.ceil(sum(len(str(v)) for v in data[i].values() if v is not None) / CHARS_PER_TOKEN))
             for i in picked
         ]
-        how = f"estimated from characters ÷ {CHARS_PER_TOKEN:g} (tokenizer not loadable: {why}) of {len(picked)} rows"
+        how = f"estimated from characters ÷ {CHARS_PER_TOKEN:g} ({why}) of {len(picked)} rows"
         return TokenLengths(lengths, len(data), how)
     dataset = torchtune_config.instantiate(OmegaConf.create(dataset_node), tokenizer)
     picked = _sample(len(dataset), rows, seed)
@@ -252,6 +257,7 @@ def choose_defaults(
     nodes: int,
     gpu_memory_gib: float | None = None,
     lengths: TokenLengths | None = None,
+    tokenize_sample: bool = True,
 ) -> list[Choice]:
     """Apply the defaults to `config` in place; return each choice with its reason (also logged, one line each)."""
     choices: list[Choice] = []
@@ -260,7 +266,7 @@ def choose_defaults(
     # Only for a device the run names (the step always does; a bare resolve keeps the base config's settings).
     if config.get("device") == "cuda" and user_set(cfg, "device", "device"):
         if lengths is None:
-            lengths = sample_token_lengths(config)
+            lengths = sample_token_lengths(config, tokenize=tokenize_sample)
         _packing(config, cfg, model, lengths, choices)
         if not user_set(cfg, "compile", "compile"):
             config["compile"] = True

@@ -172,6 +172,8 @@ def run_finetune(
         devices=backend.devices,
         nodes=backend.nodes,
         export_format=export_format,
+        # The TrainJob launcher imports no torch: without recorded lengths it estimates them from characters.
+        tokenize_sample=backend.name == "local",
     )
     log.info(
         "recipe %s, base config %s, resolved config %s",

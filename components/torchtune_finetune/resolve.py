@@ -2,8 +2,9 @@
 
 Order of precedence: the base config from torchtune's registry (the recipe authors' tested hyperparameters),
 then what the model directory dictates (model builder + dims, checkpointer, tokenizer), then the data, then the
-user's typed fields, then the free `overrides`. Every output path is pinned inside the run directory. The result
-is checked with torchtune's own config validation. One file per run sidesteps the CLI-override traps of
+user's typed fields, then the free `overrides`. Every output path is pinned inside the run directory. Resolving
+imports no torch (the launcher step runs without it); torchtune's own config validation runs where training
+runs (torch_checks.py). One file per run sidesteps the CLI-override traps of
 `tune run` (values with `=`, `~key` on missing keys, nodes created without `_component_`).
 """
 
@@ -18,12 +19,12 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
 from kfp_finetune.components.torchtune_finetune.defaults import Choice, TokenLengths, choose_defaults
-from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
 
 log = get_logger(__name__)
 
@@ -84,15 +85,11 @@ def tune_command(
 
 
 def _registry() -> dict[str, Any]:
-    from torchtune._recipe_registry import get_all_recipes
-
-    return {recipe.name: recipe for recipe in get_all_recipes()}
+    return torchtune_files.recipes()  # read from torchtune's files: the launcher imports no torch
 
 
 def _config_file(file_path: str) -> Path:
-    import torchtune
-
-    return Path(torchtune.__file__).parent.parent / "recipes" / "configs" / file_path
+    return torchtune_files.config_file(file_path)
 
 
 def _config_parts(config_name: str) -> tuple[str, str, str]:
@@ -183,19 +180,22 @@ def resolve_run(
     devices: int = 1,
     nodes: int = 1,
     write: bool = True,
-    validate: bool = True,
+    validate: bool = False,
     export_format: str = "",
     gpu_memory_gib: float | None = None,
     token_lengths: TokenLengths | None = None,
-    preview: bool = False,
+    tokenize_sample: bool = True,
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
 
+    Imports no torch: everything that can be checked without it is checked here. `validate=True` adds the checks
+    that need torch (torchtune's config validation, prompts against max_seq_len: torch_checks.py), which the
+    backends otherwise run where training runs, first thing (entrypoint.py in a TrainJob).
+
     `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
     is made to hold what that needs, or the run is refused. `gpu_memory_gib` (None: 80) and `token_lengths` (the
-    data's, when dataset-initialize recorded them; None: a sample is tokenized) feed the defaults (defaults.py).
-    `preview` (resolve-config on a machine without GPU-only packages) validates components from those packages
-    as if they were present."""
+    data's, when dataset-initialize recorded them; None: a sample is tokenized, or with `tokenize_sample=False`
+    estimated from characters without torch) feed the defaults (defaults.py)."""
     cfg.check()
     if export_format and export_format not in EXPORT_FORMATS:
         raise ConfigError(f"export_format must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})")
@@ -219,13 +219,16 @@ def resolve_run(
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
-    choices = choose_defaults(config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths)
+    choices = choose_defaults(
+        config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample
+    )
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
     _check_paths_inside(config, run_dir)
-    if validate:
-        validate_config(config, preview=preview)
-        check_prompts_fit(config)
+    if validate:  # torch's checks: where training runs (torch_checks.py); here only when asked
+        from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
+
+        check_resolved(config)
 
     yaml_path = run_dir / RESOLVED_CONFIG
     if write:
@@ -520,39 +523,3 @@ def _check_paths_inside(config: dict, run_dir: Path) -> None:
             raise ConfigError(
                 f"{key}={value} is outside the run directory {run_dir}; outputs must stay inside it"
             )
-
-
-# Packages only GPU machines have (bitsandbytes' paged 8-bit optimizers in the *_full_single_device configs).
-GPU_ONLY_PACKAGES = ("bitsandbytes",)
-
-
-def validate_config(config: dict, preview: bool = False) -> None:
-    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable.
-
-    `preview`: a component from a GPU-only package that is not installed here is checked as torch's AdamW."""
-    import importlib.util
-
-    from omegaconf import OmegaConf
-    from torchtune.config import validate
-    from torchtune.config._errors import ConfigError as TorchtuneConfigError
-    from torchtune.config._errors import InstantiationError
-
-    optimizer = str((config.get("optimizer") or {}).get("_component_", ""))
-    package = optimizer.partition(".")[0]
-    if preview and package in GPU_ONLY_PACKAGES and importlib.util.find_spec(package) is None:
-        log.warning("preview: %s is not installed here; the optimizer %s is checked as torch.optim.AdamW", package,
-                    optimizer)  # fmt: skip
-        config = {**config, "optimizer": {**config["optimizer"], "_component_": "torch.optim.AdamW"}}
-        config["optimizer"] = {
-            k: v for k, v in config["optimizer"].items() if k in ("_component_", "lr", "weight_decay")
-        }
-    try:
-        validate(OmegaConf.create(config))
-    except (TorchtuneConfigError, TypeError) as err:
-        raise ConfigError(f"torchtune rejects the resolved config: {err}") from err
-    except (InstantiationError, ImportError, AttributeError, ValueError) as err:
-        summary = " ".join(str(err).splitlines()[:2])
-        raise ConfigError(
-            f"torchtune cannot load a component named in the config ({summary}); install the package "
-            "that provides it, or choose another component (e.g. optimizer=torch.optim.AdamW)"
-        ) from err

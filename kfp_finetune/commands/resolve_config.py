@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             nodes=args.nodes,
             write=False,
             gpu_memory_gib=args.gpu_memory_gib,
-            preview=True,
+            tokenize_sample=False,  # a preview imports no torch: token lengths are estimated (said so)
         )
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -87,6 +87,9 @@ class LocalBackend:
             shutil.rmtree(run_dir)
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+        from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
+
+        check_resolved(resolved.config)  # what a TrainJob checks first in its pods (entrypoint.py)
         # Several local GPUs: torchrun in standalone mode starts one process per device.
         torchrun = ["--nproc_per_node", str(self.devices)] if resolved.distributed else []
         command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
@@ -95,7 +98,13 @@ class LocalBackend:
 
 
 def _cuda_available() -> bool:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError(
+            "backend=local trains in this step's own pod, whose image has no torch (the fine-tune step runs on "
+            "the component image and launches TrainJobs): use backend=trainjob"
+        ) from None
 
     return torch.cuda.is_available()
 

@@ -15,6 +15,7 @@ from kfp_finetune.components.torchtune_finetune.backends.local import LocalBacke
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.config import ConfigError
+from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
 from kfp_finetune.components.torchtune_finetune.metrics import (
     LossDiverged,
     divergence,
@@ -52,14 +53,9 @@ def test_trainjob_backend_manifest_is_what_build_trainjob_makes():
         "lora_finetune_distributed", "c", {}, Path("/ws/runs/x/c.yaml"), Path("/ws/runs/x"), None, True
     )
     name = tj.trainjob_name("run-1", "finetune")
-    command = [
-        "tune",
-        "run",
-        *tj.torchrun_args(name),
-        "lora_finetune_distributed",
-        "--config",
-        "/ws/runs/x/c.yaml",
-    ]
+    command = node_command(
+        ["tune", "run", *tj.torchrun_args(name), "lora_finetune_distributed", "--config", "/ws/runs/x/c.yaml"]
+    )
     assert backend.job_name == name and backend.gpus_available()
     assert backend.manifest(resolved) == tj.build_trainjob(
         name, command, num_nodes=2, num_proc_per_node=2, pod=pod, active_deadline_seconds=60, run_id="run-1",

@@ -5,11 +5,13 @@ import pytest
 
 from kfp_finetune.commands import resolve_config
 from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
 from kfp_finetune.components.torchtune_finetune.defaults import (
     TokenLengths,
     estimate_memory,
     gpu_memory_from_product,
 )
+from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
 from tests.components.torchtune_finetune.test_resolve import fake_model_dir, resolve
 
 # Rows of 300-700 tokens, one in a hundred 3000: the p99 is 700 -> max_seq_len 768, not the outlier's length.
@@ -53,7 +55,8 @@ def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
 
 
 def test_resolve_config_cli_previews_a_cuda_run_here(tiny_llama, tiny_dataset, capsys, log_lines):
-    """Real tokenizer, a sample of the real rows, a full fine-tune whose base config names bitsandbytes (absent)."""
+    """The real rows, a full fine-tune whose base config names bitsandbytes (absent); a preview imports no torch, so
+    the token lengths are estimated from characters, and the output says so."""
     for method in ("lora", "full"):
         parser = __import__("argparse").ArgumentParser()
         resolve_config.add_arguments(parser)
@@ -65,7 +68,7 @@ def test_resolve_config_cli_previews_a_cuda_run_here(tiny_llama, tiny_dataset, c
         out = capsys.readouterr().out
         assert "packed: true" in out and "compile: true" in out
         assert "# default enable_activation_checkpointing = False: not needed: params" in out
-        assert "# default max_seq_len = " in out and "random sample of 2000 of" in out
+        assert "# default max_seq_len = " in out and "estimated from characters" in out
     assert any("default packed = True" in line for line in log_lines)
 
 
@@ -205,3 +208,28 @@ def test_an_override_of_a_whole_node_wins_over_the_defaults_inside_it(tmp_path, 
     )
     assert run.config["lr_scheduler"]["num_warmup_steps"] == 100
     assert "num_warmup_steps" not in chosen(run)
+
+
+def test_the_local_backend_samples_lengths_with_the_training_tokenizer(tiny_llama, tiny_dataset, tmp_path):
+    """Where torch is at hand (the local backend), the sample is tokenized exactly as training does: the lengths are
+    those of torchtune's own dataset rows, not a character estimate."""
+    from omegaconf import OmegaConf
+    from torchtune import config as torchtune_config
+
+    from kfp_finetune.components.torchtune_finetune.defaults import sample_token_lengths
+
+    run = resolve_run(
+        TorchtuneConfig(method="lora"), tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run", write=False
+    )
+    sampled = sample_token_lengths(run.config, rows=50, seed=1)
+    estimated = sample_token_lengths(run.config, rows=50, seed=1, tokenize=False)
+    tokenizer = torchtune_config.instantiate(
+        OmegaConf.create({**run.config["tokenizer"], "max_seq_len": None})
+    )
+    dataset = torchtune_config.instantiate(
+        OmegaConf.create({**run.config["dataset"], "packed": False}), tokenizer
+    )
+    assert "random sample of 50" in sampled.how and "characters" in estimated.how
+    picked = sorted(__import__("random").Random(1).sample(range(len(dataset)), 50))
+    assert sampled.lengths == [len(dataset[i]["tokens"]) for i in picked]
+    assert sampled.lengths != estimated.lengths

@@ -122,7 +122,7 @@ def test_trainjob_backend_matches_local_backend(inputs, cpu_runtime, tmp_path, m
     name = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
     created = kube.requests_for("POST", "trainjobs")[0].body
     spec = created["spec"]
-    assert spec["trainer"]["command"][:3] == ["tune", "run", "lora_finetune_single_device"]
+    assert spec["trainer"]["command"][3:6] == ["tune", "run", "lora_finetune_single_device"]
     assert spec["trainer"]["resourcesPerNode"]["requests"] == {"cpu": "2", "memory": "4Gi"}
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in spec["trainer"]["env"]
     pod_patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]

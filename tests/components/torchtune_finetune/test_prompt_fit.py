@@ -22,7 +22,7 @@ def long_prompt_data(tmp_path_factory):
 
 def resolve(tiny_llama, data, tmp_path, **settings):
     cfg = TorchtuneConfig(**settings)
-    return resolve_run(cfg, tiny_llama, data, tmp_path / "run", write=False)
+    return resolve_run(cfg, tiny_llama, data, tmp_path / "run", write=False, validate=True)
 
 
 def test_prompt_longer_than_max_seq_len_is_refused(tiny_llama, long_prompt_data, tmp_path):

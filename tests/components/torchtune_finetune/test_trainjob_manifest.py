@@ -448,6 +448,10 @@ def dry_run(*argv: str) -> tuple[dict, str]:
     return yaml.safe_load(done.stdout), done.stderr
 
 
+# The node pods check the config with torch first (entrypoint.py), then exec `tune run`.
+ENTRYPOINT = ["python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint"]
+
+
 def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     manifest, notes = dry_run(
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "0",
@@ -458,7 +462,7 @@ def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     assert manifest["spec"]["runtimeRef"]["name"] == "torchtune-cpu"
     # A single-device recipe gets no torchrun flag, so `tune run` stays in-process.
     assert manifest["spec"]["trainer"]["command"] == [
-        "tune", "run", "lora_finetune_single_device", "--config",
+        *ENTRYPOINT, "tune", "run", "lora_finetune_single_device", "--config",
         str(tmp_path / "runs" / name / "torchtune_config.yaml"),
     ]  # fmt: skip
     assert "resourcesPerNode" not in manifest["spec"]["trainer"]
@@ -486,7 +490,7 @@ def test_dry_run_multi_node_gpus_with_workspace_pvc(tiny_llama, tiny_dataset, tm
     trainer = manifest["spec"]["trainer"]
     assert manifest["metadata"] == {**manifest["metadata"], "name": "nightly-tune", "namespace": "team-a"}
     assert trainer["command"] == [
-        "tune", "run", *tj.torchrun_args("nightly-tune"), "lora_finetune_distributed", "--config",
+        *ENTRYPOINT, "tune", "run", *tj.torchrun_args("nightly-tune"), "lora_finetune_distributed", "--config",
         str(tmp_path / "runs" / "nightly-tune" / "torchtune_config.yaml"),
     ]  # fmt: skip
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)

@@ -18,6 +18,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
     trainjob_name,
     unmounted_paths,
 )
+from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 
@@ -73,7 +74,7 @@ class TrainJobBackend:
         torchrun = torchrun_args(self.job_name) if resolved.distributed else ()
         return build_trainjob(
             self.job_name,
-            tune_command(resolved.recipe, resolved.yaml_path, torchrun),
+            node_command(tune_command(resolved.recipe, resolved.yaml_path, torchrun)),
             namespace=self.namespace,
             runtime=self.runtime,
             runtime_kind=self.runtime_kind,

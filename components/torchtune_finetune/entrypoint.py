@@ -1,0 +1,63 @@
+"""The TrainJob node command: check the resolved config with torch, then become `tune run ...`.
+
+    python -m kfp_finetune.components.torchtune_finetune.entrypoint tune run [torchrun flags] <recipe> --config <yaml>
+
+The launcher step resolves the config without torch (it runs on the component image); what needs torch
+(torch_checks.py: torchtune's config validation, prompts against max_seq_len) runs here, in the trainer image,
+within seconds of the pod starting. A bad config fails the TrainJob with one clear line (exit code 2) instead
+of a traceback minutes into model loading; a good one is replaced by `tune run` (exec: same pid, same signals).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+MODULE = "kfp_finetune.components.torchtune_finetune.entrypoint"
+#: Exit code of a config the checks refuse (training never started).
+CONFIG_REFUSED = 2
+PREFIX = "kfp-finetune: "
+
+
+def node_command(tune_command: list[str]) -> list[str]:
+    """The TrainJob's node command for a `tune run ...` command: the checks first, then that command."""
+    return ["python", "-m", MODULE, *tune_command]
+
+
+def config_path(tune_command: list[str]) -> Path:
+    try:
+        return Path(tune_command[tune_command.index("--config") + 1])
+    except (ValueError, IndexError):
+        raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>") from None
+
+
+def main(argv: list[str]) -> int:
+    from kfp_finetune.components._shared.errors import ConfigError
+    from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
+
+    if not argv or argv[0] != "tune":
+        raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>")
+    path = config_path(argv)
+    rank = os.environ.get("PET_NODE_RANK", "0")
+    try:
+        check_resolved(yaml.safe_load(path.read_text()))
+    except ConfigError as error:
+        print(
+            f"{PREFIX}the resolved config {path} cannot train (node {rank}): {error}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return CONFIG_REFUSED
+    print(f"{PREFIX}config {path.name} checked (torchtune validation, prompts fit max_seq_len)", flush=True)
+    beside = Path(sys.executable).parent / "tune"  # this interpreter's environment first (a venv, the image)
+    tune = str(beside) if beside.exists() else shutil.which("tune") or "tune"
+    os.execv(tune, [tune, *argv[1:]])
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
