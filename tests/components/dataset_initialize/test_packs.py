@@ -26,7 +26,10 @@ def test_train_split_is_packed_with_the_base_models_tokenizer(source, tmp_path, 
     split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
     stats = split.token_stats
     assert stats["count"] == split.num_rows == 540
-    assert 0 < stats["prompt_max"] < stats["max"] and stats["p50"] <= stats["p90"] <= stats["p99"] <= stats["max"]
+    assert (
+        0 < stats["prompt_max"] < stats["max"]
+        and stats["p50"] <= stats["p90"] <= stats["p99"] <= stats["max"]
+    )
     assert split.max_seq_len == MULTIPLE  # the tiny rows' 99th percentile, rounded up to 256
     assert split.tokenizer_fingerprint and split.pack_fingerprint
     assert split.pack_template["_component_"] == "torchtune.datasets.instruct_dataset"
