@@ -39,6 +39,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
     finalize_checkpoint,
     keep_local_copy,
 )
+from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run
 
 log = get_logger(__name__)
@@ -172,6 +173,7 @@ def run_finetune(
         devices=backend.devices,
         nodes=backend.nodes,
         export_format=export_format,
+        packs=lambda resolved_config: use_packs(resolved_config, train, workspace),
     )
     log.info(
         "recipe %s, base config %s, resolved config %s",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,7 @@ def resolve_run(
     write: bool = True,
     validate: bool = True,
     export_format: str = "",
+    packs: Callable[[dict], object] | None = None,
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
 
@@ -211,6 +213,8 @@ def resolve_run(
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
+    if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
+        packs(config)
     _check_paths_inside(config, run_dir)
     if validate:
         validate_config(config)
