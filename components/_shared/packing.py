@@ -129,8 +129,7 @@ def _tokenize_range(bounds: tuple[int, int]):
 
     start, end = bounds
     tokens, labels, lengths = [], [], []
-    for i in range(start, end):
-        sample = _DATASET[i]
+    for sample in _samples(_DATASET, start, end):
         tokens.extend(sample["tokens"])
         labels.extend(sample["labels"])
         lengths.append(len(sample["tokens"]))
@@ -139,6 +138,21 @@ def _tokenize_range(bounds: tuple[int, int]):
         np.asarray(labels, dtype=np.int32),
         np.asarray(lengths, dtype=np.int64),
     )
+
+
+def _samples(ds, start: int, end: int, batch: int = 512):
+    """`ds[i]` for i in [start, end): through the builder's own `_prepare_sample` on rows read from Arrow a
+    batch at a time (torchtune 0.6's SFTDataset and TextCompletionDataset: `ds[i]` is exactly
+    `_prepare_sample(_data[i])`), else one `ds[i]` at a time."""
+    data, prepare = getattr(ds, "_data", None), getattr(ds, "_prepare_sample", None)
+    if data is None or prepare is None or not hasattr(data, "iter"):
+        yield from (ds[i] for i in range(start, end))
+        return
+    for first in range(start, end, batch):
+        columns = data[first : min(first + batch, end)]
+        names = list(columns)
+        for values in zip(*(columns[n] for n in names), strict=True):
+            yield prepare(dict(zip(names, values, strict=True)))
 
 
 @dataclass
@@ -317,18 +331,89 @@ def pack_split(
     path = out_dir / PACKS_FILE
     split_across = dataset_node["_component_"].endswith("text_completion_dataset")
     split_across = bool(dataset_node.get("split_across_pack", split_across))
-    packer = _packer_class()(
-        _Rows(tokenized, truncated), max_seq_len=max_seq_len, split_across_pack=split_across, path=path
-    )
+    if split_across:  # text: torchtune's own loop (rows flow over pack boundaries)
+        rows = _Rows(tokenized, truncated)
+        num_packs = _packer_class()(
+            rows, max_seq_len=max_seq_len, split_across_pack=True, path=path
+        ).num_packs
+    else:
+        num_packs = _pack_whole_rows(_replaced(tokenized, truncated), max_seq_len, path)
     return PackResult(
-        path,
-        packer.num_packs,
-        max_seq_len,
-        stats,
-        len(long_rows),
-        tokenized.seconds,
-        time.monotonic() - started,
+        path, num_packs, max_seq_len, stats, len(long_rows), tokenized.seconds, time.monotonic() - started
     )
+
+
+def _replaced(tokenized: Tokenized, rows: dict[int, dict]) -> Tokenized:
+    """`tokenized` with the given rows replaced (by their truncated form)."""
+    import numpy as np
+
+    if not rows:
+        return tokenized
+    parts: dict[str, list] = {"tokens": [], "labels": []}
+    lengths = tokenized.lengths().copy()
+    previous = 0
+    for i in sorted(rows):
+        for key in parts:
+            whole = getattr(tokenized, key)
+            parts[key].append(whole[tokenized.offsets[previous] : tokenized.offsets[i]])
+            parts[key].append(np.asarray(rows[i][key], np.int32))
+        lengths[i] = len(rows[i]["tokens"])
+        previous = i + 1
+    for key in parts:
+        parts[key].append(getattr(tokenized, key)[tokenized.offsets[previous] :])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Tokenized(
+        np.concatenate(parts["tokens"]), np.concatenate(parts["labels"]), offsets, tokenized.seconds
+    )
+
+
+def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
+    """torchtune's PackedDataset with split_across_pack=False, vectorized: greedy packs of whole rows in order,
+    tokens padded with 0 (its padding_idx), labels with -100, input_pos counting on past the last row (clamped
+    to max_seq_len - 1), the padding as one more seq_len. The equality test holds it to torchtune's output."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = tokenized.lengths()
+    bounds = [0]  # the row each pack starts with
+    filled = 0
+    for i, n in enumerate(lengths.tolist()):
+        if filled + n > max_seq_len:
+            bounds.append(i)
+            filled = 0
+        filled += n
+    if len(lengths):
+        bounds.append(len(lengths))
+    positions = np.arange(tokenized.offsets[-1], dtype=np.int64) - np.repeat(tokenized.offsets[:-1], lengths)
+    positions = positions.astype(np.int32)
+    writer, schema = _arrow_writer(path, max_seq_len)
+    num_packs = len(bounds) - 1
+    with writer:
+        for first in range(0, num_packs, _BATCH_PACKS):
+            count = min(_BATCH_PACKS, num_packs - first)
+            tokens = np.zeros((count, max_seq_len), np.int32)
+            labels = np.full((count, max_seq_len), IGNORE_INDEX, np.int32)
+            input_pos = np.zeros((count, max_seq_len), np.int32)
+            seq_lens = []
+            for j in range(count):
+                r0, r1 = bounds[first + j], bounds[first + j + 1]
+                a, b = tokenized.offsets[r0], tokenized.offsets[r1]
+                n, pad = b - a, max_seq_len - (b - a)
+                tokens[j, :n] = tokenized.tokens[a:b]
+                labels[j, :n] = tokenized.labels[a:b]
+                input_pos[j, :n] = positions[a:b]
+                after = positions[b - 1] + 1
+                input_pos[j, n:] = np.clip(np.arange(after, after + pad), 0, max_seq_len - 1)
+                row_lens = lengths[r0:r1].astype(np.int32)
+                seq_lens.append(np.append(row_lens, np.int32(pad)) if pad else row_lens)
+            columns = [
+                pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), max_seq_len)
+                for a in (tokens, labels, input_pos)
+            ]
+            columns.append(pa.array(seq_lens, type=pa.list_(pa.int32())))
+            writer.write_batch(pa.record_batch(columns, schema=schema))
+    return num_packs
 
 
 # --- reading (in the trainer) ------------------------------------------------------------------------------
