@@ -6,17 +6,149 @@ limit and pack size), seed and number of steps on both sides; only `dataset.pack
 `tune run` of a YAML resolved by the component's engine; sides alternate. tokens/s is torchtune's per-step
 number (unmasked tokens only, first step skipped, median). torchtune packs the whole dataset before step 1, so
 wall time (also reported) includes packing.
+
+Part 2 ("once", issue 18): dataset-initialize's tokenize-and-pack step (_shared/packing.py) on CPU.
+- Packing rate: `pack_rows` rows (default 1M) tokenized by torchtune's own instruct builder with the tiny kit's
+  tokenizer in `pack_procs` processes (default 2) and packed (max_seq_len from the data): rows/s, for the tiny
+  kit's task rows (about 12 tokens) and for long-tailed rows (median about 80 tokens). Target: >= 20k rows/s.
+- Time from process start to the end of step 1 (`tune run`, 1 step, wall): training on the packs vs torchtune
+  packing `start_rows` long-tailed rows itself (tokenized and packed in the trainer process, on every rank).
+  Same model, data, max_seq_len, seed.
+Only part 2: `--only packing --set packing_parts=once`.
 """
 
 from __future__ import annotations
 
-from benchmarks.common import Settings, fresh_dir, long_tailed_data, median, spread, tiny_model, torchtune_run
+import time
+from pathlib import Path
+
+from benchmarks.common import (
+    Settings,
+    fresh_dir,
+    long_tailed_data,
+    long_tailed_rows,
+    median,
+    spread,
+    tiny_model,
+    torchtune_run,
+    tune_run,
+)
 
 NAME = "packing"
 TITLE = "5. Packing (packed vs unpacked on long-tailed lengths)"
 
 
 def run(s: Settings, echo=print) -> dict:
+    parts = str(s.extra.get("packing_parts", "gain,once")).split(",")
+    result = (
+        run_gain(s, echo)
+        if "gain" in parts
+        else {"name": NAME, "title": TITLE, "results": {}, "settings": {}}
+    )
+    if "once" in parts:
+        once = run_once(s, echo)
+        result["results"]["once"] = once
+        headline = (
+            f"pack once: {once['tiny_rows_per_second']:.0f} rows/s (tiny kit rows), "
+            f"{once['long_tailed_rows_per_second']:.0f} rows/s (long-tailed); start to step 1 "
+            f"{once['start_to_step1_packs_seconds']['median']:.1f}s on packs vs "
+            f"{once['start_to_step1_torchtune_seconds']['median']:.1f}s torchtune packing"
+        )
+        result["headline"] = f"{result['headline']}; {headline}" if result.get("headline") else headline
+        result.setdefault("target", ">= 20k rows/s packing on 2 cores (tiny tokenizer)")
+        result["met"] = once["tiny_rows_per_second"] >= 20_000
+    return result
+
+
+def _parquet(path: Path, rows) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(list(rows)), path)
+    return path
+
+
+def _pack_rate(model_dir: Path, data: Path, out: Path, procs: int) -> dict:
+    from kfp_finetune.components._shared.packing import pack_split, sft_node
+    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+
+    model = inspect_model_dir(model_dir)
+    node = sft_node({"dataset_type": "instruct", "data_style": "input_output"}, [str(data)])
+    started = time.monotonic()
+    result = pack_split(
+        model.tokenizer_node(None), node, fresh_dir(out), num_proc=procs,
+        max_position_embeddings=model.hf_config.get("max_position_embeddings"),
+    )  # fmt: skip
+    wall = time.monotonic() - started
+    rows = result.stats["count"]
+    return {
+        "rows": rows, "seconds": round(wall, 2), "rows_per_second": round(rows / wall),
+        "tokenize_seconds": round(result.tokenize_seconds, 2), "pack_seconds": round(result.pack_seconds, 2),
+        "packs": result.num_packs, "max_seq_len": result.max_seq_len, "token_stats": result.stats,
+    }  # fmt: skip
+
+
+def run_once(s: Settings, echo=print) -> dict:
+    import random
+
+    from kfp_finetune.components._shared.contract import DatasetSplit
+    from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+    from kfp_finetune.components.torchtune_finetune.config import from_flat
+    from kfp_finetune.components.torchtune_finetune.packs import use_packs
+    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
+    from kfp_finetune.tiny.dataset import make_example
+
+    rows = int(s.extra.get("pack_rows", 1_000_000))
+    procs = int(s.extra.get("pack_procs", 2))
+    start_rows = int(s.extra.get("start_rows", 50_000))
+    model_dir = tiny_model(s.workdir)
+    base = fresh_dir(s.workdir / f"{NAME}-once")
+    rng = random.Random(0)
+    tiny_rows = ({"input": i, "output": o} for i, o in (make_example(rng) for _ in range(rows)))
+    tiny = _parquet(s.workdir / "data" / f"tiny-task-{rows}.parquet", tiny_rows)
+    rates = {"tiny": _pack_rate(model_dir, tiny, base / "tiny", procs)}
+    echo(f"  tiny kit rows: {rates['tiny']}")
+    tailed = _parquet(s.workdir / "data" / f"long-tailed-{rows}.parquet", long_tailed_rows(rows, 0))
+    rates["long_tailed"] = _pack_rate(model_dir, tailed, base / "tailed", procs)
+    echo(f"  long-tailed rows: {rates['long_tailed']}")
+
+    # Start to step 1: dataset-initialize's packs vs torchtune's own packing in the trainer.
+    data = long_tailed_data(s.workdir, rows=start_rows)
+    init_started = time.monotonic()
+    init = initialize_dataset(
+        str(data), str(base / "ws"), base_model_path=model_dir, max_seq_len=s.seq_len, num_proc=procs
+    )
+    init_seconds = time.monotonic() - init_started
+    split = DatasetSplit.from_metadata(init.train_metadata, input_name="train_data")
+    values = {
+        "device": "cpu", "dtype": "fp32", "seed": 0, "compile": False, "log_every_n_steps": 1, "method": "lora",
+        "batch_size": s.batch_size, "max_seq_len": s.seq_len, "packed": True, "max_steps_per_epoch": 1,
+    }  # fmt: skip
+    walls: dict[str, list[float]] = {"packs": [], "torchtune": []}
+    for repeat in range(s.repeats):
+        for side in ("torchtune", "packs") if repeat % 2 == 0 else ("packs", "torchtune"):
+            run_dir = fresh_dir(base / f"run-{side}")
+            hook = (lambda c: use_packs(c, split, base / "ws")) if side == "packs" else None
+            resolved = resolve_run(from_flat(values), model_dir, init.path / "train", run_dir, packs=hook)
+            wall = tune_run(resolved.yaml_path, resolved.recipe, base / f"{side}-{repeat}.log", cwd=run_dir)
+            walls[side].append(wall)
+            echo(f"  start to step 1, {side}: {wall:.1f}s")
+    return {
+        "pack_rows": rows,
+        "processes": procs,
+        "tiny_rows_per_second": rates["tiny"]["rows_per_second"],
+        "long_tailed_rows_per_second": rates["long_tailed"]["rows_per_second"],
+        "rates": rates,
+        "start_rows": start_rows,
+        "dataset_initialize_seconds": round(init_seconds, 2),
+        "start_to_step1_packs_seconds": spread(walls["packs"]),
+        "start_to_step1_torchtune_seconds": spread(walls["torchtune"]),
+    }
+
+
+def run_gain(s: Settings, echo=print) -> dict:
     dim = int(s.extra.get("packing_dim", 256))
     layers = int(s.extra.get("packing_layers", 4))
     model_dir = tiny_model(s.workdir, dim=dim, layers=layers, heads=4, kv_heads=2)

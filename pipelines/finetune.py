@@ -90,15 +90,22 @@ class PreparedInputs(NamedTuple):
     eval: Dataset
 
 
-@parameters.pipeline("prepare-inputs", parameters.names(groups=("model", "data"), extra=ACCESS))
+@parameters.pipeline(
+    "prepare-inputs", parameters.names(groups=("model", "data"), extra=(*ACCESS, "tune_max_seq_len"))
+)
 def prepare_inputs(p: parameters.Values) -> PreparedInputs:
-    """Bring the base model and the dataset into the run workspace, in parallel, verified."""
+    """Bring the base model, then the dataset (tokenized and packed with the model's tokenizer), into the run
+    workspace, verified."""
     model_task = model_initialize(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, task_id=TASK_ID, **p.feeding("model_initialize")
     )
     with_model_cache(model_task)
+    # After the model: it tokenizes and packs the train split once with the base model's tokenizer.
     data_task = dataset_initialize(
-        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, task_id=TASK_ID, **p.feeding("dataset_initialize")
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
+        task_id=TASK_ID,
+        base_model=model_task.outputs["model"],
+        **p.feeding("dataset_initialize"),
     )
     for task, name in ((model_task, "Initialize model"), (data_task, "Initialize dataset")):
         # No KFP-level retry (see `publish`): transient errors are retried in-process, bad input fails at once.

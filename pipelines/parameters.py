@@ -143,8 +143,9 @@ TABLE: tuple[Parameter, ...] = (
        "A LoRA adapter on the output projection (not with tied embeddings): true, false or auto (the base config's).",
        "torchtune_finetune.apply_lora_to_output"),
     _p("tune_max_seq_len", int, -1,
-       "Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit).",
-       "torchtune_finetune.max_seq_len"),
+       "Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit), and for the "
+       "packs dataset-initialize writes the 99th percentile of the tokenized lengths rounded up to 256.",
+       "torchtune_finetune.max_seq_len", "dataset_initialize.max_seq_len"),
     _p("tune_num_warmup_steps", int, -1,
        "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's.",
        "torchtune_finetune.num_warmup_steps"),

@@ -138,6 +138,15 @@ class DatasetSplit(_Metadata):
     files: list[dict] = field(default_factory=list)  # {path, size, sha256} per shard
     total_bytes: int = 0
     reused_existing_copy: bool = False
+    # Tokenized once with the base model's tokenizer (train split, when dataset-initialize got the base model):
+    token_stats: dict | None = None  # row lengths in tokens: count, p50, p90, p99, max, prompt_max
+    max_seq_len: int | None = None  # the pack length (chosen by _shared/seq_len unless the user set one)
+    packs: list[dict] = field(default_factory=list)  # {path (workspace-relative), size, sha256, num_packs}
+    tokenizer_fingerprint: str | None = None  # _shared/packing.tokenizer_fingerprint of the tokenizer used
+    pack_fingerprint: str | None = None  # tokenizer + template + max_seq_len: the fine-tune step checks it
+    pack_template: dict | None = (
+        None  # the torchtune dataset node (without data location) rows were tokenized by
+    )
 
     @classmethod
     def producer(cls, input_name: str) -> str:

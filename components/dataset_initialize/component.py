@@ -1,12 +1,14 @@
 """The dataset-initialize KFP component (signature + docstring; the implementation is initialize.py)."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Output
+from kfp.dsl import Dataset, Input, Model, Output
 
-from kfp_finetune.components._shared.images import COMPONENT_IMAGE
+from kfp_finetune.components._shared.images import TRAINER_IMAGE
 
 
-@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+# The trainer image (run on a CPU pod): tokenizing and packing once, exactly as training does, goes through
+# torchtune's tokenizers and templates, which need torch. The component image has neither.
+@dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
 def dataset_initialize(
     source_uri: str,
     workspace_path: str,
@@ -25,6 +27,8 @@ def dataset_initialize(
     num_proc: int = 1,
     s3_endpoint_url: str = "",
     task_id: str = "",
+    base_model: Input[Model] = None,
+    max_seq_len: int = -1,
 ):
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
@@ -67,20 +71,37 @@ def dataset_initialize(
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
         task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (keeps two datasets whose
             sources end in the same name apart); empty: not under KFP.
+        base_model: Optional model-initialize output: when connected, the train split is also tokenized once
+            with this model's tokenizer, prompt template and masking (torchtune's own dataset builders, in
+            num_proc processes) and packed as torchtune packs it, into memory-mappable Arrow beside the shards;
+            the fine-tune step then trains on these packs without tokenizing on any rank. Needs torchtune in
+            the image (else the step logs that no packs were written).
+        max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths,
+            rounded up to a multiple of 256, capped by the model's max_position_embeddings. Longer rows are cut.
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
             `num_rows`, `columns`, `dataset_type` (as written: `chat` for instruct rows with a system prompt),
             `data_style` (input_output, alpaca, openai, sharegpt, text), for chat `conversation_style` and `conversation_column`, for text `text_column`,
-            `column_map`, `source_uri`, `revision`, `commit_sha`, `files` (path, size, sha256).
+            `column_map`, `source_uri`, `revision`, `commit_sha`, `files` (path, size, sha256); with base_model
+            also `token_stats` (count, p50, p90, p99, max, prompt_max), `max_seq_len`, `packs` (path, size,
+            sha256, num_packs), `tokenizer_fingerprint`, `pack_fingerprint` and `pack_template`.
         eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
     """
+    from kfp_finetune.components._shared.artifacts import entry_path
+    from kfp_finetune.components._shared.contract import BaseModel
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components._shared.storage import StorageError
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 
     # ValueError: bad parameters, URIs, splits and rows (DatasetValidationError) are all the user's to fix.
     with usage_errors(StorageError, ValueError):
+        model_path = None
+        if base_model is not None:
+            relative = BaseModel.from_metadata(base_model.metadata, input_name="base_model").require(
+                "workspace_path", input_name="base_model"
+            )
+            model_path = entry_path(workspace_path, relative)
         initialize_dataset(
             source_uri=source_uri,
             workspace_path=workspace_path,
@@ -99,4 +120,6 @@ def dataset_initialize(
             task_id=task_id,
             output_train=train,
             output_eval=eval,
+            base_model_path=model_path,
+            max_seq_len=max_seq_len if max_seq_len > 0 else None,
         )

@@ -40,6 +40,7 @@ from kfp_finetune.components._shared.workspace import (
     read_manifest,
     write_json_atomic,
 )
+from kfp_finetune.components.dataset_initialize.packs import pack_train
 from kfp_finetune.components.dataset_initialize.sources import (
     SOURCE_ROW,
     DatasetValidationError,
@@ -118,7 +119,9 @@ def _torchtune_hints(style: str) -> dict:
     return {}
 
 
-def _artifact_metadata(manifest: dict, split: str, final: Path, workspace: str, skipped: bool) -> dict:
+def _artifact_metadata(
+    manifest: dict, split: str, final: Path, workspace: str, skipped: bool, packed: dict | None = None
+) -> dict:
     info = manifest["splits"].get(split, {"num_rows": 0, "files": [], "source_split": ""})
     rel = workspace_relative(final, workspace)
     return DatasetSplit(
@@ -139,6 +142,7 @@ def _artifact_metadata(manifest: dict, split: str, final: Path, workspace: str, 
         files=info["files"],
         total_bytes=sum(f["size"] for f in info["files"]),
         reused_existing_copy=skipped,
+        **(packed or {}),
     ).to_metadata()
 
 
@@ -160,9 +164,12 @@ def initialize_dataset(
     task_id: str = "",
     output_train: ArtifactLike | None = None,
     output_eval: ArtifactLike | None = None,
+    base_model_path: str | os.PathLike | None = None,
+    max_seq_len: int | None = None,
 ) -> DatasetInitResult:
     """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>-<task>/`
-    (`<task>`: a hash of `task_id`, see names.instance_name)."""
+    (`<task>`: a hash of `task_id`, see names.instance_name); with `base_model_path`, also tokenize and pack
+    the train split with that model's tokenizer (packs.py; `max_seq_len` None: chosen from the data)."""
     column_map = dict(column_map or {})
     if eval_split and eval_fraction:
         raise ValueError("set either eval_split or eval_fraction, not both")
@@ -192,7 +199,14 @@ def initialize_dataset(
             seed=seed, data_format=data_format, subset=subset, rows_per_shard=rows_per_shard, num_proc=num_proc,
         )  # fmt: skip
 
-    train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped)
+    packed = None
+    if base_model_path and manifest["splits"].get("train", {}).get("num_rows"):
+        hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
+                 **_torchtune_hints(manifest["data_style"])}  # fmt: skip
+        packed = pack_train(
+            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc
+        )
+    train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
     eval_meta = _artifact_metadata(manifest, "eval", final, workspace_path, skipped)
     write_artifact(output_train, manifest, train_meta)
     write_artifact(output_eval, manifest, eval_meta)

@@ -33,12 +33,14 @@ from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFa
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.config import SWITCHES, TorchtuneConfig, from_flat
+from kfp_finetune.components.torchtune_finetune.defaults import TokenLengths
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
     finalize_checkpoint,
     keep_local_copy,
 )
+from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run
 
 log = get_logger(__name__)
@@ -90,6 +92,18 @@ def training_settings(
         config.dataset.source = split.format
         config.dataset.data_files = data_files
     return config, data_files
+
+
+def recorded_lengths(train: DatasetSplit) -> TokenLengths | None:
+    """The token lengths dataset-initialize measured on every training row (it tokenizes once, as training does),
+    as the one figure the max_seq_len rule reads (seq_len.choose_max_seq_len of [p99] is the length it packed to)."""
+    stats = train.token_stats or {}
+    if not stats.get("p99"):
+        return None
+    rows = int(stats.get("count") or 0)
+    return TokenLengths(
+        [int(stats["p99"])], rows, f"the 99th percentile of all {rows} rows, from dataset-initialize"
+    )
 
 
 def _check_fits_data(config: TorchtuneConfig, split: DatasetSplit) -> None:
@@ -172,8 +186,10 @@ def run_finetune(
         devices=backend.devices,
         nodes=backend.nodes,
         export_format=export_format,
+        token_lengths=recorded_lengths(train),
         # The TrainJob launcher imports no torch: without recorded lengths it estimates them from characters.
         tokenize_sample=backend.name == "local",
+        packs=lambda resolved_config: use_packs(resolved_config, train, workspace),
     )
     log.info(
         "recipe %s, base config %s, resolved config %s",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,7 @@ def resolve_run(
     gpu_memory_gib: float | None = None,
     token_lengths: TokenLengths | None = None,
     tokenize_sample: bool = True,
+    packs: Callable[[dict], object] | None = None,
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
 
@@ -224,6 +226,8 @@ def resolve_run(
     )
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
+    if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
+        packs(config)
     _check_paths_inside(config, run_dir)
     if validate:  # torch's checks: where training runs (torch_checks.py); here only when asked
         from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved

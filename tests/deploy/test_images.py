@@ -512,8 +512,8 @@ def test_component_image_requirements_install_import_and_compile_without_torch(t
     assert len(list(out.glob("*.yaml"))) == len(report["compiled"])
     # The components that run on the component image import completely in it, implementation included.
     assert {
-        "kfp_finetune.components.dataset_initialize",
         "kfp_finetune.components.model_initialize",
+        "kfp_finetune.components.preflight",
     } <= set(report["component_image_packages"])
     assert {f"{package}.component" for package in report["component_image_packages"]} < set(
         report["imported"]

@@ -1,0 +1,463 @@
+"""Tokenize and pack a training split once, on CPU, into memory-mappable Arrow; read the packs back in training.
+
+Both sides live here because both components depend on the one file format: dataset-initialize writes the packs
+(`pack_split`), the fine-tune step's dataset builder (torchtune_finetune/packed_data.py) memory-maps them
+(`ArrowPacks`).
+
+Exactness: rows are tokenized by torchtune's own dataset builder (instruct / chat / text, built from the same
+node the fine-tune step would resolve), so tokenizer, prompt template and masking are training's; packs are cut
+by torchtune's own `PackedDataset` algorithm (a subclass that writes each pack instead of keeping it), so tokens,
+labels, input_pos and seq_lens are identical to `packed: True` in the recipe. Only the work is moved: rows are
+tokenized by several processes (forked, sharing the memory-mapped parquet), once, before any rank starts.
+
+max_seq_len: rows are first tokenized without a limit (their true lengths give the statistics and, unless one is
+given, `seq_len.choose_max_seq_len`); the few rows longer than the chosen limit are tokenized again by a builder
+whose tokenizer has that limit, so they are cut exactly as torchtune cuts them.
+
+The fingerprint (`pack_fingerprint`) covers the tokenizer (its component, files' sha256, every other argument),
+max_seq_len and the dataset node without its data location (template, masking, columns): the fine-tune step uses
+the packs only when its resolved config gives the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.seq_len import choose_max_seq_len, percentile
+
+log = get_logger(__name__)
+
+PACKS_FILE = "packs.arrow"
+PACK_COLUMNS = ("tokens", "labels", "input_pos", "seq_lens")
+IGNORE_INDEX = -100  # torchtune.data.CROSS_ENTROPY_IGNORE_IDX
+_BATCH_PACKS = 1024
+# Dataset-node keys that say where the rows are, not how they are tokenized.
+_LOCATION_KEYS = ("source", "data_files", "split", "packed")
+
+
+# --- the torchtune dataset node and the fingerprint -----------------------------------------------------------
+
+
+def sft_node(hints: dict, data_files: list[str]) -> dict:
+    """The torchtune dataset node for parquet shards written by dataset-initialize, with torchtune's defaults
+    (no input training, no new system prompt): what the fine-tune step resolves when nothing overrides them."""
+    dataset_type, style = hints.get("dataset_type", "instruct"), hints.get("data_style", "")
+    if dataset_type == "instruct":
+        component = (
+            "torchtune.datasets.alpaca_dataset"
+            if style == "alpaca"
+            else "torchtune.datasets.instruct_dataset"
+        )
+    else:
+        component = {
+            "chat": "torchtune.datasets.chat_dataset",
+            "text": "torchtune.datasets.text_completion_dataset",
+        }[dataset_type]
+    node: dict = {
+        "_component_": component,
+        "source": "parquet",
+        "data_files": list(data_files),
+        "split": "train",
+    }
+    if dataset_type == "text":
+        node["column"] = hints.get("text_column") or "text"
+    else:
+        node["train_on_input"] = False
+    if dataset_type == "chat":
+        node["conversation_column"] = hints.get("conversation_column") or "messages"
+        node["conversation_style"] = hints.get("conversation_style") or "openai"
+    node["packed"] = False
+    return node
+
+
+def template_of(dataset_node: dict) -> dict:
+    """How a dataset node tokenizes (builder, template, masking, columns), without where its rows are."""
+    return {k: v for k, v in sorted(dataset_node.items()) if k not in _LOCATION_KEYS}
+
+
+def tokenizer_fingerprint(tokenizer_node: dict) -> str:
+    """sha256 over the tokenizer's component, the sha256 of each file it reads and its other arguments
+    (max_seq_len excepted): equal fingerprints tokenize identically."""
+    from kfp_finetune.components._shared.storage import hash_file
+
+    described = {}
+    for key, value in sorted(tokenizer_node.items()):
+        if key == "max_seq_len":
+            continue
+        if isinstance(value, str) and key.endswith(("path", "file")) and Path(value).is_file():
+            value = {"sha256": hash_file(Path(value)).sha256}
+        described[key] = value
+    return _sha256(described)
+
+
+def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int) -> str:
+    """The fingerprint packs carry: same tokenizer, same template and masking, same pack length."""
+    return _sha256(
+        {
+            "tokenizer": tokenizer_fingerprint(tokenizer_node),
+            "template": template_of(dataset_node),
+            "max_seq_len": max_seq_len,
+        }
+    )
+
+
+def _sha256(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- tokenizing (several processes) ------------------------------------------------------------------------
+
+_DATASET = None  # the unpacked torchtune dataset, set in the parent before forking workers
+
+
+def _instantiate(node: dict):
+    from kfp_finetune.components._shared.torchtune_model import instantiate
+
+    return instantiate(node)
+
+
+def _tokenize_range(bounds: tuple[int, int]):
+    """Tokens, labels (flat int32) and row lengths of rows [start, end) of the forked dataset."""
+    import numpy as np
+
+    start, end = bounds
+    tokens, labels, lengths = [], [], []
+    for sample in _samples(_DATASET, start, end):
+        tokens.extend(sample["tokens"])
+        labels.extend(sample["labels"])
+        lengths.append(len(sample["tokens"]))
+    return (
+        np.asarray(tokens, dtype=np.int32),
+        np.asarray(labels, dtype=np.int32),
+        np.asarray(lengths, dtype=np.int64),
+    )
+
+
+def _samples(ds, start: int, end: int, batch: int = 512):
+    """`ds[i]` for i in [start, end): through the builder's own `_prepare_sample` on rows read from Arrow a
+    batch at a time (torchtune 0.6's SFTDataset and TextCompletionDataset: `ds[i]` is exactly
+    `_prepare_sample(_data[i])`), else one `ds[i]` at a time."""
+    data, prepare = getattr(ds, "_data", None), getattr(ds, "_prepare_sample", None)
+    if data is None or prepare is None or not hasattr(data, "iter"):
+        yield from (ds[i] for i in range(start, end))
+        return
+    for first in range(start, end, batch):
+        columns = data[first : min(first + batch, end)]
+        names = list(columns)
+        for values in zip(*(columns[n] for n in names), strict=True):
+            yield prepare(dict(zip(names, values, strict=True)))
+
+
+@dataclass
+class Tokenized:
+    tokens: object  # np.ndarray int32, all rows back to back
+    labels: object
+    offsets: object  # np.ndarray int64, len(rows) + 1
+    seconds: float
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self):
+        import numpy as np
+
+        return np.diff(self.offsets)
+
+    def row(self, i: int) -> dict:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return {"tokens": self.tokens[a:b].tolist(), "labels": self.labels[a:b].tolist()}
+
+
+def tokenize(tokenizer_node: dict, dataset_node: dict, num_proc: int = 1) -> Tokenized:
+    """Every row of the dataset tokenized by torchtune's builder, without a length limit, by `num_proc`
+    forked processes (contiguous chunks, results in row order)."""
+    import multiprocessing
+
+    import numpy as np
+
+    global _DATASET
+    started = time.monotonic()
+    tokenizer = _instantiate({**tokenizer_node, "max_seq_len": None})
+    _DATASET = _instantiate({**dataset_node, "packed": False, "tokenizer": tokenizer})
+    try:
+        rows = len(_DATASET)
+        procs = max(1, min(num_proc, rows // 1000 or 1))
+        step = max(1, -(-rows // (procs * 8)))
+        chunks = [(s, min(s + step, rows)) for s in range(0, rows, step)]
+        if procs == 1:
+            parts = [_tokenize_range(c) for c in chunks]
+        else:
+            with multiprocessing.get_context("fork").Pool(procs) as pool:
+                parts = pool.map(_tokenize_range, chunks)
+    finally:
+        _DATASET = None
+    lengths = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = lambda k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int32)  # noqa: E731
+    return Tokenized(flat(0), flat(1), offsets, time.monotonic() - started)
+
+
+def length_stats(tokenized: Tokenized) -> dict:
+    """count, p50, p90, p99, max of row lengths and the longest prompt (masked tokens of a row)."""
+    import numpy as np
+
+    lengths = tokenized.lengths().tolist()
+    masked = np.add.reduceat((tokenized.labels == IGNORE_INDEX).astype(np.int64), tokenized.offsets[:-1])
+    masked = np.where(np.diff(tokenized.offsets) > 0, masked, 0) if len(lengths) else masked
+    return {
+        "count": len(lengths),
+        "p50": percentile(lengths, 50),
+        "p90": percentile(lengths, 90),
+        "p99": percentile(lengths, 99),
+        "max": max(lengths),
+        "prompt_max": int(masked.max()) if len(lengths) else 0,
+    }
+
+
+# --- packing -----------------------------------------------------------------------------------------------
+
+
+class _Rows:
+    """Tokenized rows as torchtune samples, rows longer than max_seq_len replaced by their truncated form."""
+
+    def __init__(self, tokenized: Tokenized, truncated: dict[int, dict]):
+        self.tokenized, self.truncated = tokenized, truncated
+
+    def __len__(self) -> int:
+        return len(self.tokenized)
+
+    def __iter__(self):
+        for i in range(len(self.tokenized)):
+            yield self.truncated.get(i) or self.tokenized.row(i)
+
+
+def _arrow_writer(path: Path, max_seq_len: int):
+    import pyarrow as pa
+
+    fixed = pa.list_(pa.int32(), max_seq_len)
+    schema = pa.schema(
+        [("tokens", fixed), ("labels", fixed), ("input_pos", fixed), ("seq_lens", pa.list_(pa.int32()))],
+        metadata={"max_seq_len": str(max_seq_len)},
+    )
+    return pa.ipc.new_file(str(path), schema), schema
+
+
+def _packer_class():
+    from torchtune.datasets import PackedDataset
+
+    class StreamingPacker(PackedDataset):
+        """torchtune's PackedDataset, writing each finished pack to Arrow instead of keeping it in memory."""
+
+        def __init__(self, ds, *, max_seq_len: int, split_across_pack: bool, path: Path):
+            self._writer, self._schema = _arrow_writer(path, max_seq_len)
+            self._pending: list[dict] = []
+            self.num_packs = 0
+            super().__init__(ds, max_seq_len=max_seq_len, split_across_pack=split_across_pack)
+            self._flush()
+            self._writer.close()
+
+        def _add_pack(self, pack) -> None:
+            pack = self._pad_pack(self._convert_to_tensors(pack), padding_idx=self.padding_idx)
+            self._pending.append(pack)
+            self.num_packs += 1
+            if len(self._pending) >= _BATCH_PACKS:
+                self._flush()
+
+        def _flush(self) -> None:
+            import pyarrow as pa
+            import torch
+
+            if not self._pending:
+                return
+            columns = []
+            for name in PACK_COLUMNS:
+                if name == "seq_lens":
+                    values = [p[name].to(torch.int32).numpy() for p in self._pending]
+                    columns.append(pa.array(values, type=pa.list_(pa.int32())))
+                else:
+                    flat = torch.stack([p[name] for p in self._pending]).to(torch.int32).reshape(-1).numpy()
+                    columns.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), self.max_seq_len))
+            self._writer.write_batch(pa.record_batch(columns, schema=self._schema))
+            self._pending = []
+
+    return StreamingPacker
+
+
+@dataclass
+class PackResult:
+    path: Path
+    num_packs: int
+    max_seq_len: int
+    stats: dict
+    truncated_rows: int
+    tokenize_seconds: float
+    pack_seconds: float
+
+
+def pack_split(
+    tokenizer_node: dict,
+    dataset_node: dict,
+    out_dir: Path,
+    max_seq_len: int | None = None,
+    max_position_embeddings: int | None = None,
+    num_proc: int = 1,
+) -> PackResult:
+    """Tokenize the rows `dataset_node` reads and write torchtune's packs of them to `out_dir/packs.arrow`."""
+    tokenized = tokenize(tokenizer_node, dataset_node, num_proc)
+    stats = length_stats(tokenized)
+    if not max_seq_len:
+        max_seq_len = choose_max_seq_len(tokenized.lengths().tolist(), max_position_embeddings)
+    started = time.monotonic()
+    # Rows at the limit are tokenized again by a builder whose tokenizer has it, so they are cut exactly as
+    # torchtune cuts them (text completion keeps max_seq_len - 1 tokens, chat and instruct end in EOS).
+    lengths = tokenized.lengths()
+    long_rows = [int(i) for i in (lengths >= max_seq_len - 1).nonzero()[0]]
+    truncated: dict[int, dict] = {}
+    if long_rows:
+        tokenizer = _instantiate({**tokenizer_node, "max_seq_len": max_seq_len})
+        limited = _instantiate({**dataset_node, "packed": False, "tokenizer": tokenizer})
+        truncated = {i: limited[i] for i in long_rows}
+        long_rows = [i for i in long_rows if len(truncated[i]["tokens"]) < lengths[i]]
+        log.info("%d row(s) longer than max_seq_len %d are cut to it", len(long_rows), max_seq_len)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / PACKS_FILE
+    split_across = dataset_node["_component_"].endswith("text_completion_dataset")
+    split_across = bool(dataset_node.get("split_across_pack", split_across))
+    if split_across:  # text: torchtune's own loop (rows flow over pack boundaries)
+        rows = _Rows(tokenized, truncated)
+        num_packs = _packer_class()(
+            rows, max_seq_len=max_seq_len, split_across_pack=True, path=path
+        ).num_packs
+    else:
+        num_packs = _pack_whole_rows(_replaced(tokenized, truncated), max_seq_len, path)
+    return PackResult(
+        path, num_packs, max_seq_len, stats, len(long_rows), tokenized.seconds, time.monotonic() - started
+    )
+
+
+def _replaced(tokenized: Tokenized, rows: dict[int, dict]) -> Tokenized:
+    """`tokenized` with the given rows replaced (by their truncated form)."""
+    import numpy as np
+
+    if not rows:
+        return tokenized
+    parts: dict[str, list] = {"tokens": [], "labels": []}
+    lengths = tokenized.lengths().copy()
+    previous = 0
+    for i in sorted(rows):
+        for key in parts:
+            whole = getattr(tokenized, key)
+            parts[key].append(whole[tokenized.offsets[previous] : tokenized.offsets[i]])
+            parts[key].append(np.asarray(rows[i][key], np.int32))
+        lengths[i] = len(rows[i]["tokens"])
+        previous = i + 1
+    for key in parts:
+        parts[key].append(getattr(tokenized, key)[tokenized.offsets[previous] :])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Tokenized(
+        np.concatenate(parts["tokens"]), np.concatenate(parts["labels"]), offsets, tokenized.seconds
+    )
+
+
+def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
+    """torchtune's PackedDataset with split_across_pack=False, vectorized: greedy packs of whole rows in order,
+    tokens padded with 0 (its padding_idx), labels with -100, input_pos counting on past the last row (clamped
+    to max_seq_len - 1), the padding as one more seq_len. The equality test holds it to torchtune's output."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = tokenized.lengths()
+    bounds = [0]  # the row each pack starts with
+    filled = 0
+    for i, n in enumerate(lengths.tolist()):
+        if filled + n > max_seq_len:
+            bounds.append(i)
+            filled = 0
+        filled += n
+    if len(lengths):
+        bounds.append(len(lengths))
+    positions = np.arange(tokenized.offsets[-1], dtype=np.int64) - np.repeat(tokenized.offsets[:-1], lengths)
+    positions = positions.astype(np.int32)
+    writer, schema = _arrow_writer(path, max_seq_len)
+    num_packs = len(bounds) - 1
+    with writer:
+        for first in range(0, num_packs, _BATCH_PACKS):
+            count = min(_BATCH_PACKS, num_packs - first)
+            tokens = np.zeros((count, max_seq_len), np.int32)
+            labels = np.full((count, max_seq_len), IGNORE_INDEX, np.int32)
+            input_pos = np.zeros((count, max_seq_len), np.int32)
+            seq_lens = []
+            for j in range(count):
+                r0, r1 = bounds[first + j], bounds[first + j + 1]
+                a, b = tokenized.offsets[r0], tokenized.offsets[r1]
+                n, pad = b - a, max_seq_len - (b - a)
+                tokens[j, :n] = tokenized.tokens[a:b]
+                labels[j, :n] = tokenized.labels[a:b]
+                input_pos[j, :n] = positions[a:b]
+                after = positions[b - 1] + 1
+                input_pos[j, n:] = np.clip(np.arange(after, after + pad), 0, max_seq_len - 1)
+                row_lens = lengths[r0:r1].astype(np.int32)
+                seq_lens.append(np.append(row_lens, np.int32(pad)) if pad else row_lens)
+            columns = [
+                pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), max_seq_len)
+                for a in (tokens, labels, input_pos)
+            ]
+            columns.append(pa.array(seq_lens, type=pa.list_(pa.int32())))
+            writer.write_batch(pa.record_batch(columns, schema=schema))
+    return num_packs
+
+
+# --- reading (in the trainer) ------------------------------------------------------------------------------
+
+
+class ArrowPacks:
+    """Packs memory-mapped from Arrow files: a map-style dataset of dicts of int64 tensors, as PackedDataset's."""
+
+    def __init__(self, paths: list[str | os.PathLike]):
+        import pyarrow as pa
+
+        self._batches = []
+        self._starts = []
+        total = 0
+        self.max_seq_len = None
+        for path in paths:
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            self.max_seq_len = int(reader.schema.metadata[b"max_seq_len"])
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                self._starts.append(total)
+                self._batches.append(batch)
+                total += batch.num_rows
+        self._len = total
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, idx: int) -> dict:
+        import numpy as np
+        import torch
+
+        if not -self._len <= idx < self._len:
+            raise IndexError(idx)
+        idx %= self._len
+        b = bisect.bisect_right(self._starts, idx) - 1
+        batch, row = self._batches[b], idx - self._starts[b]
+        out = {}
+        for name in PACK_COLUMNS:
+            column = batch.column(name)
+            if name == "seq_lens":
+                values = np.asarray(column[row].values)
+            else:
+                n = self.max_seq_len
+                values = column.flatten().to_numpy(zero_copy_only=True)[row * n : (row + 1) * n]
+            out[name] = torch.from_numpy(values.astype(np.int64))
+        return out

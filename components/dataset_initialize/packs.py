@@ -1,0 +1,113 @@
+"""Tokenize and pack the train split once, with the base model's tokenizer (see _shared/packing.py).
+
+The packs go to `<dataset entry>/packs/<key>/` (key: tokenizer, template and the max_seq_len asked for), beside
+the parquet shards, with a `packs.json` of what the train artifact's metadata records; a rerun with the same
+key reuses them. Tokenizing needs torchtune (the trainer image): where it is not installed the step says so and
+writes no packs, and the fine-tune step tokenizes and packs as torchtune does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.artifacts import workspace_relative
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.workspace import atomic_dir, write_json_atomic
+
+log = get_logger(__name__)
+
+PACKS_JSON = "packs.json"
+
+
+def pack_train(
+    entry: Path,
+    manifest: dict,
+    hints: dict,
+    model_dir: Path,
+    workspace: str,
+    max_seq_len: int | None,
+    num_proc: int,
+) -> dict:
+    """The train metadata keys of the packs of `entry`'s train split (DatasetSplit: token_stats, max_seq_len,
+    packs, tokenizer_fingerprint, pack_fingerprint, pack_template); {} when torchtune is not installed."""
+    if importlib.util.find_spec("torchtune") is None:
+        log.warning(
+            "base_model is connected but torchtune is not installed in this image: no packs written; the "
+            "fine-tune step will tokenize and pack on every rank (run dataset-initialize on the trainer image)"
+        )
+        return {}
+    from kfp_finetune.components._shared import packing
+    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+
+    model = inspect_model_dir(model_dir)
+    tokenizer_node = model.tokenizer_node(None)
+    split = manifest["splits"]["train"]
+    node = packing.sft_node(hints, [str(entry / f["path"]) for f in split["files"]])
+    tokenizer_fp = packing.tokenizer_fingerprint(tokenizer_node)
+    key = hashlib.sha256(
+        json.dumps([tokenizer_fp, packing.template_of(node), max_seq_len], sort_keys=True).encode()
+    ).hexdigest()[:16]
+    where = entry / "packs" / key
+    record = _present(where)
+    if record is None:
+        with atomic_dir(where) as tmp:
+            result = packing.pack_split(
+                tokenizer_node, node, tmp, max_seq_len=max_seq_len,
+                max_position_embeddings=model.hf_config.get("max_position_embeddings"), num_proc=num_proc,
+            )  # fmt: skip
+            stats = result.stats
+            log.info(
+                "tokenized %d rows in %.1fs (%d processes): tokens per row p50 %d, p90 %d, p99 %d, max %d; "
+                "longest prompt %d",
+                stats["count"], result.tokenize_seconds, num_proc, stats["p50"], stats["p90"], stats["p99"],
+                stats["max"], stats["prompt_max"],
+            )  # fmt: skip
+            log.info(
+                "max_seq_len %d (%s); %d packs in %.1fs; %d row(s) cut to it",
+                result.max_seq_len, "set" if max_seq_len else "99th percentile, rounded up to 256, capped by the model",
+                result.num_packs, result.pack_seconds, result.truncated_rows,
+            )  # fmt: skip
+            record = {
+                "token_stats": stats,
+                "max_seq_len": result.max_seq_len,
+                "num_packs": result.num_packs,
+                "tokenizer_fingerprint": tokenizer_fp,
+                "pack_fingerprint": packing.pack_fingerprint(tokenizer_node, node, result.max_seq_len),
+                "pack_template": packing.template_of(node),
+                "files": [_file_record(result.path, tmp)],
+            }
+            write_json_atomic(tmp / PACKS_JSON, record)
+    else:
+        log.info("packs for this tokenizer and template already in %s: reused", where)
+    return {
+        "token_stats": record["token_stats"],
+        "max_seq_len": record["max_seq_len"],
+        "packs": [
+            {**f, "path": workspace_relative(where / f["path"], workspace), "num_packs": record["num_packs"]}
+            for f in record["files"]
+        ],
+        "tokenizer_fingerprint": record["tokenizer_fingerprint"],
+        "pack_fingerprint": record["pack_fingerprint"],
+        "pack_template": record["pack_template"],
+    }
+
+
+def _file_record(path: Path, root: Path) -> dict:
+    return {"path": path.relative_to(root).as_posix(), "size": path.stat().st_size,
+            "sha256": storage.hash_file(path).sha256}  # fmt: skip
+
+
+def _present(where: Path) -> dict | None:
+    try:
+        record = json.loads((where / PACKS_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = all(
+        (where / f["path"]).is_file() and (where / f["path"]).stat().st_size == f["size"]
+        for f in record["files"]
+    )
+    return record if ok else None

@@ -1,0 +1,118 @@
+"""Packs written once on CPU equal torchtune's own packing, token for token, on all three dataset types."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("torchtune")
+
+from kfp_finetune.components._shared.packing import (  # noqa: E402
+    ArrowPacks,
+    length_stats,
+    pack_fingerprint,
+    pack_split,
+    sft_node,
+    tokenize,
+)
+from kfp_finetune.components._shared.seq_len import choose_max_seq_len  # noqa: E402
+from kfp_finetune.components._shared.torchtune_model import inspect_model_dir, instantiate  # noqa: E402
+
+ROWS = 240
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(["cat", "dog", "a", "b", "sky", "blue", "tree"]) for _ in range(n))
+
+
+def _lengths(rng: random.Random) -> int:
+    # long-tailed: most short, a few far longer than the pack (cut by the tokenizer, split across packs)
+    return rng.choice([2, 3, 5, 8, 13]) if rng.random() < 0.95 else rng.randint(60, 120)
+
+
+def _rows(kind: str) -> list[dict]:
+    rng = random.Random(kind)
+    rows = []
+    for _ in range(ROWS):
+        q, a = _words(rng, _lengths(rng)), _words(rng, _lengths(rng))
+        if kind == "instruct":
+            rows.append({"input": q, "output": a})
+        elif kind == "chat":
+            turns = [{"role": "system", "content": "be brief"}] if rng.random() < 0.5 else []
+            turns += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            rows.append({"messages": turns})
+        else:
+            rows.append({"text": f"{q} {a}"})
+    return rows
+
+
+HINTS = {
+    "instruct": {"dataset_type": "instruct", "data_style": "input_output"},
+    "chat": {"dataset_type": "chat", "data_style": "openai", "conversation_style": "openai",
+             "conversation_column": "messages"},
+    "text": {"dataset_type": "text", "data_style": "text", "text_column": "text"},
+}  # fmt: skip
+
+
+@pytest.fixture
+def split(request, tmp_path):
+    kind = request.param
+    path = tmp_path / "train" / "part-00000-of-00001.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(_rows(kind)), path)
+    return kind, sft_node(HINTS[kind], [str(path)])
+
+
+def _torchtune_packs(tokenizer_node: dict, node: dict, max_seq_len: int):
+    tokenizer = instantiate({**tokenizer_node, "max_seq_len": max_seq_len})
+    return instantiate({**node, "packed": True, "tokenizer": tokenizer})
+
+
+@pytest.mark.parametrize("split", ["instruct", "chat", "text"], indirect=True)
+def test_packs_equal_torchtune_packing(split, tiny_llama, tmp_path):
+    import torch
+
+    kind, node = split
+    tokenizer_node = inspect_model_dir(tiny_llama).tokenizer_node(None)
+    max_seq_len = 48
+    result = pack_split(tokenizer_node, node, tmp_path / "packs", max_seq_len=max_seq_len, num_proc=2)
+    ours = ArrowPacks([result.path])
+    theirs = _torchtune_packs(tokenizer_node, node, max_seq_len)
+    assert result.truncated_rows > 0  # the long rows went through the cut-again path
+    assert len(ours) == len(theirs) == result.num_packs > 1
+    for i in range(len(theirs)):
+        for key in ("tokens", "labels", "input_pos", "seq_lens"):
+            assert ours[i][key].dtype == theirs[i][key].dtype == torch.long
+            assert torch.equal(ours[i][key], theirs[i][key]), (kind, i, key)
+
+
+@pytest.mark.parametrize("split", ["instruct"], indirect=True)
+def test_max_seq_len_from_the_tokenized_lengths(split, tiny_llama, tmp_path):
+    _, node = split
+    tokenizer_node = inspect_model_dir(tiny_llama).tokenizer_node(None)
+    tokenized = tokenize(tokenizer_node, node, num_proc=1)
+    lengths = tokenized.lengths().tolist()
+    stats = length_stats(tokenized)
+    assert (
+        stats["count"] == ROWS and stats["max"] == max(lengths) > stats["p99"] >= stats["p90"] >= stats["p50"]
+    )
+    assert 0 < stats["prompt_max"] < stats["max"]
+    result = pack_split(tokenizer_node, node, tmp_path / "p", max_position_embeddings=131072)
+    assert result.max_seq_len == choose_max_seq_len(lengths, 131072)
+    assert result.max_seq_len % 256 == 0 and result.num_packs < ROWS
+    assert result.stats == stats
+
+
+@pytest.mark.parametrize("split", ["instruct"], indirect=True)
+def test_fingerprint_changes_with_tokenizer_template_and_length(split, tiny_llama, tiny_qwen):
+    _, node = split
+    llama = inspect_model_dir(tiny_llama).tokenizer_node(None)
+    qwen = inspect_model_dir(tiny_qwen).tokenizer_node(None)
+    same = pack_fingerprint(llama, node, 256)
+    assert pack_fingerprint(llama, {**node, "data_files": ["elsewhere.parquet"]}, 256) == same
+    assert pack_fingerprint(qwen, node, 256) != same
+    assert pack_fingerprint(llama, {**node, "train_on_input": True}, 256) != same
+    assert pack_fingerprint(llama, node, 512) != same

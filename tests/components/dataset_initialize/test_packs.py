@@ -1,0 +1,57 @@
+"""dataset-initialize with the base model: the train split tokenized and packed once, recorded in its metadata."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchtune")
+
+from kfp_finetune.components._shared.contract import DatasetSplit  # noqa: E402
+from kfp_finetune.components._shared.packing import ArrowPacks  # noqa: E402
+from kfp_finetune.components._shared.seq_len import MULTIPLE  # noqa: E402
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset  # noqa: E402
+from kfp_finetune.tiny.dataset import build_tiny_dataset  # noqa: E402
+
+
+@pytest.fixture
+def source(tmp_path):
+    return build_tiny_dataset(tmp_path / "tiny", train_rows=600, eval_rows=20)["train.jsonl"]
+
+
+def test_train_split_is_packed_with_the_base_models_tokenizer(source, tmp_path, tiny_llama, log_lines):
+    workspace = tmp_path / "ws"
+    result = initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.1, base_model_path=tiny_llama, num_proc=2
+    )
+    split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
+    stats = split.token_stats
+    assert stats["count"] == split.num_rows == 540
+    assert (
+        0 < stats["prompt_max"] < stats["max"]
+        and stats["p50"] <= stats["p90"] <= stats["p99"] <= stats["max"]
+    )
+    assert split.max_seq_len == MULTIPLE  # the tiny rows' 99th percentile, rounded up to 256
+    assert split.tokenizer_fingerprint and split.pack_fingerprint
+    assert split.pack_template["_component_"] == "torchtune.datasets.instruct_dataset"
+    (pack,) = split.packs
+    packs = ArrowPacks([workspace / pack["path"]])
+    assert len(packs) == pack["num_packs"] > 0 and packs.max_seq_len == split.max_seq_len
+    assert int(sum((p["labels"] != -100).sum() for p in [packs[i] for i in range(len(packs))])) > 0
+    assert any("tokenized 540 rows" in line for line in log_lines)
+    assert "token_stats" not in result.eval_metadata  # only the train split is packed
+
+    again = initialize_dataset(str(source), str(workspace), eval_fraction=0.1, base_model_path=tiny_llama)
+    assert again.skipped and again.train_metadata["packs"] == result.train_metadata["packs"]
+    assert any("already in" in line for line in log_lines)
+
+    fixed = initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.1, base_model_path=tiny_llama, max_seq_len=64
+    )
+    assert fixed.train_metadata["max_seq_len"] == 64
+    assert fixed.train_metadata["pack_fingerprint"] != result.train_metadata["pack_fingerprint"]
+
+
+def test_without_the_base_model_nothing_is_tokenized(source, tmp_path):
+    result = initialize_dataset(str(source), str(tmp_path / "ws"))
+    assert "packs" not in result.train_metadata or not result.train_metadata["packs"]
+    assert "token_stats" not in result.train_metadata

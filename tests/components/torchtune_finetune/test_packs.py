@@ -1,0 +1,76 @@
+"""Training on dataset-initialize's packs: the same loss curve as torchtune's own packing; else a logged fallback."""
+
+import pytest
+
+from kfp_finetune.components._shared.contract import DatasetSplit
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+from kfp_finetune.components.torchtune_finetune.backends.local import run_local
+from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.packed_data import COMPONENT
+from kfp_finetune.components.torchtune_finetune.packs import use_packs
+from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+from kfp_finetune.tiny.dataset import build_tiny_dataset
+
+pytestmark = pytest.mark.slow
+MAX_SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def packed_split(tmp_path_factory, tiny_llama):
+    root = tmp_path_factory.mktemp("packs")
+    source = build_tiny_dataset(root / "tiny", train_rows=300, eval_rows=10)["train.jsonl"]
+    result = initialize_dataset(
+        str(source), str(root / "ws"), base_model_path=tiny_llama, max_seq_len=MAX_SEQ_LEN, num_proc=2
+    )
+    split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
+    return root / "ws", result.path / "train", split
+
+
+def _cfg(**more):
+    return TorchtuneConfig(
+        device="cpu", batch_size=2, gradient_accumulation_steps=1, max_steps_per_epoch=4, seed=0,
+        packed=True, max_seq_len=MAX_SEQ_LEN, **more,
+    )  # fmt: skip
+
+
+def test_same_losses_as_torchtunes_own_packing(packed_split, tiny_llama, tmp_path, log_lines):
+    workspace, train_dir, split = packed_split
+    own = resolve_run(_cfg(), tiny_llama, train_dir, tmp_path / "own")
+    ours = resolve_run(
+        _cfg(), tiny_llama, train_dir, tmp_path / "ours", packs=lambda c: use_packs(c, split, workspace)
+    )
+    assert own.config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert ours.config["dataset"]["_component_"] == COMPONENT
+    assert any("training on dataset-initialize's" in line for line in log_lines)
+    losses = {}
+    for name, run in (("own", own), ("ours", ours)):
+        result = run_local(tune_command(run.recipe, run.yaml_path), echo=lambda _: None)
+        losses[name] = [s.loss for s in result.steps]
+    assert len(losses["ours"]) == 4
+    assert losses["ours"] == pytest.approx(losses["own"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"max_seq_len": 128}, "max_seq_len 128 differs"),
+        ({"packed": False}, "packing is off"),
+    ],
+)
+def test_packs_made_otherwise_are_not_used(packed_split, tiny_llama, tmp_path, log_lines, settings, why):
+    workspace, train_dir, split = packed_split
+    cfg = _cfg()
+    for key, value in settings.items():
+        setattr(cfg, key, value)
+    run = resolve_run(cfg, tiny_llama, train_dir, tmp_path, packs=lambda c: use_packs(c, split, workspace))
+    assert run.config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert any(why in line and "torchtune tokenizes" in line for line in log_lines)
+
+
+def test_another_template_is_not_used(packed_split, tiny_llama, tmp_path, log_lines):
+    workspace, train_dir, split = packed_split
+    cfg = _cfg()
+    cfg.dataset.train_on_input = True
+    run = resolve_run(cfg, tiny_llama, train_dir, tmp_path, packs=lambda c: use_packs(c, split, workspace))
+    assert run.config["dataset"]["_component_"] != COMPONENT
+    assert any("template or masking differs" in line for line in log_lines)
