@@ -3,11 +3,11 @@
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
-from kfp_finetune.components._shared.images import TRAINER_IMAGE
+from kfp_finetune.components._shared.images import COMPONENT_IMAGE
 
 
 @dsl.component(
-    base_image=TRAINER_IMAGE,
+    base_image=COMPONENT_IMAGE,
     install_kfp_package=False,
     task_config_passthroughs=[
         dsl.TaskConfigField.RESOURCES,
@@ -141,7 +141,9 @@ def torchtune_finetune(
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;
             empty: none.
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with
-            the step pod's own resources, so CPU unless GPUs are applied to the pod itself).
+            the step pod's own resources, so CPU unless GPUs are applied to the pod itself). The step runs on the
+            component image, which has no torch: for local on a cluster, give the task the trainer image
+            (`task.set_container_image(...)`).
         runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune).
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         num_nodes: Nodes (pods) for the TrainJob; more than 1 needs a ReadWriteMany workspace.

@@ -228,6 +228,16 @@ def test_component_base_python_satisfies_requires_python():
     assert python_version in SpecifierSet(PYPROJECT["requires-python"])
 
 
+# The one install that is not the project itself: the `launch` extra's requirements (the pinned torchtune), read
+# from the installed project's metadata and installed without their dependencies, because torchtune needs
+# torchdata, which needs torch, and the component image has none. The version still comes from pyproject.toml.
+LAUNCH_REQUIREMENTS = "/tmp/wheels/launch.txt"
+READ_LAUNCH_EXTRA = re.compile(
+    r"python -c '[^']*requires\(\"kfp-finetune\"\)[^']*extra == \\\"launch\\\"[^']*' > "
+    + re.escape(LAUNCH_REQUIREMENTS)
+)
+
+
 @pytest.mark.parametrize("image", DOCKERFILES)
 def test_pip_installs_only_the_project_so_versions_come_from_pyproject(image):
     _, stages = build_stages(DOCKERFILES[image])
@@ -235,6 +245,15 @@ def test_pip_installs_only_the_project_so_versions_come_from_pyproject(image):
     assert commands, "no pip command found"
     for words in commands:
         assert words[0] in ("install", "wheel"), words
+        if words[0] == "install" and LAUNCH_REQUIREMENTS in words:
+            # Allowed exactly: the launch extra, without dependencies, from the file the project's metadata wrote.
+            assert image == "component", f"{image}: only the component image installs the launch extra alone"
+            assert [w for w in words if w.startswith("-")] == ["--no-cache-dir", "--no-deps", "--requirement"]
+            assert words[-2:] == ["--requirement", LAUNCH_REQUIREMENTS], words
+            assert READ_LAUNCH_EXTRA.search(final_stage(image).run_text()), (
+                f"{LAUNCH_REQUIREMENTS} must be written from kfp-finetune's `launch` extra metadata"
+            )
+            continue
         targets = positional_arguments(words)
         assert targets, words
         for target in targets:
@@ -473,22 +492,50 @@ def clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in dropped}
 
 
+def component_environment_instruction() -> str:
+    """The component image's RUN instruction that builds its Python environment from the wheels in /tmp/wheels."""
+    (run,) = [r.arguments for r in final_stage("component").all("RUN") if "pip install" in r.arguments]
+    return run
+
+
 @pytest.mark.slow
-def test_component_image_requirements_install_import_and_compile_without_torch(tmp_path):
+def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_without_torch(
+    tmp_path, tiny_llama, tiny_dataset
+):
     context = build_context(tmp_path / "context")
     venv = tmp_path / "venv"
     env = clean_environment()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
     python = venv / "bin" / "python"
-    # What the component image's Dockerfile installs: the project, no extras, resolved for real.
+    # The wheel stage, then the image's own install instruction run as written, in the venv: the project resolved
+    # for real with its dependencies, and the launch extra (the pinned torchtune) without its dependencies.
+    wheels = tmp_path / "wheels"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", str(context)],
+        [str(python), "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(context)],
         check=True,
         env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    install = subprocess.run(
+        ["sh", "-c", component_environment_instruction().replace("/tmp/wheels", str(wheels))],
+        cwd=tmp_path,
+        env={**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"},
         capture_output=True,
         text=True,
         timeout=300,
     )
+    assert install.returncode == 0, install.stderr[-3000:]
+    assert not wheels.exists(), "the instruction removes the wheels it installed"
+    installed = subprocess.run(
+        [str(python), "-I", "-c", "from importlib.metadata import version; print(version('torchtune'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (pinned,) = [Requirement(r) for r in PYPROJECT["optional-dependencies"]["launch"]]
+    assert pinned.name == "torchtune" and installed.stdout.strip() in pinned.specifier
     out = tmp_path / "compiled"
     out.mkdir()
     result = subprocess.run(
@@ -514,10 +561,33 @@ def test_component_image_requirements_install_import_and_compile_without_torch(t
     assert {
         "kfp_finetune.components.model_initialize",
         "kfp_finetune.components.preflight",
+        "kfp_finetune.components.torchtune_finetune",
     } <= set(report["component_image_packages"])
     assert {f"{package}.component" for package in report["component_image_packages"]} < set(
         report["imported"]
     )
+    # The fine-tune step's resolve path, as its launcher runs it: torchtune's files, no torch, a GPU run previewed.
+    resolved = subprocess.run(
+        [
+            str(venv / "bin" / "kfp-finetune"),
+            "resolve-config",
+            "--model-dir",
+            str(tiny_llama),
+            "--data",
+            str(tiny_dataset["train.jsonl"]),
+            "--device",
+            "cuda",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    assert resolved.stdout.startswith("# recipe: lora_finetune_single_device\n"), resolved.stdout[:500]
+    config = yaml.safe_load(resolved.stdout)
+    assert config["device"] == "cuda" and config["model"]["_component_"].startswith("torchtune.models.")
 
 
 @pytest.mark.slow
@@ -556,9 +626,16 @@ def test_trainer_image_requirements_resolve_with_a_torch_in_range(tmp_path):
         item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
         for item in json.loads(report_path.read_text())["install"]
     }
-    wanted = [
-        Requirement(r) for extra in extras.split(",") for r in PYPROJECT["optional-dependencies"][extra]
-    ]
+
+    def requirements(extra: str) -> list[Requirement]:  # the extra's, with the project's own extras it names
+        listed = [Requirement(r) for r in PYPROJECT["optional-dependencies"][extra]]
+        nested = [r for r in listed if r.name == PYPROJECT["name"]]
+        return [r for r in listed if r not in nested] + [
+            n for r in nested for e in r.extras for n in requirements(e)
+        ]
+
+    wanted = [requirement for extra in extras.split(",") for requirement in requirements(extra)]
+    assert "torchtune" in {r.name for r in wanted}
     for requirement in wanted:
         name = requirement.name.lower().replace("_", "-")
         assert name in resolved and Version(resolved[name]) in requirement.specifier, (

@@ -58,7 +58,11 @@ def test_pinned_stack():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base, train = set(project["dependencies"]), set(project["optional-dependencies"]["train"])
     assert {"kfp==2.17.0", "kfp-kubernetes==2.17.0", "kubeflow-trainer-api==2.3.0"} <= base
-    assert {"torchtune==0.6.1", "torchao==0.15.0", "torchdata==0.11.0"} <= train
+    # torchtune is pinned once, in `launch` (the component image installs it alone, without dependencies).
+    assert project["optional-dependencies"]["launch"] == ["torchtune==0.6.1"]
+    assert {"kfp-finetune[launch]", "torchao==0.15.0", "torchdata==0.11.0"} <= train
+    pins = [dep for extra in project["optional-dependencies"].values() for dep in extra if "torchtune" in dep]
+    assert pins == ["torchtune==0.6.1"], "one torchtune pin"
     assert not any(dep.startswith("torch") for dep in base), "compiling pipelines must not need torch"
     torch_spec = next(dep for dep in train if dep.startswith("torch>") or dep.startswith("torch<"))
     from packaging.specifiers import SpecifierSet
