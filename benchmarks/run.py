@@ -5,7 +5,8 @@
     python -m benchmarks.run --only launcher,peer --repeats 5 --steps 20
     python -m benchmarks.run --max-load 1.0       # wait (up to --wait-timeout s) for a quiet machine first
 
-Names: launcher, orchestration, dataset_init, model_init, model_resume, packing, efficiency, peer.
+Names: launcher, orchestration, dataset_init, model_init, model_resume, packing, efficiency, peer, export,
+gpu_suite (without GPUs: the plan only, every job skipped).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BENCHMARKS = {
     "efficiency": "benchmarks.bench_efficiency",
     "peer": "benchmarks.bench_peer",
     "export": "benchmarks.bench_export",
+    "gpu_suite": "benchmarks.bench_gpu_suite",
 }
 
 

@@ -35,6 +35,21 @@ def config_path(tune_command: list[str]) -> Path:
         raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>") from None
 
 
+def note_device(run_dir: Path) -> None:
+    """Record the GPU's name in the run folder (device.json) for the launcher's MFU; never fails the run."""
+    from kfp_finetune.components.torchtune_finetune.throughput import record_device
+
+    try:
+        device = record_device(run_dir)
+    except Exception as error:  # noqa: BLE001 - a missing metric must not stop training
+        print(f"{PREFIX}device not recorded ({error}): MFU will not be reported", flush=True)
+        return
+    print(
+        f"{PREFIX}device {device['name']} x {device['count']} recorded in {run_dir.name}/device.json",
+        flush=True,
+    )
+
+
 def main(argv: list[str]) -> int:
     from kfp_finetune.components._shared.errors import ConfigError
     from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
@@ -53,6 +68,8 @@ def main(argv: list[str]) -> int:
         )
         return CONFIG_REFUSED
     print(f"{PREFIX}config {path.name} checked (torchtune validation, prompts fit max_seq_len)", flush=True)
+    if rank == "0":
+        note_device(path.parent)
     beside = Path(sys.executable).parent / "tune"  # this interpreter's environment first (a venv, the image)
     tune = str(beside) if beside.exists() else shutil.which("tune") or "tune"
     os.execv(tune, [tune, *argv[1:]])

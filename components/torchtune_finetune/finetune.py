@@ -42,6 +42,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run
+from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
 
 log = get_logger(__name__)
 
@@ -217,7 +218,16 @@ def run_finetune(
     def rel(path: Path) -> str:
         return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
 
-    metrics = _metrics(summary, steps, wall)
+    speed = measure(
+        resolved.config,
+        resolved.model.hf_config,
+        resolved.model.num_parameters,
+        steps,
+        read_device(run_dir),
+        world_size=backend.devices * backend.nodes if resolved.distributed else 1,
+    )
+    log.info("%s", speed.log_line())
+    metrics = {**_metrics(summary, steps, wall), **speed.metrics()}
     model_metadata = TunedModel(
         workspace_path=rel(checkpoint.merged_dir or checkpoint.adapter_dir),
         run_dir=rel(run_dir),
@@ -249,7 +259,7 @@ def run_finetune(
         wall_seconds=wall,
         model_metadata=model_metadata,
         metrics=metrics,
-        report_html=render_report(resolved, steps, metrics, model_metadata),
+        report_html=render_report(resolved, steps, metrics, model_metadata, speed),
         resolved_yaml=resolved.yaml_path.read_text(),
         extra_files=outcome.files,
     )
@@ -267,7 +277,13 @@ def _metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -
     return metrics
 
 
-def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, model_metadata: dict) -> str:
+def render_report(
+    run: ResolvedRun,
+    steps: list[StepMetrics],
+    metrics: dict,
+    model_metadata: dict,
+    throughput: Throughput | None = None,
+) -> str:
     c = run.config
     model = c.get("model", {})
     settings = [
@@ -293,12 +309,15 @@ def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, mod
         charts.append(html_report.line_chart(
             "tokens/s", {"tokens/s": [(s.step, s.tokens_per_second) for s in steps if s.tokens_per_second]}, "step"))  # fmt: skip
     results = [(name, value) for name, value in metrics.items()]
+    rows = throughput.rows() if throughput else []
+    speed = [html_report.section("Throughput", html_report.table(["measure", "value"], rows))] if rows else []
     return html_report.page(
         "torchtune fine-tune",
         f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
         [
             html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
             html_report.section("Results", html_report.table(["metric", "value"], results)),
+            *speed,
             html_report.section("Settings", html_report.table(["setting", "value"], settings)),
             html_report.section(
                 "Resolved torchtune config",

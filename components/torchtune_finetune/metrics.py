@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 from kfp_finetune.components._shared.metrics_file import (
     StepMetrics,
 )
+from kfp_finetune.components.torchtune_finetune.throughput import STEP_SECONDS
 
 _KUBELET_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
 
@@ -95,7 +97,9 @@ def progress_line(
 class TeeMetricLogger:
     """A torchtune metric logger (`metric_logger._component_`) that writes DiskLogger's format to a file and stdout.
 
-    Duck-typed to torchtune's MetricLoggerInterface so this module stays importable without torch.
+    Duck-typed to torchtune's MetricLoggerInterface so this module stays importable without torch. Each step line
+    after the first also carries `seconds_per_step`: the wall time since the previous step line per optimizer step
+    (torchtune logs no step time; throughput.py needs it for the processed token rate).
     """
 
     def __init__(self, log_dir: str, filename: str = "metrics.txt", **_: object):
@@ -103,6 +107,7 @@ class TeeMetricLogger:
         path.mkdir(parents=True, exist_ok=True)
         self._path = path / filename
         self._file = open(self._path, "a")  # noqa: SIM115 - kept open for the whole run, closed in close()
+        self._last: tuple[int, float] | None = None  # (step, monotonic time) of the previous step line
 
     def path_to_log_file(self) -> Path:
         return self._path
@@ -116,6 +121,11 @@ class TeeMetricLogger:
         self._write(f"Step {step} | {name}:{data}")
 
     def log_dict(self, payload: Mapping[str, float], step: int) -> None:
+        now = time.monotonic()
+        if self._last is not None and step > self._last[0]:
+            seconds = (now - self._last[1]) / (step - self._last[0])
+            payload = {**payload, STEP_SECONDS: round(seconds, 6)}
+        self._last = (step, now)
         self._write(f"Step {step} | " + " ".join(f"{name}:{value}" for name, value in payload.items()))
 
     def log_config(self, config: object) -> None:

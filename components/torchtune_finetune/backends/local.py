@@ -87,9 +87,11 @@ class LocalBackend:
             shutil.rmtree(run_dir)
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+        from kfp_finetune.components.torchtune_finetune.entrypoint import note_device
         from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
 
         check_resolved(resolved.config)  # what a TrainJob checks first in its pods (entrypoint.py)
+        note_device(resolved.run_dir)  # the GPU's name for MFU, as entrypoint.py records it in a TrainJob
         # Several local GPUs: torchrun in standalone mode starts one process per device.
         torchrun = ["--nproc_per_node", str(self.devices)] if resolved.distributed else []
         command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
