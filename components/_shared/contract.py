@@ -225,6 +225,8 @@ class TrainConfig(_Metadata):
     recipe: str = ""
     config: str = ""
     files: list[str] = field(default_factory=list)
+    #: What the resolver chose where the user set nothing (defaults.py): [{setting, value, reason}, ...].
+    defaults: list[dict] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

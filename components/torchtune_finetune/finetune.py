@@ -33,6 +33,7 @@ from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFa
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.config import SWITCHES, TorchtuneConfig, from_flat
+from kfp_finetune.components.torchtune_finetune.defaults import as_metadata, planned_steps
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
@@ -125,19 +126,6 @@ def pick_device(requested: str | None, gpus_available: bool) -> str:
     return requested
 
 
-def total_steps(config: dict, num_rows: int | None) -> int | None:
-    """Optimizer steps for the whole run when knowable (for ETA): rows / (batch x accumulation), capped."""
-    per_epoch = None
-    if num_rows:
-        per_epoch = int(num_rows) // (
-            config.get("batch_size", 1) * config.get("gradient_accumulation_steps", 1)
-        )
-    cap = config.get("max_steps_per_epoch")
-    if cap:
-        per_epoch = min(per_epoch, cap) if per_epoch else cap
-    return per_epoch * config.get("epochs", 1) if per_epoch else None
-
-
 def run_finetune(
     *,
     workspace: str | os.PathLike,
@@ -181,7 +169,8 @@ def run_finetune(
         resolved.config_name,
         resolved.yaml_path,
     )
-    steps_planned = total_steps(resolved.config, train.num_rows)
+    # The same count the warmup cap uses: packing and every device taken into account.
+    steps_planned = planned_steps(resolved.config, resolved.world, resolved.token_lengths, train.num_rows)
 
     started = time.monotonic()
     outcome = backend.run(resolved, total_steps=steps_planned)
@@ -277,6 +266,12 @@ def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, mod
         charts.append(html_report.line_chart(
             "tokens/s", {"tokens/s": [(s.step, s.tokens_per_second) for s in steps if s.tokens_per_second]}, "step"))  # fmt: skip
     results = [(name, value) for name, value in metrics.items()]
+    chosen = [
+        html_report.section(
+            "Defaults chosen",
+            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in run.defaults]),
+        )
+    ] if run.defaults else []  # fmt: skip
     return html_report.page(
         "torchtune fine-tune",
         f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
@@ -284,6 +279,7 @@ def render_report(run: ResolvedRun, steps: list[StepMetrics], metrics: dict, mod
             html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
             html_report.section("Results", html_report.table(["metric", "value"], results)),
             html_report.section("Settings", html_report.table(["setting", "value"], settings)),
+            *chosen,
             html_report.section(
                 "Resolved torchtune config",
                 f"<pre>{html_report.escape(yaml.safe_dump(c, sort_keys=False))}</pre>",
@@ -316,6 +312,16 @@ def component_settings(params: dict[str, Any]) -> dict[str, Any]:
         return unset.settings_from_parameters(given, switches=SWITCHES)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def train_config_metadata(run: ResolvedRun, files: list[str]) -> dict:
+    """The train_config artifact's metadata: the recipe, the config, its files and the defaults chosen."""
+    return TrainConfig(
+        recipe=run.recipe,
+        config=run.config_name or "user file",
+        files=files,
+        defaults=as_metadata(run.defaults),
+    ).to_metadata()
 
 
 def run_component(**params: Any) -> FinetuneResult:
@@ -380,11 +386,7 @@ def run_component(**params: Any) -> FinetuneResult:
     for name, text in {"torchtune_config.yaml": result.resolved_yaml, **result.extra_files}.items():
         (config_dir / name).write_text(text)
     params["train_config"].metadata.update(
-        TrainConfig(
-            recipe=result.run.recipe,
-            config=result.run.config_name or "user file",
-            files=sorted(p.name for p in config_dir.iterdir()),
-        ).to_metadata()
+        train_config_metadata(result.run, sorted(p.name for p in config_dir.iterdir()))
     )
     log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
     return result
