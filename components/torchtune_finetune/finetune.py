@@ -34,6 +34,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJo
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components.torchtune_finetune.defaults import as_metadata, planned_steps
+from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
@@ -138,10 +139,11 @@ def run_finetune(
     eval_data: ArtifactInput | None = None,
     export_format: str = "",
     task_id: str = "",
+    gpu_memory_gib: float | None = None,
 ) -> FinetuneResult:
     """Validate everything, resolve the run, train with `backend` (see `backends.backend_for`), and build the
     outputs. `export_format` is how the model will be exported (see `resolve_run`); `task_id` is KFP's id of
-    this task instance ("": not under KFP)."""
+    this task instance ("": not under KFP); `gpu_memory_gib` one training GPU's memory (None: assumed 80)."""
     model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
     base = BaseModel.from_metadata(base_model.metadata, input_name="base_model")
     train = DatasetSplit.from_metadata(train_data.metadata, input_name="train_data")
@@ -160,6 +162,7 @@ def run_finetune(
         devices=backend.devices,
         nodes=backend.nodes,
         export_format=export_format,
+        gpu_memory_gib=gpu_memory_gib,
         # The TrainJob launcher imports no torch: without recorded lengths it estimates them from characters.
         tokenize_sample=backend.name == "local",
     )
@@ -299,7 +302,7 @@ _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
-    "export_format",
+    "export_format", "gpu_memory_gib",
 }  # fmt: skip
 
 
@@ -370,6 +373,7 @@ def run_component(**params: Any) -> FinetuneResult:
         backend=backend,
         export_format=params.get("export_format", ""),
         task_id=params.get("task_id", ""),
+        gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
     )
     kept = keep_local_copy(result.checkpoint, params["task_name"])
     if kept:
