@@ -199,6 +199,8 @@ class TunedModel(_Metadata):
     config: str = ""  # torchtune's config name, or "user file"
     method: str = ""  # lora | qlora | dora | full
     backend: str = ""  # local | trainjob
+    device: str = ""  # what training ran on (cpu | cuda): evaluate's device auto follows it
+    dtype: str = ""  # training's precision (bf16 | fp32 | ...): evaluate on a GPU uses it
     epochs: int | None = None
     steps: int | None = None  # logged training steps
     files: dict[str, dict] = field(default_factory=dict)  # path in the run folder -> {size, sha256}

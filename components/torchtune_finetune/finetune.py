@@ -209,6 +209,8 @@ def run_finetune(
         config=resolved.config_name or "user file",
         method=config.method,
         backend=backend.name,
+        device=str(resolved.config.get("device") or ""),
+        dtype=str(resolved.config.get("dtype") or ""),
         epochs=resolved.config.get("epochs"),
         steps=len(steps),
         files=checkpoint.files,
