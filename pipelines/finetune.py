@@ -157,6 +157,7 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     # computed by a step because KFP takes an accelerator limit from one parameter or output, not an expression.
     gpus = step(eval_gpus(**p.feeding("eval_gpus")), "GPUs for evaluation", 300)
     check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.output)
+    check.after(gpus)  # KFP does not count an output used in a resource field as a dependency
     return TunedAndEvaluated(
         model=tune.outputs["model"],
         train_metrics=tune.outputs["metrics"],

@@ -150,6 +150,7 @@ def test_the_evaluate_step_gets_a_gpu_when_the_fine_tune_uses_gpus():
         "eval_gpus": "eval_gpus", "tune_gpus_per_node": "tune_gpus_per_node"}  # fmt: skip
     fed = tasks["evaluate"]["inputs"]["parameters"]["pipelinechannel--eval-gpus-Output"]
     assert fed["taskOutputParameter"] == {"producerTask": "eval-gpus", "outputParameterKey": "Output"}
+    assert "eval-gpus" in tasks["evaluate"]["dependentTasks"], "a resource field adds no dependency by itself"
     accelerator = spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"][
         "accelerator"
     ]
