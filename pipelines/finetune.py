@@ -16,6 +16,7 @@ from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
 
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
+from kfp_finetune.components.eval_gpus.component import eval_gpus
 from kfp_finetune.components.evaluate.component import evaluate
 from kfp_finetune.components.export.component import export
 from kfp_finetune.components.model_initialize.component import model_initialize
@@ -159,7 +160,11 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     )
     step(check, "Evaluate: base vs tuned", settings.EVALUATE_TIMEOUT_SECONDS)
     with_model_cache(check)
-    check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(p.eval_gpus)
+    # A model trained on GPUs is evaluated on one (in its training dtype: evaluate's placement.py); the rule is
+    # computed by a step because KFP takes an accelerator limit from one parameter or output, not an expression.
+    gpus = step(eval_gpus(**p.feeding("eval_gpus")), "GPUs for evaluation", 300)
+    check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.output)
+    check.after(gpus)  # KFP does not count an output used in a resource field as a dependency
     return TunedAndEvaluated(
         model=tune.outputs["model"],
         train_metrics=tune.outputs["metrics"],

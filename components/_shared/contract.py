@@ -208,6 +208,8 @@ class TunedModel(_Metadata):
     config: str = ""  # torchtune's config name, or "user file"
     method: str = ""  # lora | qlora | dora | full
     backend: str = ""  # local | trainjob
+    device: str = ""  # what training ran on (cpu | cuda): evaluate's device auto follows it
+    dtype: str = ""  # training's precision (bf16 | fp32 | ...): evaluate on a GPU uses it
     epochs: int | None = None
     steps: int | None = None  # logged training steps
     files: dict[str, dict] = field(default_factory=dict)  # path in the run folder -> {size, sha256}
@@ -234,6 +236,8 @@ class TrainConfig(_Metadata):
     recipe: str = ""
     config: str = ""
     files: list[str] = field(default_factory=list)
+    #: What the resolver chose where the user set nothing (defaults.py): [{setting, value, reason}, ...].
+    defaults: list[dict] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

@@ -43,9 +43,9 @@ def evaluate(
     scores the answer against the reference: exact match, token F1 and ROUGE-L. Optionally runs lm-eval-harness
     tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). The quality gate
     passes when the tuned model beats the base on `gate_metric` by at least `min_improvement` and meets every
-    threshold; wire `passed` into `dsl.If` to export only better models. Runs on CPU, or on a GPU the task
-    requests. Writes samples, report and metrics to `<workspace>/eval/<task_name>-<task>/` too (`<task>`: 8
-    characters of a hash of `task_id`).
+    threshold; wire `passed` into `dsl.If` to export only better models. Runs on a GPU the task requests (the
+    pipelines give it one when the fine-tune used GPUs), else on CPU. Writes samples, report and metrics to
+    `<workspace>/eval/<task_name>-<task>/` too (`<task>`: 8 characters of a hash of `task_id`).
 
     Args:
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
@@ -59,7 +59,8 @@ def evaluate(
         max_new_tokens: Generation stops after this many tokens (or at the tokenizer's stop tokens).
         max_seq_len: Truncate examples to this many tokens; 0: the training run's max_seq_len (else no limit).
         seed: Chooses the subset and seeds torch; the same seed gives the same results.
-        device: auto (cuda when this step has a GPU, else cpu), cpu or cuda.
+        device: auto (cuda when this step has a GPU, in the dtype training used, bf16 by default; else cpu in
+            fp32), cpu or cuda.
         gate_metric: The metric the tuned model must improve: eval_loss, perplexity, exact_match, token_f1,
             rouge_l, or an lm-eval metric `lm_eval_<task>_<metric>` (e.g. lm_eval_arc_easy_acc).
         min_improvement: Required gain of tuned over base on gate_metric, in its units (a loss decrease for

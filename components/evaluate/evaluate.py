@@ -26,6 +26,7 @@ from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import scoring
+from kfp_finetune.components.evaluate.placement import Trained, choose_placement, visible_hardware
 
 log = get_logger(__name__)
 
@@ -319,8 +320,11 @@ def run_evaluate(
     check_columns(node, files)
     max_seq_len = settings.max_seq_len or (train_config.get("tokenizer") or {}).get("max_seq_len")
 
-    device = model_eval.pick_device(settings.device)
-    dtype = model_eval.pick_dtype(device)
+    placement = choose_placement(
+        settings.device, Trained.of(model.metadata, train_config), *visible_hardware()
+    )
+    log.info("device %s, %s: %s", placement.device, placement.dtype, placement.reason)
+    device, dtype = placement.torch()
     tokenizer = model_eval.load_tokenizer(tuned_dir, max_seq_len, train_config.get("tokenizer"))
     dataset = model_eval.build_dataset(node, tokenizer)
     rows = pick_rows(len(dataset), settings.max_samples, settings.seed)
@@ -373,7 +377,7 @@ def run_evaluate(
             eval_data.metadata, input_name="eval_data"
         ).workspace_path
         or ", ".join(files[:2]),
-        "device": str(device),
+        "device": f"{placement.device} ({placement.dtype}): {placement.reason}",
         "samples": f"{len(examples)} of {len(dataset)} eval rows (seed {settings.seed})",
         "max_new_tokens": settings.max_new_tokens,
         "wall_seconds": round(wall, 1),

@@ -50,27 +50,6 @@ class ModelScores:
         return self.loss_sum / self.loss_tokens if self.loss_tokens else float("nan")
 
 
-def pick_device(requested: str) -> Any:
-    import torch
-
-    if requested in ("", "auto"):
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        from kfp_finetune.components._shared.errors import ConfigError
-
-        raise ConfigError("device=cuda but this step sees no GPU: request one on the task, or use device=cpu")
-    return torch.device(requested)
-
-
-def pick_dtype(device: Any) -> Any:
-    """fp32 on CPU (torchtune's CPU path), bf16 on GPUs that support it — what training uses by default."""
-    import torch
-
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
-
-
 def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, training_node: dict | None = None) -> Any:
     """The model's tokenizer files; settings training added beyond the files (e.g. a prompt_template) kept."""
     from omegaconf import OmegaConf

@@ -69,6 +69,7 @@ def torchtune_finetune(
     runtime_kind: str = "ClusterTrainingRuntime",
     num_nodes: int = 1,
     num_proc_per_node: int = 0,
+    gpu_memory_gib: float = -1.0,
     timeout_seconds: int = 86400,
     cleanup_policy: str = "on-success",
     trainer_image: str = "",
@@ -148,6 +149,8 @@ def torchtune_finetune(
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         num_nodes: Nodes (pods) for the TrainJob; more than 1 needs a ReadWriteMany workspace.
         num_proc_per_node: Processes per node; 0: one per GPU requested on this task (1 without GPUs).
+        gpu_memory_gib: Memory of one training GPU, for the activation checkpointing and micro-batch defaults; -1:
+            from the GPU product (nvidia.com/gpu.product) this task's node selector or affinity names, else 80.
         timeout_seconds: The TrainJob is deleted and this step fails after this long; 0: no limit.
         cleanup_policy: Delete the TrainJob on-success (keep failed ones for debugging), always, or never.
         trainer_image: Container image for the TrainJob's node pods; empty: the runtime's image.

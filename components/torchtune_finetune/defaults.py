@@ -258,8 +258,9 @@ def choose_defaults(
     gpu_memory_gib: float | None = None,
     lengths: TokenLengths | None = None,
     tokenize_sample: bool = True,
-) -> list[Choice]:
-    """Apply the defaults to `config` in place; return each choice with its reason (also logged, one line each)."""
+) -> tuple[list[Choice], TokenLengths | None]:
+    """Apply the defaults to `config` in place; return each choice with its reason (also logged, one line each)
+    and the token lengths they were chosen from (None when none were needed or known)."""
     choices: list[Choice] = []
     _lora_alpha(config, base, cfg, choices)
     world = devices * nodes
@@ -275,7 +276,7 @@ def choose_defaults(
     _schedule(config, cfg, world, lengths, choices)
     for choice in choices:
         log.info("%s", choice.line())
-    return choices
+    return choices, lengths
 
 
 def as_metadata(choices: list[Choice]) -> list[dict]:
@@ -392,28 +393,35 @@ def _memory_and_batch(
                               f"x {mean:.0f} tokens per row) over {world} GPU(s) x {per_step:,} tokens"))  # fmt: skip
 
 
-def planned_steps(config: dict, world: int, lengths: TokenLengths | None) -> int | None:
-    """Optimizer steps the run will take (packed: the data's tokens in max_seq_len packs)."""
-    if lengths is None:
-        return None
-    per_row = sum(lengths.lengths) / len(lengths.lengths)
-    seq = config["tokenizer"].get("max_seq_len")
-    samples = lengths.num_rows
-    if config["dataset"].get("packed") and seq:
-        samples = math.ceil(lengths.num_rows * per_row / seq)
-    per_step = (
-        int(config.get("batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1) * world
-    )
-    per_epoch = max(1, samples // per_step)
-    if config.get("max_steps_per_epoch"):
-        per_epoch = min(per_epoch, int(config["max_steps_per_epoch"]))
-    return per_epoch * int(config.get("epochs") or 1)
+def planned_steps(
+    config: dict, world: int, lengths: TokenLengths | None, num_rows: int | None = None
+) -> int | None:
+    """Optimizer steps the run will take, for the warmup cap and the progress estimate: the data's rows (packed:
+    their tokens in max_seq_len packs) over batch x accumulation x devices, capped by max_steps_per_epoch, times
+    epochs. Without token lengths, `num_rows` counts unpacked rows; None when the rows (or, packed, the tokens)
+    are unknown and no max_steps_per_epoch bounds the epoch."""
+    samples = lengths.num_rows if lengths is not None else num_rows
+    if config["dataset"].get("packed"):
+        seq = config["tokenizer"].get("max_seq_len")
+        if lengths is None or not lengths.lengths or not seq:
+            samples = None  # packs hold an unknown number of rows
+        else:
+            per_row = sum(lengths.lengths) / len(lengths.lengths)
+            samples = math.ceil(lengths.num_rows * per_row / seq)
+    batch, accumulation = config.get("batch_size") or 1, config.get("gradient_accumulation_steps") or 1
+    per_step = int(batch) * int(accumulation) * max(world, 1)
+    per_epoch = max(1, samples // per_step) if samples else None
+    cap = config.get("max_steps_per_epoch")
+    if cap:
+        per_epoch = min(per_epoch, int(cap)) if per_epoch else int(cap)
+    return per_epoch * int(config.get("epochs") or 1) if per_epoch else None
 
 
 def _schedule(
     config: dict, cfg: TorchtuneConfig, world: int, lengths: TokenLengths | None, choices: list[Choice]
 ) -> None:
-    steps = planned_steps(config, world, lengths)
+    # Only from the data's lengths (the step's progress estimate also counts rows: finetune.py).
+    steps = planned_steps(config, world, lengths) if lengths is not None else None
     if steps is None or user_set(cfg, "num_warmup_steps", "lr_scheduler.num_warmup_steps"):
         return
     scheduler = config.get("lr_scheduler")

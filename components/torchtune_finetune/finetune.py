@@ -33,7 +33,8 @@ from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFa
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.config import SWITCHES, TorchtuneConfig, from_flat
-from kfp_finetune.components.torchtune_finetune.defaults import TokenLengths
+from kfp_finetune.components.torchtune_finetune.defaults import TokenLengths, as_metadata, planned_steps
+from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
@@ -140,19 +141,6 @@ def pick_device(requested: str | None, gpus_available: bool) -> str:
     return requested
 
 
-def total_steps(config: dict, num_rows: int | None) -> int | None:
-    """Optimizer steps for the whole run when knowable (for ETA): rows / (batch x accumulation), capped."""
-    per_epoch = None
-    if num_rows:
-        per_epoch = int(num_rows) // (
-            config.get("batch_size", 1) * config.get("gradient_accumulation_steps", 1)
-        )
-    cap = config.get("max_steps_per_epoch")
-    if cap:
-        per_epoch = min(per_epoch, cap) if per_epoch else cap
-    return per_epoch * config.get("epochs", 1) if per_epoch else None
-
-
 def run_finetune(
     *,
     workspace: str | os.PathLike,
@@ -165,10 +153,11 @@ def run_finetune(
     eval_data: ArtifactInput | None = None,
     export_format: str = "",
     task_id: str = "",
+    gpu_memory_gib: float | None = None,
 ) -> FinetuneResult:
     """Validate everything, resolve the run, train with `backend` (see `backends.backend_for`), and build the
     outputs. `export_format` is how the model will be exported (see `resolve_run`); `task_id` is KFP's id of
-    this task instance ("": not under KFP)."""
+    this task instance ("": not under KFP); `gpu_memory_gib` one training GPU's memory (None: assumed 80)."""
     model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
     base = BaseModel.from_metadata(base_model.metadata, input_name="base_model")
     train = DatasetSplit.from_metadata(train_data.metadata, input_name="train_data")
@@ -188,6 +177,7 @@ def run_finetune(
         nodes=backend.nodes,
         export_format=export_format,
         token_lengths=recorded_lengths(train),
+        gpu_memory_gib=gpu_memory_gib,
         # The TrainJob launcher imports no torch: without recorded lengths it estimates them from characters.
         tokenize_sample=backend.name == "local",
         packs=lambda resolved_config: use_packs(resolved_config, train, workspace),
@@ -198,7 +188,8 @@ def run_finetune(
         resolved.config_name,
         resolved.yaml_path,
     )
-    steps_planned = total_steps(resolved.config, train.num_rows)
+    # The same count the warmup cap uses: packing and every device taken into account.
+    steps_planned = planned_steps(resolved.config, resolved.world, resolved.token_lengths, train.num_rows)
 
     started = time.monotonic()
     outcome = backend.run(resolved, total_steps=steps_planned)
@@ -243,6 +234,8 @@ def run_finetune(
         config=resolved.config_name or "user file",
         method=config.method,
         backend=backend.name,
+        device=str(resolved.config.get("device") or ""),
+        dtype=str(resolved.config.get("dtype") or ""),
         epochs=resolved.config.get("epochs"),
         steps=len(steps),
         files=checkpoint.files,
@@ -311,6 +304,12 @@ def render_report(
     results = [(name, value) for name, value in metrics.items()]
     rows = throughput.rows() if throughput else []
     speed = [html_report.section("Throughput", html_report.table(["measure", "value"], rows))] if rows else []
+    chosen = [
+        html_report.section(
+            "Defaults chosen",
+            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in run.defaults]),
+        )
+    ] if run.defaults else []  # fmt: skip
     return html_report.page(
         "torchtune fine-tune",
         f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
@@ -319,6 +318,7 @@ def render_report(
             html_report.section("Results", html_report.table(["metric", "value"], results)),
             *speed,
             html_report.section("Settings", html_report.table(["setting", "value"], settings)),
+            *chosen,
             html_report.section(
                 "Resolved torchtune config",
                 f"<pre>{html_report.escape(yaml.safe_dump(c, sort_keys=False))}</pre>",
@@ -338,7 +338,7 @@ _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
-    "export_format",
+    "export_format", "gpu_memory_gib",
 }  # fmt: skip
 
 
@@ -351,6 +351,16 @@ def component_settings(params: dict[str, Any]) -> dict[str, Any]:
         return unset.settings_from_parameters(given, switches=SWITCHES)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def train_config_metadata(run: ResolvedRun, files: list[str]) -> dict:
+    """The train_config artifact's metadata: the recipe, the config, its files and the defaults chosen."""
+    return TrainConfig(
+        recipe=run.recipe,
+        config=run.config_name or "user file",
+        files=files,
+        defaults=as_metadata(run.defaults),
+    ).to_metadata()
 
 
 def run_component(**params: Any) -> FinetuneResult:
@@ -399,6 +409,7 @@ def run_component(**params: Any) -> FinetuneResult:
         backend=backend,
         export_format=params.get("export_format", ""),
         task_id=params.get("task_id", ""),
+        gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
     )
     kept = keep_local_copy(result.checkpoint, params["task_name"])
     if kept:
@@ -415,11 +426,7 @@ def run_component(**params: Any) -> FinetuneResult:
     for name, text in {"torchtune_config.yaml": result.resolved_yaml, **result.extra_files}.items():
         (config_dir / name).write_text(text)
     params["train_config"].metadata.update(
-        TrainConfig(
-            recipe=result.run.recipe,
-            config=result.run.config_name or "user file",
-            files=sorted(p.name for p in config_dir.iterdir()),
-        ).to_metadata()
+        train_config_metadata(result.run, sorted(p.name for p in config_dir.iterdir()))
     )
     log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
     return result

@@ -69,6 +69,8 @@ class ResolvedRun:
     model: ModelDir
     distributed: bool
     defaults: list[Choice] = field(default_factory=list)  # what defaults.py chose, each with its reason
+    token_lengths: TokenLengths | None = None  # the data's lengths the defaults were chosen from, when known
+    world: int = 1  # devices x nodes
 
     @property
     def metrics_path(self) -> Path:
@@ -221,7 +223,7 @@ def resolve_run(
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
-    choices = choose_defaults(
+    choices, token_lengths = choose_defaults(
         config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample
     )
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
@@ -240,7 +242,8 @@ def resolve_run(
         tmp = yaml_path.with_name(f".{yaml_path.name}.tmp")
         tmp.write_text(render_yaml(config, recipe, config_name))
         os.replace(tmp, yaml_path)
-    return ResolvedRun(recipe, config_name, config, yaml_path, run_dir, model, distributed, choices)
+    run = (recipe, config_name, config, yaml_path, run_dir, model, distributed)
+    return ResolvedRun(*run, choices, token_lengths, world=devices * nodes)
 
 
 def _load_config_file(path: Path) -> dict:

@@ -139,6 +139,25 @@ def test_compiled_finetune_pipeline_carries_secrets_timeouts_and_workspace():
     assert all(p.get("description") for p in inputs.values()), "every parameter is documented for the UI"
 
 
+def test_the_evaluate_step_gets_a_gpu_when_the_fine_tune_uses_gpus():
+    """eval_gpus -1 (the default): the eval-gpus step turns it and tune_gpus_per_node into the evaluate task's
+    accelerator limit at run time (KFP takes a limit from one parameter or output, not an expression)."""
+    spec, _ = yaml.safe_load_all((COMPILED / "tune-and-evaluate.yaml").read_text())
+    assert spec["root"]["inputDefinitions"]["parameters"]["eval_gpus"]["defaultValue"] == -1
+    tasks = spec["root"]["dag"]["tasks"]
+    inputs = tasks["eval-gpus"]["inputs"]["parameters"]
+    assert {k: v["componentInputParameter"] for k, v in inputs.items()} == {
+        "eval_gpus": "eval_gpus", "tune_gpus_per_node": "tune_gpus_per_node"}  # fmt: skip
+    fed = tasks["evaluate"]["inputs"]["parameters"]["pipelinechannel--eval-gpus-Output"]
+    assert fed["taskOutputParameter"] == {"producerTask": "eval-gpus", "outputParameterKey": "Output"}
+    assert "eval-gpus" in tasks["evaluate"]["dependentTasks"], "a resource field adds no dependency by itself"
+    accelerator = spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"][
+        "accelerator"
+    ]
+    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--eval-gpus-Output']}}"
+    assert accelerator["resourceType"] == "nvidia.com/gpu"
+
+
 # --- whole DAGs under kfp.local ------------------------------------------------------------------------------
 
 FAST_TRAINING = {

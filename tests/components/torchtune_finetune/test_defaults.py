@@ -1,6 +1,8 @@
 """Defaults chosen from the data, the model and the hardware (defaults.py): what they choose, why, and that every
 user setting wins. GPU behaviour is checked through the resolved config (no GPU here)."""
 
+import math
+
 import pytest
 
 from kfp_finetune.commands import resolve_config
@@ -233,3 +235,119 @@ def test_the_local_backend_samples_lengths_with_the_training_tokenizer(tiny_llam
     picked = sorted(__import__("random").Random(1).sample(range(len(dataset)), 50))
     assert sampled.lengths == [len(dataset[i]["tokens"]) for i in picked]
     assert sampled.lengths != estimated.lengths
+
+
+def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path, data):
+    from kfp_finetune.components._shared.contract import TrainConfig
+    from kfp_finetune.components._shared.metrics_file import StepMetrics
+    from kfp_finetune.components.torchtune_finetune.finetune import render_report, train_config_metadata
+
+    run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, method="lora")
+    assert {"packed", "compile", "enable_activation_checkpointing"} <= set(chosen(run))
+
+    metadata = train_config_metadata(run, ["torchtune_config.yaml"])
+    assert metadata["defaults"] == [
+        {"setting": c.setting, "value": c.value, "reason": c.reason} for c in run.defaults
+    ]
+    assert TrainConfig.from_metadata(metadata, input_name="train_config").to_metadata() == metadata
+
+    steps = [StepMetrics(step=1, values={"loss": 1.0, "lr": 1e-4})]
+    model = {"method": "lora", "base_model": "m", "dataset_source": "d"}
+    html = render_report(run, steps, {"final_loss": 1.0}, model)
+    section = html[html.index("Defaults chosen") :]
+    for c in run.defaults:
+        assert c.setting in section and html_escape(c.reason) in section
+    run.defaults = []
+    assert "Defaults chosen" not in render_report(run, steps, {"final_loss": 1.0}, model)
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def test_planned_steps_count_packs_and_every_device(tmp_path, data):
+    """The progress estimate and the warmup cap use one count: 50k rows of ~500 tokens in 768-token packs,
+    over 8 GPUs, not 50k rows over one."""
+    from kfp_finetune.components.torchtune_finetune.defaults import planned_steps
+
+    run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, method="lora", devices=8)
+    c = run.config
+    packs = math.ceil(50_000 * (sum(LENGTHS.lengths) / len(LENGTHS.lengths)) / 768)
+    per_step = c["batch_size"] * c["gradient_accumulation_steps"] * 8
+    assert run.world == 8 and run.token_lengths is LENGTHS
+    assert planned_steps(c, run.world, run.token_lengths, num_rows=50_000) == packs // per_step * c["epochs"]
+    unpacked = {**c, "dataset": {**c["dataset"], "packed": False}}
+    assert planned_steps(unpacked, 1, None, num_rows=1000) == 1000 // (per_step // 8) * c["epochs"]
+    assert planned_steps(c, 8, None, num_rows=1000) is None  # packed, lengths unknown: no guess
+    assert planned_steps({**c, "max_steps_per_epoch": 7}, 8, None, num_rows=None) == 7 * c["epochs"]
+
+
+def test_gpu_memory_from_the_task_placement_an_explicit_value_or_80(tmp_path, data):
+    """What the step passes to the memory model: the H200 a node selector (or required affinity) names, the
+    explicit gpu_memory_gib over it, and nothing named: the assumed 80 GiB, said so."""
+    from kfp import dsl
+
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
+        trainjob_spec_from_task_config,
+    )
+    from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
+
+    def memory(requested, **task_config):
+        pod = trainjob_spec_from_task_config(dsl.TaskConfig(**task_config))
+        return gpu_memory_for(requested, pod.node_selector, pod.affinity)
+
+    h200 = {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "training"}
+    assert memory(-1.0, node_selector=h200) == 141
+    assert memory(40.0, node_selector=h200) == 40
+    assert memory(-1.0) is None and memory(None, node_selector={"pool": "training"}) is None
+    term = {
+        "key": "nvidia.com/gpu.product",
+        "operator": "In",
+        "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"],
+    }
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [term]}]}}}  # fmt: skip
+    assert memory(-1.0, affinity=affinity) == 80  # the smaller of the two it may land on
+
+    model_dir = fake_model_dir(tmp_path, "llama3_1")
+    reason = chosen(
+        on_gpu(model_dir, tmp_path, method="full", gpu_memory_gib=memory(-1.0, node_selector=h200))
+    )
+    assert "on a 141 GiB GPU" in reason["enable_activation_checkpointing"].reason
+    unset = chosen(on_gpu(model_dir, tmp_path, method="full", gpu_memory_gib=memory(-1.0)))
+    assert (
+        "on a 80 GiB GPU (assumed: gpu_memory_gib unset)" in unset["enable_activation_checkpointing"].reason
+    )
+
+
+def test_the_component_passes_gpu_memory_to_the_resolver(monkeypatch):
+    """run_component reads gpu_memory_gib as a step parameter (not a torchtune setting) and hands the placement's
+    memory to run_finetune."""
+    from kfp import dsl
+
+    from kfp_finetune.components.torchtune_finetune import finetune
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def run_finetune(**kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(finetune, "run_finetune", run_finetune)
+    monkeypatch.setattr(finetune, "backend_for", lambda *a, **kw: None)
+    params = {
+        "workspace_path": "/w", "train_data": None, "base_model": None, "eval_data": None, "run_id": "r",
+        "task_name": "t", "backend": "local", "num_nodes": 1, "num_proc_per_node": 0, "runtime_name": "x",
+        "runtime_kind": "x", "trainer_image": "", "timeout_seconds": 0, "cleanup_policy": "on-success",
+        "workspace_pvc": "", "method": "lora",
+    }  # fmt: skip
+    h200 = dsl.TaskConfig(node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"})
+    for given, expected in ((-1.0, 141.0), (96.0, 96.0)):
+        with pytest.raises(Stop):
+            finetune.run_component(**params, kubernetes_config=h200, gpu_memory_gib=given)
+        assert seen["gpu_memory_gib"] == expected and "gpu_memory_gib" not in seen["settings"]

@@ -157,7 +157,7 @@ def test_report_shows_the_throughput_rows(tmp_path):
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-4},
         "dataset": {"packed": True, "data_files": ["x.jsonl"]},
     }
-    run = SimpleNamespace(recipe="lora_finetune_single_device", config_name="x", config=config)
+    run = SimpleNamespace(recipe="lora_finetune_single_device", config_name="x", config=config, defaults=[])
     meta = {"method": "lora", "base_model": "m", "dataset_source": "d"}
     html = render_report(run, steps, {"mfu": speed.mfu}, meta, speed)
     assert "Throughput" in html and "processed tokens/s per GPU" in html and "MFU" in html
