@@ -241,7 +241,11 @@ def test_finetune_pipeline_with_the_trainjob_backend(
     assert len(created) == 1
     spec = created[0].body["spec"]
     assert spec["runtimeRef"]["name"] == "torchtune-cpu"
-    assert spec["trainer"]["command"][:3] == ["tune", "run", "lora_finetune_single_device"]
+    # The entrypoint runs torch's checks first in the node pod, then `tune run` (the launcher imports no torch).
+    assert spec["trainer"]["command"][:6] == [
+        "python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint",
+        "tune", "run", "lora_finetune_single_device",
+    ]  # fmt: skip
     assert task.outputs["model"].metadata["backend"] == "trainjob"
     assert task.outputs["train_metrics"].metadata["steps"] == 12
     assert task.outputs["passed"] is True and (destination / "config.json").is_file()
