@@ -552,6 +552,6 @@ def test_offline_step_without_the_wrappers_gpt2_is_refused_before_loading(worksp
     )
     assert done.returncode != 0
     error = done.stderr.strip().splitlines()[-1]
-    assert error.startswith("kfp_finetune.components.torchtune_finetune.config.ConfigError: lm_eval_tasks:")
+    assert error.startswith("kfp_finetune.components._shared.errors.ConfigError: lm_eval_tasks:")
     assert "'gpt2'" in error and "HF_HUB_OFFLINE" in error and str(tmp_path / "empty-hf-home") in error
     assert not (workspace / "eval").exists()
