@@ -19,6 +19,7 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len
 from kfp_finetune.components._shared.torchtune_model import ModelDir
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.prompt_fit import rows_as_trained, uncut_tokenizer
 
 log = get_logger(__name__)
 
@@ -187,21 +188,15 @@ def sample_token_lengths(
     tokenized exactly as training does (the resolved tokenizer and dataset nodes, through torchtune). None when
     the data are not local files (an HF dataset source is loaded by training itself). `tokenize=False` (the
     TrainJob launcher, which imports no torch) estimates them from characters instead."""
-    dataset_node, tokenizer_node = config.get("dataset"), config.get("tokenizer") or {}
+    dataset_node = config.get("dataset")
     if not isinstance(dataset_node, dict) or not dataset_node.get("data_files"):
         return None
     tokenizer, why = None, "the launcher imports no torch; dataset-initialize records exact lengths"
     if tokenize:
-        from omegaconf import OmegaConf
-        from torchtune import config as torchtune_config
-
         try:
-            tokenizer = torchtune_config.instantiate(
-                OmegaConf.create({**tokenizer_node, "max_seq_len": None})
-            )
+            tokenizer = uncut_tokenizer(config)
         except Exception as err:  # noqa: BLE001 - a preview with placeholder tokenizer files: estimate instead
             why = f"tokenizer not loadable: {type(err).__name__}: {str(err)[:80]}"
-    dataset_node = {**dataset_node, "packed": False}
     if tokenizer is None:
         from datasets import load_dataset
 
@@ -217,7 +212,7 @@ def sample_token_lengths(
         ]
         how = f"estimated from characters ÷ {CHARS_PER_TOKEN:g} ({why}) of {len(picked)} rows"
         return TokenLengths(lengths, len(data), how)
-    dataset = torchtune_config.instantiate(OmegaConf.create(dataset_node), tokenizer)
+    dataset = rows_as_trained(config, tokenizer)
     picked = _sample(len(dataset), rows, seed)
     lengths = [len(dataset[i]["tokens"]) for i in picked]
     how = (

@@ -37,11 +37,7 @@ def check_prompts_fit(config: dict[str, Any]) -> None:
         or not dataset_node.get("data_files")
     ):
         return
-    from omegaconf import OmegaConf
-    from torchtune import config as torchtune_config
-
-    tokenizer = torchtune_config.instantiate(OmegaConf.create({**tokenizer_node, "max_seq_len": None}))
-    dataset = torchtune_config.instantiate(OmegaConf.create({**dataset_node, "packed": False}), tokenizer)
+    dataset = rows_as_trained(config, uncut_tokenizer(config))
     rows = dataset._data  # the HF dataset torchtune's SFTDataset reads rows from
     longest = sorted(range(len(rows)), key=lambda i: _characters(rows[i]), reverse=True)[:CANDIDATE_ROWS]
     too_long = []
@@ -66,3 +62,20 @@ def check_prompts_fit(config: dict[str, Any]) -> None:
 
 def _characters(row: dict[str, Any]) -> int:
     return sum(len(str(value)) for value in row.values() if value is not None)
+
+
+def uncut_tokenizer(config: dict[str, Any]) -> Any:
+    """The resolved tokenizer (torchtune), without its max_seq_len: rows come out whole."""
+    from omegaconf import OmegaConf
+    from torchtune import config as torchtune_config
+
+    return torchtune_config.instantiate(OmegaConf.create({**config["tokenizer"], "max_seq_len": None}))
+
+
+def rows_as_trained(config: dict[str, Any], tokenizer: Any) -> Any:
+    """The resolved dataset node (template, masking, columns) through torchtune, unpacked: row i is tokenized
+    exactly as training tokenizes it."""
+    from omegaconf import OmegaConf
+    from torchtune import config as torchtune_config
+
+    return torchtune_config.instantiate(OmegaConf.create({**config["dataset"], "packed": False}), tokenizer)
