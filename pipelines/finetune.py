@@ -16,9 +16,9 @@ from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
 
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
-from kfp_finetune.components.eval_gpus.component import eval_gpus
 from kfp_finetune.components.evaluate.component import evaluate
 from kfp_finetune.components.export.component import export
+from kfp_finetune.components.gpu_counts.component import gpu_counts
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.component import preflight
 from kfp_finetune.components.quality_gate.component import quality_gate
@@ -135,6 +135,9 @@ class TunedAndEvaluated(NamedTuple):
 )
 def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     """Fine-tune with torchtune (a Kubeflow Trainer TrainJob by default) and compare the result with the base."""
+    # KFP's driver reads an accelerator limit only from a text parameter or output, and from one, not an
+    # expression: this step turns tune_gpus_per_node and eval_gpus into both steps' limits (gpu_counts/counts.py).
+    gpus = step(gpu_counts(**p.feeding("gpu_counts")), "GPU counts", 300)
     tune = torchtune_finetune(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
         train_data=p.train_data,
@@ -147,7 +150,8 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     step(tune, "Fine-tune (torchtune)", settings.TRAIN_STEP_TIMEOUT_SECONDS)
     with_model_cache(tune)
     # Reaches the TrainJob's node pods through the task config, not this launcher pod.
-    tune.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(p.tune_gpus_per_node)
+    tune.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.outputs["tune_gpus"])
+    tune.after(gpus)  # KFP does not count an output used in a resource field as a dependency
 
     check = evaluate(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
@@ -160,11 +164,9 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     )
     step(check, "Evaluate: base vs tuned", settings.EVALUATE_TIMEOUT_SECONDS)
     with_model_cache(check)
-    # A model trained on GPUs is evaluated on one (in its training dtype: evaluate's placement.py); the rule is
-    # computed by a step because KFP takes an accelerator limit from one parameter or output, not an expression.
-    gpus = step(eval_gpus(**p.feeding("eval_gpus")), "GPUs for evaluation", 300)
-    check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.output)
-    check.after(gpus)  # KFP does not count an output used in a resource field as a dependency
+    # A model trained on GPUs is evaluated on one, in its training dtype (evaluate's placement.py).
+    check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.outputs["eval_gpus"])
+    check.after(gpus)
     return TunedAndEvaluated(
         model=tune.outputs["model"],
         train_metrics=tune.outputs["metrics"],

@@ -178,7 +178,7 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_num_nodes", int, 1, "TrainJob nodes; more than 1 needs a ReadWriteMany workspace.",
        "torchtune_finetune.num_nodes"),
     _p("tune_gpus_per_node", int, 1, "GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.",
-       "eval_gpus.tune_gpus_per_node"),
+       "gpu_counts.tune_gpus_per_node"),
     _p("tune_gpu_memory_gib", float, -1.0,
        "Memory of one training GPU for the throughput defaults; -1: from the node selector's GPU product, else 80.",
        "torchtune_finetune.gpu_memory_gib"),
@@ -205,7 +205,7 @@ TABLE: tuple[Parameter, ...] = (
     _p("eval_lm_eval_tasks", list, [], "lm-eval-harness tasks to run as well; empty: none.", "evaluate.lm_eval_tasks"),
     _p("eval_device", str, "auto", "cuda, cpu or auto.", "evaluate.device"),
     _p("eval_gpus", int, -1, "GPUs for the evaluate step; -1: one when the fine-tune uses GPUs, else none.",
-       "eval_gpus.eval_gpus"),
+       "gpu_counts.eval_gpus"),
     # --- export -----------------------------------------------------------------------------------------------
     _p("export_format", str, "merged",
        "merged (HF safetensors folder), adapter (PEFT) or both; training saves what it needs.",

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
-from kfp_finetune.components.eval_gpus.component import eval_gpus
 from kfp_finetune.components.evaluate.component import evaluate
 from kfp_finetune.components.export.component import export
+from kfp_finetune.components.gpu_counts.component import gpu_counts
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.component import preflight
 from kfp_finetune.components.quality_gate.component import quality_gate
@@ -19,7 +19,7 @@ from kfp_finetune.pipelines.parameters import PARAMETERS, REQUIRED, TABLE
 
 COMPONENTS = {
     c.python_func.__name__: c
-    for c in (dataset_initialize, eval_gpus, evaluate, export, model_initialize, preflight, quality_gate,
+    for c in (dataset_initialize, evaluate, gpu_counts, export, model_initialize, preflight, quality_gate,
               select_best, sweep_grid, torchtune_finetune)
 }  # fmt: skip
 

@@ -15,7 +15,9 @@ from kfp import compiler, dsl, local
 from kfp.components import load_component_from_file
 
 from kfp_finetune.commands.compile import stale_files
+from kfp_finetune.components.gpu_counts.counts import gpu_counts
 from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, sweep_pipeline
+from tests.support import kfp_driver
 from tests.support import kube_standin as standin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,23 +141,51 @@ def test_compiled_finetune_pipeline_carries_secrets_timeouts_and_workspace():
     assert all(p.get("description") for p in inputs.values()), "every parameter is documented for the UI"
 
 
-def test_the_evaluate_step_gets_a_gpu_when_the_fine_tune_uses_gpus():
-    """eval_gpus -1 (the default): the eval-gpus step turns it and tune_gpus_per_node into the evaluate task's
-    accelerator limit at run time (KFP takes a limit from one parameter or output, not an expression)."""
+def test_every_parameterised_resource_field_is_fed_text_as_the_kfp_driver_reads_it():
+    """The driver reads a parameterised resource field as a string (kfp_driver.py): fed an integer, the step
+    would silently get no GPU limit — on a real cluster the TrainJob would train on CPU."""
+    for compiled in sorted(COMPILED.glob("*.yaml")):
+        spec, _ = yaml.safe_load_all(compiled.read_text())
+        sources = kfp_driver.placeholder_sources(spec)
+        wrong = [s for s in sources if s.parameter_type != "STRING"]
+        assert not wrong, f"{compiled.name}: {wrong}"
+        if compiled.name == "tune-and-evaluate.yaml":
+            assert {(s.task, s.source) for s in sources} == {
+                ("torchtune-finetune", "output tune_gpus of gpu-counts"),
+                ("evaluate", "output eval_gpus of gpu-counts"),
+            }
+
+
+@pytest.mark.parametrize(("tune_gpus", "eval_gpus", "limits"), [(1, -1, ("1", "1")), (8, -1, ("8", "1")),
+                                                                 (0, -1, ("0", "0")), (4, 0, ("4", "0"))])  # fmt: skip
+def test_both_steps_get_their_gpus_from_the_gpu_counts_step_as_the_driver_resolves_them(
+    tune_gpus, eval_gpus, limits
+):
+    """eval_gpus -1 (the default): one GPU for evaluation when the fine-tune uses GPUs. The values are resolved
+    from the compiled YAML the way the driver does, with gpu-counts' own code producing the outputs."""
     spec, _ = yaml.safe_load_all((COMPILED / "tune-and-evaluate.yaml").read_text())
-    assert spec["root"]["inputDefinitions"]["parameters"]["eval_gpus"]["defaultValue"] == -1
-    tasks = spec["root"]["dag"]["tasks"]
-    inputs = tasks["eval-gpus"]["inputs"]["parameters"]
+    root = spec["root"]
+    assert root["inputDefinitions"]["parameters"]["eval_gpus"]["defaultValue"] == -1
+    tasks = root["dag"]["tasks"]
+    inputs = tasks["gpu-counts"]["inputs"]["parameters"]
     assert {k: v["componentInputParameter"] for k, v in inputs.items()} == {
         "eval_gpus": "eval_gpus", "tune_gpus_per_node": "tune_gpus_per_node"}  # fmt: skip
-    fed = tasks["evaluate"]["inputs"]["parameters"]["pipelinechannel--eval-gpus-Output"]
-    assert fed["taskOutputParameter"] == {"producerTask": "eval-gpus", "outputParameterKey": "Output"}
-    assert "eval-gpus" in tasks["evaluate"]["dependentTasks"], "a resource field adds no dependency by itself"
-    accelerator = spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"][
-        "accelerator"
-    ]
-    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--eval-gpus-Output']}}"
-    assert accelerator["resourceType"] == "nvidia.com/gpu"
+    arguments = {"tune_gpus_per_node": tune_gpus, "eval_gpus": eval_gpus}
+    outputs = dict(zip(("tune_gpus", "eval_gpus"), gpu_counts(tune_gpus, eval_gpus), strict=True))
+    fed = {
+        **{f"dag input {k}": v for k, v in arguments.items()},
+        **{f"output {k} of gpu-counts": v for k, v in outputs.items()},
+    }
+    executors = spec["deploymentSpec"]["executors"]
+    for task, limit in zip(("torchtune-finetune", "evaluate"), limits, strict=True):
+        assert "gpu-counts" in tasks[task]["dependentTasks"], "a resource field adds no dependency by itself"
+        values = {
+            s.input_name: s.runtime_value(fed[s.source])
+            for s in kfp_driver.placeholder_sources(spec)
+            if s.task == task
+        }
+        resources = executors[f"exec-{task}"]["container"]["resources"]
+        assert kfp_driver.accelerator_limits(resources, values) == {"nvidia.com/gpu": limit}
 
 
 # --- whole DAGs under kfp.local ------------------------------------------------------------------------------
