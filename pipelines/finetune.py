@@ -28,6 +28,13 @@ from kfp_finetune.pipelines import parameters, settings
 HF_TOKEN_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 # Credentials and endpoints: every pipeline that fetches or publishes takes them.
 ACCESS = ("s3_endpoint_url", "hf_token_secret", "s3_secret")
+# tune_ settings the table also feeds to dataset-initialize (max_seq_len, train_on_input, new_system_prompt): its
+# packs are made with the length and masking training uses.
+DATA_TUNE_SETTINGS = tuple(
+    p.name
+    for p in parameters.TABLE
+    if p.group == "tune" and any(f.startswith("dataset_initialize.") for f in p.feeds)
+)
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 # Resolved by KFP once per task execution: unique per nested use and ParallelFor iteration (see _shared/names.py).
 TASK_ID = dsl.PIPELINE_TASK_ID_PLACEHOLDER
@@ -92,7 +99,7 @@ class PreparedInputs(NamedTuple):
 
 
 @parameters.pipeline(
-    "prepare-inputs", parameters.names(groups=("model", "data"), extra=(*ACCESS, "tune_max_seq_len"))
+    "prepare-inputs", parameters.names(groups=("model", "data"), extra=(*ACCESS, *DATA_TUNE_SETTINGS))
 )
 def prepare_inputs(p: parameters.Values) -> PreparedInputs:
     """Bring the base model, then the dataset (tokenized and packed with the model's tokenizer), into the run

@@ -45,10 +45,16 @@ _LOCATION_KEYS = ("source", "data_files", "split", "packed")
 # --- the torchtune dataset node and the fingerprint -----------------------------------------------------------
 
 
-def sft_node(hints: dict, data_files: list[str]) -> dict:
-    """The torchtune dataset node for parquet shards written by dataset-initialize, with torchtune's defaults
-    (no input training, no new system prompt): what the fine-tune step resolves when nothing overrides them."""
+def sft_node(
+    hints: dict, data_files: list[str], train_on_input: bool = False, new_system_prompt: str | None = None
+) -> dict:
+    """The torchtune dataset node for parquet shards written by dataset-initialize, with the masking and system
+    prompt given (default: torchtune's, no input training and no new system prompt): the node the fine-tune
+    step resolves from the same settings (torchtune_finetune/resolve.py `_apply_data`). Text completion takes
+    neither; alpaca takes no new_system_prompt (refused, as the fine-tune step refuses it)."""
     dataset_type, style = hints.get("dataset_type", "instruct"), hints.get("data_style", "")
+    if new_system_prompt is not None and dataset_type == "instruct" and style == "alpaca":
+        raise ValueError("new_system_prompt is not supported for alpaca-style data by torchtune")
     if dataset_type == "instruct":
         component = (
             "torchtune.datasets.alpaca_dataset"
@@ -69,7 +75,9 @@ def sft_node(hints: dict, data_files: list[str]) -> dict:
     if dataset_type == "text":
         node["column"] = hints.get("text_column") or "text"
     else:
-        node["train_on_input"] = False
+        node["train_on_input"] = bool(train_on_input)
+        if new_system_prompt is not None:
+            node["new_system_prompt"] = new_system_prompt
     if dataset_type == "chat":
         node["conversation_column"] = hints.get("conversation_column") or "messages"
         node["conversation_style"] = hints.get("conversation_style") or "openai"
@@ -106,6 +114,13 @@ def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int)
             "max_seq_len": max_seq_len,
         }
     )
+
+
+def pack_key(tokenizer_fp: str, dataset_node: dict, max_seq_len: int | None) -> str:
+    """The folder name of packs (16 hex digits): the tokenizer's fingerprint, the node's template and masking
+    (`template_of`: train_on_input, new_system_prompt, columns) and the max_seq_len asked for (None: from the
+    data). Packs made any other way live in another folder."""
+    return _sha256([tokenizer_fp, template_of(dataset_node), max_seq_len])[:16]
 
 
 def _sha256(value) -> str:

@@ -29,6 +29,8 @@ def dataset_initialize(
     task_id: str = "",
     base_model: Input[Model] = None,
     max_seq_len: int = -1,
+    train_on_input: str = "auto",
+    new_system_prompt: str = "",
 ):
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
@@ -74,10 +76,14 @@ def dataset_initialize(
         base_model: Optional model-initialize output: when connected, the train split is also tokenized once
             with this model's tokenizer, prompt template and masking (torchtune's own dataset builders, in
             num_proc processes) and packed as torchtune packs it, into memory-mappable Arrow beside the shards;
-            the fine-tune step then trains on these packs without tokenizing on any rank. Needs torchtune in
-            the image (else the step logs that no packs were written).
+            the fine-tune step then trains on these packs without tokenizing on any rank when it resolves the
+            same tokenizer, template, masking (train_on_input, new_system_prompt: pass it the same values) and
+            max_seq_len. Needs torchtune in the image (else the step logs that no packs were written).
         max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths,
             rounded up to a multiple of 256, capped by the model's max_position_embeddings. Longer rows are cut.
+        train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually only
+            the response).
+        new_system_prompt: A system prompt prepended to every example; empty: none.
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
@@ -88,6 +94,7 @@ def dataset_initialize(
             sha256, num_packs), `tokenizer_fingerprint`, `pack_fingerprint` and `pack_template`.
         eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
     """
+    from kfp_finetune.components._shared import unset
     from kfp_finetune.components._shared.artifacts import entry_path
     from kfp_finetune.components._shared.contract import BaseModel
     from kfp_finetune.components._shared.errors import usage_errors
@@ -122,4 +129,6 @@ def dataset_initialize(
             output_eval=eval,
             base_model_path=model_path,
             max_seq_len=max_seq_len if max_seq_len > 0 else None,
+            train_on_input=unset.switch("train_on_input", train_on_input),
+            new_system_prompt=unset.value("new_system_prompt", new_system_prompt),
         )

@@ -166,10 +166,13 @@ def initialize_dataset(
     output_eval: ArtifactLike | None = None,
     base_model_path: str | os.PathLike | None = None,
     max_seq_len: int | None = None,
+    train_on_input: bool | None = None,
+    new_system_prompt: str | None = None,
 ) -> DatasetInitResult:
     """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>-<task>/`
     (`<task>`: a hash of `task_id`, see names.instance_name); with `base_model_path`, also tokenize and pack
-    the train split with that model's tokenizer (packs.py; `max_seq_len` None: chosen from the data)."""
+    the train split with that model's tokenizer, the masking `train_on_input` and the `new_system_prompt` the
+    fine-tune step gets (packs.py; None: torchtune's defaults; `max_seq_len` None: chosen from the data)."""
     column_map = dict(column_map or {})
     if eval_split and eval_fraction:
         raise ValueError("set either eval_split or eval_fraction, not both")
@@ -204,8 +207,9 @@ def initialize_dataset(
         hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
                  **_torchtune_hints(manifest["data_style"])}  # fmt: skip
         packed = pack_train(
-            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc
-        )
+            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc,
+            train_on_input=bool(train_on_input), new_system_prompt=new_system_prompt,
+        )  # fmt: skip
     train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
     eval_meta = _artifact_metadata(manifest, "eval", final, workspace_path, skipped)
     write_artifact(output_train, manifest, train_meta)

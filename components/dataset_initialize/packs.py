@@ -1,14 +1,14 @@
 """Tokenize and pack the train split once, with the base model's tokenizer (see _shared/packing.py).
 
-The packs go to `<dataset entry>/packs/<key>/` (key: tokenizer, template and the max_seq_len asked for), beside
-the parquet shards, with a `packs.json` of what the train artifact's metadata records; a rerun with the same
-key reuses them. Tokenizing needs torchtune (the trainer image): where it is not installed the step says so and
-writes no packs, and the fine-tune step tokenizes and packs as torchtune does.
+The packs go to `<dataset entry>/packs/<key>/` (key, packing.pack_key: tokenizer, template and masking —
+train_on_input, new_system_prompt — and the max_seq_len asked for), beside the parquet shards, with a
+`packs.json` of what the train artifact's metadata records; a rerun with the same key reuses them. Tokenizing
+needs torchtune (the trainer image): where it is not installed the step says so and writes no packs, and the
+fine-tune step tokenizes and packs as torchtune does.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -31,9 +31,13 @@ def pack_train(
     workspace: str,
     max_seq_len: int | None,
     num_proc: int,
+    train_on_input: bool = False,
+    new_system_prompt: str | None = None,
 ) -> dict:
     """The train metadata keys of the packs of `entry`'s train split (DatasetSplit: token_stats, max_seq_len,
-    packs, tokenizer_fingerprint, pack_fingerprint, pack_template); {} when torchtune is not installed."""
+    packs, tokenizer_fingerprint, pack_fingerprint, pack_template); {} when torchtune is not installed.
+    `train_on_input` / `new_system_prompt`: the masking and system prompt of the run that will train on them
+    (None: torchtune's defaults), as the fine-tune step resolves them."""
     if importlib.util.find_spec("torchtune") is None:
         log.warning(
             "base_model is connected but torchtune is not installed in this image: no packs written; the "
@@ -46,12 +50,11 @@ def pack_train(
     model = inspect_model_dir(model_dir)
     tokenizer_node = model.tokenizer_node(None)
     split = manifest["splits"]["train"]
-    node = packing.sft_node(hints, [str(entry / f["path"]) for f in split["files"]])
+    node = packing.sft_node(
+        hints, [str(entry / f["path"]) for f in split["files"]], bool(train_on_input), new_system_prompt
+    )
     tokenizer_fp = packing.tokenizer_fingerprint(tokenizer_node)
-    key = hashlib.sha256(
-        json.dumps([tokenizer_fp, packing.template_of(node), max_seq_len], sort_keys=True).encode()
-    ).hexdigest()[:16]
-    where = entry / "packs" / key
+    where = entry / "packs" / packing.pack_key(tokenizer_fp, node, max_seq_len)
     record = _present(where)
     if record is None:
         with atomic_dir(where) as tmp:
@@ -82,7 +85,7 @@ def pack_train(
             }
             write_json_atomic(tmp / PACKS_JSON, record)
     else:
-        log.info("packs for this tokenizer and template already in %s: reused", where)
+        log.info("packs for this tokenizer, template and masking already in %s: reused", where)
     return {
         "token_stats": record["token_stats"],
         "max_seq_len": record["max_seq_len"],

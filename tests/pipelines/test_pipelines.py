@@ -317,3 +317,32 @@ def test_the_fine_tune_step_learns_the_pipelines_export_format(pipeline, tmp_pat
         wiring["tune-and-evaluate"]["componentInputParameter"].removeprefix("pipelinechannel--")
         == "export_format"
     )
+
+
+def _root_parameter(spec: dict, component: str, parameter: str) -> str | None:
+    """The pipeline parameter a component's input comes from, followed up through the DAGs that call it."""
+    if component == "root":
+        return parameter.removeprefix("pipelinechannel--")
+    for caller, dag in [("root", spec["root"]), *spec["components"].items()]:
+        for task in (dag.get("dag") or {}).get("tasks", {}).values():
+            fed = task["inputs"].get("parameters", {}).get(parameter, {}) if "inputs" in task else {}
+            if task["componentRef"]["name"] == component and "componentInputParameter" in fed:
+                return _root_parameter(spec, caller, fed["componentInputParameter"])
+    return None
+
+
+@pytest.mark.parametrize("pipeline", [finetune_pipeline, sweep_pipeline], ids=lambda p: p.name)
+def test_one_parameter_gives_the_packs_and_the_fine_tune_the_same_masking(pipeline, tmp_path):
+    """dataset-initialize packs with the max_seq_len, train_on_input and new_system_prompt the fine-tune trains
+    with, so that the fine-tune step can use its packs (else it packs again on every rank)."""
+    target = tmp_path / "pipeline.yaml"
+    compiler.Compiler().compile(pipeline, str(target))
+    spec = next(yaml.safe_load_all(target.read_text()))
+    for argument in ("max_seq_len", "train_on_input", "new_system_prompt"):
+        sources = {}
+        for caller, dag in [("root", spec["root"]), *spec["components"].items()]:
+            for name, task in (dag.get("dag") or {}).get("tasks", {}).items():
+                if name in ("dataset-initialize", "torchtune-finetune"):
+                    fed = task["inputs"]["parameters"].get(argument, {}).get("componentInputParameter")
+                    sources[name] = fed and _root_parameter(spec, caller, fed)
+        assert sources == {"dataset-initialize": f"tune_{argument}", "torchtune-finetune": f"tune_{argument}"}

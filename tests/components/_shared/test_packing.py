@@ -1,4 +1,5 @@
-"""Packs written once on CPU equal torchtune's own packing, token for token, on all three dataset types."""
+"""Packs written once on CPU equal torchtune's own packing, token for token, on all three dataset types, with the
+default masking and with the prompt trained on / a new system prompt."""
 
 from __future__ import annotations
 
@@ -59,11 +60,12 @@ HINTS = {
 
 @pytest.fixture
 def split(request, tmp_path):
-    kind = request.param
+    """(kind, the dataset node, the masking): `request.param` is a kind, or (kind, sft_node's masking arguments)."""
+    kind, masking = request.param if isinstance(request.param, tuple) else (request.param, {})
     path = tmp_path / "train" / "part-00000-of-00001.parquet"
     path.parent.mkdir()
     pq.write_table(pa.Table.from_pylist(_rows(kind)), path)
-    return kind, sft_node(HINTS[kind], [str(path)])
+    return kind, sft_node(HINTS[kind], [str(path)], **masking), masking
 
 
 def _torchtune_packs(tokenizer_node: dict, node: dict, max_seq_len: int):
@@ -71,12 +73,28 @@ def _torchtune_packs(tokenizer_node: dict, node: dict, max_seq_len: int):
     return instantiate({**node, "packed": True, "tokenizer": tokenizer})
 
 
-@pytest.mark.parametrize("split", ["instruct", "chat", "text"], indirect=True)
+# Text completion takes neither train_on_input nor new_system_prompt (torchtune 0.6's text_completion_dataset).
+TRAIN_ON_INPUT = {"train_on_input": True}
+SYSTEM_PROMPT = {"train_on_input": True, "new_system_prompt": "Answer in the words of the question."}
+
+
+@pytest.mark.parametrize(
+    "split",
+    ["instruct", "chat", "text", ("instruct", TRAIN_ON_INPUT), ("chat", TRAIN_ON_INPUT),
+     ("instruct", SYSTEM_PROMPT), ("chat", SYSTEM_PROMPT)],
+    indirect=True,
+)  # fmt: skip
 def test_packs_equal_torchtune_packing(split, tiny_llama, tmp_path):
     import torch
 
-    kind, node = split
+    kind, node, masking = split
     tokenizer_node = inspect_model_dir(tiny_llama).tokenizer_node(None)
+    if masking.get("train_on_input"):  # the masking reached the builder: fewer labels ignored than without it
+
+        def ignored(n: dict) -> int:
+            return int((tokenize(tokenizer_node, n).labels == -100).sum())
+
+        assert ignored(node) < ignored({**node, "train_on_input": False})
     max_seq_len = 48
     result = pack_split(tokenizer_node, node, tmp_path / "packs", max_seq_len=max_seq_len, num_proc=2)
     ours = ArrowPacks([result.path])
@@ -91,7 +109,7 @@ def test_packs_equal_torchtune_packing(split, tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("split", ["instruct"], indirect=True)
 def test_max_seq_len_from_the_tokenized_lengths(split, tiny_llama, tmp_path):
-    _, node = split
+    _, node, _ = split
     tokenizer_node = inspect_model_dir(tiny_llama).tokenizer_node(None)
     tokenized = tokenize(tokenizer_node, node, num_proc=1)
     lengths = tokenized.lengths().tolist()
@@ -108,11 +126,26 @@ def test_max_seq_len_from_the_tokenized_lengths(split, tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("split", ["instruct"], indirect=True)
 def test_fingerprint_changes_with_tokenizer_template_and_length(split, tiny_llama, tiny_qwen):
-    _, node = split
+    _, node, _ = split
     llama = inspect_model_dir(tiny_llama).tokenizer_node(None)
     qwen = inspect_model_dir(tiny_qwen).tokenizer_node(None)
     same = pack_fingerprint(llama, node, 256)
     assert pack_fingerprint(llama, {**node, "data_files": ["elsewhere.parquet"]}, 256) == same
     assert pack_fingerprint(qwen, node, 256) != same
     assert pack_fingerprint(llama, {**node, "train_on_input": True}, 256) != same
+    assert pack_fingerprint(llama, {**node, "new_system_prompt": "x"}, 256) != same
     assert pack_fingerprint(llama, node, 512) != same
+
+
+def test_the_node_takes_masking_where_the_builder_does(tmp_path):
+    files = [str(tmp_path / "train.parquet")]
+    for kind in ("instruct", "chat"):
+        node = sft_node(HINTS[kind], files, train_on_input=True, new_system_prompt="be brief")
+        assert (node["train_on_input"], node["new_system_prompt"]) == (True, "be brief")
+        assert "new_system_prompt" not in sft_node(HINTS[kind], files)
+    text = sft_node(HINTS["text"], files, train_on_input=True, new_system_prompt="be brief")
+    assert "train_on_input" not in text and "new_system_prompt" not in text
+    alpaca = {"dataset_type": "instruct", "data_style": "alpaca"}
+    assert sft_node(alpaca, files, train_on_input=True)["train_on_input"] is True
+    with pytest.raises(ValueError, match="new_system_prompt is not supported for alpaca"):
+        sft_node(alpaca, files, new_system_prompt="be brief")

@@ -55,3 +55,31 @@ def test_without_the_base_model_nothing_is_tokenized(source, tmp_path):
     result = initialize_dataset(str(source), str(tmp_path / "ws"))
     assert "packs" not in result.train_metadata or not result.train_metadata["packs"]
     assert "token_stats" not in result.train_metadata
+
+
+def test_the_component_packs_with_the_masking_it_is_given(source, tmp_path, tiny_llama, capsys):
+    """The component's train_on_input / new_system_prompt (the fine-tune step's spelling: "auto" | "true" |
+    "false", "" for none) reach the dataset node the packs are made from, and so the recorded template."""
+    from kfp.dsl import Dataset, Model
+
+    from kfp_finetune.components.dataset_initialize.component import dataset_initialize
+
+    def run(**masking):
+        train, held_out = Dataset(uri=str(tmp_path / "train")), Dataset(uri=str(tmp_path / "eval"))
+        base_model = Model(uri=str(tmp_path / "model"), metadata={"workspace_path": str(tiny_llama)})
+        dataset_initialize.python_func(
+            source_uri=str(source), workspace_path=str(tmp_path / "ws"), train=train, eval=held_out,
+            base_model=base_model, max_seq_len=64, **masking,
+        )  # fmt: skip
+        return train.metadata
+
+    default = run()
+    assert default["pack_template"]["train_on_input"] is False
+    assert "new_system_prompt" not in default["pack_template"]
+    masked = run(train_on_input="true", new_system_prompt="Reverse it.")
+    assert masked["pack_template"]["train_on_input"] is True
+    assert masked["pack_template"]["new_system_prompt"] == "Reverse it."
+    assert masked["packs"] != default["packs"] and masked["pack_fingerprint"] != default["pack_fingerprint"]
+    with pytest.raises(SystemExit):
+        run(train_on_input="yes")
+    assert "train_on_input must be auto" in capsys.readouterr().err

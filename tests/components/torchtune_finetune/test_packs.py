@@ -6,6 +6,11 @@ from kfp_finetune.components._shared.contract import DatasetSplit
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.torchtune_finetune.backends.local import run_local
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
+from kfp_finetune.components.torchtune_finetune.finetune import (
+    ArtifactInput,
+    component_settings,
+    run_finetune,
+)
 from kfp_finetune.components.torchtune_finetune.packed_data import COMPONENT
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
@@ -16,14 +21,30 @@ MAX_SEQ_LEN = 64
 
 
 @pytest.fixture(scope="module")
-def packed_split(tmp_path_factory, tiny_llama):
+def source(tmp_path_factory):
     root = tmp_path_factory.mktemp("packs")
-    source = build_tiny_dataset(root / "tiny", train_rows=300, eval_rows=10)["train.jsonl"]
+    return build_tiny_dataset(root / "tiny", train_rows=300, eval_rows=10)["train.jsonl"]
+
+
+def _initialize(source, tiny_llama, **masking):
+    """dataset-initialize with the base model, into one workspace (the same dataset entry each time)."""
+    workspace = source.parent.parent / "ws"
     result = initialize_dataset(
-        str(source), str(root / "ws"), base_model_path=tiny_llama, max_seq_len=MAX_SEQ_LEN, num_proc=2
+        str(source),
+        str(workspace),
+        base_model_path=tiny_llama,
+        max_seq_len=MAX_SEQ_LEN,
+        num_proc=2,
+        **masking,
     )
+    return workspace, result
+
+
+@pytest.fixture(scope="module")
+def packed_split(source, tiny_llama):
+    workspace, result = _initialize(source, tiny_llama)
     split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
-    return root / "ws", result.path / "train", split
+    return workspace, result.path / "train", split
 
 
 def _cfg(**more):
@@ -74,3 +95,63 @@ def test_another_template_is_not_used(packed_split, tiny_llama, tmp_path, log_li
     run = resolve_run(cfg, tiny_llama, train_dir, tmp_path, packs=lambda c: use_packs(c, split, workspace))
     assert run.config["dataset"]["_component_"] != COMPONENT
     assert any("template or masking differs" in line for line in log_lines)
+
+
+class _Captured(Exception):
+    pass
+
+
+class _CaptureConfig:
+    """A backend that keeps the resolved config the fine-tune step would train with, and stops there."""
+
+    name, devices, nodes = "capture", 1, 1
+
+    def gpus_available(self) -> bool:
+        return False
+
+    def prepare(self, run_dir) -> None:
+        pass
+
+    def run(self, resolved, *, total_steps):
+        raise _Captured(resolved.config)
+
+
+def _step_config(workspace, tiny_llama, train_metadata: dict, **parameters) -> dict:
+    """The config the fine-tune step resolves from these component parameters and train_data metadata."""
+    settings = component_settings(
+        {"method": "lora", "device": "cpu", "batch_size": 2, "max_steps_per_epoch": 2, "packed": True,
+         "max_seq_len": MAX_SEQ_LEN, **parameters}
+    )  # fmt: skip
+    with pytest.raises(_Captured) as captured:
+        run_finetune(
+            workspace=workspace, train_data=ArtifactInput(dict(train_metadata)),
+            base_model=ArtifactInput({"workspace_path": str(tiny_llama)}), settings=settings, run_id="r",
+            task_name="packs", backend=_CaptureConfig(),
+        )  # fmt: skip
+    return captured.value.args[0]
+
+
+@pytest.mark.parametrize(
+    ("made_with", "run_with"),
+    [
+        ({"train_on_input": True}, {"train_on_input": "true"}),
+        ({"new_system_prompt": "Reverse it."}, {"new_system_prompt": "Reverse it."}),
+    ],
+)
+def test_a_run_with_other_masking_trains_on_packs_made_with_it(
+    packed_split, source, tiny_llama, log_lines, made_with, run_with
+):
+    """The same pipeline parameter feeds both steps: packs made with train_on_input=True (new_system_prompt) are
+    used by a run with it, in the same dataset entry as the default packs; the default ones are not."""
+    workspace, _, default = packed_split
+    _, made = _initialize(source, tiny_llama, **made_with)
+    assert made.train_metadata["pack_fingerprint"] != default.pack_fingerprint
+    assert made.train_metadata["packs"] != default.to_metadata()["packs"]  # another folder, not reused
+
+    config = _step_config(workspace, tiny_llama, made.train_metadata, **run_with)
+    assert config["dataset"]["_component_"] == COMPONENT
+    assert not any("not training on dataset-initialize's packs" in line for line in log_lines)
+
+    config = _step_config(workspace, tiny_llama, default.to_metadata(), **run_with)
+    assert config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert any("template or masking differs" in line and "torchtune tokenizes" in line for line in log_lines)
