@@ -19,7 +19,12 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len
 from kfp_finetune.components._shared.torchtune_model import ModelDir
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.prompt_fit import rows_as_trained, uncut_tokenizer
+from kfp_finetune.components.torchtune_finetune.prompt_fit import (
+    candidate_rows,
+    prompt_tokens,
+    rows_as_trained,
+    uncut_tokenizer,
+)
 
 log = get_logger(__name__)
 
@@ -179,6 +184,7 @@ class TokenLengths:
     lengths: list[int]
     num_rows: int
     how: str  # where the lengths come from, for the reasons
+    longest_prompt: int = 0  # tokens before a row's first trained one, the longest; 0: unknown
 
 
 def sample_token_lengths(
@@ -187,7 +193,10 @@ def sample_token_lengths(
     """Token lengths (prompt + response, template included) of a seeded random sample of the training rows,
     tokenized exactly as training does (the resolved tokenizer and dataset nodes, through torchtune). None when
     the data are not local files (an HF dataset source is loaded by training itself). `tokenize=False` (the
-    TrainJob launcher, which imports no torch) estimates them from characters instead."""
+    TrainJob launcher, which imports no torch) estimates them from characters instead (no prompt lengths then).
+
+    Tokenized, `longest_prompt` is the longest masked prompt over the sample and over prompt_fit's candidate rows
+    (the longest by characters), so the max_seq_len default never leaves a long prompt without a trained token."""
     dataset_node = config.get("dataset")
     if not isinstance(dataset_node, dict) or not dataset_node.get("data_files"):
         return None
@@ -214,13 +223,19 @@ def sample_token_lengths(
         return TokenLengths(lengths, len(data), how)
     dataset = rows_as_trained(config, tokenizer)
     picked = _sample(len(dataset), rows, seed)
-    lengths = [len(dataset[i]["tokens"]) for i in picked]
+    lengths, prompts = [], [0]
+    for i in picked:
+        row = dataset[i]
+        lengths.append(len(row["tokens"]))
+        prompts.append(prompt_tokens(row["labels"]))
+    seen = set(picked)
+    prompts += [prompt_tokens(dataset[i]["labels"]) for i in candidate_rows(dataset) if i not in seen]
     how = (
         f"a random sample of {len(picked)} of {len(dataset)} rows (seed {seed})"
         if len(picked) < len(dataset)
         else f"all {len(dataset)} rows"
     )
-    return TokenLengths(lengths, len(dataset), how)
+    return TokenLengths(lengths, len(dataset), how, longest_prompt=max(prompts))
 
 
 def _sample(total: int, rows: int, seed: int) -> list[int]:
@@ -303,11 +318,16 @@ def _packing(
                                   "kept: the data's token lengths are unknown (not local files)"))  # fmt: skip
         else:
             limit = model.hf_config.get("max_position_embeddings")
-            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit)
-            longest = max(lengths.lengths)
-            choices.append(Choice("max_seq_len", tokenizer["max_seq_len"],
-                                  f"99th percentile of prompt + response tokens rounded up to 256, capped at "
-                                  f"{limit} (longest {longest}; from {lengths.how})"))  # fmt: skip
+            p99 = choose_max_seq_len(lengths.lengths, limit)
+            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit, lengths.longest_prompt)
+            reason = (f"99th percentile of prompt + response tokens rounded up to 256, capped at {limit} "
+                      f"(longest {max(lengths.lengths)}; from {lengths.how})")  # fmt: skip
+            if tokenizer["max_seq_len"] > p99:
+                reason += (f"; raised from {p99} to {tokenizer['max_seq_len']} so the longest prompt "
+                           f"({lengths.longest_prompt} tokens) keeps trained tokens")  # fmt: skip
+                if lengths.longest_prompt >= tokenizer["max_seq_len"]:
+                    reason += " — it cannot: longer than the model's limit"
+            choices.append(Choice("max_seq_len", tokenizer["max_seq_len"], reason))
     if not user_set(cfg, "packed", "dataset.packed"):
         if tokenizer.get("max_seq_len"):
             config["dataset"]["packed"] = True

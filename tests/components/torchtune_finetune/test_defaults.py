@@ -361,5 +361,37 @@ def test_recorded_lengths_give_the_length_dataset_initialize_packed_to():
 
     lengths = recorded_lengths(DatasetSplit(token_stats={"count": 1000, "p50": 120, "p99": 700, "max": 3000}))
     assert choose_max_seq_len(lengths.lengths, 8192) == 768 and lengths.num_rows == 1000
-    assert "all 1000 rows" in lengths.how
+    assert "all 1000 rows" in lengths.how and lengths.longest_prompt == 0
+    stats = {"count": 1000, "p50": 120, "p99": 700, "max": 3000, "prompt_max": 2000}
+    lengths = recorded_lengths(DatasetSplit(token_stats=stats))
+    assert lengths.longest_prompt == 2000
+    assert choose_max_seq_len(lengths.lengths, 8192, lengths.longest_prompt) == 2048  # 2000 + 2, rounded up
     assert recorded_lengths(DatasetSplit()) is None
+
+
+def test_the_max_seq_len_default_keeps_the_longest_prompt_trainable(tiny_llama, tmp_path):
+    """One row in a hundred has a prompt longer than the 99th percentile's length: the default still fits it
+    (with masked prompts a cut prompt keeps no trained token and prompt_fit would refuse our own default)."""
+    from kfp_finetune.components.torchtune_finetune.defaults import sample_token_lengths
+    from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
+    from tests.support.long_prompt import LONG_ROW, ROWS, write_jsonl
+
+    data = write_jsonl(tmp_path / "long-prompt.jsonl")
+    run = resolve_run(
+        TorchtuneConfig(method="lora", device="cuda"), tiny_llama, data, tmp_path / "run", write=False
+    )
+    lengths = run.token_lengths
+    assert "all 100 rows" in lengths.how and lengths.num_rows == ROWS
+    p99 = math.ceil(sorted(lengths.lengths)[98] / 256) * 256
+    assert p99 == 256 < lengths.longest_prompt  # the p99 rule alone would cut row LONG_ROW inside its prompt
+    seq = run.config["tokenizer"]["max_seq_len"]
+    assert seq == math.ceil((lengths.longest_prompt + 2) / 256) * 256 > lengths.longest_prompt + 1
+    assert f"raised from 256 to {seq} so the longest prompt ({lengths.longest_prompt} tokens)" in (
+        chosen(run)["max_seq_len"].reason
+    )
+    check_prompts_fit(run.config)  # our own default is never refused
+    # A small sample that misses the long row still finds its prompt among prompt_fit's longest candidates.
+    few = sample_token_lengths(run.config, rows=5, seed=0)
+    assert len(few.lengths) == 5 and max(few.lengths) < 256
+    assert few.longest_prompt == lengths.longest_prompt
+    assert LONG_ROW not in sorted(__import__("random").Random(0).sample(range(ROWS), 5))
