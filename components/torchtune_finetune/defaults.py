@@ -3,7 +3,7 @@
 `choose_defaults` runs on the assembled config after the user's typed settings and `overrides`: a setting the user
 gave (typed or as an override key) is never touched. On CUDA it decides packing + a data-derived `max_seq_len`,
 `compile`, activation checkpointing / offloading from a memory model (`estimate_memory`), the micro-batch (~8-16k
-tokens) and gradient accumulation (the base config's global tokens per step, over all devices). On every device it
+tokens; on several nodes ~32k where that fits without checkpointing) and gradient accumulation (the base config's global tokens per step, over all devices). On every device it
 keeps `lora_alpha` at the base config's alpha/rank ratio and fits the LR schedule to the planned steps. On CPU the
 throughput settings stay as they are (the tiny kit runs fast as it is).
 """
@@ -34,6 +34,9 @@ DEFAULT_GPU_MEMORY_GIB = 80.0
 MEMORY_MARGIN = 0.85
 #: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
 MICRO_BATCH_TOKENS = (16384, 8192)
+#: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
+#: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
+MULTI_NODE_MICRO_BATCH_TOKENS = 32768
 SAMPLE_ROWS = 2000
 SAMPLE_SEED = 0
 WARMUP_CAP = 0.05  # of the planned optimizer steps
@@ -282,7 +285,7 @@ def choose_defaults(
         if not user_set(cfg, "compile", "compile"):
             config["compile"] = True
             choices.append(Choice("compile", True, "CUDA: torch.compile speeds training ~1.3x (QLoRA ~3x)"))
-        _memory_and_batch(config, base, cfg, model, world, gpu_memory_gib, lengths, choices)
+        _memory_and_batch(config, base, cfg, model, world, nodes, gpu_memory_gib, lengths, choices)
     _schedule(config, cfg, world, lengths, choices)
     for choice in choices:
         log.info("%s", choice.line())
@@ -345,6 +348,7 @@ def _memory_and_batch(
     cfg: TorchtuneConfig,
     model: ModelDir,
     world: int,
+    nodes: int,
     gpu_memory_gib: float | None,
     lengths: TokenLengths | None,
     choices: list[Choice],
@@ -363,11 +367,16 @@ def _memory_and_batch(
         options = [int(config.get("batch_size") or 1) * int(seq or 2048)]
     else:
         options = [max(1, round(t / seq)) * seq for t in MICRO_BATCH_TOKENS]
+    multi_node = 0  # the larger micro-batch tried first on several nodes (never with checkpointing)
+    if nodes > 1 and not batch_set and seq:
+        multi_node = max(1, round(MULTI_NODE_MICRO_BATCH_TOKENS / seq)) * seq
+        multi_node = multi_node if multi_node > options[0] else 0
     ckpt_set = user_set(cfg, "enable_activation_checkpointing", "enable_activation_checkpointing")
     offload_set = user_set(cfg, "enable_activation_offloading", "enable_activation_offloading")
     # The largest micro-batch that fits without checkpointing, else with it, else offloaded.
     plans = (
-        [(t, False, False) for t in options]
+        [(multi_node, False, False)] * bool(multi_node)
+        + [(t, False, False) for t in options]
         + [(t, True, False) for t in options]
         + [(options[-1], True, True)]
     )
@@ -394,8 +403,14 @@ def _memory_and_batch(
                               "still short with checkpointing" if offload else "not needed"))  # fmt: skip
     if not batch_set and seq:
         config["batch_size"] = max(1, tokens // seq)
+        why = "8-16k keeps the GPU busy"
+        if multi_node and tokens == multi_node:
+            why = (f"multi-node: fits without activation checkpointing, so fewer accumulation steps; each "
+                   f"micro-batch's gradient reduce-scatter crosses the {nodes} nodes")  # fmt: skip
+        elif multi_node:
+            why += f"; {multi_node} on {nodes} nodes would need activation checkpointing"
         choices.append(Choice("batch_size", config["batch_size"], f"{config['batch_size']} x {seq} tokens ≈ "
-                              f"{tokens} tokens per micro-batch (8-16k keeps the GPU busy)"))  # fmt: skip
+                              f"{tokens} tokens per micro-batch ({why})"))  # fmt: skip
     if not user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps") and seq and lengths:
         mean = sum(lengths.lengths) / len(lengths.lengths)
         target = int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean
