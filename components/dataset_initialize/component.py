@@ -77,7 +77,8 @@ def dataset_initialize(
             the fine-tune step then trains on these packs without tokenizing on any rank. Needs torchtune in
             the image (else the step logs that no packs were written).
         max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths,
-            rounded up to a multiple of 256, capped by the model's max_position_embeddings. Longer rows are cut.
+            rounded up to a multiple of 256, raised so the longest masked prompt keeps a trained token, capped by
+            the model's max_position_embeddings. Longer rows are cut.
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
