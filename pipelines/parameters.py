@@ -107,7 +107,9 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_epochs", int, 1, "Passes over the training data.", "torchtune_finetune.epochs"),
     _p("tune_max_steps_per_epoch", int, -1, "Cap on optimizer steps per epoch; -1: the base config's (whole epochs).",
        "torchtune_finetune.max_steps_per_epoch"),
-    _p("tune_batch_size", int, -1, "Examples per device per step; -1: the base config's.",
+    _p("tune_batch_size", int, -1,
+       "Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on several nodes where "
+       "it fits without activation checkpointing), on CPU the base config's.",
        "torchtune_finetune.batch_size"),
     _p("tune_gradient_accumulation_steps", int, -1,
        "Steps accumulated per optimizer update (a larger effective batch); -1: the base config's.",
@@ -143,8 +145,9 @@ TABLE: tuple[Parameter, ...] = (
        "A LoRA adapter on the output projection (not with tied embeddings): true, false or auto (the base config's).",
        "torchtune_finetune.apply_lora_to_output"),
     _p("tune_max_seq_len", int, -1,
-       "Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit), and for the "
-       "packs dataset-initialize writes the 99th percentile of the tokenized lengths rounded up to 256.",
+       "Truncate (or pack) examples to this many tokens; -1: on GPUs (and for the packs dataset-initialize "
+       "writes) the 99th percentile of the tokenized lengths rounded up to 256, raised so the longest masked "
+       "prompt keeps a trained token, capped by the model; on CPU the base config's (usually no limit).",
        "torchtune_finetune.max_seq_len", "dataset_initialize.max_seq_len"),
     _p("tune_num_warmup_steps", int, -1,
        "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's.",

@@ -11,7 +11,7 @@ labels, input_pos and seq_lens are identical to `packed: True` in the recipe. On
 tokenized by several processes (forked, sharing the memory-mapped parquet), once, before any rank starts.
 
 max_seq_len: rows are first tokenized without a limit (their true lengths give the statistics and, unless one is
-given, `seq_len.choose_max_seq_len`); the few rows longer than the chosen limit are tokenized again by a builder
+given, `seq_len.choose_max_seq_len` of them and the longest masked prompt); the few rows longer than the chosen limit are tokenized again by a builder
 whose tokenizer has that limit, so they are cut exactly as torchtune cuts them.
 
 The fingerprint (`pack_fingerprint`) covers the tokenizer (its component, files' sha256, every other argument),
@@ -221,12 +221,16 @@ def tokenize(tokenizer_node: dict, dataset_node: dict, num_proc: int = 1) -> Tok
 
 
 def length_stats(tokenized: Tokenized) -> dict:
-    """count, p50, p90, p99, max of row lengths and the longest prompt (masked tokens of a row)."""
+    """count, p50, p90, p99, max of row lengths and the longest prompt (`prompt_max`: the most tokens a row has
+    before its first trained one, template included; a row with none trained counts whole)."""
     import numpy as np
 
     lengths = tokenized.lengths().tolist()
-    masked = np.add.reduceat((tokenized.labels == IGNORE_INDEX).astype(np.int64), tokenized.offsets[:-1])
-    masked = np.where(np.diff(tokenized.offsets) > 0, masked, 0) if len(lengths) else masked
+    sizes = np.diff(tokenized.offsets)
+    local = np.arange(len(tokenized.labels)) - np.repeat(tokenized.offsets[:-1], sizes)
+    untrained = np.where(tokenized.labels != IGNORE_INDEX, local, np.iinfo(np.int64).max)
+    first = np.minimum.reduceat(untrained, tokenized.offsets[:-1]) if len(lengths) else sizes
+    masked = np.where(sizes > 0, np.minimum(first, sizes), 0)
     return {
         "count": len(lengths),
         "p50": percentile(lengths, 50),
@@ -329,7 +333,9 @@ def pack_split(
     tokenized = tokenize(tokenizer_node, dataset_node, num_proc)
     stats = length_stats(tokenized)
     if not max_seq_len:
-        max_seq_len = choose_max_seq_len(tokenized.lengths().tolist(), max_position_embeddings)
+        max_seq_len = choose_max_seq_len(
+            tokenized.lengths().tolist(), max_position_embeddings, longest_prompt=stats["prompt_max"]
+        )
     started = time.monotonic()
     # Rows at the limit are tokenized again by a builder whose tokenizer has it, so they are cut exactly as
     # torchtune cuts them (text completion keeps max_seq_len - 1 tokens, chat and instruct end in EOS).

@@ -71,7 +71,7 @@ def pack_train(
             )  # fmt: skip
             log.info(
                 "max_seq_len %d (%s); %d packs in %.1fs; %d row(s) cut to it",
-                result.max_seq_len, "set" if max_seq_len else "99th percentile, rounded up to 256, capped by the model",
+                result.max_seq_len, "set" if max_seq_len else "99th percentile or longest prompt + 2, rounded up to 256, capped by the model",
                 result.num_packs, result.pack_seconds, result.truncated_rows,
             )  # fmt: skip
             record = {

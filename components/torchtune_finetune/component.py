@@ -104,7 +104,8 @@ def torchtune_finetune(
             model family's config nearest in size.
         epochs: Passes over the training data.
         max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
-        batch_size: Examples per device per step; -1: the base config's.
+        batch_size: Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on several
+            nodes where it fits without activation checkpointing), on CPU the base config's.
         gradient_accumulation_steps: Steps accumulated per optimizer update; -1: the base config's.
         learning_rate: Peak learning rate; -1: the base config's.
         weight_decay: Optimizer weight decay (0 turns it off); -1: the base config's.
@@ -136,7 +137,9 @@ def torchtune_finetune(
         new_system_prompt: A system prompt prepended to every example; empty: none.
         conversation_style: openai (messages) or sharegpt (conversations), for chat data; empty: from the data.
         packed: Pack examples into max_seq_len sequences (needs max_seq_len).
-        max_seq_len: Truncate (or pack) examples to this many tokens; -1: the base config's (usually no limit).
+        max_seq_len: Truncate (or pack) examples to this many tokens; -1: on GPUs the 99th percentile of the
+            tokenized lengths rounded up to 256, raised so the longest masked prompt keeps a trained token, capped
+            by the model (dataset-initialize's pack length); on CPU the base config's (usually no limit).
         compile: torch.compile the model and loss.
         seed: Random seed; -1: the base config's.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;

@@ -3,7 +3,7 @@
 `choose_defaults` runs on the assembled config after the user's typed settings and `overrides`: a setting the user
 gave (typed or as an override key) is never touched. On CUDA it decides packing + a data-derived `max_seq_len`,
 `compile`, activation checkpointing / offloading from a memory model (`estimate_memory`), the micro-batch (~8-16k
-tokens) and gradient accumulation (the base config's global tokens per step, over all devices). On every device it
+tokens; on several nodes ~32k where that fits without checkpointing) and gradient accumulation (the base config's global tokens per step, over all devices). On every device it
 keeps `lora_alpha` at the base config's alpha/rank ratio and fits the LR schedule to the planned steps. On CPU the
 throughput settings stay as they are (the tiny kit runs fast as it is).
 """
@@ -19,7 +19,12 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len
 from kfp_finetune.components._shared.torchtune_model import ModelDir
 from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.prompt_fit import rows_as_trained, uncut_tokenizer
+from kfp_finetune.components.torchtune_finetune.prompt_fit import (
+    candidate_rows,
+    prompt_tokens,
+    rows_as_trained,
+    uncut_tokenizer,
+)
 
 log = get_logger(__name__)
 
@@ -29,6 +34,9 @@ DEFAULT_GPU_MEMORY_GIB = 80.0
 MEMORY_MARGIN = 0.85
 #: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
 MICRO_BATCH_TOKENS = (16384, 8192)
+#: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
+#: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
+MULTI_NODE_MICRO_BATCH_TOKENS = 32768
 SAMPLE_ROWS = 2000
 SAMPLE_SEED = 0
 WARMUP_CAP = 0.05  # of the planned optimizer steps
@@ -179,6 +187,7 @@ class TokenLengths:
     lengths: list[int]
     num_rows: int
     how: str  # where the lengths come from, for the reasons
+    longest_prompt: int = 0  # tokens before a row's first trained one, the longest; 0: unknown
 
 
 def sample_token_lengths(
@@ -187,7 +196,10 @@ def sample_token_lengths(
     """Token lengths (prompt + response, template included) of a seeded random sample of the training rows,
     tokenized exactly as training does (the resolved tokenizer and dataset nodes, through torchtune). None when
     the data are not local files (an HF dataset source is loaded by training itself). `tokenize=False` (the
-    TrainJob launcher, which imports no torch) estimates them from characters instead."""
+    TrainJob launcher, which imports no torch) estimates them from characters instead (no prompt lengths then).
+
+    Tokenized, `longest_prompt` is the longest masked prompt over the sample and over prompt_fit's candidate rows
+    (the longest by characters), so the max_seq_len default never leaves a long prompt without a trained token."""
     dataset_node = config.get("dataset")
     if not isinstance(dataset_node, dict) or not dataset_node.get("data_files"):
         return None
@@ -214,13 +226,19 @@ def sample_token_lengths(
         return TokenLengths(lengths, len(data), how)
     dataset = rows_as_trained(config, tokenizer)
     picked = _sample(len(dataset), rows, seed)
-    lengths = [len(dataset[i]["tokens"]) for i in picked]
+    lengths, prompts = [], [0]
+    for i in picked:
+        row = dataset[i]
+        lengths.append(len(row["tokens"]))
+        prompts.append(prompt_tokens(row["labels"]))
+    seen = set(picked)
+    prompts += [prompt_tokens(dataset[i]["labels"]) for i in candidate_rows(dataset) if i not in seen]
     how = (
         f"a random sample of {len(picked)} of {len(dataset)} rows (seed {seed})"
         if len(picked) < len(dataset)
         else f"all {len(dataset)} rows"
     )
-    return TokenLengths(lengths, len(dataset), how)
+    return TokenLengths(lengths, len(dataset), how, longest_prompt=max(prompts))
 
 
 def _sample(total: int, rows: int, seed: int) -> list[int]:
@@ -267,7 +285,7 @@ def choose_defaults(
         if not user_set(cfg, "compile", "compile"):
             config["compile"] = True
             choices.append(Choice("compile", True, "CUDA: torch.compile speeds training ~1.3x (QLoRA ~3x)"))
-        _memory_and_batch(config, base, cfg, model, world, gpu_memory_gib, lengths, choices)
+        _memory_and_batch(config, base, cfg, model, world, nodes, gpu_memory_gib, lengths, choices)
     _schedule(config, cfg, world, lengths, choices)
     for choice in choices:
         log.info("%s", choice.line())
@@ -303,11 +321,16 @@ def _packing(
                                   "kept: the data's token lengths are unknown (not local files)"))  # fmt: skip
         else:
             limit = model.hf_config.get("max_position_embeddings")
-            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit)
-            longest = max(lengths.lengths)
-            choices.append(Choice("max_seq_len", tokenizer["max_seq_len"],
-                                  f"99th percentile of prompt + response tokens rounded up to 256, capped at "
-                                  f"{limit} (longest {longest}; from {lengths.how})"))  # fmt: skip
+            p99 = choose_max_seq_len(lengths.lengths, limit)
+            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit, lengths.longest_prompt)
+            reason = (f"99th percentile of prompt + response tokens rounded up to 256, capped at {limit} "
+                      f"(longest {max(lengths.lengths)}; from {lengths.how})")  # fmt: skip
+            if tokenizer["max_seq_len"] > p99:
+                reason += (f"; raised from {p99} to {tokenizer['max_seq_len']} so the longest prompt "
+                           f"({lengths.longest_prompt} tokens) keeps trained tokens")  # fmt: skip
+                if lengths.longest_prompt >= tokenizer["max_seq_len"]:
+                    reason += " — it cannot: longer than the model's limit"
+            choices.append(Choice("max_seq_len", tokenizer["max_seq_len"], reason))
     if not user_set(cfg, "packed", "dataset.packed"):
         if tokenizer.get("max_seq_len"):
             config["dataset"]["packed"] = True
@@ -325,6 +348,7 @@ def _memory_and_batch(
     cfg: TorchtuneConfig,
     model: ModelDir,
     world: int,
+    nodes: int,
     gpu_memory_gib: float | None,
     lengths: TokenLengths | None,
     choices: list[Choice],
@@ -343,11 +367,16 @@ def _memory_and_batch(
         options = [int(config.get("batch_size") or 1) * int(seq or 2048)]
     else:
         options = [max(1, round(t / seq)) * seq for t in MICRO_BATCH_TOKENS]
+    multi_node = 0  # the larger micro-batch tried first on several nodes (never with checkpointing)
+    if nodes > 1 and not batch_set and seq:
+        multi_node = max(1, round(MULTI_NODE_MICRO_BATCH_TOKENS / seq)) * seq
+        multi_node = multi_node if multi_node > options[0] else 0
     ckpt_set = user_set(cfg, "enable_activation_checkpointing", "enable_activation_checkpointing")
     offload_set = user_set(cfg, "enable_activation_offloading", "enable_activation_offloading")
     # The largest micro-batch that fits without checkpointing, else with it, else offloaded.
     plans = (
-        [(t, False, False) for t in options]
+        [(multi_node, False, False)] * bool(multi_node)
+        + [(t, False, False) for t in options]
         + [(t, True, False) for t in options]
         + [(options[-1], True, True)]
     )
@@ -374,8 +403,14 @@ def _memory_and_batch(
                               "still short with checkpointing" if offload else "not needed"))  # fmt: skip
     if not batch_set and seq:
         config["batch_size"] = max(1, tokens // seq)
+        why = "8-16k keeps the GPU busy"
+        if multi_node and tokens == multi_node:
+            why = (f"multi-node: fits without activation checkpointing, so fewer accumulation steps; each "
+                   f"micro-batch's gradient reduce-scatter crosses the {nodes} nodes")  # fmt: skip
+        elif multi_node:
+            why += f"; {multi_node} on {nodes} nodes would need activation checkpointing"
         choices.append(Choice("batch_size", config["batch_size"], f"{config['batch_size']} x {seq} tokens ≈ "
-                              f"{tokens} tokens per micro-batch (8-16k keeps the GPU busy)"))  # fmt: skip
+                              f"{tokens} tokens per micro-batch ({why})"))  # fmt: skip
     if not user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps") and seq and lengths:
         mean = sum(lengths.lengths) / len(lengths.lengths)
         target = int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean

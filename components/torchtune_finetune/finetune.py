@@ -98,14 +98,16 @@ def training_settings(
 
 def recorded_lengths(train: DatasetSplit) -> TokenLengths | None:
     """The token lengths dataset-initialize measured on every training row (it tokenizes once, as training does),
-    as the one figure the max_seq_len rule reads (seq_len.choose_max_seq_len of [p99] is the length it packed to)."""
+    as the figures the max_seq_len rule reads (seq_len.choose_max_seq_len of [p99] and the longest masked prompt
+    is the length it packed to)."""
     stats = train.token_stats or {}
     if not stats.get("p99"):
         return None
     rows = int(stats.get("count") or 0)
     return TokenLengths(
-        [int(stats["p99"])], rows, f"the 99th percentile of all {rows} rows, from dataset-initialize"
-    )
+        [int(stats["p99"])], rows, f"the 99th percentile of all {rows} rows, from dataset-initialize",
+        longest_prompt=int(stats.get("prompt_max") or 0),
+    )  # fmt: skip
 
 
 def _check_fits_data(config: TorchtuneConfig, split: DatasetSplit) -> None:

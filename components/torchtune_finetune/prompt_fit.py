@@ -1,7 +1,8 @@
 """Refuse a `max_seq_len` that leaves training rows nothing to learn from, before any training starts.
 
 torchtune cuts every row at `tokenizer.max_seq_len`. When the prompt alone (template included) fills that length
-and prompts are masked (`train_on_input: False`), the row keeps no trained token: its loss is 0/0, and a batch of
+and prompts are masked (`train_on_input: False`), the row keeps no trained token (the cut also replaces its
+last kept token by a masked EOS, so a prompt of P tokens needs max_seq_len >= P + 2): its loss is 0/0, and a batch of
 such rows makes the loss NaN hours into a run. The rows are tokenized here exactly as training will (the resolved
 dataset and tokenizer nodes, through torchtune), but only the longest by characters: a prompt that runs past the
 limit is among the longest texts, and tokenizing every row would cost minutes on a large dataset.
@@ -38,26 +39,37 @@ def check_prompts_fit(config: dict[str, Any]) -> None:
     ):
         return
     dataset = rows_as_trained(config, uncut_tokenizer(config))
-    rows = dataset._data  # the HF dataset torchtune's SFTDataset reads rows from
-    longest = sorted(range(len(rows)), key=lambda i: _characters(rows[i]), reverse=True)[:CANDIDATE_ROWS]
     too_long = []
-    for index in longest:
+    for index in candidate_rows(dataset):
         labels = dataset[index]["labels"]
-        first_trained = next((pos for pos, label in enumerate(labels) if label != _IGNORE), len(labels))
-        if first_trained >= max_seq_len:
+        first_trained = prompt_tokens(labels)
+        # A cut row ends in a masked EOS (torchtune's truncate): it keeps a trained token only from prompt + 2 on.
+        if first_trained + 1 >= max_seq_len:
             too_long.append((index, first_trained, len(labels)))
     if not too_long:
         return
-    index, prompt_tokens, _ = max(too_long, key=lambda row: row[1])
+    index, longest, _ = max(too_long, key=lambda row: row[1])
     needed = max(total for _, _, total in too_long)
     shown = ", ".join(str(i) for i, _, _ in sorted(too_long)[:10])
     raise PromptTooLong(
         f"max_seq_len={max_seq_len} is shorter than the prompt of {len(too_long)} training row(s) "
         f"(row {shown}{' …' if len(too_long) > 10 else ''}, counted from 0 in train_data; the longest prompt is "
-        f"{prompt_tokens} tokens, row {index}): cut there, they keep no trained token and make the loss NaN. "
+        f"{longest} tokens, row {index}): cut there, they keep no trained token and make the loss NaN. "
         f"Fix: set max_seq_len to at least {needed} (their prompt + response), set train_on_input=True, or "
         "remove those rows."
     )
+
+
+def candidate_rows(dataset: Any) -> list[int]:
+    """Indices of the rows whose prompts may be the longest: the CANDIDATE_ROWS longest by characters."""
+    rows = dataset._data  # the HF dataset torchtune's SFTDataset reads rows from
+    return sorted(range(len(rows)), key=lambda i: _characters(rows[i]), reverse=True)[:CANDIDATE_ROWS]
+
+
+def prompt_tokens(labels: Any) -> int:
+    """Tokens before a row's first trained one (its masked prompt, template included): the index of the first
+    label that is not ignored; the whole row when none is trained."""
+    return next((pos for pos, label in enumerate(labels) if label != _IGNORE), len(labels))
 
 
 def _characters(row: dict[str, Any]) -> int:

@@ -124,6 +124,31 @@ def test_max_seq_len_from_the_tokenized_lengths(split, tiny_llama, tmp_path):
     assert result.stats == stats
 
 
+def test_a_long_prompt_raises_the_pack_length_so_it_keeps_trained_tokens(tiny_llama, tmp_path):
+    """One row in a hundred has a prompt longer than the 99th percentile's length: the packs are long enough for
+    it (the same rule, from the same figures, as the fine-tune step's default: test_defaults.py)."""
+    from tests.support.long_prompt import LONG_ROW, long_prompt_rows
+
+    path = tmp_path / "train" / "part-00000-of-00001.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(long_prompt_rows()), path)
+    node = sft_node(HINTS["instruct"], [str(path)])
+    tokenizer_node = inspect_model_dir(tiny_llama).tokenizer_node(None)
+    tokenized = tokenize(tokenizer_node, node, num_proc=1)
+    lengths = tokenized.lengths().tolist()
+    # prompt_max is the longest prompt: the tokens before the long row's first trained one (not every masked
+    # token: the row's final EOS is masked too).
+    labels = tokenized.labels[tokenized.offsets[LONG_ROW] : tokenized.offsets[LONG_ROW + 1]].tolist()
+    prompt = next(i for i, label in enumerate(labels) if label != -100)
+    stats = length_stats(tokenized)
+    assert (
+        stats["prompt_max"] == prompt == labels.count(-100) - 1 > choose_max_seq_len(lengths, 131072) == 256
+    )
+    result = pack_split(tokenizer_node, node, tmp_path / "p", max_position_embeddings=131072)
+    assert result.max_seq_len == choose_max_seq_len(lengths, 131072, stats["prompt_max"]) > prompt + 1
+    assert result.truncated_rows == 0
+
+
 @pytest.mark.parametrize("split", ["instruct"], indirect=True)
 def test_fingerprint_changes_with_tokenizer_template_and_length(split, tiny_llama, tiny_qwen):
     _, node, _ = split

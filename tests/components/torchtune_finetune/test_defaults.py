@@ -361,5 +361,79 @@ def test_recorded_lengths_give_the_length_dataset_initialize_packed_to():
 
     lengths = recorded_lengths(DatasetSplit(token_stats={"count": 1000, "p50": 120, "p99": 700, "max": 3000}))
     assert choose_max_seq_len(lengths.lengths, 8192) == 768 and lengths.num_rows == 1000
-    assert "all 1000 rows" in lengths.how
+    assert "all 1000 rows" in lengths.how and lengths.longest_prompt == 0
+    stats = {"count": 1000, "p50": 120, "p99": 700, "max": 3000, "prompt_max": 2000}
+    lengths = recorded_lengths(DatasetSplit(token_stats=stats))
+    assert lengths.longest_prompt == 2000
+    assert choose_max_seq_len(lengths.lengths, 8192, lengths.longest_prompt) == 2048  # 2000 + 2, rounded up
     assert recorded_lengths(DatasetSplit()) is None
+
+
+def test_the_max_seq_len_default_keeps_the_longest_prompt_trainable(tiny_llama, tmp_path):
+    """One row in a hundred has a prompt longer than the 99th percentile's length: the default still fits it
+    (with masked prompts a cut prompt keeps no trained token and prompt_fit would refuse our own default)."""
+    from kfp_finetune.components.torchtune_finetune.defaults import sample_token_lengths
+    from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
+    from tests.support.long_prompt import LONG_ROW, ROWS, write_jsonl
+
+    data = write_jsonl(tmp_path / "long-prompt.jsonl")
+    run = resolve_run(
+        TorchtuneConfig(method="lora", device="cuda"), tiny_llama, data, tmp_path / "run", write=False
+    )
+    lengths = run.token_lengths
+    assert "all 100 rows" in lengths.how and lengths.num_rows == ROWS
+    p99 = math.ceil(sorted(lengths.lengths)[98] / 256) * 256
+    assert p99 == 256 < lengths.longest_prompt  # the p99 rule alone would cut row LONG_ROW inside its prompt
+    seq = run.config["tokenizer"]["max_seq_len"]
+    assert seq == math.ceil((lengths.longest_prompt + 2) / 256) * 256 > lengths.longest_prompt + 1
+    assert f"raised from 256 to {seq} so the longest prompt ({lengths.longest_prompt} tokens)" in (
+        chosen(run)["max_seq_len"].reason
+    )
+    check_prompts_fit(run.config)  # our own default is never refused
+    # A small sample that misses the long row still finds its prompt among prompt_fit's longest candidates.
+    few = sample_token_lengths(run.config, rows=5, seed=0)
+    assert len(few.lengths) == 5 and max(few.lengths) < 256
+    assert few.longest_prompt == lengths.longest_prompt
+    assert LONG_ROW not in sorted(__import__("random").Random(0).sample(range(ROWS), 5))
+
+
+def test_several_nodes_take_a_32k_micro_batch_only_where_it_fits_without_checkpointing(tmp_path, data):
+    """Every micro-batch's gradient reduce-scatter crosses the nodes: on 2 nodes x 8 GPUs a 32k-token micro-batch
+    (half the accumulation steps) where the memory model fits it without activation checkpointing; never by turning
+    checkpointing on, and never on one node (the same 16 GPUs)."""
+    import copy
+
+    from kfp_finetune.components.torchtune_finetune.defaults import choose_defaults
+
+    rows = TokenLengths([1000] * 100, num_rows=100_000, how="the test")  # max_seq_len 1024
+    big_base = {"batch_size": 32, "gradient_accumulation_steps": 32}  # ~1M tokens per optimizer step
+
+    models = {family: fake_model_dir(tmp_path, family) for family in ("llama3_2", "llama3_1")}
+
+    def plan(family, gib, devices, nodes, **settings):
+        run = on_gpu(
+            models[family], tmp_path, lengths=rows, method="full",
+            gpu_memory_gib=gib, devices=devices, nodes=nodes, **settings,
+        )  # fmt: skip
+        config = copy.deepcopy(run.config)  # again, from a base config with a larger global batch
+        cfg = TorchtuneConfig(method="full", device="cuda", **settings)
+        choices, _ = choose_defaults(config, big_base, cfg, run.model, devices, nodes, gib, rows)
+        tokens = config["batch_size"] * config["tokenizer"]["max_seq_len"]
+        ckpt, accumulation = config["enable_activation_checkpointing"], config["gradient_accumulation_steps"]
+        return tokens, ckpt, accumulation, {c.setting: c for c in choices}
+
+    # Llama-3.2-1B dims, full fine-tune on 141 GiB GPUs: 32k tokens fit without checkpointing.
+    one_node = plan("llama3_2", 141, 16, 1)
+    two_nodes = plan("llama3_2", 141, 8, 2)
+    assert one_node[:3] == (16384, False, 4)  # one node never gets 32k
+    assert two_nodes[:3] == (32768, False, 2)  # half the accumulation steps
+    assert "multi-node: fits without activation checkpointing, so fewer accumulation steps" in (
+        two_nodes[3]["batch_size"].reason
+    )
+    # Llama-3.1-8B dims, full fine-tune on 80 GiB: 32k would need checkpointing, so the one-node choice stays.
+    one_node, two_nodes = plan("llama3_1", 80, 16, 1), plan("llama3_1", 80, 8, 2)
+    assert two_nodes[:3] == one_node[:3] and two_nodes[0] <= 16384 and two_nodes[1] is False
+    assert "32768 on 2 nodes would need activation checkpointing" in two_nodes[3]["batch_size"].reason
+    # Checkpointing the user turned on does not make room for 32k either: the bigger micro-batch is never checkpointed.
+    forced = plan("llama3_2", 141, 8, 2, enable_activation_checkpointing=True)
+    assert forced[:2] == (16384, True)

@@ -33,11 +33,30 @@ def test_prompt_longer_than_max_seq_len_is_refused(tiny_llama, long_prompt_data,
     prompt_tokens = int(message.split("the longest prompt is ")[1].split()[0])
     needed = int(message.split("at least ")[1].split()[0])
     assert 64 < prompt_tokens < needed
-    # The boundary is exact: a limit of the prompt's length still cuts every response token; one more keeps one.
-    with pytest.raises(PromptTooLong):
-        resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=prompt_tokens)
-    resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=prompt_tokens + 1)
+    # The boundary is exact: torchtune ends a cut row in a masked EOS, so a limit of the prompt's length + 1 still
+    # keeps no trained token (the row's labels after the cut say so); + 2 keeps one.
+    for limit in (prompt_tokens, prompt_tokens + 1):
+        with pytest.raises(PromptTooLong):
+            resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=limit)
+    assert _trained_tokens_after_cut(tiny_llama, long_prompt_data, tmp_path, prompt_tokens + 1) == 0
+    assert _trained_tokens_after_cut(tiny_llama, long_prompt_data, tmp_path, prompt_tokens + 2) == 1
+    resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=prompt_tokens + 2)
     resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=needed)
+
+
+def _trained_tokens_after_cut(tiny_llama, data, tmp_path, max_seq_len: int) -> int:
+    """Row 3's trained labels as torchtune cuts it at `max_seq_len` (the resolved dataset and tokenizer nodes)."""
+    from omegaconf import OmegaConf
+    from torchtune import config as torchtune_config
+
+    run = resolve_run(
+        TorchtuneConfig(max_seq_len=max_seq_len), tiny_llama, data, tmp_path / "cut", write=False
+    )
+    tokenizer = torchtune_config.instantiate(OmegaConf.create(run.config["tokenizer"]))
+    dataset = torchtune_config.instantiate(
+        OmegaConf.create({**run.config["dataset"], "packed": False}), tokenizer
+    )
+    return sum(1 for label in dataset[3]["labels"] if label != -100)
 
 
 def test_trained_prompts_and_no_limit_are_accepted(tiny_llama, long_prompt_data, tmp_path):
