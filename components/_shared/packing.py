@@ -116,11 +116,16 @@ def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int)
     )
 
 
+#: Bumped when what a pack folder holds changes for the same inputs (2: `prompt_max` counts the tokens before the
+#: first trained one, and the data-derived length covers it), so older folders are not reused.
+PACK_FORMAT = 2
+
+
 def pack_key(tokenizer_fp: str, dataset_node: dict, max_seq_len: int | None) -> str:
-    """The folder name of packs (16 hex digits): the tokenizer's fingerprint, the node's template and masking
-    (`template_of`: train_on_input, new_system_prompt, columns) and the max_seq_len asked for (None: from the
-    data). Packs made any other way live in another folder."""
-    return _sha256([tokenizer_fp, template_of(dataset_node), max_seq_len])[:16]
+    """The folder name of packs (16 hex digits): the pack format, the tokenizer's fingerprint, the node's template
+    and masking (`template_of`: train_on_input, new_system_prompt, columns) and the max_seq_len asked for (None:
+    from the data). Packs made any other way live in another folder."""
+    return _sha256([PACK_FORMAT, tokenizer_fp, template_of(dataset_node), max_seq_len])[:16]
 
 
 def _sha256(value) -> str:

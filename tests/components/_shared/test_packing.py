@@ -15,6 +15,7 @@ from kfp_finetune.components._shared.packing import (  # noqa: E402
     ArrowPacks,
     length_stats,
     pack_fingerprint,
+    pack_key,
     pack_split,
     sft_node,
     tokenize,
@@ -160,6 +161,17 @@ def test_fingerprint_changes_with_tokenizer_template_and_length(split, tiny_llam
     assert pack_fingerprint(llama, {**node, "train_on_input": True}, 256) != same
     assert pack_fingerprint(llama, {**node, "new_system_prompt": "x"}, 256) != same
     assert pack_fingerprint(llama, node, 512) != same
+
+
+def test_a_new_pack_format_keys_new_folders(monkeypatch):
+    """Packs written before a format change (e.g. what prompt_max counts) are not found and reused."""
+    from kfp_finetune.components._shared import packing
+
+    node = sft_node(HINTS["instruct"], ["train.parquet"])
+    before = pack_key("tokenizer", node, None)
+    assert pack_key("tokenizer", {**node, "data_files": ["elsewhere.parquet"]}, None) == before
+    monkeypatch.setattr(packing, "PACK_FORMAT", packing.PACK_FORMAT + 1)
+    assert pack_key("tokenizer", node, None) != before
 
 
 def test_the_node_takes_masking_where_the_builder_does(tmp_path):
