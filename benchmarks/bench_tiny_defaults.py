@@ -163,8 +163,10 @@ def run(s: Settings, echo=print) -> dict:
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for repeat in range(repeats):
         for side in SIDES if repeat % 2 == 0 else tuple(reversed(SIDES)):
-            resolved = sides[side]["cpu"]
-            result = timed_run(resolved, workdir / "runs" / f"{side}-{repeat}.log")
+            # A fresh folder per run (the same settings as the plan's CPU run): no metrics or checkpoints carried over.
+            run_dir = fresh_dir(workdir / "runs" / f"{side}-{repeat + 1}")
+            resolved = resolve_cpu(side, model_dir, data, run_dir, steps, sides[side]["cuda"].config)
+            result = timed_run(resolved, run_dir.parent / f"{side}-{repeat + 1}.log")
             if "error" in result:
                 raise RuntimeError(f"{side}: {result['error']}")
             runs[side].append(result)

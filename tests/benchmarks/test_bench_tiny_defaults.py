@@ -47,3 +47,30 @@ def test_the_sides_differ_as_claimed_and_move_to_cpu_changing_only_what_cannot_r
         assert ("compile" in s["moved"]) == (side != "kubeflow")
         assert s["cuda"].config["device"] == "cuda"
         assert s["cpu"].yaml_path.is_file()
+
+
+def test_run_gives_each_repeat_a_fresh_folder_and_the_ratios_of_median_trained_tokens(tmp_path, monkeypatch):
+    speeds = {"defaults": [900.0, 1100.0], "expert": [1000.0, 1000.0], "kubeflow": [400.0, 600.0]}
+    seen: list = []
+
+    def fake_run(resolved, log_path):  # no training: the plan's CPU config, run in its own folder
+        side = resolved.run_dir.name.rsplit("-", 1)[0]
+        assert not (resolved.run_dir / "logs").exists()  # fresh: nothing from an earlier repeat
+        seen.append((side, resolved.run_dir.name, resolved.config["batch_size"]))
+        return {"trained_tokens_per_second": speeds[side].pop(0), "processed_tokens_per_second": 1.0,
+                "first_step_seconds": 5.0}  # fmt: skip
+
+    monkeypatch.setattr(bench, "timed_run", fake_run)
+    settings = bench.Settings(
+        workdir=tmp_path, extra={"tiny_rows": "300", "tiny_steps": "3", "tiny_repeats": "2"}
+    )
+    report = bench.run(settings, echo=lambda _: None)
+    # Sides alternate order between repeats, each run in its own folder.
+    assert [(s, d) for s, d, _ in seen] == [
+        ("defaults", "defaults-1"), ("expert", "expert-1"), ("kubeflow", "kubeflow-1"),
+        ("kubeflow", "kubeflow-2"), ("expert", "expert-2"), ("defaults", "defaults-2"),
+    ]  # fmt: skip
+    results = report["results"]
+    assert (results["defaults_vs_expert"], results["kubeflow_vs_expert"]) == (1.0, 0.5)
+    assert results["kubeflow"]["processed_tokens_per_second"] == bench.UNPACKED
+    assert results["configs"]["kubeflow"]["packed"] is False
