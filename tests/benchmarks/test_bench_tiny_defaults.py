@@ -61,6 +61,7 @@ def test_run_gives_each_repeat_a_fresh_folder_and_the_ratios_of_median_trained_t
                 "first_step_seconds": 5.0}  # fmt: skip
 
     monkeypatch.setattr(bench, "timed_run", fake_run)
+    monkeypatch.setattr(bench, "step_rates", lambda path: [(1000.0, 2.0), (2000.0, 1.0)])
     settings = bench.Settings(
         workdir=tmp_path, extra={"tiny_rows": "300", "tiny_steps": "3", "tiny_repeats": "2"}
     )
@@ -73,4 +74,12 @@ def test_run_gives_each_repeat_a_fresh_folder_and_the_ratios_of_median_trained_t
     results = report["results"]
     assert (results["defaults_vs_expert"], results["kubeflow_vs_expert"]) == (1.0, 0.5)
     assert results["kubeflow"]["processed_tokens_per_second"] == bench.UNPACKED
+    # Every repeat's steps train 2,000 tokens each, in 2 s and 1 s.
+    assert results["defaults"]["least_disturbed_tokens_per_second"] == round(4000 / 3, 1)
     assert results["configs"]["kubeflow"]["packed"] is False
+
+
+def test_least_disturbed_times_each_step_at_its_fastest_repeat():
+    # Step 1 trains 1,000 tokens (fastest 0.5 s in repeat 2), step 2 3,000 tokens (fastest 1 s in repeat 1).
+    repeats = [[(500.0, 2.0), (3000.0, 1.0)], [(2000.0, 0.5), (1000.0, 3.0)]]
+    assert bench.least_disturbed(repeats) == round(4000 / 1.5, 1)
