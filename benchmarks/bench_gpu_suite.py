@@ -254,7 +254,9 @@ def differing_keys(configs: dict[str, dict], run_dirs: dict[str, Path]) -> dict[
     """Dotted keys whose values differ between the sides (run folders replaced by <run>)."""
     flat = {}
     for side, config in configs.items():
-        text = json.dumps(config, default=str).replace(str(run_dirs[side]), "<run>")
+        # The run folder as a whole path only: a sibling such as "<run folder>x/..." stays as it is.
+        run = str(run_dirs[side])
+        text = json.dumps(config, default=str).replace(run + "/", "<run>/").replace(f'"{run}"', '"<run>"')
         flat[side] = _flatten(json.loads(text))
     keys = sorted(set().union(*flat.values()))
     missing = "(unset)"
@@ -339,31 +341,37 @@ def tune_run_timed(resolved, gpus: int, log_path: Path) -> float | None:
 
 def run_job(job: Job, side: str, workdir: Path, data: Path, steps: int, memory: float, cache: dict,
             echo=print) -> dict:  # fmt: skip
-    from kfp_finetune.components._shared.metrics_file import read_metrics_file
-    from kfp_finetune.components.torchtune_finetune.throughput import measure, record_device
-
     model_dir = model_folder(workdir, job, weights=True)
     run_dir = fresh_dir(workdir / "runs" / job.name / side)
     lengths = token_lengths(job, model_dir, data, workdir, True, cache)  # tokenized as training does
     resolved = resolve_side(job, side, model_dir, data, run_dir, steps, memory, lengths)
-    device = record_device(run_dir)
+    result = timed_run(resolved, run_dir.parent / f"{side}.log", job.gpus, job.nodes)
+    echo(f"  {job.name} {side}: {json.dumps(result, default=str)}")
+    return result
+
+
+def timed_run(resolved, log_path: Path, gpus: int = 1, nodes: int = 1) -> dict:
+    """`tune run` on a resolved run and its measurements: trained tokens/s (torchtune's, median after two warm-up
+    steps), processed tokens/s and MFU (throughput.py), peak memory, seconds from process start to step 1."""
+    from kfp_finetune.components._shared.metrics_file import read_metrics_file
+    from kfp_finetune.components.torchtune_finetune.throughput import measure, record_device
+
+    device = record_device(resolved.run_dir)
     try:
-        first_step = tune_run_timed(resolved, job.gpus, run_dir.parent / f"{side}.log")
+        first_step = tune_run_timed(resolved, gpus, log_path)
     except subprocess.CalledProcessError as error:
-        return {"error": f"exit {error.returncode}: see {run_dir.parent / f'{side}.log'}"}
+        return {"error": f"exit {error.returncode}: see {log_path}"}
     steps_logged = read_metrics_file(resolved.metrics_path)
     warm = steps_logged[2:] or steps_logged  # compile and warm-up steps left out
     speed = measure(resolved.config, resolved.model.hf_config, resolved.model.num_parameters, warm, device,
-                    world_size=job.gpus * job.nodes)  # fmt: skip
+                    world_size=gpus * nodes)  # fmt: skip
     peaks = [v for s in steps_logged for k, v in s.values.items() if k.startswith("peak_memory")]
-    result = {
+    return {
         "trained_tokens_per_second": median([s.tokens_per_second for s in warm if s.tokens_per_second]),
         "processed_tokens_per_second": speed.processed_tokens_per_second,
         "mfu": speed.mfu, "mfu_note": speed.mfu_note, "peak_memory_gib": max(peaks, default=None),
         "first_step_seconds": first_step, "steps": len(steps_logged), "device": speed.device,
     }  # fmt: skip
-    echo(f"  {job.name} {side}: {json.dumps(result, default=str)}")
-    return result
 
 
 def run(s: Settings, echo=print) -> dict:

@@ -1,12 +1,13 @@
 """Run the benchmark suite and write `results.json` + `results.md`.
 
-    python -m benchmarks.run                      # all 7 measurements, default sizes (~10-15 min on 2 quiet cores)
+    python -m benchmarks.run                      # all 11 measurements, default sizes (~10-15 min on 2 quiet cores)
     python -m benchmarks.run --quick              # smaller sizes, 2 repeats (a few minutes; noisier)
     python -m benchmarks.run --only launcher,peer --repeats 5 --steps 20
     python -m benchmarks.run --max-load 1.0       # wait (up to --wait-timeout s) for a quiet machine first
 
 Names: launcher, orchestration, dataset_init, model_init, model_resume, packing, efficiency, peer, export,
-gpu_suite (without GPUs: the plan only, every job skipped).
+gpu_suite (without GPUs: the plan only, every job skipped), tiny_defaults (the GPU suite's three sides on the tiny
+kit on CPU: defaults vs expert vs Kubeflow runtime; `--set tiny_steps=8 --set tiny_rows=3000 --set tiny_repeats=2`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ BENCHMARKS = {
     "peer": "benchmarks.bench_peer",
     "export": "benchmarks.bench_export",
     "gpu_suite": "benchmarks.bench_gpu_suite",
+    "tiny_defaults": "benchmarks.bench_tiny_defaults",
 }
 
 

@@ -22,3 +22,12 @@ def test_plan_prints_the_jobs_and_the_three_configs_differing_keys(tmp_path, mon
     assert rows.count(["compile", "true", "true", "false"]) == len(jobs)
     assert rows.count(["dataset.packed", "true", "true", "false"]) == len(jobs)
     assert sum(1 for r in rows if r[0] == "tokenizer.max_seq_len" and r[2:] == ["4096", "null"]) == len(jobs)
+
+
+def test_differing_keys_replaces_the_run_folder_only_as_a_whole_path(tmp_path):
+    run, data = tmp_path / "d", str(tmp_path / "data" / "rows.jsonl")  # "<tmp>/d" is a prefix of "<tmp>/data"
+    configs = {
+        "a": {"output_dir": str(run), "log": str(run / "logs"), "data": data},
+        "b": {"output_dir": str(tmp_path / "e"), "log": str(tmp_path / "e" / "logs"), "data": data},
+    }
+    assert bench_gpu_suite.differing_keys(configs, {"a": run, "b": tmp_path / "e"}) == {}
