@@ -3,7 +3,10 @@
 `choose_defaults` runs on the assembled config after the user's typed settings and `overrides`: a setting the user
 gave (typed or as an override key) is never touched. On CUDA it decides packing + a data-derived `max_seq_len`,
 `compile`, activation checkpointing / offloading from a memory model (`estimate_memory`), the micro-batch (~8-16k
-tokens; on several nodes ~32k where that fits without checkpointing) and gradient accumulation (the base config's global tokens per step, over all devices). On every device it
+tokens; on several nodes ~32k where that fits without checkpointing; never more than the GPUs' share of the base
+config's tokens per optimizer step, down to 8k) and gradient accumulation (the base config's tokens per optimizer
+step, over all devices; where even 8k per GPU is more, the reason says how much larger the global batch is). On
+every device it
 keeps `lora_alpha` at the base config's alpha/rank ratio and fits the LR schedule to the planned steps. On CPU the
 throughput settings stay as they are (the tiny kit runs fast as it is).
 """
@@ -34,6 +37,9 @@ DEFAULT_GPU_MEMORY_GIB = 80.0
 MEMORY_MARGIN = 0.85
 #: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
 MICRO_BATCH_TOKENS = (16384, 8192)
+#: How much larger than the base config's tokens per optimizer step the global batch may grow for a bigger
+#: micro-batch (more is said in the accumulation reason).
+GLOBAL_GROWTH_ACCEPTED = 1.5
 #: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
 #: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
 MULTI_NODE_MICRO_BATCH_TOKENS = 32768
@@ -363,14 +369,22 @@ def _memory_and_batch(
         return estimate_memory(model, cfg.method, lora, config.get("dtype", "bf16"), optimizer, world, tokens)
 
     batch_set = user_set(cfg, "batch_size", "batch_size")
+    accumulation_set = user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps")
+    # The base config's tokens per optimizer step, kept over all GPUs (gradient accumulation cannot go below 1,
+    # so no micro-batch larger than each GPU's share of it is taken, down to the smallest that keeps a GPU busy).
+    target = base_tokens_per_step(base, lengths) if seq and lengths and not accumulation_set else None
+    share = GLOBAL_GROWTH_ACCEPTED * target / world if target else math.inf
+    capped = False  # the base config's global batch, not memory, limits the micro-batch
     if batch_set or not seq:
         options = [int(config.get("batch_size") or 1) * int(seq or 2048)]
     else:
-        options = [max(1, round(t / seq)) * seq for t in MICRO_BATCH_TOKENS]
+        busy = [max(1, round(t / seq)) * seq for t in MICRO_BATCH_TOKENS]
+        options = [t for t in busy if t <= share] or busy[-1:]
+        capped = options[0] < busy[0]
     multi_node = 0  # the larger micro-batch tried first on several nodes (never with checkpointing)
     if nodes > 1 and not batch_set and seq:
         multi_node = max(1, round(MULTI_NODE_MICRO_BATCH_TOKENS / seq)) * seq
-        multi_node = multi_node if multi_node > options[0] else 0
+        multi_node = multi_node if options[0] < multi_node <= share else 0
     ckpt_set = user_set(cfg, "enable_activation_checkpointing", "enable_activation_checkpointing")
     offload_set = user_set(cfg, "enable_activation_offloading", "enable_activation_offloading")
     # The largest micro-batch that fits without checkpointing, else with it, else offloaded.
@@ -404,6 +418,10 @@ def _memory_and_batch(
     if not batch_set and seq:
         config["batch_size"] = max(1, tokens // seq)
         why = "8-16k keeps the GPU busy"
+        if capped:
+            why += (
+                f"; not more: {world} GPU(s) share the base config's ~{target:,.0f} tokens per optimizer step"
+            )
         if multi_node and tokens == multi_node:
             why = (f"multi-node: fits without activation checkpointing, so fewer accumulation steps; each "
                    f"micro-batch's gradient reduce-scatter crosses the {nodes} nodes")  # fmt: skip
@@ -411,16 +429,26 @@ def _memory_and_batch(
             why += f"; {multi_node} on {nodes} nodes would need activation checkpointing"
         choices.append(Choice("batch_size", config["batch_size"], f"{config['batch_size']} x {seq} tokens ≈ "
                               f"{tokens} tokens per micro-batch ({why})"))  # fmt: skip
-    if not user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps") and seq and lengths:
+    if target:
         mean = sum(lengths.lengths) / len(lengths.lengths)
-        target = int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean
         per_step = config["batch_size"] * seq * world
         accumulation = max(1, round(target / per_step))
         config["gradient_accumulation_steps"] = accumulation
-        choices.append(Choice("gradient_accumulation_steps", accumulation,
-                              f"keeps the base config's ~{target:,.0f} tokens per optimizer step "
-                              f"(batch {base.get('batch_size')} x accumulation {base.get('gradient_accumulation_steps')} "
-                              f"x {mean:.0f} tokens per row) over {world} GPU(s) x {per_step:,} tokens"))  # fmt: skip
+        base_step = (f"~{target:,.0f} tokens per optimizer step (batch {base.get('batch_size')} x accumulation "
+                     f"{base.get('gradient_accumulation_steps')} x {mean:.0f} tokens per row)")  # fmt: skip
+        if per_step > GLOBAL_GROWTH_ACCEPTED * target:
+            reason = (f"the base config's {base_step} is less than one {config['batch_size'] * seq:,}-token "
+                      f"micro-batch on each of {world} GPU(s): the global batch is {per_step:,} tokens, "
+                      f"{per_step / target:.1f}x the base's (lower the learning rate or set batch_size to change it)")  # fmt: skip
+        else:
+            reason = f"keeps the base config's {base_step} over {world} GPU(s) x {per_step:,} tokens"
+        choices.append(Choice("gradient_accumulation_steps", accumulation, reason))
+
+
+def base_tokens_per_step(base: dict, lengths: TokenLengths) -> float:
+    """Tokens the base config trains per optimizer step on one device: batch x accumulation x mean row length."""
+    mean = sum(lengths.lengths) / len(lengths.lengths)
+    return int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean
 
 
 def planned_steps(

@@ -158,15 +158,18 @@ def test_user_settings_win_over_every_default(tmp_path, data):
 
 def test_warmup_is_capped_at_five_percent_of_the_planned_steps(tmp_path, data):
     small = TokenLengths([500] * 100, num_rows=20_000, how="the test")  # 20k x 500 tokens = 10M tokens
+
+    def planned(c):
+        per_step = c["batch_size"] * c["gradient_accumulation_steps"]
+        return (20_000 * 500 // 512 + 1) // per_step * c["epochs"]
+
     run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, lengths=small, method="lora")
     c = run.config
-    per_step = c["batch_size"] * c["gradient_accumulation_steps"]
-    planned = (20_000 * 500 // 512 + 1) // per_step * c["epochs"]
-    assert c["lr_scheduler"]["num_warmup_steps"] == planned * 5 // 100 < 100  # the base config's 100
+    assert c["lr_scheduler"]["num_warmup_steps"] == planned(c) * 5 // 100 < 100  # the base config's 100
     assert "5% of the" in chosen(run)["num_warmup_steps"].reason
     full = on_gpu(fake_model_dir(tmp_path / "f", "llama3_2"), tmp_path, lengths=small, method="full")
     assert full.config["lr_scheduler"]["_component_"].endswith("get_cosine_schedule_with_warmup")
-    assert 1 <= full.config["lr_scheduler"]["num_warmup_steps"] <= 0.05 * planned
+    assert 1 <= full.config["lr_scheduler"]["num_warmup_steps"] <= 0.05 * planned(full.config)
 
 
 def test_lora_alpha_keeps_the_base_ratio_when_only_the_rank_changes(tiny_llama, tiny_dataset, tmp_path):
@@ -192,6 +195,24 @@ def test_accumulation_keeps_the_global_batch_as_devices_grow(tmp_path, data):
 
     assert eight.config["gradient_accumulation_steps"] < one.config["gradient_accumulation_steps"]
     assert global_tokens(eight, 8) <= 2 * global_tokens(one, 1)  # not 8x
+
+
+def test_the_micro_batch_is_no_larger_than_the_gpus_share_of_the_base_global_batch(tmp_path, data):
+    """Accumulation cannot go below 1: a 16k micro-batch on each of 8 GPUs would make the global batch many times
+    the base config's, so the micro-batch shrinks to the smallest that keeps a GPU busy (8k) and the reason says
+    how much larger the global batch still is; where the base's batch is large enough, 16k stays."""
+    model_dir = fake_model_dir(tmp_path, "llama3_2")
+    rows = TokenLengths([500] * 100, num_rows=20_000, how="the test")  # 512-token packs
+    eight = on_gpu(model_dir, tmp_path, lengths=rows, method="lora", devices=8)
+    c = eight.config
+    base_tokens = 4 * 8 * 500  # llama3_2 1B lora base config: batch 4 x accumulation 8, 500-token rows
+    assert (c["batch_size"] * 512, c["gradient_accumulation_steps"]) == (8192, 1)
+    reason = chosen(eight)["gradient_accumulation_steps"].reason
+    assert f"the global batch is {8 * 8192:,} tokens, {8 * 8192 / base_tokens:.1f}x the base's" in reason
+    assert "not more: 8 GPU(s) share" in chosen(eight)["batch_size"].reason
+    one = on_gpu(model_dir, tmp_path, lengths=rows, method="lora")
+    assert (one.config["batch_size"] * 512, one.config["gradient_accumulation_steps"]) == (16384, 1)
+    assert "keeps the base config's ~16,000 tokens" in chosen(one)["gradient_accumulation_steps"].reason
 
 
 def test_gpu_memory_from_the_product_label():
