@@ -6,6 +6,10 @@ other names in a JSON array (column_map); alpaca JSON Lines with a per-row syste
 messages); OpenAI messages in parquet; ShareGPT in a folder of JSON Lines files; and a folder of .txt files.
 Plain input/output JSON Lines runs in tests/support/component_pipeline.py. Each run is cheap (a few LoRA steps, a
 few eval samples, short generations); the tiny model is built once per session.
+
+Two shapes become what another already takes through the whole pipeline: the renamed input/output columns are
+written as plain input/output rows (the component pipeline's), and OpenAI messages in parquet as the OpenAI
+messages the system-prompt shape is written as. For those two, dataset-initialize's reading is checked alone.
 """
 
 import json
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from kfp_finetune.commands.run_local import run_pipeline_locally
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.pipelines import finetune_pipeline
 from tests.support.data_shapes import SHAPES, tiny_rows
 
@@ -26,7 +31,11 @@ EVAL_SAMPLES = 4
 CODE = re.compile(r"\b[a-z] [a-z] [a-z] [a-z]\b")  # the four letters of a tiny-task prompt
 
 
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=list(SHAPES))
+READ_ALONE = {"column-map-json-array": "input_output", "openai-parquet": "openai"}  # shape -> written as
+THROUGH_THE_PIPELINE = [shape for name, shape in SHAPES.items() if name not in READ_ALONE]
+
+
+@pytest.mark.parametrize("shape", THROUGH_THE_PIPELINE, ids=lambda shape: shape.name)
 def test_data_shape_trains_evaluates_and_exports(shape, tiny_llama, tmp_path):
     (tmp_path / "source").mkdir()
     data_uri = shape.write(tiny_rows(ROWS), tmp_path / "source")
@@ -79,3 +88,18 @@ def test_data_shape_trains_evaluates_and_exports(shape, tiny_llama, tmp_path):
 
     assert outputs["passed"] is True
     assert (destination / "config.json").is_file() and list(destination.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("name", list(READ_ALONE))
+def test_data_shape_is_written_as_a_shape_the_pipeline_runs(name, tmp_path):
+    shape = SHAPES[name]
+    (tmp_path / "source").mkdir()
+    data_uri = shape.write(tiny_rows(ROWS), tmp_path / "source")
+    result = initialize_dataset(
+        str(data_uri), str(tmp_path / "workspace"), dataset_type=shape.data_type, column_map=shape.column_map,
+        eval_fraction=0.1,
+    )  # fmt: skip
+    train, held_out = result.train_metadata, result.eval_metadata
+    assert train["data_style"] == shape.written_style == READ_ALONE[name]
+    assert train["num_rows"] + held_out["num_rows"] == ROWS
+    assert train["dataset_type"] == ("chat" if shape.written_style == "openai" else "instruct")
