@@ -221,8 +221,8 @@ def side_settings(job: Job, side: str, steps: int) -> dict:
 
 def resolve_side(job: Job, side: str, model_dir: Path, data: Path, run_dir: Path, steps: int,
                  gpu_memory_gib: float, lengths, write: bool = True):  # fmt: skip
-    from kfp_finetune.components.torchtune_finetune.config import from_flat
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
+    from kfp_finetune.components._shared.torchtune.config import from_flat
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
     cfg = from_flat(side_settings(job, side, steps))
     return resolve_run(
@@ -233,7 +233,7 @@ def resolve_side(job: Job, side: str, model_dir: Path, data: Path, run_dir: Path
 
 def token_lengths(job: Job, model_dir: Path, data: Path, workdir: Path, tokenize: bool, cache: dict):
     """The data's token lengths for the job's tokenizer, sampled once per model (as the step does per run)."""
-    from kfp_finetune.components.torchtune_finetune.defaults import sample_token_lengths
+    from kfp_finetune.components._shared.torchtune.defaults import sample_token_lengths
 
     if job.model not in cache:  # the kubeflow side applies no CUDA defaults: nothing is sampled there
         bare = resolve_side(job, "kubeflow", model_dir, data, workdir / "lengths", 1, 80.0, None, write=False)

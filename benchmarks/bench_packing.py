@@ -94,10 +94,10 @@ def run_once(s: Settings, echo=print) -> dict:
     import random
 
     from kfp_finetune.components._shared.contract import DatasetSplit
+    from kfp_finetune.components._shared.torchtune.config import from_flat
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
-    from kfp_finetune.components.torchtune_finetune.config import from_flat
     from kfp_finetune.components.torchtune_finetune.packs import use_packs
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
     from kfp_finetune.tiny.dataset import make_example
 
     rows = int(s.extra.get("pack_rows", 1_000_000))

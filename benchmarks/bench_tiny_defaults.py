@@ -105,8 +105,8 @@ def cpu_settings(side: str, steps: int, cuda_plan: dict) -> dict:
 
 
 def resolve_cpu(side: str, model_dir: Path, data: Path, run_dir: Path, steps: int, cuda_plan: dict):
-    from kfp_finetune.components.torchtune_finetune.config import from_flat
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
+    from kfp_finetune.components._shared.torchtune.config import from_flat
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
     return resolve_run(from_flat(cpu_settings(side, steps, cuda_plan)), model_dir, data, run_dir)
 

@@ -215,8 +215,8 @@ def long_tailed_data(workdir: Path, rows: int = 2000, seed: int = 0) -> Path:
 
 def resolve(model_dir: Path, data: Path, run_dir: Path, **settings: Any):
     """A resolved single-device CPU run (the component's engine) with fixed seed and no compile."""
-    from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig, from_flat
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
+    from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig, from_flat
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
     values = {"device": "cpu", "dtype": "fp32", "seed": 0, "compile": False, "log_every_n_steps": 1}
     values.update(settings)

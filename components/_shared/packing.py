@@ -50,7 +50,7 @@ def sft_node(
 ) -> dict:
     """The torchtune dataset node for parquet shards written by dataset-initialize, with the masking and system
     prompt given (default: torchtune's, no input training and no new system prompt): the node the fine-tune
-    step resolves from the same settings (torchtune_finetune/resolve.py `_apply_data`). Text completion takes
+    step resolves from the same settings (_shared/torchtune/resolve.py `_apply_data`). Text completion takes
     neither; alpaca takes no new_system_prompt (refused, as the fine-tune step refuses it)."""
     dataset_type, style = hints.get("dataset_type", "instruct"), hints.get("data_style", "")
     if new_system_prompt is not None and dataset_type == "instruct" and style == "alpaca":

@@ -52,7 +52,7 @@ def note_device(run_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     from kfp_finetune.components._shared.errors import ConfigError
-    from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
+    from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
 
     if not argv or argv[0] != "tune":
         raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>")

@@ -27,13 +27,14 @@ from kfp_finetune.components._shared.contract import (
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
+from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
+from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata, planned_steps
+from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
-from kfp_finetune.components.torchtune_finetune.config import SWITCHES, TorchtuneConfig, from_flat
-from kfp_finetune.components.torchtune_finetune.defaults import TokenLengths, as_metadata, planned_steps
 from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
 from kfp_finetune.components.torchtune_finetune.outputs import (
@@ -42,7 +43,6 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
     keep_local_copy,
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
-from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, resolve_run
 from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
 
 log = get_logger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kfp_finetune.components.torchtune_finetune.defaults import gpu_memory_from_product
+from kfp_finetune.components._shared.torchtune.defaults import gpu_memory_from_product
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 

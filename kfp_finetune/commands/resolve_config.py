@@ -52,7 +52,7 @@ def setting_types() -> dict[str, str]:
     import types
     import typing
 
-    from kfp_finetune.components.torchtune_finetune import config
+    from kfp_finetune.components._shared.torchtune import config
 
     found: dict[str, str] = {}
     for cls in (config.TorchtuneConfig, config.LoraSettings, config.DatasetSettings):
@@ -68,8 +68,8 @@ def setting_types() -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from kfp_finetune.commands.values import UsageError, parse_pairs, parse_value
-    from kfp_finetune.components.torchtune_finetune.config import ConfigError, from_flat
-    from kfp_finetune.components.torchtune_finetune.resolve import render_yaml, resolve_run
+    from kfp_finetune.components._shared.torchtune.config import ConfigError, from_flat
+    from kfp_finetune.components._shared.torchtune.resolve import render_yaml, resolve_run
 
     settings: dict = {
         "method": args.method,

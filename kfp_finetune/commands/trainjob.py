@@ -60,10 +60,10 @@ def _workspace(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
+    from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
     from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
     from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
-    from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
 
     if args.gpus < 0 or args.nodes < 1:
         print("error: --gpus must be 0 or more and --nodes at least 1", file=sys.stderr)

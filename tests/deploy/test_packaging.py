@@ -29,7 +29,7 @@ def test_wheel_maps_components_and_pipelines_into_the_package(wheel):
     for expected in (
         "kfp_finetune/cli.py",
         "kfp_finetune/components/_shared/workspace.py",
-        "kfp_finetune/components/torchtune_finetune/resolve.py",
+        "kfp_finetune/components/_shared/torchtune/resolve.py",
         "kfp_finetune/pipelines/__init__.py",
         "kfp_finetune/tiny/model.py",
     ):
@@ -46,7 +46,7 @@ def test_installed_wheel_imports_without_the_source_tree(wheel, tmp_path):
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
         check=True,
     )
-    probe = "import kfp_finetune.components.torchtune_finetune.config as c, kfp_finetune.pipelines; print(c.__file__)"
+    probe = "import kfp_finetune.components._shared.torchtune.config as c, kfp_finetune.pipelines; print(c.__file__)"
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True

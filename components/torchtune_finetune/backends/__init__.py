@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kfp_finetune.components._shared.errors import ConfigError
 
 if TYPE_CHECKING:
+    from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
-    from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun
 
 BACKENDS = ("trainjob", "local")
 

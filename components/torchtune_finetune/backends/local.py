@@ -22,9 +22,9 @@ from kfp_finetune.components._shared.cancel import StopSignals, signal_name
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
+from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence, progress_line
-from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 log = get_logger(__name__)
 
@@ -87,8 +87,8 @@ class LocalBackend:
             shutil.rmtree(run_dir)
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+        from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
         from kfp_finetune.components.torchtune_finetune.entrypoint import note_device
-        from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
 
         check_resolved(resolved.config)  # what a TrainJob checks first in its pods (entrypoint.py)
         note_device(resolved.run_dir)  # the GPU's name for MFU, as entrypoint.py records it in a TrainJob

@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from kfp_finetune.components._shared import unset
+from kfp_finetune.components._shared.torchtune.config import SWITCHES, ConfigError, from_flat
+from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 from kfp_finetune.components.sweep.sweep import trial_grid
 from kfp_finetune.components.torchtune_finetune.component import torchtune_finetune
-from kfp_finetune.components.torchtune_finetune.config import SWITCHES, ConfigError, from_flat
 from kfp_finetune.components.torchtune_finetune.finetune import _STEP_PARAMETERS, component_settings
-from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
 from kfp_finetune.pipelines.parameters import PARAMETERS
 
 # The component's settings whose default is a real value, not "unset".

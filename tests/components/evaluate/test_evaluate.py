@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.evaluate import (
     ArtifactInput,
@@ -21,7 +22,6 @@ from kfp_finetune.components.evaluate.evaluate import (
     pick_rows,
     run_evaluate,
 )
-from kfp_finetune.components.torchtune_finetune.config import ConfigError, TorchtuneConfig
 from kfp_finetune.tiny import RECOMMENDED_TRAINING
 from kfp_finetune.tiny.dataset import PROMPT_PREFIX
 
@@ -189,9 +189,9 @@ def test_alpaca_eval_examples_are_built_as_training_builds_them(tmp_path, tiny_l
 def trained(tmp_path_factory, tiny_llama, tiny_dataset):
     """A workspace as a pipeline leaves it: base model, eval split, and a finished fine-tune run of the tiny
     model on the synthetic task (finalized into merged/ + adapter/ like torchtune-finetune does)."""
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
     from kfp_finetune.components.torchtune_finetune.backends.local import run_local
     from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 
     workspace = tmp_path_factory.mktemp("eval-workspace")
     shutil.copytree(tiny_llama, workspace / "models" / "base")
@@ -329,9 +329,9 @@ def test_min_improvement_and_the_recorded_base(trained, evaluation):
 def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset, tmp_path):
     """save_adapter_weights_only runs hand on only the adapter: evaluate rebuilds base + adapter as the LoRA
     recipe does, which must score like the merged weights torchtune writes for the same run."""
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
     from kfp_finetune.components.torchtune_finetune.backends.local import run_local
     from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 
     workspace = tmp_path / "workspace"
     shutil.copytree(tiny_llama, workspace / "models" / "base")

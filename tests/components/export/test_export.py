@@ -29,10 +29,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def finetuned(tiny_llama, tiny_dataset, tmp_path_factory):
     """A workspace holding one 2-step LoRA run (merged + adapter) and the metadata finetune would output."""
+    from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
     from kfp_finetune.components.torchtune_finetune.backends.local import run_local
-    from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
     from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 
     workspace = tmp_path_factory.mktemp("workspace")
     run_dir = workspace / "runs" / "r1"

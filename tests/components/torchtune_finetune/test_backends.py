@@ -10,11 +10,12 @@ import pytest
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted
 from kfp_finetune.components._shared.metrics_file import collect_steps, parse_metric_line
+from kfp_finetune.components._shared.torchtune.config import ConfigError
+from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
 from kfp_finetune.components.torchtune_finetune.backends import backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
 from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
 from kfp_finetune.components.torchtune_finetune.metrics import (
     LossDiverged,
@@ -22,7 +23,6 @@ from kfp_finetune.components.torchtune_finetune.metrics import (
     first_divergence,
     summarize,
 )
-from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun
 
 
 def test_backend_for_picks_by_name_and_rejects_unknown_names():

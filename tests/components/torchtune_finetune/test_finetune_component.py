@@ -59,7 +59,7 @@ def test_adapter_only_checkpoints_with_a_merged_export_fail_before_training(
     finetune_inputs, finetune_cpu_runtime, tmp_path, monkeypatch
 ):
     """The step refuses what the export step would refuse only after training, evaluation and the gate."""
-    from kfp_finetune.components.torchtune_finetune.config import ConfigError
+    from kfp_finetune.components._shared.torchtune.config import ConfigError
 
     call_component, task_config = test_finetune_trainjob.call_component, test_finetune_trainjob.task_config
 

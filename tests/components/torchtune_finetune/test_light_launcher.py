@@ -85,8 +85,8 @@ def test_a_config_torch_refuses_fails_the_trainjob_first_with_the_reason(
 
 
 def test_the_entrypoint_refuses_before_tune_starts(tiny_llama, tiny_dataset, tmp_path):
-    from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+    from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
 
     run = resolve_run(
         TorchtuneConfig(method="lora", device="cpu", max_seq_len=8), tiny_llama, tiny_dataset["train.jsonl"],

@@ -3,9 +3,10 @@
 import pytest
 
 from kfp_finetune.components._shared.contract import DatasetSplit
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.torchtune_finetune.backends.local import run_local
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
 from kfp_finetune.components.torchtune_finetune.finetune import (
     ArtifactInput,
     component_settings,
@@ -13,7 +14,6 @@ from kfp_finetune.components.torchtune_finetune.finetune import (
 )
 from kfp_finetune.components.torchtune_finetune.packed_data import COMPONENT
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
-from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 from kfp_finetune.tiny.dataset import build_tiny_dataset
 
 pytestmark = pytest.mark.slow

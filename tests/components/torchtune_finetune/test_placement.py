@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.config import ConfigError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
     NodePodSettings,
     build_trainjob,
@@ -17,7 +18,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement impo
     place_node_pods,
     require_node,
 )
-from kfp_finetune.components.torchtune_finetune.config import ConfigError
 from tests.support import kube_standin as standin
 
 kube_standin = standin.kube_standin  # started, namespace team-a, runtime torch-distributed

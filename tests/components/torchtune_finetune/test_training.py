@@ -11,10 +11,10 @@ import time
 import pytest
 
 from kfp_finetune.components._shared.metrics_file import read_metrics_file
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed, run_local
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
-from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
 
 pytestmark = pytest.mark.slow
 

@@ -586,8 +586,8 @@ def test_real_torchtune_lora_run_through_a_trainjob(kube, tiny_llama, tiny_datas
     """TrainJob → node command run for real → streamed logs with step metrics → Complete → outputs in the workspace."""
     import shutil
 
-    from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-    from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+    from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
 
     workspace = tmp_path / "workspace"
     model_dir = shutil.copytree(tiny_llama, workspace / "models" / "tiny")

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
     CLUSTER_RUNTIME_KIND,
@@ -19,7 +20,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
     unmounted_paths,
 )
 from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
-from kfp_finetune.components.torchtune_finetune.resolve import ResolvedRun, tune_command
 
 
 @dataclasses.dataclass

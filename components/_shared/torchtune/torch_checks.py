@@ -10,7 +10,7 @@ resolve.py has already checked all that needs no torch (keys, paths, numbers, di
 from __future__ import annotations
 
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
+from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
 
 
 def check_resolved(config: dict) -> None:

@@ -20,14 +20,14 @@ from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len
-from kfp_finetune.components._shared.torchtune_model import ModelDir
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.prompt_fit import (
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.prompt_fit import (
     candidate_rows,
     prompt_tokens,
     rows_as_trained,
     uncut_tokenizer,
 )
+from kfp_finetune.components._shared.torchtune_model import ModelDir
 
 log = get_logger(__name__)
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.prompt_fit import PromptTooLong
-from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.prompt_fit import PromptTooLong
+from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def _trained_tokens_after_cut(tiny_llama, data, tmp_path, max_seq_len: int) -> i
 
 
 def test_trained_prompts_and_no_limit_are_accepted(tiny_llama, long_prompt_data, tmp_path):
-    from kfp_finetune.components.torchtune_finetune.config import DatasetSettings
+    from kfp_finetune.components._shared.torchtune.config import DatasetSettings
 
     resolve(
         tiny_llama, long_prompt_data, tmp_path, max_seq_len=64, dataset=DatasetSettings(train_on_input=True)

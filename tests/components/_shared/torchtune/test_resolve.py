@@ -6,14 +6,14 @@ import shutil
 import pytest
 import yaml
 
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, inspect_model_dir
-from kfp_finetune.components.torchtune_finetune.config import (
+from kfp_finetune.components._shared.torchtune.config import (
     ConfigError,
     LoraSettings,
     TorchtuneConfig,
     from_flat,
 )
-from kfp_finetune.components.torchtune_finetune.resolve import resolve_run, tune_command
+from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
+from kfp_finetune.components._shared.torchtune_model import FAMILIES, inspect_model_dir
 
 # Real HF config.json values of one released size per family, and the torchtune builder of that size.
 _LLAMA3 = {
@@ -423,7 +423,7 @@ def test_bad_model_dirs(tiny_llama, data_file, tmp_path):
 @pytest.fixture
 def adapter_only_base_config(tmp_path):
     """A base config that saves only the adapter, as torchtune's 70B LoRA and 405B QLoRA configs do."""
-    from kfp_finetune.components.torchtune_finetune.resolve import _config_file
+    from kfp_finetune.components._shared.torchtune.resolve import _config_file
 
     base = yaml.safe_load(_config_file("llama3_2/1B_lora_single_device.yaml").read_text())
     base["save_adapter_weights_only"] = True
@@ -443,7 +443,7 @@ def test_a_merged_export_makes_an_adapter_only_base_config_save_merged_weights(
 ):
     import logging
 
-    from kfp_finetune.components.torchtune_finetune import resolve as resolve_module
+    from kfp_finetune.components._shared.torchtune import resolve as resolve_module
 
     records: list[logging.LogRecord] = []
     handler = logging.Handler()

@@ -6,15 +6,15 @@ import math
 import pytest
 
 from kfp_finetune.commands import resolve_config
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.defaults import (
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.defaults import (
     TokenLengths,
     estimate_memory,
     gpu_memory_from_product,
 )
-from kfp_finetune.components.torchtune_finetune.resolve import resolve_run
-from tests.components.torchtune_finetune.test_resolve import fake_model_dir, resolve
+from kfp_finetune.components._shared.torchtune.resolve import resolve_run
+from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+from tests.components._shared.torchtune.test_resolve import fake_model_dir, resolve
 
 # Rows of 300-700 tokens, one in a hundred 3000: the p99 is 700 -> max_seq_len 768, not the outlier's length.
 LENGTHS = TokenLengths([300 + (i % 400) for i in range(990)] + [3000] * 10, num_rows=50_000, how="the test")
@@ -239,7 +239,7 @@ def test_the_local_backend_samples_lengths_with_the_training_tokenizer(tiny_llam
     from omegaconf import OmegaConf
     from torchtune import config as torchtune_config
 
-    from kfp_finetune.components.torchtune_finetune.defaults import sample_token_lengths
+    from kfp_finetune.components._shared.torchtune.defaults import sample_token_lengths
 
     run = resolve_run(
         TorchtuneConfig(method="lora"), tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run", write=False
@@ -291,7 +291,7 @@ def html_escape(text: str) -> str:
 def test_planned_steps_count_packs_and_every_device(tmp_path, data):
     """The progress estimate and the warmup cap use one count: 50k rows of ~500 tokens in 768-token packs,
     over 8 GPUs, not 50k rows over one."""
-    from kfp_finetune.components.torchtune_finetune.defaults import planned_steps
+    from kfp_finetune.components._shared.torchtune.defaults import planned_steps
 
     run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, method="lora", devices=8)
     c = run.config
@@ -393,8 +393,8 @@ def test_recorded_lengths_give_the_length_dataset_initialize_packed_to():
 def test_the_max_seq_len_default_keeps_the_longest_prompt_trainable(tiny_llama, tmp_path):
     """One row in a hundred has a prompt longer than the 99th percentile's length: the default still fits it
     (with masked prompts a cut prompt keeps no trained token and prompt_fit would refuse our own default)."""
-    from kfp_finetune.components.torchtune_finetune.defaults import sample_token_lengths
-    from kfp_finetune.components.torchtune_finetune.prompt_fit import check_prompts_fit
+    from kfp_finetune.components._shared.torchtune.defaults import sample_token_lengths
+    from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
     from tests.support.long_prompt import LONG_ROW, ROWS, write_jsonl
 
     data = write_jsonl(tmp_path / "long-prompt.jsonl")
@@ -424,7 +424,7 @@ def test_several_nodes_take_a_32k_micro_batch_only_where_it_fits_without_checkpo
     checkpointing on, and never on one node (the same 16 GPUs)."""
     import copy
 
-    from kfp_finetune.components.torchtune_finetune.defaults import choose_defaults
+    from kfp_finetune.components._shared.torchtune.defaults import choose_defaults
 
     rows = TokenLengths([1000] * 100, num_rows=100_000, how="the test")  # max_seq_len 1024
     big_base = {"batch_size": 32, "gradient_accumulation_steps": 32}  # ~1M tokens per optimizer step

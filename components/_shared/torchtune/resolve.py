@@ -23,9 +23,9 @@ import yaml
 from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.defaults import Choice, TokenLengths, choose_defaults
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
-from kfp_finetune.components.torchtune_finetune.config import TorchtuneConfig
-from kfp_finetune.components.torchtune_finetune.defaults import Choice, TokenLengths, choose_defaults
 
 log = get_logger(__name__)
 
@@ -232,7 +232,7 @@ def resolve_run(
         packs(config)
     _check_paths_inside(config, run_dir)
     if validate:  # torch's checks: where training runs (torch_checks.py); here only when asked
-        from kfp_finetune.components.torchtune_finetune.torch_checks import check_resolved
+        from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
 
         check_resolved(config)
 
