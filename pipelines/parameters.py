@@ -102,7 +102,7 @@ TABLE: tuple[Parameter, ...] = (
        "with several).",
        "dataset_initialize.data_format"),
     _p("data_csv_delimiter", str, "",
-       "Column separator of CSV/TSV files, one character such as ; or | (\\t for a tab); empty: , for .csv, a tab "
+       "Column separator of CSV/TSV files, one character such as ; (\\t for a tab); empty: a comma for .csv, a tab "
        "for .tsv.",
        "dataset_initialize.csv_delimiter"),
     _p("data_subset", str, "",
