@@ -137,6 +137,6 @@ def dataset_initialize(
             output_eval=eval,
             base_model_path=model_path,
             max_seq_len=max_seq_len if max_seq_len > 0 else None,
-            train_on_input=unset.switch("train_on_input", train_on_input),
-            new_system_prompt=unset.value("new_system_prompt", new_system_prompt),
+            train_on_input=unset.switch("tune_train_on_input", train_on_input),
+            new_system_prompt=unset.value("tune_new_system_prompt", new_system_prompt),
         )

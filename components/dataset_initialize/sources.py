@@ -214,7 +214,7 @@ class Source:
         if empty:
             raise ConfigError(
                 f"{self.uri}: config {name!r} of its {DATASET_CARD} names no existing files for split(s) "
-                f"{', '.join(empty)} (data_files {patterns!r})"
+                f"{', '.join(empty)} (`data_files`: {patterns!r})"
             )
         log.info("reading config %r of %s (splits %s)", name, self.uri, ", ".join(splits))
         return splits
