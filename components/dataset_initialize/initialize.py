@@ -239,6 +239,11 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
             held_out = _canonical(source.load(p["eval_split"], p["num_proc"]), rename, schema, source.format)
             eval_source = p["eval_split"]
         elif p["eval_fraction"]:
+            if math.ceil(len(train.ds) * p["eval_fraction"]) >= len(train.ds):  # as `datasets` rounds it
+                raise DatasetValidationError(
+                    f"data_eval_fraction={p['eval_fraction']:g} of {len(train.ds)} row(s) leaves none to train on: "
+                    "add rows, or set data_eval_fraction=0 (none held out) or data_eval_split"
+                )
             # Rows keep their SOURCE_ROW through the shuffle, so errors still name the file's own lines.
             parts = train.ds.train_test_split(test_size=p["eval_fraction"], seed=p["seed"], shuffle=True)
             train, held_out = Loaded(parts["train"], train.where), Loaded(parts["test"], train.where)

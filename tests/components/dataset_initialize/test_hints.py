@@ -231,3 +231,11 @@ def test_a_named_split_and_a_fraction_both_set_conflict(tmp_path, capsys):
     assert "data_eval_split='test' and data_eval_fraction=0.1 both choose the held-out rows" in line, line
     line = error_line(capsys, tmp_path, tmp_path / "d", data_eval_fraction=1.5)
     assert "data_eval_fraction must be in [0, 1), or -1" in line, line
+
+
+def test_a_held_out_share_that_leaves_no_training_rows_names_data_eval_fraction(tmp_path, capsys):
+    (tmp_path / "one.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    line = error_line(capsys, tmp_path, tmp_path / "one.jsonl")
+    assert "data_eval_fraction=0.05 of 1 row(s) leaves none to train on" in line, line
+    out = step(tmp_path, tmp_path / "one.jsonl", data_eval_fraction=0.0)
+    assert (out.train["num_rows"], out.eval["num_rows"]) == (1, 0)
