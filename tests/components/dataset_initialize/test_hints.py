@@ -212,6 +212,20 @@ def test_data_eval_split_alone_is_the_held_out_split(tmp_path):
     assert out.eval["source_split"] == "test"
 
 
+@pytest.mark.slow
+def test_data_eval_split_alone_through_the_prepare_inputs_pipeline(tiny_llama, tmp_path):
+    """The same through kfp.local: the compiled pipeline passes its defaults and the one parameter set."""
+    from kfp_finetune.commands.run_local import run_pipeline_locally
+    from kfp_finetune.pipelines import PIPELINES
+
+    arguments = {"model_uri": str(tiny_llama), "data_uri": str(split_folder(tmp_path / "d"))}
+    task = run_pipeline_locally(
+        PIPELINES["prepare-inputs"], {**arguments, "data_eval_split": "test"}, tmp_path
+    )
+    train, eval_ = task.outputs["train"].metadata, task.outputs["eval"].metadata
+    assert (train["num_rows"], eval_["num_rows"], eval_["source_split"]) == (40, 7, "test")
+
+
 def test_without_a_named_split_the_default_holds_out_five_percent(tmp_path):
     out = step(tmp_path, split_folder(tmp_path / "d"))
     assert (out.train["num_rows"], out.eval["num_rows"]) == (38, 2)
