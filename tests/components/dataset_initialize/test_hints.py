@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -20,7 +21,7 @@ from kfp_finetune.components.dataset_initialize.component import dataset_initial
 from kfp_finetune.components.dataset_initialize.initialize import iter_rows
 from kfp_finetune.pipelines.parameters import PARAMETERS, REQUIRED, TABLE, Values
 from tests.support.hub_standin import HubStandin
-from tests.support.sources import hub_env, result, run_python
+from tests.support.sources import hub_env, moto_s3, result, run_python, use_s3_credentials
 
 ROWS = [{"input": f"question {i}", "output": f"answer {i}"} for i in range(40)]
 
@@ -156,6 +157,23 @@ def test_a_folder_with_two_configs_names_data_subset_and_reads_the_chosen_config
     assert "data_subset='de' is not a config" in line and "en, fr" in line, line
     line = error_line(capsys, tmp_path, tmp_path / "repo" / "en", data_subset="en")
     assert "data_subset='en'" in line and "no configs" in line, line
+
+
+def test_an_s3_copy_of_a_two_config_folder_reads_the_chosen_config(tmp_path, monkeypatch):
+    use_s3_credentials(monkeypatch)
+    content = two_config_folder(tmp_path / "repo")
+    with moto_s3() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="data")
+        for path in (tmp_path / "repo").rglob("*"):
+            if path.is_file():
+                client.upload_file(
+                    str(path), "data", f"langs/{path.relative_to(tmp_path / 'repo').as_posix()}"
+                )
+        out = step(
+            tmp_path, "s3://data/langs", data_subset="fr", data_eval_fraction=0.0, s3_endpoint_url=endpoint
+        )
+    assert rows_of(out.train, tmp_path) == content["fr/part-0.jsonl"]
 
 
 STEP_FROM_HUB = """
