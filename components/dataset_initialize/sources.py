@@ -11,9 +11,7 @@ Messages name the settings as a pipeline user sets them (`data_format`, `data_su
 
 from __future__ import annotations
 
-import ast
 import csv
-import fnmatch
 import io
 import json
 import os
@@ -26,83 +24,22 @@ from pathlib import Path, PurePosixPath
 from kfp_finetune.components._shared import storage, unset
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.dataset_initialize.cards import DATASET_CARD, config_splits, hub_config_names
+from kfp_finetune.components.dataset_initialize.formats import (
+    BUILDERS,
+    DELIMITERS,
+    column_separator,
+    detect_format,
+)
 
 log = get_logger(__name__)
 
-FORMATS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-    ".txt": "text",
-}
-FORMAT_PREFERENCE = ("parquet", "arrow", "json", "csv", "tsv", "text")  # typed formats first
-FORMAT_ALIASES = {"jsonl": "json", "txt": "text"}  # data_format values that name a format by its file suffix
-# The `datasets` packaged builder of a format whose name differs, and the column separator of delimited formats.
-BUILDERS = {"tsv": "csv"}
-DELIMITERS = {"csv": ",", "tsv": "\t"}
-DELIMITER_NAMES = {"\\t": "\t", "tab": "\t"}  # data_csv_delimiter spellings of a tab a text field can carry
 DEFAULT_EVAL_FRACTION = 0.05  # held out when data_eval_fraction is unset (-1) and no data_eval_split is named
-COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
-# Files beside the data that are not data (HF dataset cards, save_to_disk metadata).
-NOT_DATA = ("README.md", ".gitattributes", "dataset_info.json", "state.json", "dataset_dict.json")
-DATASET_CARD = "README.md"  # its YAML header may declare configs (subsets), each with its own data files
 SOURCE_ROW = "__source_row"  # the row's index in the source split(s), kept until validation
 
 
 class DatasetValidationError(ValueError):
     """The data does not fit the dataset type; the message names the columns and first bad rows."""
-
-
-def _suffix(path: str) -> str:
-    pure = PurePosixPath(path)
-    if pure.suffix in COMPRESSION_SUFFIXES:
-        pure = pure.with_suffix("")
-    return pure.suffix.lower()
-
-
-def detect_format(paths: list[str], explicit: str = "") -> tuple[str, list[str]]:
-    """The format of these files (a FORMATS value) and the data files among them."""
-    candidates = [p for p in paths if PurePosixPath(p).name not in NOT_DATA]
-    if explicit:
-        explicit = FORMAT_ALIASES.get(explicit.strip().lower(), explicit.strip().lower())
-        if explicit not in set(FORMATS.values()):
-            raise ConfigError(
-                f"data_format {explicit!r} is not one of json, jsonl, csv, tsv, parquet, arrow, text"
-            )
-        matching = [p for p in candidates if FORMATS.get(_suffix(p)) == explicit]
-        return explicit, matching or candidates
-    formats = {FORMATS[_suffix(p)] for p in candidates if _suffix(p) in FORMATS}
-    if not formats:
-        raise ConfigError(
-            f"no data files (json, jsonl, csv, tsv, parquet, arrow, txt) among: {', '.join(paths[:10])}; "
-            "set data_format (json, csv, tsv, parquet, arrow or text) if the files have other extensions"
-        )
-    # The same data is often published in several formats (e.g. jsonl + parquet): take the most exact one.
-    fmt = next(f for f in FORMAT_PREFERENCE if f in formats)
-    if len(formats) > 1:
-        log.warning(
-            "found %s files; reading the %s ones (set data_format to one of %s to choose)",
-            sorted(formats), fmt, ", ".join(sorted(formats)),
-        )  # fmt: skip
-    return fmt, [p for p in candidates if FORMATS.get(_suffix(p)) == fmt]
-
-
-def column_separator(fmt: str, given: str = "") -> str | None:
-    """The column separator for files of format `fmt` (None where it has none): `given` (data_csv_delimiter: one
-    character, or `\\t` / `tab` for a tab), else `,` for CSV and a tab for TSV."""
-    if fmt not in DELIMITERS:
-        return None
-    if not given:
-        return DELIMITERS[fmt]
-    delimiter = DELIMITER_NAMES.get(given.strip().lower(), given)
-    if len(delimiter) != 1 or delimiter in '"\r\n':
-        raise ConfigError(
-            f"data_csv_delimiter must be one character such as ; or | (\\t for a tab), got {given!r}"
-        )
-    return delimiter
 
 
 def held_out_fraction(eval_split: str, eval_fraction: float) -> float:
@@ -162,8 +99,8 @@ class Source:
         self.config_splits: dict[str, list[str]] | None = None  # split -> files of the chosen config
         self.format, self.data_files = "", []
         if not self.is_hub:
+            self.config_splits = config_splits(uri, listing, subset, scratch)
             paths = [f.path for f in listing.files]
-            self.config_splits = self._config_splits(paths)
             if self.config_splits is not None:
                 paths = sorted({p for files in self.config_splits.values() for p in files})
             self.format, self.data_files = detect_format(paths, data_format)
@@ -179,63 +116,6 @@ class Source:
                 self._local_root = self.raw
                 storage.download(self.listing, self.data_files, self._local_root)
         return self._local_root
-
-    def _config_splits(self, paths: list[str]) -> dict[str, list[str]] | None:
-        """{split: files} of the chosen config when the folder's dataset card declares configs with data files;
-        None when it declares none (then file names give the splits, as in `datasets`)."""
-        configs = self._card_configs(paths)
-        if not configs:
-            if self.subset:
-                raise ConfigError(
-                    f"data_subset={self.subset!r}, but {self.uri} has no configs (no {DATASET_CARD} declaring "
-                    "them): leave data_subset empty"
-                )
-            return None
-        name = self.subset or configs.get_default_config_name()
-        if name is None:
-            raise ConfigError(
-                f"{self.uri} has {len(configs)} configs ({', '.join(configs)}, declared in its {DATASET_CARD}): "
-                "set data_subset to one of them"
-            )
-        if name not in configs:
-            raise ConfigError(
-                f"data_subset={name!r} is not a config of {self.uri}: choose one of {', '.join(configs)}"
-            )
-        patterns = configs[name].get("data_files")
-        if not patterns:
-            return None
-        from datasets.data_files import sanitize_patterns
-
-        splits = {
-            split: sorted(p for p in paths if any(fnmatch.fnmatch(p, g.removeprefix("./")) for g in globs))
-            for split, globs in sanitize_patterns(patterns).items()
-        }
-        empty = [split for split, files in splits.items() if not files]
-        if empty:
-            raise ConfigError(
-                f"{self.uri}: config {name!r} of its {DATASET_CARD} names no existing files for split(s) "
-                f"{', '.join(empty)} (`data_files`: {patterns!r})"
-            )
-        log.info("reading config %r of %s (splits %s)", name, self.uri, ", ".join(splits))
-        return splits
-
-    def _card_configs(self, paths: list[str]):
-        """The configs the folder's dataset card declares (datasets' MetadataConfigs: name -> parameters)."""
-        from datasets.utils.metadata import MetadataConfigs
-        from huggingface_hub import DatasetCard
-
-        if DATASET_CARD not in paths:
-            return MetadataConfigs()
-        if self.listing.uri.scheme == "file":
-            root = Path(self.listing.uri.path)
-            card = (root if root.is_dir() else root.parent) / DATASET_CARD
-        else:
-            storage.download(self.listing, [DATASET_CARD], self.scratch / "card")
-            card = self.scratch / "card" / DATASET_CARD
-        try:
-            return MetadataConfigs.from_dataset_card_data(DatasetCard.load(card).data)
-        except ValueError as err:  # a malformed `configs:` list
-            raise ConfigError(f"{self.uri}: the configs of its {DATASET_CARD} cannot be read: {err}") from err
 
     def load(self, expression: str, num_proc: int) -> Loaded:
         """The rows of a split expression (`train`, `train[:3000]`, `train[90%:]+test`).
@@ -304,12 +184,15 @@ class Source:
                 raise DatasetValidationError(f"{self.uri}: split {split!r} is empty (no rows)") from exc
             if "Unknown split" in str(exc) or "Bad split" in str(exc):
                 raise ValueError(f"{self.uri}: split {split!r}: {exc}") from exc
-            if (configs := _hub_config_names(str(exc))) is not None:
-                hint = f"{self.uri} has {len(configs)} configs ({', '.join(configs)}): "
+            if (configs := hub_config_names(str(exc))) is not None:
+                names = ", ".join(configs)
                 if self.subset:
-                    hint = f"data_subset={self.subset!r} is not a config of {self.uri}: choose one of "
-                    raise ConfigError(hint + ", ".join(configs)) from exc
-                raise ConfigError(hint + "set data_subset to one of them") from exc
+                    raise ConfigError(
+                        f"data_subset={self.subset!r} is not a config of {self.uri}: choose one of {names}"
+                    ) from exc
+                raise ConfigError(
+                    f"{self.uri} has {len(configs)} configs ({names}): set data_subset to one of them"
+                ) from exc
             raise
 
     def _files_by_split(self, root: Path) -> dict[str, list[str]]:
@@ -326,7 +209,7 @@ class Source:
     def _split_naming(self) -> str:
         if self.config_splits is None:
             return "named as in `datasets`: train*, validation*/dev*, test*/eval*"
-        return f"the data_files of its {DATASET_CARD} config"
+        return f"the `data_files` of its {DATASET_CARD} config"
 
     def _load_hub_split(self, split: str, cache_dir: str, num_proc: int | None):
         """A split read by `datasets` from the hub, its downloaded files checked against the listing's sha256 /
@@ -366,15 +249,6 @@ class Source:
             log.warning("%s; fetching %d damaged file(s) again", damaged[0], len(damaged))
             shutil.rmtree(cache_dir, ignore_errors=True)  # the split prepared from them
         raise AssertionError("unreachable")
-
-
-def _hub_config_names(message: str) -> list[str] | None:
-    """The config names in the `datasets` error for a missing or unknown config name (datasets/builder.py
-    `_create_builder_config`), or None for any other error."""
-    found = re.search(
-        r"(?:Config name is missing|BuilderConfig '.*' not found)\.?.*?(\[.*?\])", message, re.S
-    )
-    return [str(name) for name in ast.literal_eval(found[1])] if found else None
 
 
 def _check_one_column(uri: str, file: str, header: str, delimiter: str) -> None:

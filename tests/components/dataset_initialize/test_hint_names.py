@@ -37,7 +37,7 @@ def messages(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("name", ["sources.py", "component.py"])
+@pytest.mark.parametrize("name", ["sources.py", "formats.py", "cards.py", "component.py"])
 def test_messages_name_pipeline_parameters_not_component_arguments(name):
     shown = messages(FOLDER / name)
     assert shown
