@@ -158,6 +158,7 @@ def initialize_dataset(
     seed: int = 42,
     data_format: str = "",
     subset: str = "",
+    csv_delimiter: str = "",
     rows_per_shard: int = 100_000,
     num_proc: int = 1,
     s3_endpoint_url: str = "",
@@ -185,7 +186,8 @@ def initialize_dataset(
     final = area_dir(workspace_path, "datasets", name)
     listing = storage.list_files(parsed, repo_type="dataset", endpoint_url=s3_endpoint_url or None)
     source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
-    params = [dataset_type, column_map, train_split, eval_split, eval_fraction, seed, data_format, subset]
+    params = [dataset_type, column_map, train_split, eval_split, eval_fraction, seed, data_format, subset,
+              csv_delimiter]  # fmt: skip
     fingerprint = hashlib.sha256(
         json.dumps([listing.fingerprint(f.path for f in listing.files), params, rows_per_shard]).encode()
     ).hexdigest()
@@ -199,7 +201,8 @@ def initialize_dataset(
         manifest = _build(
             listing, final, fingerprint, source_uri=source_uri, name=name, dataset_type=dataset_type,
             column_map=column_map, train_split=train_split, eval_split=eval_split, eval_fraction=eval_fraction,
-            seed=seed, data_format=data_format, subset=subset, rows_per_shard=rows_per_shard, num_proc=num_proc,
+            seed=seed, data_format=data_format, subset=subset, csv_delimiter=csv_delimiter,
+            rows_per_shard=rows_per_shard, num_proc=num_proc,
         )  # fmt: skip
 
     packed = None
@@ -223,7 +226,8 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
     # (named like atomic_dir's temp dirs, so remove_stale_temps also clears one a killed run left).
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.tmp-scratch-") as scratch:
         raw = partial_path(final)  # downloads: kept across a killed or retried attempt, removed once written
-        source = Source(p["source_uri"], listing, p["data_format"], p["subset"], Path(scratch), raw)
+        source = Source(p["source_uri"], listing, p["data_format"], p["subset"], Path(scratch), raw,
+                        csv_delimiter=p["csv_delimiter"])  # fmt: skip
         where = p["source_uri"] + (f" (commit {listing.commit_sha})" if listing.commit_sha else "")
         log.info("loading split %r from %s", p["train_split"], where)
         train = source.load(p["train_split"], p["num_proc"])
@@ -235,6 +239,11 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
             held_out = _canonical(source.load(p["eval_split"], p["num_proc"]), rename, schema, source.format)
             eval_source = p["eval_split"]
         elif p["eval_fraction"]:
+            if math.ceil(len(train.ds) * p["eval_fraction"]) >= len(train.ds):  # as `datasets` rounds it
+                raise DatasetValidationError(
+                    f"data_eval_fraction={p['eval_fraction']:g} of {len(train.ds)} row(s) leaves none to train on: "
+                    "add rows, or set data_eval_fraction=0 (none held out) or data_eval_split"
+                )
             # Rows keep their SOURCE_ROW through the shuffle, so errors still name the file's own lines.
             parts = train.ds.train_test_split(test_size=p["eval_fraction"], seed=p["seed"], shuffle=True)
             train, held_out = Loaded(parts["train"], train.where), Loaded(parts["test"], train.where)
