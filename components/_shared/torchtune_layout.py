@@ -221,7 +221,8 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "{builder} builds the output layer the other way (gemma families tie it, llama 3.2 and qwen2 follow "
         "config.json, the others keep separate weights); no supported family builds this model (e.g. SmolLM2: "
         "llama layers with tied embeddings and a GPT-2 style tokenizer.json)",
-        arg="tie_word_embeddings", defaults={"gemma": True, "gemma2": True},
+        arg="tie_word_embeddings",
+        defaults={"llama": False, "mistral": False, "qwen2": False, "phi3": False, "gemma": True, "gemma2": True},
     ),
     LayoutField(
         "attention_bias", frozenset({"llama", "gemma", "gemma2"}), lambda v, c, f: not v,
