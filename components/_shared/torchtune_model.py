@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfp_finetune.components._shared import torchtune_files, torchtune_layout
+from kfp_finetune.components._shared import torchtune_files, torchtune_layout, torchtune_tokenizer_files
 from kfp_finetune.components._shared.errors import ConfigError
 
 
@@ -209,22 +209,38 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
     model = ModelDir(path, family, hf_config, checkpoint_files=checkpoint_files)
     for arg, relative in family.tokenizer_files.items():
         if not (path / relative).is_file():
-            raise ConfigError(_missing_tokenizer_file(path, family, relative))
+            refused = torchtune_tokenizer_files.derivation_refused(path, _tokenizer_file_names(family))
+            if refused is not None:
+                raise ConfigError(_missing_tokenizer_file(path, family, relative, refused))
         model.tokenizer_paths[arg] = str(path / relative)
     if (path / "tokenizer.json").is_file():
         model.special_tokens_path = str(path / "tokenizer.json")
     return model
 
 
-def _missing_tokenizer_file(path: Path, family: Family, relative: str) -> str:
+def derive_missing_tokenizer_files(path: Path) -> list[str]:
+    """At model-initialize: write the family's tokenizer files the repo does not ship where its tokenizer.json
+    holds them exactly (torchtune_tokenizer_files); the names written. Anything else is left to the checks."""
+    try:
+        family = FAMILIES[detect_family(path, json.loads((path / "config.json").read_text()))]
+    except (OSError, ValueError):  # ConfigError included: refused later, with its message
+        return []
+    return torchtune_tokenizer_files.derive_tokenizer_files(path, _tokenizer_file_names(family))
+
+
+def _tokenizer_file_names(family: Family) -> tuple[str, ...]:
+    return tuple(family.tokenizer_files.values())
+
+
+def _missing_tokenizer_file(path: Path, family: Family, relative: str, refused: str) -> str:
     """The real reason: the model ships no such file (model-initialize fetches every tokenizer file it has)."""
-    needed = " + ".join(family.tokenizer_files.values())
+    needed = " + ".join(_tokenizer_file_names(family))
     message = (
         f"the model in {path} ships no {relative} ({_TOKENIZER_KINDS.get(relative, 'a tokenizer file')}), which "
         f"torchtune 0.6.1's {family.name} tokenizer ({family.tokenizer.rpartition('.')[2]}) needs ({needed})"
     )
     if (path / "tokenizer.json").is_file():
-        message += "; it cannot read the model's tokenizer.json instead"
+        message += f"; {refused}"
     return (
         f"{message}. If the model keeps its base model's vocabulary, add the base model's {needed} to the "
         "model's repo or folder; otherwise torchtune 0.6.1 cannot tokenize for it"

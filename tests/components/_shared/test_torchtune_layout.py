@@ -253,15 +253,17 @@ def test_an_unsupported_family_names_the_supported_ones_the_nearest_and_the_engi
 
 
 @pytest.mark.parametrize(
-    ("family", "missing", "kind"),
+    ("family", "missing", "kind", "reason"),
     [
-        ("llama3_2", "original/tokenizer.model", "the Llama 3 tiktoken file"),
-        ("qwen2_5", "vocab.json", "the BPE vocabulary"),
-        ("mistral", "tokenizer.model", "the SentencePiece model"),
+        ("llama3_2", "original/tokenizer.model", "the Llama 3 tiktoken file",
+         "cannot read the model's tokenizer.json instead"),
+        # a tokenizer.json holding the BPE: derived instead (test_torchtune_tokenizer_files.py)
+        ("qwen2_5", "vocab.json", "the BPE vocabulary", "it has no readable tokenizer.json to derive them from"),
+        ("mistral", "tokenizer.model", "the SentencePiece model", "cannot read the model's tokenizer.json instead"),
     ],
-)
+)  # fmt: skip
 def test_a_tokenizer_file_the_repo_does_not_ship_is_refused_with_the_real_reason(
-    family, missing, kind, tmp_path
+    family, missing, kind, reason, tmp_path
 ):
     files = [name for name in BASES[family][1] if name != missing] + ["tokenizer.json"]
     folder = model_folder(tmp_path, family, weights=False, tokenizer_files=sorted(set(files)))
@@ -269,6 +271,6 @@ def test_a_tokenizer_file_the_repo_does_not_ship_is_refused_with_the_real_reason
         inspect_model_dir(folder, weights_required=False)
     message = str(refused.value)
     assert f"ships no {missing} ({kind}), which torchtune 0.6.1's" in message
-    assert "cannot read the model's tokenizer.json instead" in message
+    assert reason in message
     assert "add the base model's" in message
     assert "download it with the model" not in message
