@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kfp_finetune.components._shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kfp_finetune.components._shared.torchtune_model import Family
 
 SUPPORTED_FAMILIES = (
     "llama (Llama 2, Code Llama, Llama 3, 3.1, 3.2 text, 3.3), mistral (Mistral 7B), gemma, gemma2, "
@@ -47,35 +50,35 @@ _ALL = frozenset({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2"})
 @dataclass(frozen=True)
 class Unsupported:
     name: str
-    why: str  # what torchtune 0.6.1 lacks
+    why: str  # why it is not served: what torchtune 0.6.1 (or this project) lacks
     nearest: str  # the nearest supported choice, or "" where there is none
 
 
 UNSUPPORTED: dict[str, Unsupported] = {
     u_type: u
     for u_type, u in [
-        ("qwen3", Unsupported("Qwen3", "no Qwen3 family (q/k RMSNorm)", "Qwen2.5 (e.g. Qwen/Qwen2.5-7B-Instruct)")),
-        ("qwen3_moe", Unsupported("Qwen3-MoE", "no mixture-of-experts layers", "Qwen2.5 (dense)")),
-        ("qwen2_moe", Unsupported("Qwen2-MoE", "no mixture-of-experts layers", "Qwen2.5 (dense)")),
-        ("mixtral", Unsupported("Mixtral", "no mixture-of-experts layers", "Mistral 7B")),
-        ("llama4", Unsupported("Llama 4", "no mixture-of-experts or vision layers",
+        ("qwen3", Unsupported("Qwen3", "torchtune 0.6.1 has no Qwen3 family (q/k RMSNorm)", "Qwen2.5 (e.g. Qwen/Qwen2.5-7B-Instruct)")),
+        ("qwen3_moe", Unsupported("Qwen3-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "Qwen2.5 (dense)")),
+        ("qwen2_moe", Unsupported("Qwen2-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "Qwen2.5 (dense)")),
+        ("mixtral", Unsupported("Mixtral", "torchtune 0.6.1 has no mixture-of-experts layers", "Mistral 7B")),
+        ("llama4", Unsupported("Llama 4", "torchtune 0.6.1 has no mixture-of-experts layers",
                                "Llama 3.1 / 3.3 (e.g. meta-llama/Llama-3.1-8B-Instruct)")),
-        ("mllama", Unsupported("Llama 3.2 Vision", "no training on images here",
+        ("mllama", Unsupported("Llama 3.2 Vision", "this project tunes text-only models",
                                "Llama 3.2 text (meta-llama/Llama-3.2-1B or -3B)")),
-        ("gemma3", Unsupported("Gemma 3", "no Gemma 3 family (and no training on images here)",
+        ("gemma3", Unsupported("Gemma 3", "torchtune 0.6.1 has no Gemma 3 family",
                                "Gemma 2 (e.g. google/gemma-2-2b-it)")),
-        ("gemma3_text", Unsupported("Gemma 3 (text)", "no Gemma 3 family (q/k norms, local/global RoPE)",
+        ("gemma3_text", Unsupported("Gemma 3 (text)", "torchtune 0.6.1 has no Gemma 3 family (q/k norms, local/global RoPE)",
                                     "Gemma 2 (e.g. google/gemma-2-2b-it)")),
-        ("granite", Unsupported("Granite", "no family with Granite's embedding, residual and logit multipliers", "")),
-        ("granitemoe", Unsupported("Granite-MoE", "no mixture-of-experts layers", "")),
-        ("olmo2", Unsupported("OLMo 2", "no family with OLMo 2's post-norms and q/k norms", "")),
-        ("smollm3", Unsupported("SmolLM3", "no family with SmolLM3's RoPE-free layers", "")),
-        ("gpt_oss", Unsupported("gpt-oss", "no mixture-of-experts layers", "")),
-        ("phi4mm", Unsupported("Phi-4-multimodal", "no training on images or audio here",
+        ("granite", Unsupported("Granite", "torchtune 0.6.1 has no family with Granite's embedding, residual and logit multipliers", "")),
+        ("granitemoe", Unsupported("Granite-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "")),
+        ("olmo2", Unsupported("OLMo 2", "torchtune 0.6.1 has no family with OLMo 2's post-norms and q/k norms", "")),
+        ("smollm3", Unsupported("SmolLM3", "torchtune 0.6.1 has no family with SmolLM3's RoPE-free layers", "")),
+        ("gpt_oss", Unsupported("gpt-oss", "torchtune 0.6.1 has no mixture-of-experts layers", "")),
+        ("phi4mm", Unsupported("Phi-4-multimodal", "this project tunes text-only models",
                                "Phi-4 (microsoft/phi-4) or Phi-3 4k")),
-        ("phi3_v", Unsupported("Phi-3-vision", "no training on images here", "Phi-3 4k (microsoft/Phi-3-mini-4k-instruct)")),
-        ("qwen2_vl", Unsupported("Qwen2-VL", "no training on images here", "Qwen2.5 (text)")),
-        ("qwen2_5_vl", Unsupported("Qwen2.5-VL", "no training on images here", "Qwen2.5 (text)")),
+        ("phi3_v", Unsupported("Phi-3-vision", "this project tunes text-only models", "Phi-3 4k (microsoft/Phi-3-mini-4k-instruct)")),
+        ("qwen2_vl", Unsupported("Qwen2-VL", "this project tunes text-only models", "Qwen2.5 (text)")),
+        ("qwen2_5_vl", Unsupported("Qwen2.5-VL", "this project tunes text-only models", "Qwen2.5 (text)")),
     ]
 }  # fmt: skip
 
@@ -87,7 +90,7 @@ def refuse_model_type(model_type: Any, config_file: str) -> ConfigError:
         what = f"unknown architecture model_type={model_type!r} in {config_file}"
         nearest = ""
     else:
-        what = f"{known.name} (model_type {model_type!r} in {config_file}) is not supported: torchtune 0.6.1 has {known.why}"
+        what = f"{known.name} (model_type {model_type!r} in {config_file}) is not supported: {known.why}"
         nearest = f"; the nearest supported choice is {known.nearest}" if known.nearest else ""
     return ConfigError(
         f"{what}; choose a model of a supported family: {SUPPORTED_FAMILIES}{nearest}; {_ENGINE_2}"
@@ -138,11 +141,11 @@ def _head_dim(hf_config: dict) -> int | None:
     return hf_config["hidden_size"] // hf_config["num_attention_heads"]
 
 
-def _window_is_neutral(window: Any, hf_config: dict, family: Any = None) -> bool:
+def _window_is_neutral(window: Any, hf_config: dict, family: Family | None = None) -> bool:
     return window is None or window >= hf_config.get("max_position_embeddings", 0)
 
 
-def _qwen2_window_is_neutral(use_sliding_window: Any, hf_config: dict, family: Any) -> bool:
+def _qwen2_window_is_neutral(use_sliding_window: Any, hf_config: dict, family: Family) -> bool:
     # transformers' Qwen2 slides only with use_sliding_window, and only from layer max_window_layers on.
     return (
         not use_sliding_window
@@ -162,8 +165,10 @@ class LayoutField:
 
     key: str  # as written in config.json (`rope_scaling.x`: inside rope_scaling or rope_parameters)
     read_by: frozenset[str]  # model_types whose transformers class reads it
-    neutral: Callable[[Any, dict, Any], bool]  # (value, config.json, Family): the builder computes the same
-    fix: str  # what to do when neither carried nor neutral; may name {builder}, {head_dim}, {max_positions}
+    neutral: Callable[
+        [Any, dict, Family], bool
+    ]  # (value, config.json, family): the builder computes the same
+    fix: str  # what to do when neither carried nor neutral; may name {builder} and {head_dim}
     arg: str | None = None  # the builder argument carrying it, where the family's builder takes one
     defaults: dict[str, Any] = field(default_factory=dict)  # transformers' value per model_type when omitted
     read: Callable[[dict], Any] | None = None  # how to read it when not a plain top-level key
@@ -281,7 +286,7 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
 
 def carry_layout(
     node: dict,
-    family: Any,
+    family: Family,
     hf_config: dict,
     component: str,
     accepted: set[str],
@@ -313,8 +318,7 @@ def carry_layout(
             if layout.arg in full_accepted and layout.arg not in accepted:
                 fix = f"{{builder}} takes no {layout.arg}, though the family's full builder does: set tune_method=full"
             fix = fix.format(
-                builder=f"torchtune 0.6.1's {component.rpartition('.')[2]}",
+                builder=f"torchtune 0.6.1's {component.rpartition('.')[2]} builder",
                 head_dim=_head_dim(hf_config),
-                max_positions=hf_config.get("max_position_embeddings"),
             )
             raise ConfigError(f"{name} = {value!r} in {config_file}: {fix}")

@@ -71,7 +71,7 @@ def build_on_meta(node):
 # (family, config.json overrides, what the error must say: the field, its value and the fix)
 REFUSED = [
     ("llama2", {"rope_scaling": {"type": "linear", "factor": 2.0}},
-     r"rope_scaling.rope_type = 'linear' in .*config.json: torchtune 0.6.1's llama2 builds plain RoPE"),
+     r"rope_scaling.rope_type = 'linear' in .*config.json: torchtune 0.6.1's llama2 builder builds plain RoPE"),
     ("llama2", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, r"rope_scaling.rope_type = 'dynamic'"),
     ("llama3", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0}},
      r"rope_parameters.rope_type = 'yarn'"),
@@ -99,7 +99,7 @@ REFUSED = [
     ("gemma", {"use_bidirectional_attention": True}, r"use_bidirectional_attention = True"),
     # SmolLM2: llama layers with tied embeddings (and only a GPT-2 style tokenizer.json).
     ("llama2", {"tie_word_embeddings": True, "vocab_size": 49152},
-     r"tie_word_embeddings = True .*llama2 builds the output layer the other way.*SmolLM2"),
+     r"tie_word_embeddings = True .*llama2 builder builds the output layer the other way.*SmolLM2"),
     ("llama3_1", {"tie_word_embeddings": True}, r"tie_word_embeddings = True .*llama3_1"),
     ("gemma", {"tie_word_embeddings": False}, r"tie_word_embeddings = False"),
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0},
@@ -212,7 +212,7 @@ def test_code_llama_lora_is_refused_because_torchtunes_lora_builder_drops_its_ro
     config = {**BASES["llama2"][0], "vocab_size": 32016, "rope_theta": 1e6, "max_position_embeddings": 16384}
     assert builder_node(FAMILIES["code_llama2"], config)["rope_base"] == 1e6
     with pytest.raises(
-        ConfigError, match=r"rope_theta = 1000000.0 .*lora_llama2 takes no rope_base.*tune_method=full"
+        ConfigError, match=r"rope_theta = 1000000.0 .*lora_llama2 builder takes no rope_base.*tune_method=full"
     ):
         builder_node(FAMILIES["code_llama2"], config, {"lora_rank": 8})
 
