@@ -212,7 +212,8 @@ def test_code_llama_lora_is_refused_because_torchtunes_lora_builder_drops_its_ro
     config = {**BASES["llama2"][0], "vocab_size": 32016, "rope_theta": 1e6, "max_position_embeddings": 16384}
     assert builder_node(FAMILIES["code_llama2"], config)["rope_base"] == 1e6
     with pytest.raises(
-        ConfigError, match=r"rope_theta = 1000000.0 .*lora_llama2 builder takes no rope_base.*tune_method=full"
+        ConfigError,
+        match=r"rope_theta = 1000000.0 .*lora_llama2 builder takes no rope_base.*tune_method=full",
     ):
         builder_node(FAMILIES["code_llama2"], config, {"lora_rank": 8})
 
