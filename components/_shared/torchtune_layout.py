@@ -218,6 +218,10 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         arg="head_dim", defaults={"gemma": 256, "gemma2": 256},
     ),
     LayoutField(
+        "intermediate_size", _ALL, lambda v, c, f: False, "{builder} takes no MLP width", arg="intermediate_dim",
+        defaults={"llama": 11008, "mistral": 14336, "qwen2": 22016, "gemma": 24576, "gemma2": 9216, "phi3": 8192},
+    ),
+    LayoutField(
         "rms_norm_eps", _ALL, lambda v, c, f: False, "{builder} takes no norm epsilon", arg="norm_eps",
         defaults={"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "gemma": 1e-6, "gemma2": 1e-6, "phi3": 1e-5},
     ),

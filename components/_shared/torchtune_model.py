@@ -77,7 +77,6 @@ _HF_TO_BUILDER = {
     "num_attention_heads": "num_heads",
     "num_key_value_heads": "num_kv_heads",
     "hidden_size": "embed_dim",
-    "intermediate_size": "intermediate_dim",
     "max_position_embeddings": "max_seq_len",
 }
 _QWEN2_ONLY_SPECIAL = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}

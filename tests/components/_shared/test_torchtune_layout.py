@@ -170,6 +170,7 @@ CARRIED = [
     ("llama3_2", {"rope_theta": OMIT, "rope_scaling": OMIT,
                   "rope_parameters": {**_LLAMA3_ROPE, "factor": 32.0, "rope_theta": 500000.0}}, "scale_factor", 32.0),
     ("llama2", {"rms_norm_eps": OMIT}, "norm_eps", 1e-6),
+    ("llama3", {"intermediate_size": OMIT}, "intermediate_dim", 11008),  # the builder would compute 256 for dim 64
     ("phi3", {"rms_norm_eps": OMIT}, "norm_eps", 1e-5),
     ("gemma", {"head_dim": OMIT}, "head_dim", 256),
     ("gemma2", {}, "hidden_capping_value", 50.0),
