@@ -40,9 +40,8 @@ _ENGINE_2 = (
 # torchtune/models/llama3_1/_position_embeddings.py: Llama3ScaledRoPE's defaults, which the llama3_1 / llama3_2
 # builders keep (they pass only scale_factor).
 _LLAMA3_ROPE = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
-_ROPE_BASE = (
-    10000.0  # transformers' rope_theta when config.json has none, and RotaryPositionalEmbeddings' base
-)
+# transformers' rope_theta when config.json has none, and RotaryPositionalEmbeddings' base.
+_ROPE_BASE = 10000.0
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")  # both the tanh approximation, as torchtune's nn.GELU("tanh")
 _ALL = frozenset({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2"})
 
@@ -165,9 +164,8 @@ class LayoutField:
 
     key: str  # as written in config.json (`rope_scaling.x`: inside rope_scaling or rope_parameters)
     read_by: frozenset[str]  # model_types whose transformers class reads it
-    neutral: Callable[
-        [Any, dict, Family], bool
-    ]  # (value, config.json, family): the builder computes the same
+    # (value, config.json, family) -> the family's builder computes the same without carrying it
+    neutral: Callable[[Any, dict, Family], bool]
     fix: str  # what to do when neither carried nor neutral; may name {builder} and {head_dim}
     arg: str | None = None  # the builder argument carrying it, where the family's builder takes one
     defaults: dict[str, Any] = field(default_factory=dict)  # transformers' value per model_type when omitted
