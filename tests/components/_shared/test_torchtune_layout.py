@@ -276,3 +276,55 @@ def test_a_tokenizer_file_the_repo_does_not_ship_is_refused_with_the_real_reason
     assert reason in message
     assert "add the base model's" in message
     assert "download it with the model" not in message
+
+
+_PHI3_LONGROPE = {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0] * 48}
+# The models named in issue 23, with the config.json fields that decide their layout as the released files set them.
+REAL_WORLD = {
+    "Mistral-Nemo-Instruct-2407": ({"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
+        "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 131072, "max_position_embeddings": 1024000, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+        "sliding_window": None}, r"head_dim = 128 .*= 160"),
+    "Phi-3.5-mini-instruct": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rope_scaling": _PHI3_LONGROPE,
+        "sliding_window": 262144, "rms_norm_eps": 1e-5}, r"rope_scaling.rope_type = 'longrope'"),
+    "Phi-4-mini-instruct": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+        "rope_scaling": _PHI3_LONGROPE, "tie_word_embeddings": True, "sliding_window": 262144, "rms_norm_eps": 1e-5},
+        r"rope_scaling.rope_type = 'longrope'"),
+    "SmolLM2-1.7B-Instruct": ({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 49152,
+        "max_position_embeddings": 8192, "rope_theta": 130000, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+        "attention_bias": False, "mlp_bias": False, "rope_scaling": None}, r"tie_word_embeddings = True"),
+    "Mistral-7B-v0.1": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+        "max_position_embeddings": 32768, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "sliding_window": 4096},
+        {"max_seq_len": 4096}),
+    "Phi-3-mini-4k-instruct": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+        "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rope_scaling": None,
+        "sliding_window": 2047, "rms_norm_eps": 1e-5}, {"max_seq_len": 2047}),
+    "Llama-3.2-1B saved by transformers 5": ({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+        "rope_parameters": {**_LLAMA3_ROPE, "factor": 32.0, "rope_theta": 500000.0}},
+        {"_component_": "torchtune.models.llama3_2.llama3_2", "rope_base": 500000.0, "scale_factor": 32.0}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REAL_WORLD))
+def test_the_models_of_issue_23_are_refused_or_carried_as_their_config_json_says(name, tmp_path):
+    hf_config, expected = REAL_WORLD[name]
+    folder = tmp_path / "model"
+    (folder / "original").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(hf_config))
+    for tokenizer_file in ("tokenizer.model", "original/tokenizer.model"):
+        (folder / tokenizer_file).write_text("")
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError, match=expected):
+            inspect_model_dir(folder, weights_required=False)
+    else:
+        node = inspect_model_dir(folder, weights_required=False).model_node()
+        assert {key: node[key] for key in expected} == expected
