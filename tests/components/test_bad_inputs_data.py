@@ -47,6 +47,25 @@ def parquet(folder: Path, name: str, rows: list[dict]) -> Path:
     return path
 
 
+def turn(role: str, content: str) -> dict:
+    return {"role": role, "content": content}
+
+
+def chat(src: Path, messages: list[dict]) -> dict:
+    """Chat data whose second line is the conversation given (the first is a good one)."""
+    good = {"messages": [turn("user", "hi"), turn("assistant", "hello")]}
+    return {
+        "source_uri": str(write(src, "train.jsonl", jsonl([good, {"messages": messages}]))),
+        "dataset_type": "chat",
+    }
+
+
+def sharegpt(src: Path, turns: list[tuple[str, str]]) -> dict:
+    good = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+    bad = {"conversations": [{"from": speaker, "value": value} for speaker, value in turns]}
+    return {"source_uri": str(write(src, "train.jsonl", jsonl([good, bad]))), "dataset_type": "chat"}
+
+
 def truncated_parquet(src: Path) -> str:
     path = parquet(src, "train.parquet", GOOD * 50)
     path.write_bytes(path.read_bytes()[:-40])
@@ -201,6 +220,92 @@ DATASET_ROWS = [
             "dataset_type": "chat",
         },
         ["train.jsonl line 1", "'bot'"],
+    ),
+    (
+        "chat-tool-role",
+        lambda s: chat(s, [turn("user", "weather?"), turn("assistant", "calling"), turn("tool", "sunny")]),
+        [
+            "train.jsonl line 2",
+            "message 2 is a tool turn (role 'tool')",
+            "torchtune 0.6.1",
+            "take the tool turns out",
+        ],
+    ),
+    (
+        "chat-tool-calls",
+        lambda s: chat(
+            s,
+            [
+                turn("user", "weather?"),
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+                },
+            ],
+        ),  # fmt: skip
+        ["train.jsonl line 2", "message 1 is a tool turn (tool_calls)", "torchtune 0.6.1"],
+    ),
+    (
+        "chat-ipython-role",
+        lambda s: chat(s, [turn("user", "run it"), turn("ipython", "42"), turn("assistant", "42")]),
+        ["train.jsonl line 2", "role 'ipython'", "system, user and assistant"],
+    ),
+    (
+        "sharegpt-function-call",
+        lambda s: sharegpt(s, [("human", "weather?"), ("function_call", "{}"), ("gpt", "sunny")]),
+        ["train.jsonl line 2", "from 'function_call'", "tool turn"],
+    ),
+    (
+        "chat-user-only",
+        lambda s: chat(s, [turn("user", "hello?")]),
+        ["train.jsonl line 2", "has no assistant turn", "nothing to learn"],
+    ),
+    (
+        "chat-system-and-user-without-assistant",
+        lambda s: chat(s, [turn("system", "be brief"), turn("user", "hello?")]),
+        ["train.jsonl line 2", "has no assistant turn"],
+    ),
+    (
+        "chat-empty-assistant-turn",
+        lambda s: chat(s, [turn("user", "hello?"), turn("assistant", "  ")]),
+        ["train.jsonl line 2", "message 1 (assistant) is empty", "Fix or remove"],
+    ),
+    (
+        "sharegpt-empty-gpt-turn",
+        lambda s: sharegpt(s, [("human", "hello?"), ("gpt", "")]),
+        ["train.jsonl line 2", "message 1 (gpt) is empty"],
+    ),
+    (
+        "chat-turns-out-of-order",
+        lambda s: chat(s, [turn("assistant", "hi"), turn("user", "hello?")]),
+        ["train.jsonl line 2", "message 0 (assistant) does not follow a user turn"],
+    ),
+    (
+        "wrong-type-at-line-5000",
+        lambda s: {
+            "source_uri": str(
+                write(s, "train.jsonl", jsonl([*GOOD * 1249, GOOD[0], {"input": 5, "output": "x"}]))
+            ),
+        },
+        ["train.jsonl line 4998", "'input'", "1 of 4998 rows", "input is int 5"],
+    ),
+    (
+        "wrong-type-list-output-at-a-late-line",
+        lambda s: {
+            "source_uri": str(
+                write(s, "train.jsonl", jsonl([*GOOD * 1250, {"input": "q", "output": ["a"]}]))
+            ),
+        },
+        ["train.jsonl line 5001", "'output'", "output is list ['a']", "strings"],
+    ),
+    (
+        "column-map-two-columns-from-one",
+        lambda s: {
+            "source_uri": str(write(s, "train.jsonl", jsonl([{"q": "a"}] * 3))),
+            "column_map": {"input": "q", "output": "q"},
+        },
+        ["data_column_map", "'input' and 'output'", "same source column 'q'"],
     ),
     (
         "text-data-without-text-column",
