@@ -390,6 +390,48 @@ def test_dataset_initialize_refuses(tmp_path, workspace, builder, fragments):
     assert not Path(train.path).exists() and not train.metadata
 
 
+# Rows only the base model's tokenizer can find (dataset-initialize tokenizes every train row for its packs): the
+# parquet entry stays (it is valid data, reused by a rerun with a longer tune_max_seq_len), no packs are kept.
+# (id, builder(src) -> initialize_dataset keyword arguments, message fragments)
+LONG = " ".join(f"word{i}" for i in range(150))  # about 300 tokens of the tiny tokenizer
+DATASET_TOKEN_ROWS = [
+    (
+        "prompts-longer-than-max-seq-len",
+        lambda s: {
+            "source_uri": str(write(s, "train.jsonl", jsonl([*GOOD, {"input": LONG, "output": "x"}] * 2))),
+            "max_seq_len": 128,
+        },
+        ["2 of 10 training rows", "fills max_seq_len 128", "train.jsonl line 5; train.jsonl line 10",
+         "more than 1%", "set tune_max_seq_len to at least"],
+    ),
+    (
+        "emoji-prompts-count-in-tokens",
+        lambda s: {
+            "source_uri": str(write(s, "train.jsonl", jsonl([*GOOD, *[{"input": "🙂" * 300, "output": "x"}] * 2]))),
+            "max_seq_len": 1024,
+        },
+        ["2 of 6 training rows", "fills max_seq_len 1024", "train.jsonl line 5", "train.jsonl line 6"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("builder", "fragments"), [r[1:] for r in DATASET_TOKEN_ROWS], ids=[r[0] for r in DATASET_TOKEN_ROWS]
+)
+def test_dataset_initialize_refuses_rows_by_their_tokens(tmp_path, workspace, tiny_llama, builder, fragments):
+    src = tmp_path / "src"
+    src.mkdir()
+    train, eval_ = artifact(tmp_path, "train"), artifact(tmp_path, "eval")
+    with pytest.raises(DATASET_ERRORS) as caught:
+        initialize_dataset(
+            workspace_path=str(workspace), output_train=train, output_eval=eval_, base_model_path=tiny_llama,
+            **builder(src),
+        )  # fmt: skip
+    assert_message(caught.value, fragments)
+    assert not list(workspace.glob("datasets/*/packs/*")), "packs were kept"
+    assert not Path(train.path).exists() and not train.metadata
+
+
 # --- model-initialize -----------------------------------------------------------------------------------------
 
 
