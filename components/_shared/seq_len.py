@@ -78,14 +78,27 @@ def too_many_unfit(unfit: int, rows: int) -> str:
 
 
 def unfit_message(
-    unfit: int, rows: int, max_seq_len: int, needed: int, named: Sequence[str], refused: str
+    unfit: int,
+    rows: int,
+    max_seq_len: int,
+    needed: int,
+    named: Sequence[str],
+    refused: str,
+    max_position_embeddings: int | None = None,
 ) -> str:
-    """The line that refuses (`refused`: why) or reports rows whose prompt fills max_seq_len, naming the first few."""
+    """The line that refuses (`refused`: why) or reports rows whose prompt fills max_seq_len, naming the first few
+    and the fix (none longer than the model's `max_position_embeddings`, when known)."""
     shown = "; ".join(named) + (" …" if unfit > len(named) else "")
     what = (
-        f"{unfit} of {rows} training rows have a prompt that fills max_seq_len {max_seq_len} (cut there, they keep "
+        f"{unfit} of {rows} training rows have a prompt that fills max_seq_len={max_seq_len} (cut there, they keep "
         f"no trained token): {shown}"
     )
+    fix = FIX.format(needed=needed)
+    if max_position_embeddings and needed > max_position_embeddings:
+        fix = (
+            f"set tune_train_on_input=true, or remove them (they need {needed} tokens, more than the model's "
+            f"{max_position_embeddings})"
+        )
     if refused:
-        return f"{what}. That is {refused}. Fix: {FIX.format(needed=needed)}"
-    return f"{what}. They train nothing; to train on them: {FIX.format(needed=needed)}"
+        return f"{what}. That is {refused}. Fix: {fix}"
+    return f"{what}. They train nothing; to train on them: {fix}"

@@ -83,7 +83,10 @@ def pack_train(
                 result.max_seq_len, "set" if max_seq_len else "99th percentile of the rows, rounded up to 256, capped by the model",
                 result.num_packs, result.pack_seconds, result.truncated_rows,
             )  # fmt: skip
-            unfit = _unfit(result, stats["count"], where or (lambda i: f"train row {i}"))
+            unfit = _unfit(
+                result, stats["count"], where or (lambda i: f"train row {i}"),
+                model.hf_config.get("max_position_embeddings"),
+            )  # fmt: skip
             record = {
                 "token_stats": stats,
                 "max_seq_len": result.max_seq_len,
@@ -112,7 +115,7 @@ def pack_train(
     }
 
 
-def _unfit(result, rows: int, where: Callable[[int], str]) -> str:
+def _unfit(result, rows: int, where: Callable[[int], str], max_position_embeddings: int | None) -> str:
     """The warning about the rows left out of the packs (empty: none); raises when they are too many."""
     from kfp_finetune.components._shared import seq_len
 
@@ -120,7 +123,9 @@ def _unfit(result, rows: int, where: Callable[[int], str]) -> str:
         return ""
     count, refused = len(result.unfit_rows), seq_len.too_many_unfit(len(result.unfit_rows), rows)
     named = [where(i) for i in result.unfit_rows[:MAX_NAMED_ROWS]]
-    message = seq_len.unfit_message(count, rows, result.max_seq_len, result.unfit_needed, named, refused)
+    message = seq_len.unfit_message(
+        count, rows, result.max_seq_len, result.unfit_needed, named, refused, max_position_embeddings
+    )
     if refused:
         raise DatasetValidationError(message)
     message = f"left out of the packs: {message}"
