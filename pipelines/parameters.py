@@ -158,9 +158,9 @@ TABLE: tuple[Parameter, ...] = (
        "A LoRA adapter on the output projection (not with tied embeddings): true, false or auto (the base config's).",
        "torchtune_finetune.apply_lora_to_output"),
     _p("tune_max_seq_len", int, -1,
-       "Truncate (or pack) examples to this many tokens; -1: on GPUs (and for the packs dataset-initialize "
-       "writes) the 99th percentile of the tokenized lengths rounded up to 256, raised so the longest masked "
-       "prompt keeps a trained token, capped by the model; on CPU the base config's (usually no limit).",
+       "Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the tokenized lengths "
+       "(never set by the single longest row) rounded up to 256, capped by the model, on every device; rows "
+       "whose prompt fills it train nothing and are counted (more than 1% of the rows is refused).",
        "torchtune_finetune.max_seq_len", "dataset_initialize.max_seq_len"),
     _p("tune_num_warmup_steps", int, -1,
        "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's.",

@@ -84,9 +84,10 @@ def dataset_initialize(
             the fine-tune step then trains on these packs without tokenizing on any rank when it resolves the
             same tokenizer, template, masking (train_on_input, new_system_prompt: pass it the same values) and
             max_seq_len. Needs torchtune in the image (else the step logs that no packs were written).
-        max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths,
-            rounded up to a multiple of 256, raised so the longest masked prompt keeps a trained token, capped by
-            the model's max_position_embeddings. Longer rows are cut.
+        max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths
+            (never set by the single longest row), rounded up to a multiple of 256, capped by the model's
+            max_position_embeddings. Longer rows are cut; rows whose masked prompt fills it are left out of the
+            packs and named by file and line; more than 1% of the rows is refused.
         train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually only
             the response).
         new_system_prompt: A system prompt prepended to every example; empty: none.

@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,26 +192,28 @@ def initialize_dataset(
         json.dumps([listing.fingerprint(f.path for f in listing.files), params, rows_per_shard]).encode()
     ).hexdigest()
 
+    def pack(manifest: dict, where: Callable[[int], str] | None = None) -> dict | None:
+        if not (base_model_path and manifest["splits"].get("train", {}).get("num_rows")):
+            return None
+        hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
+                 **_torchtune_hints(manifest["data_style"])}  # fmt: skip
+        return pack_train(
+            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc,
+            train_on_input=bool(train_on_input), new_system_prompt=new_system_prompt, where=where,
+        )  # fmt: skip
+
     manifest = _present_copy_matches(final, fingerprint)
     skipped = manifest is not None
     if skipped:
         log.info("datasets/%s already holds %s with a matching manifest: skipping", name, source_uri)
+        packed = pack(manifest)  # rows named by their number in the written split: the sources are not read
     else:
         remove_stale_temps(final)
-        manifest = _build(
-            listing, final, fingerprint, source_uri=source_uri, name=name, dataset_type=dataset_type,
+        manifest, packed = _build(
+            listing, final, fingerprint, pack, source_uri=source_uri, name=name, dataset_type=dataset_type,
             column_map=column_map, train_split=train_split, eval_split=eval_split, eval_fraction=eval_fraction,
             seed=seed, data_format=data_format, subset=subset, csv_delimiter=csv_delimiter,
             rows_per_shard=rows_per_shard, num_proc=num_proc,
-        )  # fmt: skip
-
-    packed = None
-    if base_model_path and manifest["splits"].get("train", {}).get("num_rows"):
-        hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
-                 **_torchtune_hints(manifest["data_style"])}  # fmt: skip
-        packed = pack_train(
-            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc,
-            train_on_input=bool(train_on_input), new_system_prompt=new_system_prompt,
         )  # fmt: skip
     train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
     eval_meta = _artifact_metadata(manifest, "eval", final, workspace_path, skipped)
@@ -220,7 +222,11 @@ def initialize_dataset(
     return DatasetInitResult(final, manifest, train_meta, eval_meta, skipped)
 
 
-def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict:
+def _build(
+    listing: storage.Listing, final: Path, fingerprint: str, pack: Callable, **p
+) -> tuple[dict, dict | None]:
+    """Write the entry; then `pack(manifest, where)` while the sources can still be read, so the rows packing
+    finds unfit are named by file and line (`where(i)`: written train row i)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     # Scratch (downloads + Arrow cache) lives beside the entry, on the workspace volume, and is always removed
     # (named like atomic_dir's temp dirs, so remove_stale_temps also clears one a killed run left).
@@ -299,8 +305,9 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
                 "created_at": utc_now(),
             }
             write_json_atomic(tmp / MANIFEST, manifest)
+        packed = pack(manifest, lambda row: train.where(train.ds[row][SOURCE_ROW]))
     shutil.rmtree(raw, ignore_errors=True)
-    return manifest
+    return manifest, packed
 
 
 def _data_columns(loaded: Loaded) -> list[str]:

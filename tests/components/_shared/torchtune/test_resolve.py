@@ -238,13 +238,24 @@ def test_every_typed_field_lands_at_its_torchtune_key(tiny_llama, data_file, tmp
 
 
 def test_chat_and_text_datasets(tiny_llama, data_file, tmp_path):
+    # validate=False: the nodes are checked, not the instruct rows of data_file against them (prompt_fit)
     chat = resolve(
-        tiny_llama, data_file, tmp_path, dataset={"dataset_type": "chat", "conversation_style": "sharegpt"}
+        tiny_llama,
+        data_file,
+        tmp_path,
+        validate=False,
+        dataset={"dataset_type": "chat", "conversation_style": "sharegpt"},
     )
     assert chat.config["dataset"]["_component_"] == "torchtune.datasets.chat_dataset"
     assert (chat.config["dataset"]["conversation_column"], chat.config["dataset"]["conversation_style"]) == (
         "messages", "sharegpt")  # fmt: skip
-    text = resolve(tiny_llama, data_file, tmp_path, dataset={"dataset_type": "text", "text_column": "body"})
+    text = resolve(
+        tiny_llama,
+        data_file,
+        tmp_path,
+        validate=False,
+        dataset={"dataset_type": "text", "text_column": "body"},
+    )
     assert text.config["dataset"]["_component_"] == "torchtune.datasets.text_completion_dataset"
     assert text.config["dataset"]["column"] == "body"
     hub = resolve(tiny_llama, None, tmp_path, dataset={"source": "tatsu-lab/alpaca", "split": "train[:100]"})
