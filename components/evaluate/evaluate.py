@@ -6,10 +6,12 @@ Plain Python: the KFP component only unpacks its artifacts and calls `run_compon
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metri
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
-from kfp_finetune.components.evaluate import scoring
+from kfp_finetune.components.evaluate import confidence, scoring
 from kfp_finetune.components.evaluate.placement import Trained, choose_placement, visible_hardware
 
 log = get_logger(__name__)
@@ -54,6 +56,7 @@ class EvalSettings:
     device: str = "auto"
     gate_metric: str = "eval_loss"
     min_improvement: float = 0.0
+    confidence: float = confidence.DEFAULT_CONFIDENCE
     thresholds: dict[str, float] = field(default_factory=dict)
     lm_eval_tasks: list[str] = field(default_factory=list)
     lm_eval_limit: int = 0  # 0: every task example
@@ -67,6 +70,7 @@ class EvalSettings:
         for name in ("max_samples", "max_seq_len", "lm_eval_limit", "report_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more (got {getattr(self, name)})")
+        confidence.check_confidence(self.confidence)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N] (got {self.device!r})")
         # lm-eval metric names are known only after the tasks ran; the others are checked before any work.
@@ -350,25 +354,45 @@ def run_evaluate(
         )  # fmt: skip
         del loaded
 
-    tuned_values = summarize(scores["tuned"], examples)
-    base = summarize(scores["base"], examples) if "base" in scores else None
+    per_example = {label: example_scores(result, examples) for label, result in scores.items()}
+    tuned_values = summarize(scores["tuned"], per_example["tuned"])
+    base = summarize(scores["base"], per_example["base"]) if "base" in scores else None
+    intervals, missing = {}, {}
+    if base is not None:
+        intervals, missing = bootstrap_intervals(per_example, settings)
     if settings.lm_eval_tasks:
         from kfp_finetune.components.evaluate.lm_eval_tasks import run_lm_eval
 
-        for label, folder, values in (("tuned", tuned_dir, tuned_values), ("base", base_dir, base)):
-            if folder is not None and values is not None:
-                values.update(run_lm_eval(folder, settings, device, max_seq_len, label=label))
+        lm_eval = {
+            label: run_lm_eval(folder, settings, device, max_seq_len, label=label)
+            for label, folder in (("tuned", tuned_dir), ("base", base_dir))
+            if folder is not None
+        }
+        tuned_values.update(lm_eval["tuned"].values)
+        if base is not None:
+            base.update(lm_eval["base"].values)
+            found, unknown = lm_eval_intervals(lm_eval["tuned"], lm_eval["base"], settings.confidence)
+            intervals.update(found)
+            missing.update(unknown)
 
     gate = scoring.quality_gate(
-        tuned_values, base, settings.gate_metric, settings.min_improvement, settings.thresholds
+        tuned_values,
+        base,
+        settings.gate_metric,
+        settings.min_improvement,
+        settings.thresholds,
+        interval=intervals.get(settings.gate_metric),
+        no_interval_reason=missing.get(settings.gate_metric, ""),
     )
     for line in gate.reasons:
-        log.info("quality gate: %s", line)
-    log.info("quality gate %s", "PASSED" if gate.passed else "FAILED")
+        log.info("quality gate check: %s", line)
+    log.info("quality gate: %s", gate.summary)
 
     samples = sample_records(examples, scores)
     wall = time.monotonic() - started
-    metrics = flat_metrics(tuned_values, base, gate, len(examples), scores["tuned"].loss_tokens, wall)
+    metrics = flat_metrics(
+        tuned_values, base, gate, intervals, len(examples), scores["tuned"].loss_tokens, wall
+    )
     steps = training_steps(workspace, model)
     context = {
         "tuned_model": contract.TunedModel.from_metadata(model.metadata, input_name="model").model_path,
@@ -382,7 +406,9 @@ def run_evaluate(
         "max_new_tokens": settings.max_new_tokens,
         "wall_seconds": round(wall, 1),
     }
-    html = render_report(tuned_values, base, gate, samples[: settings.report_samples], steps, context)
+    html = render_report(
+        tuned_values, base, gate, intervals, samples[: settings.report_samples], steps, context
+    )
 
     output_dir = area_dir(workspace, "eval", output_name)
     with atomic_dir(output_dir) as tmp:
@@ -398,14 +424,100 @@ def run_evaluate(
     return EvalResult(metrics, tuned_values, base, gate, samples, html, output_dir, samples_metadata)
 
 
-def summarize(scores: Any, examples: list) -> dict[str, float]:
+def example_scores(scores: Any, examples: list) -> dict[str, list[float | None]]:
+    """Per example: its mean loss on the response tokens and its generation scores (None where it has none)."""
+    per_example: dict[str, list[float | None]] = {"eval_loss": list(scores.example_losses)}
+    for name in scoring.GENERATION_METRICS:
+        per_example[name] = [
+            None if g is None else scoring.score_generation(g, e.reference)[name]
+            for g, e in zip(scores.generations, examples, strict=True)
+        ]
+    per_example["tokens"] = [float(n) for n in scores.example_tokens]
+    return per_example
+
+
+def summarize(scores: Any, per_example: dict[str, list[float | None]]) -> dict[str, float]:
     """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
     values = {"eval_loss": scores.eval_loss, "perplexity": _perplexity(scores.eval_loss)}
-    pairs = [(g, e.reference) for g, e in zip(scores.generations, examples, strict=True) if g is not None]
     for name in scoring.GENERATION_METRICS:
-        if pairs:
-            values[name] = sum(scoring.score_generation(g, r)[name] for g, r in pairs) / len(pairs)
+        scored = [v for v in per_example[name] if v is not None]
+        if scored:
+            values[name] = sum(scored) / len(scored)
     return values
+
+
+def bootstrap_intervals(
+    per_example: dict[str, dict[str, list[float | None]]], settings: EvalSettings
+) -> tuple[dict[str, confidence.Interval], dict[str, str]]:
+    """The paired bootstrap interval of the improvement for each metric with per-example scores, computed as
+    its summary is: eval_loss weighted by response tokens, perplexity as exp of that weighted mean loss,
+    generation scores as plain means. Returns (intervals, why not) by metric."""
+    tuned, base = per_example["tuned"], per_example["base"]
+    intervals, missing = {}, {}
+    for metric, source, transform in (
+        ("eval_loss", "eval_loss", None),
+        ("perplexity", "eval_loss", _perplexity),
+        *((name, name, None) for name in scoring.GENERATION_METRICS),
+    ):
+        weighted = source == "eval_loss"
+        rows = [
+            i
+            for i, (t, b) in enumerate(zip(tuned[source], base[source], strict=True))
+            if t is not None and b is not None and (not weighted or tuned["tokens"][i])
+        ]
+        if not rows:
+            continue
+        if len(rows) < confidence.MIN_EXAMPLES:
+            missing[metric] = (
+                f"only {len(rows)} eval example has {metric} for both models: at least "
+                f"{confidence.MIN_EXAMPLES} are needed to measure the eval set's noise (raise eval_max_samples "
+                "or data_eval_fraction)"
+            )
+            continue
+
+        intervals[metric] = confidence.paired_bootstrap(
+            [tuned[source][i] for i in rows],
+            [base[source][i] for i in rows],
+            [tuned["tokens"][i] if weighted else 1.0 for i in rows],
+            functools.partial(_mean_improvement, metric, transform),
+            confidence=settings.confidence,
+            seed=settings.seed,
+        )
+    return intervals, missing
+
+
+def _mean_improvement(
+    metric: str, transform: Callable[[float], float] | None, tuned_mean: float, base_mean: float
+) -> float:
+    if transform is not None:
+        tuned_mean, base_mean = transform(tuned_mean), transform(base_mean)
+    return scoring.improvement(metric, tuned_mean, base_mean)
+
+
+def lm_eval_intervals(
+    tuned: Any, base: Any, level: float
+) -> tuple[dict[str, confidence.Interval], dict[str, str]]:
+    """lm-eval reports per-task aggregates, not per-example scores: a normal interval from its standard errors
+    (confidence.normal_interval). Returns (intervals, why not) by metric."""
+    intervals, missing = {}, {}
+    for metric, value in tuned.values.items():
+        if metric not in base.values:
+            continue
+        errors = (tuned.stderrs.get(metric), base.stderrs.get(metric))
+        if None in errors:
+            missing[metric] = (
+                f"lm-eval reported no standard error for {metric}, so the eval set's noise is unknown: gate on "
+                "eval_loss or a generation metric (eval_gate_metric), or on a task metric lm-eval gives a "
+                "standard error for"
+            )
+            continue
+        intervals[metric] = confidence.normal_interval(
+            scoring.improvement(metric, value, base.values[metric]),
+            *errors,
+            confidence=level,
+            examples=tuned.examples.get(metric, 0),
+        )
+    return intervals, missing
 
 
 def _perplexity(loss: float) -> float:
@@ -437,16 +549,22 @@ def flat_metrics(
     tuned: dict[str, float],
     base: dict[str, float] | None,
     gate: scoring.GateResult,
+    intervals: dict[str, confidence.Interval],
     num_samples: int,
     response_tokens: int,
     wall: float,
 ) -> dict[str, float]:
-    """The Metrics artifact: tuned_*, base_*, delta_* (tuned - base) per metric, and the gate's outcome."""
+    """The Metrics artifact: tuned_*, base_*, delta_* (tuned - base) per metric, the improvement's confidence
+    interval (<metric>_improvement_ci_low/high, at `confidence`), and the gate's outcome."""
     metrics = {f"tuned_{k}": v for k, v in tuned.items()}
     for name, value in (base or {}).items():
         metrics[f"base_{name}"] = value
         if name in tuned:
             metrics[f"delta_{name}"] = tuned[name] - value
+    for name, interval in intervals.items():
+        metrics[f"{name}_improvement_ci_low"] = interval.low
+        metrics[f"{name}_improvement_ci_high"] = interval.high
+        metrics["confidence"] = interval.confidence
     metrics.update(
         num_samples=float(num_samples),
         response_tokens=float(response_tokens),
