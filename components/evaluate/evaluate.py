@@ -28,6 +28,7 @@ from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, scoring
+from kfp_finetune.components.evaluate.lm_eval_tasks import LmEvalScores
 from kfp_finetune.components.evaluate.placement import Trained, choose_placement, visible_hardware
 
 log = get_logger(__name__)
@@ -474,7 +475,6 @@ def bootstrap_intervals(
                 "or data_eval_fraction)"
             )
             continue
-
         intervals[metric] = confidence.paired_bootstrap(
             [tuned[source][i] for i in rows],
             [base[source][i] for i in rows],
@@ -495,7 +495,7 @@ def _mean_improvement(
 
 
 def lm_eval_intervals(
-    tuned: Any, base: Any, level: float
+    tuned: LmEvalScores, base: LmEvalScores, level: float
 ) -> tuple[dict[str, confidence.Interval], dict[str, str]]:
     """lm-eval reports per-task aggregates, not per-example scores: a normal interval from its standard errors
     (confidence.normal_interval). Returns (intervals, why not) by metric."""

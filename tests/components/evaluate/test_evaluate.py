@@ -322,6 +322,9 @@ def test_outputs_in_the_workspace_samples_and_report(evaluation, trained):
     for key in ("tuned_eval_loss", "base_eval_loss", "tuned_exact_match", "base_exact_match"):
         assert f"{evaluation.metrics[key]:.4g}" in html, key
     assert "PASSED" in html and "training loss" in html and "<svg" in html
+    low, high = (evaluation.metrics[f"exact_match_improvement_ci_{end}"] for end in ("low", "high"))
+    assert 0 < low < evaluation.metrics["delta_exact_match"] < high
+    assert "improvement, 95% CI" in html and f"[{low:+.4g}, {high:+.4g}]" in html
     assert PROMPT_PREFIX in html  # the sample table
     assert "<script" not in html and 'src="http' not in html
 
@@ -645,7 +648,7 @@ def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_datas
     metrics = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert {"tuned_lm_eval_kfp_tiny_acc", "base_lm_eval_kfp_tiny_acc"} <= set(metrics)
     assert metrics["tuned_lm_eval_kfp_tiny_perplexity"] < metrics["base_lm_eval_kfp_tiny_perplexity"]
-    assert metrics["passed"] == 1.0
+    assert metrics["passed"] == 1.0 and metrics["lm_eval_kfp_tiny_perplexity_improvement_ci_low"] > 0
 
 
 def test_lm_eval_needs_the_extra(workspace, monkeypatch):
