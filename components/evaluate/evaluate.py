@@ -385,8 +385,9 @@ def run_evaluate(
         interval=intervals.get(settings.gate_metric),
         no_interval_reason=missing.get(settings.gate_metric, ""),
     )
-    for line in gate.reasons:
-        log.info("quality gate check: %s", line)
+    if len(gate.reasons) > 1:  # the summary names only the failed checks
+        for line in gate.reasons:
+            log.info("quality gate check: %s", line)
     log.info("quality gate: %s", gate.summary)
 
     samples = sample_records(examples, scores)

@@ -93,13 +93,14 @@ def render_report(
 ) -> str:
     verdict = "PASSED" if gate.passed else "FAILED"
     level = next(iter(intervals.values())).percent if intervals else ""
+    checks = ""
+    if len(gate.reasons) > 1:  # each check on its own line: the summary names only the failed ones
+        checks = "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in gate.reasons) + "</ul>"
     sections = [
         html_report.section(
             "Quality gate",
             f'<p class="{"good" if gate.passed else "bad"}"><b>{verdict}</b> '
-            f"(gate metric {escape(gate.metric)})</p><p>{escape(gate.summary)}</p><ul>"
-            + "".join(f"<li>{escape(line)}</li>" for line in gate.reasons)
-            + "</ul>",
+            f"(gate metric {escape(gate.metric)})</p><p>{escape(gate.summary)}</p>" + checks,
         ),
         html_report.section(
             "Base vs tuned",
