@@ -6,12 +6,9 @@ Plain Python: the KFP component only unpacks its artifacts and calls `run_compon
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +24,7 @@ from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metri
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
-from kfp_finetune.components.evaluate import confidence, scoring
-from kfp_finetune.components.evaluate.lm_eval_tasks import LmEvalScores
+from kfp_finetune.components.evaluate import confidence, paired, scoring
 from kfp_finetune.components.evaluate.placement import Trained, choose_placement, visible_hardware
 
 log = get_logger(__name__)
@@ -355,12 +351,14 @@ def run_evaluate(
         )  # fmt: skip
         del loaded
 
-    per_example = {label: example_scores(result, examples) for label, result in scores.items()}
-    tuned_values = summarize(scores["tuned"], per_example["tuned"])
-    base = summarize(scores["base"], per_example["base"]) if "base" in scores else None
+    per_example = {label: paired.example_scores(result, examples) for label, result in scores.items()}
+    tuned_values = paired.summarize(scores["tuned"], per_example["tuned"])
+    base = paired.summarize(scores["base"], per_example["base"]) if "base" in scores else None
     intervals, missing = {}, {}
     if base is not None:
-        intervals, missing = bootstrap_intervals(per_example, settings)
+        intervals, missing = paired.bootstrap_intervals(
+            per_example, confidence=settings.confidence, seed=settings.seed
+        )
     if settings.lm_eval_tasks:
         from kfp_finetune.components.evaluate.lm_eval_tasks import run_lm_eval
 
@@ -372,7 +370,7 @@ def run_evaluate(
         tuned_values.update(lm_eval["tuned"].values)
         if base is not None:
             base.update(lm_eval["base"].values)
-            found, unknown = lm_eval_intervals(lm_eval["tuned"], lm_eval["base"], settings.confidence)
+            found, unknown = paired.lm_eval_intervals(lm_eval["tuned"], lm_eval["base"], settings.confidence)
             intervals.update(found)
             missing.update(unknown)
 
@@ -424,108 +422,6 @@ def run_evaluate(
         columns=list(samples[0]) if samples else [],
     ).to_metadata()
     return EvalResult(metrics, tuned_values, base, gate, samples, html, output_dir, samples_metadata)
-
-
-def example_scores(scores: Any, examples: list) -> dict[str, list[float | None]]:
-    """Per example: its mean loss on the response tokens and its generation scores (None where it has none)."""
-    per_example: dict[str, list[float | None]] = {"eval_loss": list(scores.example_losses)}
-    for name in scoring.GENERATION_METRICS:
-        per_example[name] = [
-            None if g is None else scoring.score_generation(g, e.reference)[name]
-            for g, e in zip(scores.generations, examples, strict=True)
-        ]
-    per_example["tokens"] = [float(n) for n in scores.example_tokens]
-    return per_example
-
-
-def summarize(scores: Any, per_example: dict[str, list[float | None]]) -> dict[str, float]:
-    """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
-    values = {"eval_loss": scores.eval_loss, "perplexity": _perplexity(scores.eval_loss)}
-    for name in scoring.GENERATION_METRICS:
-        scored = [v for v in per_example[name] if v is not None]
-        if scored:
-            values[name] = sum(scored) / len(scored)
-    return values
-
-
-def bootstrap_intervals(
-    per_example: dict[str, dict[str, list[float | None]]], settings: EvalSettings
-) -> tuple[dict[str, confidence.Interval], dict[str, str]]:
-    """The paired bootstrap interval of the improvement for each metric with per-example scores, computed as
-    its summary is: eval_loss weighted by response tokens, perplexity as exp of that weighted mean loss,
-    generation scores as plain means. Returns (intervals, why not) by metric."""
-    tuned, base = per_example["tuned"], per_example["base"]
-    intervals, missing = {}, {}
-    for metric, source, transform in (
-        ("eval_loss", "eval_loss", None),
-        ("perplexity", "eval_loss", _perplexity),
-        *((name, name, None) for name in scoring.GENERATION_METRICS),
-    ):
-        weighted = source == "eval_loss"
-        rows = [
-            i
-            for i, (t, b) in enumerate(zip(tuned[source], base[source], strict=True))
-            if t is not None and b is not None and (not weighted or tuned["tokens"][i])
-        ]
-        if not rows:
-            continue
-        if len(rows) < confidence.MIN_EXAMPLES:
-            missing[metric] = (
-                f"only {len(rows)} eval example has {metric} for both models: at least "
-                f"{confidence.MIN_EXAMPLES} are needed to measure the eval set's noise (raise eval_max_samples "
-                "or data_eval_fraction)"
-            )
-            continue
-        intervals[metric] = confidence.paired_bootstrap(
-            [tuned[source][i] for i in rows],
-            [base[source][i] for i in rows],
-            [tuned["tokens"][i] if weighted else 1.0 for i in rows],
-            functools.partial(_mean_improvement, metric, transform),
-            confidence=settings.confidence,
-            seed=settings.seed,
-        )
-    return intervals, missing
-
-
-def _mean_improvement(
-    metric: str, transform: Callable[[float], float] | None, tuned_mean: float, base_mean: float
-) -> float:
-    if transform is not None:
-        tuned_mean, base_mean = transform(tuned_mean), transform(base_mean)
-    return scoring.improvement(metric, tuned_mean, base_mean)
-
-
-def lm_eval_intervals(
-    tuned: LmEvalScores, base: LmEvalScores, level: float
-) -> tuple[dict[str, confidence.Interval], dict[str, str]]:
-    """lm-eval reports per-task aggregates, not per-example scores: a normal interval from its standard errors
-    (confidence.normal_interval). Returns (intervals, why not) by metric."""
-    intervals, missing = {}, {}
-    for metric, value in tuned.values.items():
-        if metric not in base.values:
-            continue
-        errors = (tuned.stderrs.get(metric), base.stderrs.get(metric))
-        if None in errors:
-            missing[metric] = (
-                f"lm-eval reported no standard error for {metric}, so the eval set's noise is unknown: gate on "
-                "eval_loss or a generation metric (eval_gate_metric), or on a task metric lm-eval gives a "
-                "standard error for"
-            )
-            continue
-        intervals[metric] = confidence.normal_interval(
-            scoring.improvement(metric, value, base.values[metric]),
-            *errors,
-            confidence=level,
-            examples=tuned.examples.get(metric, 0),
-        )
-    return intervals, missing
-
-
-def _perplexity(loss: float) -> float:
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return float("inf")
 
 
 def sample_records(examples: list, scores: dict[str, Any]) -> list[dict]:

@@ -8,8 +8,9 @@ import pytest
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components.evaluate import confidence, scoring
-from kfp_finetune.components.evaluate.evaluate import EvalSettings, bootstrap_intervals, lm_eval_intervals
+from kfp_finetune.components.evaluate.evaluate import EvalSettings
 from kfp_finetune.components.evaluate.lm_eval_tasks import LmEvalScores, flatten_stderrs, task_examples
+from kfp_finetune.components.evaluate.paired import bootstrap_intervals, lm_eval_intervals
 
 
 def loss_drop(tuned_mean: float, base_mean: float) -> float:
@@ -106,7 +107,7 @@ def test_evaluate_pairs_each_metric_as_its_summary_is_computed():
     mean loss, generation metrics use the examples both models generated for."""
     tuned = per_example([1.0, 1.1, 0.9, None, 1.2], [10.0, 20, 30, 0, 40], [1.0, 1.0, 0.0, 1.0, None])
     base = per_example([2.0, 2.2, 1.7, None, 2.1], [10.0, 20, 30, 0, 40], [0.0, 1.0, 0.0, 0.0, None])
-    intervals, missing = bootstrap_intervals({"tuned": tuned, "base": base}, EvalSettings(seed=0))
+    intervals, missing = bootstrap_intervals({"tuned": tuned, "base": base}, confidence=0.95, seed=0)
     assert not missing
     assert intervals["eval_loss"].examples == 4 and intervals["exact_match"].examples == 4
     every_drop = [2.0 - 1.0, 2.2 - 1.1, 1.7 - 0.9, 2.1 - 1.2]
@@ -124,7 +125,7 @@ def test_evaluate_pairs_each_metric_as_its_summary_is_computed():
 def test_one_paired_example_gives_no_interval_and_says_why():
     tuned = per_example([1.0, None], [5.0, 0.0], [1.0, None])
     base = per_example([2.0, None], [5.0, 0.0], [0.0, None])
-    intervals, missing = bootstrap_intervals({"tuned": tuned, "base": base}, EvalSettings())
+    intervals, missing = bootstrap_intervals({"tuned": tuned, "base": base}, confidence=0.95, seed=0)
     assert not intervals
     assert "only 1 eval example has eval_loss for both models" in missing["eval_loss"]
     assert "eval_max_samples" in missing["eval_loss"] and "data_eval_fraction" in missing["eval_loss"]
