@@ -25,6 +25,7 @@ def evaluate(
     device: str = "auto",
     gate_metric: str = "eval_loss",
     min_improvement: float = 0.0,
+    confidence: float = 0.95,
     thresholds: dict = {},  # noqa: B006 (KFP needs a literal default)
     lm_eval_tasks: list = [],  # noqa: B006
     lm_eval_limit: int = 0,
@@ -41,10 +42,14 @@ def evaluate(
     computed on exactly the tokens training learned (the response; the prompt is masked). For every sample it
     measures teacher-forced loss, then generates greedily (deterministic) from the training prompt format and
     scores the answer against the reference: exact match, token F1 and ROUGE-L. Optionally runs lm-eval-harness
-    tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). The quality gate
-    passes when the tuned model beats the base on `gate_metric` by at least `min_improvement` and meets every
-    threshold; wire `passed` into `dsl.If` to export only better models. Runs on a GPU the task requests (the
-    pipelines give it one when the fine-tune used GPUs), else on CPU. Writes samples, report and metrics to
+    tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). Base and tuned are
+    scored on the same examples, so each metric's improvement gets a paired bootstrap confidence interval (2,000
+    seeded resamples of the examples; lm-eval metrics: a normal approximation from lm-eval's standard errors).
+    The quality gate passes when the tuned model beats the base on `gate_metric` by more than the eval set's
+    noise (the improvement and the lower bound of its interval are above 0), by at least `min_improvement`, and
+    meets every threshold; a NaN never passes. Without a base model only the thresholds decide. Wire `passed`
+    into `dsl.If` to export only better models. Runs on a GPU the task requests (the pipelines give it one when
+    the fine-tune used GPUs), else on CPU. Writes samples, report and metrics to
     `<workspace>/eval/<task_name>-<task>/` too (`<task>`: 8 characters of a hash of `task_id`).
 
     Args:
@@ -64,7 +69,10 @@ def evaluate(
         gate_metric: The metric the tuned model must improve: eval_loss, perplexity, exact_match, token_f1,
             rouge_l, or an lm-eval metric `lm_eval_<task>_<metric>` (e.g. lm_eval_arc_easy_acc).
         min_improvement: Required gain of tuned over base on gate_metric, in its units (a loss decrease for
-            eval_loss, absolute points for exact_match: 0.05 = 5 points); 0: not worse. Needs a base model.
+            eval_loss, absolute points for exact_match: 0.05 = 5 points), on top of the gain beyond the noise
+            the gate always requires; 0: no more than that. Needs a base model.
+        confidence: Confidence level of the improvement's interval, between 0 and 1 (0.95: a 95% interval);
+            higher asks for stronger evidence before the gate passes.
         thresholds: Absolute bounds the tuned model must meet, e.g. {"exact_match": 0.5, "eval_loss": 1.2}:
             minimums, or maximums for loss and perplexity metrics.
         lm_eval_tasks: lm-eval-harness task names (e.g. ["arc_easy"]); empty: none. Needs merged weights
@@ -79,11 +87,12 @@ def evaluate(
             own eval folder); empty: not under KFP.
 
     Returns:
-        metrics: tuned_<m>, base_<m> and delta_<m> (tuned - base) for m in eval_loss, perplexity, exact_match,
-            token_f1, rouge_l (and lm_eval_* metrics), plus num_samples, response_tokens, passed (1/0),
-            gate_improvement and wall_seconds.
-        report: Quality-gate verdict, base vs tuned table with deltas, the training loss curve when the model
-            artifact carries one, and sample prompts with reference, base and tuned outputs.
+        metrics: tuned_<m>, base_<m>, delta_<m> (tuned - base) and the improvement's interval
+            <m>_improvement_ci_low / _high for m in eval_loss, perplexity, exact_match, token_f1, rouge_l (and
+            lm_eval_* metrics), plus confidence, num_samples, response_tokens, passed (1/0), gate_improvement
+            and wall_seconds.
+        report: Quality-gate verdict and why, base vs tuned table with deltas and intervals, the training loss
+            curve when the model artifact carries one, and sample prompts with reference, base and tuned outputs.
         samples: JSON Lines, one per evaluated row: row, prompt, reference, tuned / base generation, per-row
             loss and exact match.
         passed: True when the quality gate passes; use with `dsl.If(task.outputs["passed"] == True)`.

@@ -7,7 +7,6 @@ Plain Python: the KFP component only unpacks its artifacts and calls `run_compon
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metri
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
-from kfp_finetune.components.evaluate import scoring
+from kfp_finetune.components.evaluate import confidence, paired, scoring
 from kfp_finetune.components.evaluate.placement import Trained, choose_placement, visible_hardware
 
 log = get_logger(__name__)
@@ -54,6 +53,7 @@ class EvalSettings:
     device: str = "auto"
     gate_metric: str = "eval_loss"
     min_improvement: float = 0.0
+    confidence: float = confidence.DEFAULT_CONFIDENCE
     thresholds: dict[str, float] = field(default_factory=dict)
     lm_eval_tasks: list[str] = field(default_factory=list)
     lm_eval_limit: int = 0  # 0: every task example
@@ -67,6 +67,7 @@ class EvalSettings:
         for name in ("max_samples", "max_seq_len", "lm_eval_limit", "report_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more (got {getattr(self, name)})")
+        confidence.check_confidence(self.confidence)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N] (got {self.device!r})")
         # lm-eval metric names are known only after the tasks ran; the others are checked before any work.
@@ -350,25 +351,48 @@ def run_evaluate(
         )  # fmt: skip
         del loaded
 
-    tuned_values = summarize(scores["tuned"], examples)
-    base = summarize(scores["base"], examples) if "base" in scores else None
+    per_example = {label: paired.example_scores(result, examples) for label, result in scores.items()}
+    tuned_values = paired.summarize(scores["tuned"], per_example["tuned"])
+    base = paired.summarize(scores["base"], per_example["base"]) if "base" in scores else None
+    intervals, missing = {}, {}
+    if base is not None:
+        intervals, missing = paired.bootstrap_intervals(
+            per_example, confidence=settings.confidence, seed=settings.seed
+        )
     if settings.lm_eval_tasks:
         from kfp_finetune.components.evaluate.lm_eval_tasks import run_lm_eval
 
-        for label, folder, values in (("tuned", tuned_dir, tuned_values), ("base", base_dir, base)):
-            if folder is not None and values is not None:
-                values.update(run_lm_eval(folder, settings, device, max_seq_len, label=label))
+        lm_eval = {
+            label: run_lm_eval(folder, settings, device, max_seq_len, label=label)
+            for label, folder in (("tuned", tuned_dir), ("base", base_dir))
+            if folder is not None
+        }
+        tuned_values.update(lm_eval["tuned"].values)
+        if base is not None:
+            base.update(lm_eval["base"].values)
+            found, unknown = paired.lm_eval_intervals(lm_eval["tuned"], lm_eval["base"], settings.confidence)
+            intervals.update(found)
+            missing.update(unknown)
 
     gate = scoring.quality_gate(
-        tuned_values, base, settings.gate_metric, settings.min_improvement, settings.thresholds
+        tuned_values,
+        base,
+        settings.gate_metric,
+        settings.min_improvement,
+        settings.thresholds,
+        interval=intervals.get(settings.gate_metric),
+        no_interval_reason=missing.get(settings.gate_metric, ""),
     )
-    for line in gate.reasons:
-        log.info("quality gate: %s", line)
-    log.info("quality gate %s", "PASSED" if gate.passed else "FAILED")
+    if len(gate.reasons) > 1:  # the summary names only the failed checks
+        for line in gate.reasons:
+            log.info("quality gate check: %s", line)
+    log.info("quality gate: %s", gate.summary)
 
     samples = sample_records(examples, scores)
     wall = time.monotonic() - started
-    metrics = flat_metrics(tuned_values, base, gate, len(examples), scores["tuned"].loss_tokens, wall)
+    metrics = flat_metrics(
+        tuned_values, base, gate, intervals, len(examples), scores["tuned"].loss_tokens, wall
+    )
     steps = training_steps(workspace, model)
     context = {
         "tuned_model": contract.TunedModel.from_metadata(model.metadata, input_name="model").model_path,
@@ -382,7 +406,9 @@ def run_evaluate(
         "max_new_tokens": settings.max_new_tokens,
         "wall_seconds": round(wall, 1),
     }
-    html = render_report(tuned_values, base, gate, samples[: settings.report_samples], steps, context)
+    html = render_report(
+        tuned_values, base, gate, intervals, samples[: settings.report_samples], steps, context
+    )
 
     output_dir = area_dir(workspace, "eval", output_name)
     with atomic_dir(output_dir) as tmp:
@@ -396,23 +422,6 @@ def run_evaluate(
         columns=list(samples[0]) if samples else [],
     ).to_metadata()
     return EvalResult(metrics, tuned_values, base, gate, samples, html, output_dir, samples_metadata)
-
-
-def summarize(scores: Any, examples: list) -> dict[str, float]:
-    """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
-    values = {"eval_loss": scores.eval_loss, "perplexity": _perplexity(scores.eval_loss)}
-    pairs = [(g, e.reference) for g, e in zip(scores.generations, examples, strict=True) if g is not None]
-    for name in scoring.GENERATION_METRICS:
-        if pairs:
-            values[name] = sum(scoring.score_generation(g, r)[name] for g, r in pairs) / len(pairs)
-    return values
-
-
-def _perplexity(loss: float) -> float:
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return float("inf")
 
 
 def sample_records(examples: list, scores: dict[str, Any]) -> list[dict]:
@@ -437,16 +446,22 @@ def flat_metrics(
     tuned: dict[str, float],
     base: dict[str, float] | None,
     gate: scoring.GateResult,
+    intervals: dict[str, confidence.Interval],
     num_samples: int,
     response_tokens: int,
     wall: float,
 ) -> dict[str, float]:
-    """The Metrics artifact: tuned_*, base_*, delta_* (tuned - base) per metric, and the gate's outcome."""
+    """The Metrics artifact: tuned_*, base_*, delta_* (tuned - base) per metric, the improvement's confidence
+    interval (<metric>_improvement_ci_low/high, at `confidence`), and the gate's outcome."""
     metrics = {f"tuned_{k}": v for k, v in tuned.items()}
     for name, value in (base or {}).items():
         metrics[f"base_{name}"] = value
         if name in tuned:
             metrics[f"delta_{name}"] = tuned[name] - value
+    for name, interval in intervals.items():
+        metrics[f"{name}_improvement_ci_low"] = interval.low
+        metrics[f"{name}_improvement_ci_high"] = interval.high
+        metrics["confidence"] = interval.confidence
     metrics.update(
         num_samples=float(num_samples),
         response_tokens=float(response_tokens),

@@ -9,7 +9,9 @@ torchtune model), so the step needs Hub access or `gpt2` in its Hugging Face cac
 
 from __future__ import annotations
 
+import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,16 @@ def recipe_config(
     }
 
 
+@dataclass
+class LmEvalScores:
+    """One model's lm-eval results: values and their standard errors by metric (lm_eval_<task>_<metric>), and
+    how many examples each task scored."""
+
+    values: dict[str, float]
+    stderrs: dict[str, float]
+    examples: dict[str, int]
+
+
 def flatten_results(results: dict[str, dict]) -> dict[str, float]:
     """lm-eval's {task: {"acc,none": 0.5, "acc_stderr,none": ...}} → {"lm_eval_<task>_acc": 0.5}."""
     flat = {}
@@ -54,6 +66,33 @@ def flatten_results(results: dict[str, dict]) -> dict[str, float]:
                 continue
             flat[f"lm_eval_{task}_{metric}"] = float(value)
     return flat
+
+
+def flatten_stderrs(results: dict[str, dict]) -> dict[str, float]:
+    """{task: {"acc_stderr,none": 0.1}} → {"lm_eval_<task>_acc": 0.1}; lm-eval writes "N/A" where it has none."""
+    flat = {}
+    for task, values in sorted(results.items()):
+        for key, value in values.items():
+            metric = key.split(",")[0]
+            if (
+                not metric.endswith("_stderr")
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+            ):
+                continue
+            if math.isfinite(value):
+                flat[f"lm_eval_{task}_{metric.removesuffix('_stderr')}"] = float(value)
+    return flat
+
+
+def task_examples(output: dict) -> dict[str, int]:
+    """Examples scored per metric, from lm-eval's {"n-samples": {task: {"effective": n}}}."""
+    counts = {task: int(n.get("effective", 0)) for task, n in (output.get("n-samples") or {}).items()}
+    return {
+        f"lm_eval_{task}_{key.split(',')[0]}": counts.get(task, 0)
+        for task, values in output["results"].items()
+        for key in values
+    }
 
 
 def _recipe_module() -> Any:
@@ -94,7 +133,7 @@ def require_lm_eval() -> None:
 
 def run_lm_eval(
     model_dir: ModelDir, settings: Any, device: Any, max_seq_len: int | None, label: str
-) -> dict[str, float]:
+) -> LmEvalScores:
     from lm_eval.evaluator import evaluate
     from lm_eval.tasks import TaskManager
     from omegaconf import OmegaConf
@@ -120,4 +159,4 @@ def run_lm_eval(
     output = evaluate(recipe.eleuther_model_wrapper, tasks, limit=settings.lm_eval_limit or None)
     values = flatten_results(output["results"])
     log.info("%s: lm-eval %s", label, values)
-    return values
+    return LmEvalScores(values, flatten_stderrs(output["results"]), task_examples(output))

@@ -42,6 +42,7 @@ class ModelScores:
     loss_sum: float  # summed negative log-likelihood over response tokens
     loss_tokens: int
     example_losses: list[float | None]  # mean NLL per example (None: no response tokens)
+    example_tokens: list[int]  # response tokens per example: its weight in the token-weighted eval_loss
     generations: list[str | None]  # None where the example has no prompt (text data)
     seconds: float
 
@@ -168,13 +169,14 @@ def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 def teacher_forced_losses(
     model: Any, examples: Sequence[Example], batch_size: int, pad_id: int, device: Any
-) -> tuple[float, int, list[float | None]]:
-    """(summed NLL, token count, per-example mean NLL) on the trained tokens, shifted as the recipes do."""
+) -> tuple[float, int, list[float | None], list[int]]:
+    """(summed NLL, token count, per-example mean NLL, per-example token count) on the trained tokens, shifted
+    as the recipes do."""
     import torch
     import torch.nn.functional as F
     from torchtune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_sft
 
-    total, count, per_example = 0.0, 0, []
+    total, count, per_example, per_example_tokens = 0.0, 0, [], []
     with torch.inference_mode():
         for batch in batches(examples, batch_size):
             collated = padded_collate_sft(
@@ -195,9 +197,10 @@ def teacher_forced_losses(
             )
             for row_nll, row_count in zip(nll_per_row.tolist(), trained.sum(dim=1).tolist(), strict=True):
                 per_example.append(row_nll / row_count if row_count else None)
+                per_example_tokens.append(row_count)
                 total += row_nll
                 count += row_count
-    return total, count, per_example
+    return total, count, per_example, per_example_tokens
 
 
 def greedy_generate(
@@ -271,7 +274,7 @@ def score_model(
 
     started = time.monotonic()
     torch.manual_seed(seed)
-    loss_sum, loss_tokens, per_example = teacher_forced_losses(
+    loss_sum, loss_tokens, per_example, per_example_tokens = teacher_forced_losses(
         model, examples, batch_size, tokenizer.pad_id, device
     )
     progress(
@@ -297,7 +300,9 @@ def score_model(
         done += len(batch)
         elapsed = time.monotonic() - generation_started
         progress(f"{label}: generated {done}/{len(todo)} samples ({done / max(elapsed, 1e-9):.2f} samples/s)")
-    return ModelScores(loss_sum, loss_tokens, per_example, generations, time.monotonic() - started)
+    return ModelScores(
+        loss_sum, loss_tokens, per_example, per_example_tokens, generations, time.monotonic() - started
+    )
 
 
 def tokenizer_fingerprint(model_dir: ModelDir) -> dict[str, str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kfp_finetune.components._shared.contract import lower_is_better
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components.evaluate.confidence import Interval
 
 GENERATION_METRICS = ("exact_match", "token_f1", "rouge_l")
 LOSS_METRICS = ("eval_loss", "perplexity")
@@ -77,7 +78,16 @@ class GateResult:
     passed: bool
     metric: str
     improvement: float | None  # None without a base model
-    reasons: list[str] = field(default_factory=list)  # one line per check, for the log and the report
+    interval: Interval | None = None  # the improvement's confidence interval; None without one
+    reasons: list[str] = field(default_factory=list)  # "PASS: …" / "FAIL: …" / "SKIP: …", one per check
+
+    @property
+    def summary(self) -> str:
+        """The verdict in one line: why it failed (every failed check), or what it passed on."""
+        failed = [r.removeprefix("FAIL: ") for r in self.reasons if r.startswith("FAIL: ")]
+        if failed:
+            return "failed: " + "; ".join(failed)
+        return "passed: " + "; ".join(r.split(": ", 1)[1] for r in self.reasons)
 
 
 def quality_gate(
@@ -86,50 +96,82 @@ def quality_gate(
     gate_metric: str,
     min_improvement: float,
     thresholds: dict[str, float],
+    interval: Interval | None = None,
+    no_interval_reason: str = "",
 ) -> GateResult:
-    """Pass when tuned beats base on `gate_metric` by at least `min_improvement` and meets every threshold
-    (a threshold is a minimum, or a maximum for loss-like metrics). Without a base only thresholds apply. A NaN or
-    infinite value of a gated metric (a diverged model's eval_loss) never passes, with or without a base."""
+    """Pass when tuned beats base on `gate_metric` by more than the eval set's noise and by at least
+    `min_improvement`, and meets every threshold (a minimum, or a maximum for loss-like metrics).
+
+    More than the noise: the improvement is above 0 and so is the lower bound of its confidence `interval`
+    (confidence.py); without an interval (`no_interval_reason` says why) the gate fails. Without a base only
+    thresholds apply. A NaN or infinite value of a gated metric (a diverged model's eval_loss) never passes, with
+    or without a base."""
     available = ", ".join(sorted(tuned))
     if gate_metric not in tuned:
         raise ConfigError(f"gate_metric {gate_metric!r} is not a computed metric; choose one of: {available}")
     unknown = [name for name in thresholds if name not in tuned]
     if unknown:
         raise ConfigError(f"thresholds name unknown metric(s) {', '.join(unknown)}; known: {available}")
-    result = GateResult(passed=True, metric=gate_metric, improvement=None)
+    result = GateResult(passed=True, metric=gate_metric, improvement=None, interval=interval)
+
+    def check(ok: bool, text: str) -> None:
+        result.passed &= ok
+        result.reasons.append(f"{'PASS' if ok else 'FAIL'}: {text}")
+
     for name in dict.fromkeys([gate_metric, *sorted(thresholds)]):
         if not math.isfinite(tuned[name]):  # NaN compares False both ways: refuse it explicitly
-            result.passed = False
-            result.reasons.append(
-                f"FAIL: {name} of the tuned model is {tuned[name]}, not a finite number (its training or "
-                "evaluation diverged): the gate never passes on it"
+            check(
+                False,
+                f"{name} of the tuned model is {tuned[name]}, not a finite number (its training or evaluation "
+                "diverged): the gate never passes on it",
             )
     if base is not None and gate_metric in base and not math.isfinite(base[gate_metric]):
-        result.passed = False
-        result.reasons.append(
-            f"FAIL: {gate_metric} of the base model is {base[gate_metric]}: the improvement cannot be measured"
+        check(
+            False,
+            f"{gate_metric} of the base model is {base[gate_metric]}: the improvement cannot be measured",
         )
     if base is not None and gate_metric in base:
-        gain = improvement(gate_metric, tuned[gate_metric], base[gate_metric])
-        result.improvement = gain
-        ok = gain >= min_improvement and math.isfinite(gain)
-        result.passed &= ok
-        direction = "lower" if lower_is_better(gate_metric) else "higher"
-        result.reasons.append(
-            f"{'PASS' if ok else 'FAIL'}: {gate_metric} tuned {tuned[gate_metric]:.4g} vs base "
-            f"{base[gate_metric]:.4g} ({direction} is better): improvement {gain:+.4g}, required "
-            f">= {min_improvement:g}"
-        )
+        result.improvement = improvement(gate_metric, tuned[gate_metric], base[gate_metric])
+        check(*evidence(result, tuned[gate_metric], base[gate_metric], no_interval_reason))
+        if min_improvement > 0:
+            check(
+                result.improvement >= min_improvement,
+                f"improvement {result.improvement:+.4g}, required >= {min_improvement:g} (eval_min_improvement)",
+            )
     else:
         result.reasons.append(
             f"SKIP: no base model metrics, so the improvement in {gate_metric} is not checked"
         )
     for name, bound in sorted(thresholds.items()):
         value = tuned[name]
-        ok = value <= bound if lower_is_better(name) else value >= bound
-        result.passed &= ok
         relation = "<=" if lower_is_better(name) else ">="
-        result.reasons.append(
-            f"{'PASS' if ok else 'FAIL'}: {name} tuned {value:.4g}, required {relation} {float(bound):g}"
+        check(
+            value <= bound if lower_is_better(name) else value >= bound,
+            f"{name} tuned {value:.4g}, required {relation} {float(bound):g}",
         )
     return result
+
+
+def evidence(result: GateResult, tuned: float, base: float, no_interval_reason: str) -> tuple[bool, str]:
+    """Whether the improvement is above 0 and so is its interval's lower bound (more than the eval set's
+    noise), and the line that says so."""
+    gain, interval = result.improvement, result.interval
+    direction = "lower" if lower_is_better(result.metric) else "higher"
+    values = f"tuned {tuned:.4g} vs base {base:.4g}, {direction} is better"
+    spread = f"; {interval.text()} ({interval.examples} examples)" if interval else ""
+    if not math.isfinite(gain):
+        return False, f"{result.metric} improvement is {gain} ({values}): not a finite number"
+    if gain <= 0:
+        return False, f"{result.metric} did not improve: {gain:+.4g} ({values}){spread}"
+    if interval is None:
+        return False, f"{result.metric} improved by {gain:.4g} ({values}), but {no_interval_reason}"
+    if interval.low <= 0:
+        where = "includes 0" if interval.high >= 0 else "is below 0"
+        return False, (
+            f"{result.metric} improved by {gain:.4g} ({values}), {interval.text()} {where} — within the eval "
+            f"set's noise ({interval.examples} examples)"
+        )
+    return True, (
+        f"{result.metric} improved by {gain:.4g} ({values}), {interval.text()} above 0 — more than the eval "
+        f"set's noise ({interval.examples} examples)"
+    )

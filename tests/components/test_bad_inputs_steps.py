@@ -203,6 +203,8 @@ EVALUATE_ROWS = [
     ("unknown-gate-metric", {"gate_metric": "accuracy"}, ["gate_metric", "accuracy", "eval_loss"]),
     ("unknown-threshold-metric", {"thresholds": {"bleu": 0.3}}, ["thresholds", "bleu"]),
     ("non-numeric-threshold", {"thresholds": {"exact_match": "high"}}, ["thresholds", "numbers", "'high'"]),
+    ("confidence-one", {"confidence": 1.0}, ["eval_confidence", "between 0 and 1", "0.95"]),
+    ("confidence-percent", {"confidence": 95}, ["eval_confidence", "between 0 and 1", "got 95"]),
     ("model-not-connected", {"model_metadata": {}}, ["model", "workspace_path"]),
 ]
 

@@ -12,8 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from kfp_finetune.components._shared.html_report import escape
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
 from kfp_finetune.components.evaluate import scoring
+from kfp_finetune.components.evaluate.confidence import Interval
 from kfp_finetune.components.evaluate.evaluate import (
     ArtifactInput,
     EvalSettings,
@@ -50,23 +52,69 @@ def test_generation_scores():
     assert scoring.token_f1("", "") == 1.0 and scoring.rouge_l("", "a") == 0.0
 
 
+def interval(low: float, high: float, examples: int = 100) -> Interval:
+    return Interval(low, high, confidence=0.95, examples=examples, method="paired bootstrap, 2000 resamples")
+
+
+CLEAR = interval(1.5, 2.5)  # around eval_loss's drop of 2.0 below, well above 0
+
+
 def test_quality_gate_directions_thresholds_and_errors():
     tuned = {"eval_loss": 1.0, "exact_match": 0.4}
     base = {"eval_loss": 3.0, "exact_match": 0.1}
-    assert scoring.quality_gate(tuned, base, "eval_loss", 1.9, {}).passed  # loss fell by 2.0
-    assert not scoring.quality_gate(tuned, base, "eval_loss", 2.1, {}).passed
-    gate = scoring.quality_gate(tuned, base, "exact_match", 0.3, {})
+    gate = scoring.quality_gate(tuned, base, "eval_loss", 0.0, {}, interval=CLEAR)
+    assert gate.passed and gate.improvement == 2.0 and gate.interval == CLEAR  # loss fell by 2.0
+    assert gate.summary == (
+        "passed: eval_loss improved by 2 (tuned 1 vs base 3, lower is better), 95% CI [1.5, 2.5] above 0 — more "
+        "than the eval set's noise (100 examples)"
+    )
+    gate = scoring.quality_gate(tuned, base, "exact_match", 0.3, {}, interval=interval(0.2, 0.4))
     assert gate.passed and gate.improvement == pytest.approx(0.3)
-    assert not scoring.quality_gate(base, tuned, "exact_match", 0.0, {}).passed  # worse than base
-    assert scoring.quality_gate(tuned, base, "eval_loss", 0, {"exact_match": 0.4, "eval_loss": 1.0}).passed
-    assert not scoring.quality_gate(tuned, base, "eval_loss", 0, {"exact_match": 0.5}).passed
-    assert not scoring.quality_gate(tuned, base, "eval_loss", 0, {"eval_loss": 0.9}).passed  # a maximum
+    worse = scoring.quality_gate(base, tuned, "exact_match", 0.0, {}, interval=interval(-0.4, -0.2))
+    assert not worse.passed and worse.summary.startswith("failed: exact_match did not improve: -0.3")
+    assert scoring.quality_gate(
+        tuned, base, "eval_loss", 0, {"exact_match": 0.4, "eval_loss": 1.0}, interval=CLEAR
+    ).passed
+    assert not scoring.quality_gate(tuned, base, "eval_loss", 0, {"exact_match": 0.5}, interval=CLEAR).passed
+    assert not scoring.quality_gate(tuned, base, "eval_loss", 0, {"eval_loss": 0.9}, interval=CLEAR).passed
     no_base = scoring.quality_gate(tuned, None, "eval_loss", 5.0, {})
     assert no_base.passed and no_base.improvement is None and no_base.reasons[0].startswith("SKIP")
     with pytest.raises(ConfigError, match="gate_metric 'accuracy'.*exact_match"):
         scoring.quality_gate(tuned, base, "accuracy", 0, {})
     with pytest.raises(ConfigError, match="thresholds name unknown metric.*bleu"):
         scoring.quality_gate(tuned, base, "eval_loss", 0, {"bleu": 0.3})
+
+
+def test_an_improvement_within_the_eval_sets_noise_fails():
+    tuned, base = {"eval_loss": 1.4988}, {"eval_loss": 1.5}
+    gate = scoring.quality_gate(tuned, base, "eval_loss", 0.0, {}, interval=interval(-0.004, 0.006, 40))
+    assert not gate.passed and gate.improvement == pytest.approx(0.0012)
+    assert gate.summary == (
+        "failed: eval_loss improved by 0.0012 (tuned 1.499 vs base 1.5, lower is better), 95% CI [-0.004, 0.006] "
+        "includes 0 — within the eval set's noise (40 examples)"
+    )
+    # Strictly above 0: a lower bound of exactly 0 is not evidence, and neither is no interval at all.
+    assert not scoring.quality_gate(tuned, base, "eval_loss", 0.0, {}, interval=interval(0.0, 0.003)).passed
+    unmeasured = scoring.quality_gate(tuned, base, "eval_loss", 0.0, {}, no_interval_reason="only 1 example")
+    assert not unmeasured.passed and unmeasured.summary.endswith("but only 1 example")
+
+
+def test_no_improvement_fails_whatever_the_interval_and_min_improvement():
+    """An unchanged model (every delta +0.0000) is never published, however low eval_min_improvement is."""
+    same = {"eval_loss": 1.5, "exact_match": 0.2}
+    for min_improvement in (0.0, -1000.0):
+        gate = scoring.quality_gate(same, same, "eval_loss", min_improvement, {}, interval=interval(0.0, 0.0))
+        assert not gate.passed and gate.summary.startswith("failed: eval_loss did not improve: +0 ")
+
+
+def test_min_improvement_applies_on_top_of_the_evidence():
+    tuned, base = {"exact_match": 0.75}, {"exact_match": 0.5}
+    clear = interval(0.15, 0.35)
+    assert scoring.quality_gate(tuned, base, "exact_match", 0.25, {}, interval=clear).passed
+    short = scoring.quality_gate(tuned, base, "exact_match", 0.3, {}, interval=clear)
+    assert not short.passed
+    assert short.summary == "failed: improvement +0.25, required >= 0.3 (eval_min_improvement)"
+    assert short.reasons[0].startswith("PASS: exact_match improved by 0.25")  # the evidence itself held
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -76,12 +124,14 @@ def test_quality_gate_never_passes_on_a_non_finite_metric(bad):
     tuned, base = {"eval_loss": bad, "exact_match": 0.4}, {"eval_loss": 3.0, "exact_match": 0.1}
     for gate in (
         scoring.quality_gate(tuned, None, "eval_loss", 0.0, {}),
-        scoring.quality_gate(tuned, base, "eval_loss", -100.0, {}),
+        scoring.quality_gate(tuned, base, "eval_loss", -100.0, {}, interval=CLEAR),
         scoring.quality_gate(tuned, None, "exact_match", 0.0, {"eval_loss": 5.0}),
     ):
         assert not gate.passed
         assert f"FAIL: eval_loss of the tuned model is {bad}, not a finite number" in gate.reasons[0]
-    nan_base = scoring.quality_gate({"eval_loss": 1.0}, {"eval_loss": math.nan}, "eval_loss", 0.0, {})
+    nan_base = scoring.quality_gate(
+        {"eval_loss": 1.0}, {"eval_loss": math.nan}, "eval_loss", -1.0, {}, interval=interval(-1.0, 1.0)
+    )
     assert not nan_base.passed and nan_base.reasons[0].startswith("FAIL: eval_loss of the base model is nan")
     assert scoring.quality_gate(
         {"eval_loss": 1.0, "exact_match": math.nan}, None, "eval_loss", 0.0, {}
@@ -272,6 +322,9 @@ def test_outputs_in_the_workspace_samples_and_report(evaluation, trained):
     for key in ("tuned_eval_loss", "base_eval_loss", "tuned_exact_match", "base_exact_match"):
         assert f"{evaluation.metrics[key]:.4g}" in html, key
     assert "PASSED" in html and "training loss" in html and "<svg" in html
+    low, high = (evaluation.metrics[f"exact_match_improvement_ci_{end}"] for end in ("low", "high"))
+    assert 0 < low <= evaluation.metrics["delta_exact_match"] <= high
+    assert "improvement, 95% CI" in html and f"[{low:+.4g}, {high:+.4g}]" in html
     assert PROMPT_PREFIX in html  # the sample table
     assert "<script" not in html and 'src="http' not in html
 
@@ -369,6 +422,83 @@ def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset,
         ConfigError, match="model is a LoRA adapter without merged weights.*connect base_model"
     ):
         score(adapter_only, base=None)
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory, tiny_llama, tiny_dataset):
+    """A workspace with the base model and the eval split, and no fine-tune: a "tuned" model here is the base."""
+    workspace = tmp_path_factory.mktemp("untrained-workspace")
+    shutil.copytree(tiny_llama, workspace / "models" / "base")
+    (workspace / "datasets").mkdir()
+    shutil.copy(tiny_dataset["eval.parquet"], workspace / "datasets" / "eval.parquet")
+    return workspace
+
+
+@pytest.mark.slow
+def test_a_model_that_learned_nothing_fails_the_gate(untrained, log_lines):
+    """The tuned artifact points at the base's own weights (what a run that trained nothing exports): every
+    per-example score is the base's, the improvement is 0 and so is its interval, and the gate fails, saying so
+    in its one log line, the report and the Metrics — however low eval_min_improvement is set."""
+    result = run_evaluate(
+        workspace=untrained,
+        model=ArtifactInput({"workspace_path": "models/base"}),
+        eval_data=ArtifactInput({"data_files": ["datasets/eval.parquet"], "num_rows": 100}),
+        base_model=ArtifactInput({"workspace_path": "models/base"}),
+        settings=EvalSettings(max_samples=24, batch_size=24, max_new_tokens=4, min_improvement=-1000.0),
+        output_name="unchanged",
+    )
+    m = result.metrics
+    assert m["tuned_eval_loss"] == m["base_eval_loss"] and m["delta_eval_loss"] == 0.0
+    assert not result.gate.passed and m["passed"] == 0.0
+    assert m["eval_loss_improvement_ci_low"] == m["eval_loss_improvement_ci_high"] == 0.0
+    assert m["confidence"] == 0.95 and result.gate.interval.examples == 24
+    line = next(line for line in log_lines if line.startswith("quality gate: "))
+    assert line.startswith("quality gate: failed: eval_loss did not improve: +0 (tuned ")
+    assert line.endswith("; 95% CI [0, 0] (24 examples)")
+    assert escape(result.gate.summary) in result.report_html and "improvement, 95% CI" in result.report_html
+
+
+def _with_noisy_embeddings(source, target, rows: slice) -> None:
+    """A copy of the model at `source` whose token embeddings `rows` (ids) carry seeded noise."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    for weights in target.glob("*.safetensors"):
+        tensors = load_file(weights)
+        embeddings = tensors["model.embed_tokens.weight"]
+        noise = torch.randn(embeddings.shape, generator=torch.Generator().manual_seed(0))
+        embeddings[rows] += 0.5 * embeddings.std() * noise[rows]
+        save_file(tensors, weights, metadata={"format": "pt"})
+
+
+@pytest.mark.slow
+def test_a_gain_within_the_eval_sets_noise_fails_the_gate(trained, evaluation):
+    """Two equally good models that differ example by example: the fine-tuned model with noise on the even
+    token ids' embeddings ("tuned") against the same with noise on the odd ones ("base"). Each helps where the
+    other's noise hurts, so the interval of the improvement spans 0 and the gate fails, whichever way the mean
+    moved — while the real fine-tune against the real base, on the same rows, passes with its interval above 0."""
+    workspace, model, eval_data = trained
+    merged = workspace / model["merged_path"]
+    _with_noisy_embeddings(merged, workspace / "runs" / "noisy-even", slice(0, None, 2))
+    _with_noisy_embeddings(merged, workspace / "runs" / "noisy-odd", slice(1, None, 2))
+    result = run_evaluate(
+        workspace=workspace,
+        model=ArtifactInput({**model, "workspace_path": "runs/noisy-even", "merged_path": "runs/noisy-even"}),
+        eval_data=ArtifactInput(dict(eval_data)),
+        base_model=ArtifactInput({"workspace_path": "runs/noisy-odd"}),
+        settings=EvalSettings(max_samples=0, max_new_tokens=1, batch_size=25),
+        output_name="noise",
+    )
+    ci = result.gate.interval
+    print(result.gate.summary)  # the measured numbers, for the record (pytest -s)
+    assert ci.low < 0 < ci.high and not result.gate.passed
+    assert result.metrics["eval_loss_improvement_ci_low"] == ci.low
+    assert f"95% CI [{ci.low:.4g}, {ci.high:.4g}]" in result.gate.summary
+    assert escape(result.gate.summary) in result.report_html
+    assert f"[{ci.low:+.4g}, {ci.high:+.4g}]" in result.report_html  # the comparison table's interval column
+    fine_tune = evaluation.gate.interval  # exact_match of the real fine-tune vs the base, on all 100 rows
+    assert evaluation.gate.passed and fine_tune.low > 0 and fine_tune.examples == 100
 
 
 # --- bad input ------------------------------------------------------------------------------------------------
@@ -518,7 +648,7 @@ def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_datas
     metrics = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert {"tuned_lm_eval_kfp_tiny_acc", "base_lm_eval_kfp_tiny_acc"} <= set(metrics)
     assert metrics["tuned_lm_eval_kfp_tiny_perplexity"] < metrics["base_lm_eval_kfp_tiny_perplexity"]
-    assert metrics["passed"] == 1.0
+    assert metrics["passed"] == 1.0 and metrics["lm_eval_kfp_tiny_perplexity_improvement_ci_low"] > 0
 
 
 def test_lm_eval_needs_the_extra(workspace, monkeypatch):
