@@ -55,7 +55,7 @@ def sft_node(
     neither; alpaca takes no new_system_prompt (refused, as the fine-tune step refuses it)."""
     dataset_type, style = hints.get("dataset_type", "instruct"), hints.get("data_style", "")
     if new_system_prompt is not None and dataset_type == "instruct" and style == "alpaca":
-        raise ValueError("new_system_prompt is not supported for alpaca-style data by torchtune")
+        raise ValueError("tune_new_system_prompt is not supported for alpaca-style data by torchtune")
     if dataset_type == "instruct":
         component = (
             "torchtune.datasets.alpaca_dataset"

@@ -176,9 +176,9 @@ def initialize_dataset(
     fine-tune step gets (packs.py; None: torchtune's defaults; `max_seq_len` None: chosen from the data)."""
     column_map = dict(column_map or {})
     if eval_split and eval_fraction:
-        raise ValueError("set either eval_split or eval_fraction, not both")
+        raise ValueError("set either data_eval_split or data_eval_fraction, not both")
     if not 0 <= eval_fraction < 1:
-        raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+        raise ValueError(f"data_eval_fraction must be in [0, 1), got {eval_fraction}")
     if rows_per_shard < 1:
         raise ValueError("rows_per_shard must be positive")
     parsed = storage.parse_uri(source_uri)

@@ -40,7 +40,7 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
     `column_map` maps canonical names to source column names, as in torchtune ({"input": "question"}).
     """
     if dataset_type not in DATASET_TYPES:
-        raise ValueError(f"dataset_type {dataset_type!r} is not one of {', '.join(DATASET_TYPES)}")
+        raise ValueError(f"data_type {dataset_type!r} is not one of {', '.join(DATASET_TYPES)}")
 
     def source(canonical: str) -> str:
         return column_map.get(canonical, canonical)
@@ -58,7 +58,7 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
         else:
             raise DatasetValidationError(
                 f"chat data needs a `messages` (OpenAI) or `conversations` (ShareGPT) column; the data has "
-                f"{columns}. Map another name with column_map, e.g. {{'messages': 'dialog'}}."
+                f"{columns}. Map another name with data_column_map, e.g. {{'messages': 'dialog'}}."
             )
     else:
         schema = Schema("text", ("text",))
@@ -70,7 +70,7 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
     if missing:
         raise DatasetValidationError(
             f"{dataset_type} data ({schema.style}) needs column(s) {', '.join(missing)}; the data has {columns}. "
-            "Map other names with column_map, e.g. {'input': 'question', 'output': 'answer'}."
+            "Map other names with data_column_map, e.g. {'input': 'question', 'output': 'answer'}."
         )
     wanted = schema.columns + tuple(c for c in schema.optional if source(c) in columns)
     shared = {source(c): [w for w in wanted if source(w) == source(c)] for c in wanted}
@@ -155,7 +155,7 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
                 "another type; first: "
                 + "; ".join(bad)
                 + ". Fix these rows in the source files, or map another "
-                "column to it with column_map"
+                "column to it with data_column_map"
             )
     strings = [c for c in present if not (chat and c in schema.columns)]
     bad_count, bad = _non_utf8_rows(ds, strings, where)

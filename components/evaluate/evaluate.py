@@ -69,7 +69,7 @@ class EvalSettings:
                 raise ConfigError(f"{name} must be 0 or more (got {getattr(self, name)})")
         confidence.check_confidence(self.confidence)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda[:N] (got {self.device!r})")
+            raise ConfigError(f"eval_device must be auto, cpu or cuda[:N] (got {self.device!r})")
         # lm-eval metric names are known only after the tasks ran; the others are checked before any work.
         known = (*scoring.LOSS_METRICS, *scoring.GENERATION_METRICS)
         for name, metrics in (("gate_metric", [self.gate_metric]), ("thresholds", list(self.thresholds))):
@@ -192,7 +192,7 @@ def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:
     files = meta.data_files
     if not files or meta.num_rows == 0:
         raise ConfigError(
-            "eval_data has no rows: give dataset-initialize an eval_split or eval_fraction, and connect its "
+            "eval_data has no rows: set data_eval_split or data_eval_fraction for dataset-initialize, and connect its "
             "`eval` output"
         )
     paths = [workspace / f for f in files]
@@ -214,7 +214,7 @@ def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str])
         style = meta.data_style or _DEFAULT_STYLE.get(meta.dataset_type or "instruct", "")
         if style not in _DATASET_BUILDERS:
             raise ConfigError(
-                f"eval_data has dataset_type {meta.dataset_type or None!r} / data_style {style!r}; expected "
+                f"eval_data has `dataset_type` {meta.dataset_type or None!r} / `data_style` {style!r}; expected "
                 f"instruct, chat or text (styles {', '.join(_DATASET_BUILDERS)})"
             )
         node = {"_component_": _DATASET_BUILDERS[style]}
@@ -311,8 +311,8 @@ def run_evaluate(
     tuned_dir = tuned.folder
     if tuned.adapter_file is not None and settings.lm_eval_tasks:
         raise ConfigError(
-            "lm_eval_tasks need merged weights (torchtune's eleuther_eval loads no adapter): fine-tune with "
-            "save_adapter_weights_only=False, or leave lm_eval_tasks empty"
+            "eval_lm_eval_tasks need merged weights (torchtune's eleuther_eval loads no adapter): fine-tune without "
+            "`save_adapter_weights_only` in tune_overrides, or leave eval_lm_eval_tasks empty"
         )
     if base_dir is not None:
         check_same_tokenizer(tuned_dir, base_dir)

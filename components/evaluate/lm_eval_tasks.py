@@ -115,8 +115,8 @@ def require_lm_eval() -> None:
         import lm_eval  # noqa: F401
     except ImportError as err:
         raise ConfigError(
-            f"lm_eval_tasks needs lm-eval in the step's image ({err}): install kfp-finetune[lm-eval] "
-            "(lm-eval>=0.4.5,<0.4.10), or leave lm_eval_tasks empty"
+            f"eval_lm_eval_tasks needs lm-eval in the step's image ({err}): install kfp-finetune[lm-eval] "
+            "(lm-eval>=0.4.5,<0.4.10), or leave eval_lm_eval_tasks empty"
         ) from err
     from huggingface_hub import constants, try_to_load_from_cache
 
@@ -124,7 +124,7 @@ def require_lm_eval() -> None:
         try_to_load_from_cache(WRAPPER_PLACEHOLDER_MODEL, "config.json"), str
     ):
         raise ConfigError(
-            f"lm_eval_tasks: torchtune's eleuther_eval loads {WRAPPER_PLACEHOLDER_MODEL!r} from the Hugging Face "
+            f"eval_lm_eval_tasks: torchtune's eleuther_eval loads {WRAPPER_PLACEHOLDER_MODEL!r} from the Hugging Face "
             f"Hub before it swaps in the tuned model, but HF_HUB_OFFLINE is set and {constants.HF_HUB_CACHE} "
             f"has no {WRAPPER_PLACEHOLDER_MODEL!r}: allow the step Hub access, or put {WRAPPER_PLACEHOLDER_MODEL!r} "
             "in the image's Hugging Face cache (HF_HOME)"
@@ -147,14 +147,14 @@ def run_lm_eval(
     unknown = [name for name in settings.lm_eval_tasks if name not in task_manager.all_tasks]
     if unknown:
         raise ConfigError(
-            f"lm_eval_tasks: unknown task(s) {', '.join(unknown)}; see `lm-eval --tasks list`, or give the "
+            f"eval_lm_eval_tasks: unknown task(s) {', '.join(unknown)}; see `lm-eval --tasks list`, or give the "
             "folder of your task YAMLs as lm_eval_include_path"
         )
     try:
         # TaskManager directly: lm-eval 0.4.9's get_task_dict fails logging tasks from an include path.
         tasks = task_manager.load_task_or_group(list(settings.lm_eval_tasks))
     except (KeyError, ValueError) as err:
-        raise ConfigError(f"lm_eval_tasks: {err}") from err
+        raise ConfigError(f"eval_lm_eval_tasks: {err}") from err
     log.info("%s: lm-eval tasks %s", label, ", ".join(settings.lm_eval_tasks))
     output = evaluate(recipe.eleuther_model_wrapper, tasks, limit=settings.lm_eval_limit or None)
     values = flatten_results(output["results"])

@@ -54,7 +54,9 @@ def choose_placement(requested: str, trained: Trained, gpu_visible: bool, bf16_s
     if requested == "cpu":
         return Placement("cpu", "fp32", "device=cpu: fp32 (torchtune's CPU path)")
     if requested.startswith("cuda") and not gpu_visible:
-        raise ConfigError("device=cuda but this step sees no GPU: request one on the task, or use device=cpu")
+        raise ConfigError(
+            "eval_device=cuda but this step sees no GPU: set eval_gpus to 1 or more, or use eval_device=cpu"
+        )
     if requested == "auto" and not gpu_visible:
         if trained.on_gpu:
             return Placement("cpu", "fp32", "training used GPUs but this step sees none: evaluating on CPU "

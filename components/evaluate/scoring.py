@@ -108,7 +108,9 @@ def quality_gate(
     or without a base."""
     available = ", ".join(sorted(tuned))
     if gate_metric not in tuned:
-        raise ConfigError(f"gate_metric {gate_metric!r} is not a computed metric; choose one of: {available}")
+        raise ConfigError(
+            f"eval_gate_metric {gate_metric!r} is not a computed metric; choose one of: {available}"
+        )
     unknown = [name for name in thresholds if name not in tuned]
     if unknown:
         raise ConfigError(f"thresholds name unknown metric(s) {', '.join(unknown)}; known: {available}")

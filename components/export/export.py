@@ -97,12 +97,12 @@ def check_request(model: TunedModel, fmt: str, dtype: str, destination: str) -> 
             else "the model artifact has no adapter_path (connect torchtune-finetune's model output)"
         )
         raise ExportError(
-            f"format={fmt} needs a PEFT adapter, but {why} (method={method}): export format=merged instead."
+            f"export_format={fmt} needs a PEFT adapter, but {why} (tune_method={method}): set export_format=merged."
         )
     if fmt in ("merged", "both") and not model.merged_path:
         raise ExportError(
-            f"format={fmt} needs merged weights, but the model has none (trained with "
-            "save_adapter_weights_only, or not a torchtune-finetune output): export format=adapter instead."
+            f"export_format={fmt} needs merged weights, but the model has none (trained with "
+            "`save_adapter_weights_only`, or not a torchtune-finetune output): set export_format=adapter."
         )
     try:
         uri = storage.parse_uri(destination)

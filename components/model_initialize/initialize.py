@@ -165,7 +165,9 @@ def verify_model_dir(model_dir: Path, source: str) -> dict:
     alternatives = TOKENIZER_FILES.get(model_type, ANY_TOKENIZER)
     if not any(all((model_dir / name).is_file() for name in option) for option in alternatives):
         wanted = " or ".join("+".join(option) for option in alternatives)
-        raise fail(f"no tokenizer for model_type {model_type or '(unset)'!r}: expected {wanted}")
+        raise fail(
+            f"no tokenizer for config.json's `model_type` {model_type or '(unset)'!r}: expected {wanted}"
+        )
     weight_format = "safetensors" if weights[0].endswith(".safetensors") else Path(weights[0]).suffix[1:]
     return {
         "model_type": model_type,

@@ -20,7 +20,7 @@ def packed_dataset(
         raise ValueError("packed_dataset holds packs: leave dataset.packed true")
     if tokenizer is not None and getattr(tokenizer, "max_seq_len", max_seq_len) != max_seq_len:
         raise ValueError(
-            f"the packs were made for max_seq_len {max_seq_len} but the tokenizer has {tokenizer.max_seq_len}"
+            f"the packs were made for a `tokenizer.max_seq_len` of {max_seq_len} but the tokenizer has {tokenizer.max_seq_len}"
         )
     packs = ArrowPacks(files)
     if packs.max_seq_len != max_seq_len:

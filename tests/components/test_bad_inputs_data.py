@@ -315,7 +315,7 @@ DATASET_ROWS = [
     (
         "unknown-dataset-type",
         lambda s: {"source_uri": str(write(s, "train.jsonl", jsonl(GOOD))), "dataset_type": "qa"},
-        ["dataset_type", "'qa'", "instruct"],
+        ["data_type", "'qa'", "instruct"],
     ),
     (
         "unknown-data-format",

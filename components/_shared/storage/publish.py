@@ -107,7 +107,7 @@ def _plan(
             shown = "; ".join(details[:10]) + (f"; and {len(details) - 10} more" if len(details) > 10 else "")
             raise DestinationConflict(
                 f"{uri.shown} already holds different content: {shown}. Nothing was written. Choose another "
-                "destination, or set overwrite=True to replace it."
+                "destination, or set export_overwrite=true to replace it."
             )
         log.info("%s: replacing %d changed and removing %d files of the earlier export (overwrite)", uri.shown,
                  len(changed), len(stale))  # fmt: skip

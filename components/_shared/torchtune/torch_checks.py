@@ -34,5 +34,5 @@ def validate_config(config: dict) -> None:
         summary = " ".join(str(err).splitlines()[:2])
         raise ConfigError(
             f"torchtune cannot load a component named in the config ({summary}); install the package "
-            "that provides it, or choose another component (e.g. optimizer=torch.optim.AdamW)"
+            "that provides it, or choose another component (e.g. tune_optimizer=torch.optim.AdamW)"
         ) from err

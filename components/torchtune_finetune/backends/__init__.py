@@ -79,4 +79,4 @@ def backend_for(
         from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
 
         return TrainJobBackend(pod=pod or NodePodSettings(), devices=devices, nodes=nodes, **trainjob)
-    raise ConfigError(f"backend must be one of {', '.join(BACKENDS)} (got {name!r})")
+    raise ConfigError(f"tune_backend must be one of {', '.join(BACKENDS)} (got {name!r})")

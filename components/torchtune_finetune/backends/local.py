@@ -68,12 +68,12 @@ class LocalBackend:
         if gpus and not _cuda_available():
             # KFP applies the task's accelerator settings to the TrainJob (RESOURCES passthrough), not to this pod.
             raise ConfigError(
-                f"backend=local trains in this step's own pod, which has no GPU: the task's {gpus} GPU(s) per node "
-                "are forwarded to TrainJobs only. Use backend=trainjob, or drop the accelerator settings to train on CPU"
+                f"tune_backend=local trains in this step's own pod, which has no GPU: the task's {gpus} GPU(s) per node "
+                "are forwarded to TrainJobs only. Use tune_backend=trainjob, or set tune_gpus_per_node=0 to train on CPU"
             )
         if nodes > 1:
             raise ConfigError(
-                "backend=local trains on this machine: num_nodes must be 1 (use backend=trainjob)"
+                "tune_backend=local trains on this machine: tune_num_nodes must be 1 (use tune_backend=trainjob)"
             )
         self.devices = devices if gpus else 1
         self.nodes = nodes
@@ -104,8 +104,8 @@ def _cuda_available() -> bool:
         import torch
     except ImportError:
         raise ConfigError(
-            "backend=local trains in this step's own pod, whose image has no torch (the fine-tune step runs on "
-            "the component image and launches TrainJobs): use backend=trainjob"
+            "tune_backend=local trains in this step's own pod, whose image has no torch (the fine-tune step runs on "
+            "the component image and launches TrainJobs): use tune_backend=trainjob"
         ) from None
 
     return torch.cuda.is_available()

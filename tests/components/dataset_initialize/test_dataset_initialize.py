@@ -400,7 +400,7 @@ def test_eval_fraction_is_deterministic_per_seed(tmp_path, workspace):
     train_a = rows_of(a.train_metadata, workspace)
     assert sorted(r["input"] for r in train_a + eval_a) == sorted(r["input"] for r in rows)
     assert a.eval_metadata["files"] == b.eval_metadata["files"]  # byte-identical shards
-    with pytest.raises(ValueError, match="either eval_split or eval_fraction"):
+    with pytest.raises(ValueError, match="either data_eval_split or data_eval_fraction"):
         initialize_dataset(src, str(workspace), eval_split="test", eval_fraction=0.1)
 
 

@@ -194,7 +194,7 @@ def test_conflicting_path_is_refused_then_overwritten(finetuned, tmp_path):
     export(finetuned, dest, format="both")
     before = {p: (dest / p).read_bytes() for p in tree(dest)}
 
-    with pytest.raises(storage.DestinationConflict, match="overwrite=True") as err:
+    with pytest.raises(storage.DestinationConflict, match="export_overwrite=true") as err:
         export(finetuned, dest, format="merged", dtype="fp16")
     assert "model-00001-of-00001.safetensors (different content)" in str(err.value)
     assert "adapter/adapter_model.safetensors (not part of this export)" in str(err.value)
@@ -235,7 +235,7 @@ def test_interrupted_copy_to_a_path_is_completed(finetuned, tmp_path):
         ({}, "https://example.org/model", "use s3://bucket/prefix, hf://org/repo or a path"),
         ({}, "s3://bucket", "name a folder"),
         ({"format": "adapter", "meta": {"method": "full", "adapter_path": ""}}, "/x", "a full fine-tune has no adapter"),
-        ({"format": "merged", "meta": {"merged_path": ""}}, "/x", "export format=adapter instead"),
+        ({"format": "merged", "meta": {"merged_path": ""}}, "/x", "set export_format=adapter"),
         ({"format": "gguf"}, "/x", "unknown format 'gguf'"),
         ({"dtype": "int4"}, "/x", "unknown dtype 'int4'"),
     ],

@@ -63,7 +63,7 @@ def test_overwrite_in_a_shared_folder_deletes_only_what_the_previous_export_wrot
     assert tree(shared) == {**FOREIGN, **{p: (shared / p).read_bytes() for p in first.files}}
     v2 = model(tmp_path, 2)
 
-    with pytest.raises(storage.DestinationConflict, match="overwrite=True") as err:
+    with pytest.raises(storage.DestinationConflict, match="export_overwrite=true") as err:
         export(v2, str(shared))
     assert "tokenizer.model (not part of this export)" in str(err.value)
     assert "NOTES.md" not in str(err.value) and "other-model" not in str(err.value)

@@ -117,7 +117,10 @@ def test_rerun_skips_transfer_and_a_changed_source_is_fetched_again(tmp_path, wo
         (lambda d: (d / "config.json").unlink(), "config.json is missing"),
         (lambda d: (d / "config.json").write_text("{not json"), "config.json does not parse"),
         (lambda d: (d / "model-00002-of-00002.safetensors").unlink(), "missing: model-00002-of-00002"),
-        (lambda d: (d / "original" / "tokenizer.model").unlink(), "no tokenizer for model_type 'llama'"),
+        (
+            lambda d: (d / "original" / "tokenizer.model").unlink(),
+            "no tokenizer for config.json's `model_type` 'llama'",
+        ),
         (
             lambda d: (d / "model-00001-of-00002.safetensors").write_bytes(
                 (d / "model-00001-of-00002.safetensors").read_bytes()[:-100]

@@ -96,7 +96,7 @@ class TrainJobBackend:
         if unmounted:
             raise ConfigError(
                 f"the workspace {unmounted[0]} is not among the volumes forwarded to the TrainJob: give the pipeline "
-                "a workspace (dsl.PipelineConfig(workspace=...)) on KFP >= 2.15, or name its PVC in workspace_pvc"
+                "a workspace (dsl.PipelineConfig(workspace=...)) on KFP >= 2.15, or name its PVC in tune_workspace_pvc"
             )
         # A base model used in place from model-initialize's cache_path lies outside the workspace: the node pods
         # read it there.

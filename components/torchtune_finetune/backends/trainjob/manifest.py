@@ -327,7 +327,7 @@ def build_trainjob(
             "a bare ['tune', 'run'] command triggers the Trainer's torchtune rewrite; pass it complete"
         )
     if num_nodes < 1:
-        raise ValueError(f"num_nodes must be at least 1, got {num_nodes}")
+        raise ValueError(f"tune_num_nodes must be at least 1, got {num_nodes}")
     if num_proc_per_node is not None and num_proc_per_node < 1:
         raise ValueError(f"num_proc_per_node must be at least 1, got {num_proc_per_node}")
     if active_deadline_seconds is not None and active_deadline_seconds < 1:

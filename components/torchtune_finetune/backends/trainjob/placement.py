@@ -42,7 +42,7 @@ def claim_access_modes(core: Any, namespace: str, claim: str) -> list[str] | Non
             raise ConfigError(
                 f"the TrainJob mounts PVC {claim!r}, which does not exist in namespace {namespace!r}: its node "
                 "pods would wait for it forever. PVCs are namespaced: the TrainJob runs in the KFP run's own "
-                "namespace, so name a claim there (workspace_pvc), or let KFP provide the run workspace"
+                "namespace, so name a claim there (tune_workspace_pvc), or let KFP provide the run workspace"
             ) from error
         if error.status == 403:
             log.warning(
@@ -111,8 +111,8 @@ def place_node_pods(
     claims = ", ".join(repr(claim) for claim in single_node_claims)
     if num_nodes > 1:
         raise ConfigError(
-            f"num_nodes={num_nodes} needs a workspace every node can mount, but PVC {claims} is ReadWriteOnce "
-            f"(one node at a time): {SHARED_WORKSPACE_HINT}, or train with num_nodes=1"
+            f"tune_num_nodes={num_nodes} needs a workspace every node can mount, but PVC {claims} is ReadWriteOnce "
+            f"(one node at a time): {SHARED_WORKSPACE_HINT}, or train with tune_num_nodes=1"
         )
     node = own_node_name(core, namespace)
     if node is None:
