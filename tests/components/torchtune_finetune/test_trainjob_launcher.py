@@ -529,7 +529,7 @@ def test_cleanup_policy(kube, policy, outcome, deleted):
 
 
 def test_unknown_cleanup_policy_is_refused(kube):
-    with pytest.raises(ValueError, match="cleanup must be one of"):
+    with pytest.raises(ValueError, match="tune_cleanup_policy must be one of"):
         launcher(kube, cleanup="sometimes")
 
 

@@ -118,7 +118,7 @@ class TrainJobLauncher:
         from kubernetes import client
 
         if cleanup not in CLEANUP_POLICIES:
-            raise ValueError(f"cleanup must be one of {CLEANUP_POLICIES}, got {cleanup!r}")
+            raise ValueError(f"tune_cleanup_policy must be one of {CLEANUP_POLICIES}, got {cleanup!r}")
         self.manifest = json.loads(json.dumps(manifest))
         metadata = self.manifest.setdefault("metadata", {})
         self.namespace = metadata.get("namespace") or namespace

@@ -331,7 +331,7 @@ def build_trainjob(
     if num_proc_per_node is not None and num_proc_per_node < 1:
         raise ValueError(f"num_proc_per_node must be at least 1, got {num_proc_per_node}")
     if active_deadline_seconds is not None and active_deadline_seconds < 1:
-        raise ValueError(f"active_deadline_seconds must be a positive integer, got {active_deadline_seconds}")
+        raise ValueError(f"tune_timeout_seconds must be a positive integer, got {active_deadline_seconds}")
     pod = pod or NodePodSettings()
 
     meta_labels = dict(labels or {})
