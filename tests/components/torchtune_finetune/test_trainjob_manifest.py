@@ -207,7 +207,7 @@ def test_namespaced_runtime_reference():
         ({"command": ["tune", "run"]}, "torchtune rewrite"),
         ({"num_nodes": 0}, "num_nodes"),
         ({"num_proc_per_node": 0}, "num_proc_per_node"),
-        ({"active_deadline_seconds": 0}, "active_deadline_seconds"),
+        ({"active_deadline_seconds": 0}, "tune_timeout_seconds"),
     ],
 )
 def test_bad_inputs_are_refused(kwargs, message):
