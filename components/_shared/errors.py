@@ -6,8 +6,8 @@ ends the step with `error: <message>` on stderr and exit status 1, instead of th
 long traceback. Any other exception is a bug or an unforeseen failure and keeps its traceback.
 
 The error types several components raise live here too, once: `ConfigError` (a bad setting or input, found
-before anything runs) and its kind `ContractError` (an input artifact's metadata is not what the step needs:
-see contract.py).
+before anything runs) and its kinds `SettingError` (one setting's value, with the setting's name apart) and
+`ContractError` (an input artifact's metadata is not what the step needs: see contract.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,20 @@ EXIT_STATUS = 1
 
 class ConfigError(ValueError):
     """Bad input, reported before anything runs. The message names the parameter and how to fix it."""
+
+
+class SettingError(ConfigError):
+    """A setting's value is refused. `setting` is its name where it was checked (a typed field such as
+    `learning_rate`), `problem` the rest of the message, so a caller that knows the name the user set (the
+    pipeline parameter `tune_learning_rate`) can say it that way (`named`)."""
+
+    def __init__(self, setting: str, problem: str):
+        super().__init__(f"{setting} {problem}")
+        self.setting = setting
+        self.problem = problem
+
+    def named(self, name: str) -> str:
+        return f"{name} {self.problem}"
 
 
 class ContractError(ConfigError):

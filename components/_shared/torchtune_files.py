@@ -72,6 +72,23 @@ def parameters(dotted: str) -> dict[str, bool]:
     return found
 
 
+def module_names(module: str) -> list[str]:
+    """The names a torchtune (or kfp_finetune) module defines or re-exports at its top level; [] when it has no
+    file (for the nearest name to a misspelt `_component_`)."""
+    path = _module_file(module)
+    if path is None:
+        return []
+    names = []
+    for node in _parse(path).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.ImportFrom):
+            names += [alias.asname or alias.name for alias in node.names]
+    return sorted(set(names))
+
+
 def _module_file(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:

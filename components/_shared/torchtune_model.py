@@ -190,8 +190,9 @@ def _import(dotted: str):
     return getattr(importlib.import_module(module), name)
 
 
-def inspect_model_dir(path: str | Path) -> ModelDir:
-    """Read config.json and the files present; raise ConfigError naming what is missing or unsupported."""
+def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> ModelDir:
+    """Read config.json and the files present; raise ConfigError naming what is missing or unsupported.
+    `weights_required=False`: a folder of config.json and tokenizer files only (no checkpoint files then)."""
     path = Path(path).resolve()
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -201,7 +202,8 @@ def inspect_model_dir(path: str | Path) -> ModelDir:
     except ValueError as err:
         raise ConfigError(f"{config_path} is not valid JSON: {err}") from err
     family = FAMILIES[detect_family(path, hf_config)]
-    model = ModelDir(path, family, hf_config, checkpoint_files=find_weights(path))
+    weights = find_weights(path) if weights_required else []
+    model = ModelDir(path, family, hf_config, checkpoint_files=weights)
     for arg, relative in family.tokenizer_files.items():
         if not (path / relative).is_file():
             raise ConfigError(

@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared import torchtune_files
-from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.component_paths import unknown_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import Choice, TokenLengths, choose_defaults
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
@@ -189,6 +190,7 @@ def resolve_run(
     token_lengths: TokenLengths | None = None,
     tokenize_sample: bool = True,
     packs: Callable[[dict], object] | None = None,
+    weights_required: bool = True,
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
 
@@ -199,7 +201,9 @@ def resolve_run(
     `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
     is made to hold what that needs, or the run is refused. `gpu_memory_gib` (None: 80) and `token_lengths` (the
     data's, when dataset-initialize recorded them; None: a sample is tokenized, or with `tokenize_sample=False`
-    estimated from characters without torch) feed the defaults (defaults.py)."""
+    estimated from characters without torch) feed the defaults (defaults.py). `weights_required=False` resolves
+    from config.json and the tokenizer files alone (pre-flight, before any weights are fetched): the
+    checkpointer then names no files."""
     cfg.check()
     if export_format and export_format not in EXPORT_FORMATS:
         raise ConfigError(f"export_format must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})")
@@ -210,7 +214,7 @@ def resolve_run(
         raise ConfigError(
             "torchtune's distributed recipes cannot run on CPU: use devices=1, nodes=1 with device=cpu"
         )
-    model = inspect_model_dir(model_dir)
+    model = inspect_model_dir(model_dir, weights_required=weights_required)
     run_dir = Path(run_dir).resolve()
     recipe, config_name, config_file = select_recipe_and_config(cfg, model, devices, nodes)
     base = _load_config_file(config_file)
@@ -228,6 +232,7 @@ def resolve_run(
     )
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
+    _check_components(config, cfg, config_name or str(config_file))
     if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
         packs(config)
     _check_paths_inside(config, run_dir)
@@ -503,6 +508,22 @@ def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format:
         export_format,
     )
     config["save_adapter_weights_only"] = False
+
+
+def _check_components(config: dict, cfg: TorchtuneConfig, base_name: str) -> None:
+    """Every `_component_` path names something that exists (component_paths.py: torchtune's and our sources,
+    torch's optimizers and schedulers), blamed on the setting that put it there."""
+    unknown = unknown_components(config)
+    if not unknown:
+        return
+    first = unknown[0]
+    typed = {"optimizer": cfg.optimizer, "lr_scheduler": cfg.lr_scheduler, "loss": cfg.loss}
+    if typed.get(first.key) == first.path:
+        raise SettingError(first.key, f"{first.path!r} {first.why}")
+    for key, value in cfg.overrides.items():
+        if value == first.path:
+            raise SettingError("overrides", f"[{key!r}] {first.path!r} {first.why}")
+    raise ConfigError(f"{first} (from the base config {base_name}): override it with a component that exists")
 
 
 def _missing_key(key: str, missing: str, base_name: str) -> str:

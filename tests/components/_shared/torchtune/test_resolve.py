@@ -260,7 +260,7 @@ def test_alpaca_style_instruct_data_uses_the_alpaca_builder(tiny_llama, data_fil
     assert run.config["dataset"]["train_on_input"] is True
     with pytest.raises(ConfigError, match="new_system_prompt is not supported for alpaca"):
         resolve(tiny_llama, data_file, tmp_path, dataset={"data_style": "alpaca", "new_system_prompt": "Hi"})
-    with pytest.raises(ConfigError, match="conversation_style must be openai or sharegpt"):
+    with pytest.raises(ConfigError, match="conversation_style must be one of openai, sharegpt"):
         resolve(
             tiny_llama, data_file, tmp_path, dataset={"dataset_type": "chat", "conversation_style": "chatml"}
         )
