@@ -143,7 +143,7 @@ class TunedAndEvaluated(NamedTuple):
 def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     """Fine-tune with torchtune (a Kubeflow Trainer TrainJob by default) and compare the result with the base."""
     # KFP's driver reads an accelerator limit only from a text parameter or output, and from one, not an
-    # expression: this step turns tune_gpus_per_node and eval_gpus into both steps' limits (gpu_counts/counts.py).
+    # expression: this step turns tune_gpus_per_node and eval_gpus into both steps' limits (_shared/gpus.py).
     gpus = step(gpu_counts(**p.feeding("gpu_counts")), "GPU counts", 300)
     tune = torchtune_finetune(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,

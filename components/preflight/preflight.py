@@ -3,6 +3,9 @@
 `run_preflight` runs every check and collects the problems; when there are any, it raises one PreflightError
 listing them all (each names the pipeline parameter and the fix), so a user fixes everything in one go:
 
+0. the run's settings (run_settings.py): every tune_ / eval_ / export_ parameter by the steps' own rules, the
+   devices against the GPU counts, the trainer image reference; then the model's config.json and tokenizer
+   files (never its weights) and the whole torchtune run resolved from them;
 1. credentials: the variables the named Kubernetes Secrets put into the step's environment (HF_TOKEN for an hf://
    destination; AWS_* for s3://, unless another credential source is configured);
 2. the export destination: the credentials may write there (storage.probe_destination: a probe object written
@@ -17,9 +20,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.preflight import run_settings
+from kfp_finetune.components.preflight.run_settings import RunSettings
 
 log = get_logger(__name__)
 
@@ -141,6 +147,24 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
     return []
 
 
+def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[..., list[Problem]] | None]:
+    """The settings' problems, and the model check to run once the model is known readable (None when the
+    settings are already wrong: the run cannot be resolved from them)."""
+    config, found = run_settings.check_training(settings)
+    found += run_settings.check_hardware(settings, config.device if config else None)
+    found += run_settings.check_evaluate_and_export(settings)
+    found += run_settings.check_image(settings)
+    problems = [Problem(f.parameter, f.message) for f in found]
+    if problems or config is None:
+        return problems, None
+
+    def check_model(model_uri: str, endpoint_url: str | None) -> list[Problem]:
+        found = run_settings.check_model_and_run(settings, config, model_uri, endpoint_url)
+        return [Problem(f.parameter, f.message) for f in found]
+
+    return problems, check_model
+
+
 def run_preflight(
     *,
     export_destination: str = "",
@@ -152,12 +176,19 @@ def run_preflight(
     tune_backend: str = "trainjob",
     tune_runtime: str = "torchtune",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
+    settings: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Run every check; return what was checked, or raise PreflightError listing every problem found."""
+    """Run every check; return what was checked, or raise PreflightError listing every problem found.
+
+    `settings`: the pipeline's tune_ / eval_ / export_ parameters by name; one not given keeps its default."""
     secrets = Secrets(hf_token_secret, s3_secret)
     problems: list[Problem] = []
     given = {"export_destination": export_destination, "model_uri": model_uri, "data_uri": data_uri}
     uris = {name: u for name, value in given.items() if value and (u := _parsed(name, value, problems))}
+    settings_problems, check_model = check_settings(
+        RunSettings({**(settings or {}), "tune_backend": tune_backend})
+    )
+    problems += settings_problems
     problems += check_credentials(uris, "export_destination", secrets)
     blocked = {p for problem in problems for p in problem.parameter.split(", ")}  # no credentials: no probe
     checks: list[tuple[str, Callable[[], list[Problem]]]] = []
@@ -168,17 +199,21 @@ def run_preflight(
         if name in uris and uris[name].scheme == "hf":
             checks.append((name, lambda name=name, repo_type=repo_type: check_hub_source(
                 name, uris[name], repo_type, secrets)))  # fmt: skip
+    if "model_uri" in uris and check_model is not None:
+        checks.append(("model", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster
         checks.append(("tune_runtime", lambda: check_runtime(tune_backend, tune_runtime, tune_runtime_kind)))
     done = []
     for name, check in checks:
-        if name not in blocked:
-            problems += check()
+        if name not in blocked and not (name == "model" and "model_uri" in blocked):
+            found = check()
+            problems += found
+            blocked |= {problem.parameter for problem in found}
             done.append(name)
     if problems:
         count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
         raise PreflightError(
-            f"pre-flight found {count}, nothing was downloaded or trained: "
+            f"pre-flight found {count}, no weights were downloaded, nothing was trained: "
             + " | ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         )
     log.info("pre-flight passed: %s", ", ".join(done))

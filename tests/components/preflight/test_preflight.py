@@ -246,7 +246,7 @@ def test_every_problem_is_listed_in_one_line(kube_standin, s3, monkeypatch, tmp_
         )
     message = _problems(failed.value)
     assert message.startswith(
-        "pre-flight found 2 problems, nothing was downloaded or trained: (1) export_destination"
+        "pre-flight found 2 problems, no weights were downloaded, nothing was trained: (1) export_destination"
     )
     assert "| (2) tune_runtime: ClusterTrainingRuntime 'nope' not found" in message
 
