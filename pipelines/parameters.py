@@ -60,7 +60,7 @@ TABLE: tuple[Parameter, ...] = (
     # --- what every run needs ---------------------------------------------------------------------------------
     _p("model_uri", str, REQUIRED,
        "Base model: hf://org/repo[@revision], s3://bucket/prefix, or a path on a mounted volume.",
-       "model_initialize.source_uri", "preflight.model_uri"),
+       "model_initialize.source_uri", "preflight.model_uri", "dataset_initialize.base_model_uri"),
     _p("data_uri", str, REQUIRED,
        "Dataset: hf://org/name[@revision], s3://..., https://... (one file), or a path.",
        "dataset_initialize.source_uri", "preflight.data_uri"),

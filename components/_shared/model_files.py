@@ -10,6 +10,9 @@ same tokenizer fingerprint as the full copy (packing.tokenizer_fingerprint hashe
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kfp_finetune.components._shared import storage
@@ -52,3 +55,12 @@ def fetch_config_and_tokenizer(
     paths = [name for name in CONFIG_AND_TOKENIZER_FILES if name in present]
     storage.download(listing, paths, Path(dest), max_workers=4)
     return paths
+
+
+@contextmanager
+def config_and_tokenizer(uri: str, *, endpoint_url: str | None = None) -> Iterator[Path]:
+    """A temporary folder holding the model's config and tokenizer files (fetch_config_and_tokenizer), removed
+    on exit."""
+    with tempfile.TemporaryDirectory(prefix="model-config-") as folder:
+        fetch_config_and_tokenizer(uri, folder, endpoint_url=endpoint_url)
+        yield Path(folder)
