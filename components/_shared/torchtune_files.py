@@ -78,15 +78,25 @@ def module_names(module: str) -> list[str]:
     path = _module_file(module)
     if path is None:
         return []
+    return sorted(set(_top_level_names(_parse(path).body)))
+
+
+def _top_level_names(body: list[ast.stmt]) -> list[str]:
+    """Names bound by these statements, through top-level `try` / `if` blocks (version-dependent imports)."""
     names = []
-    for node in _parse(path).body:
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.append(node.name)
         elif isinstance(node, ast.Assign):
             names += [t.id for t in node.targets if isinstance(t, ast.Name)]
         elif isinstance(node, ast.ImportFrom):
             names += [alias.asname or alias.name for alias in node.names]
-    return sorted(set(names))
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                names += _top_level_names(block)
+        elif isinstance(node, ast.If):
+            names += _top_level_names(node.body) + _top_level_names(node.orelse)
+    return names
 
 
 def _module_file(module: str) -> Path | None:
