@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kfp_finetune.components._shared import torchtune_files
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.torchtune import torch_names
+from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 
 CHECKED_PACKAGES = ("torchtune", "kfp_finetune")
 
@@ -75,3 +77,19 @@ def _not_found(path: str) -> str | None:
 def _nearest(module: str, name: str, names) -> str:
     close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
     return f": did you mean {module}.{close[0]}?" if close else ""
+
+
+def check_components(config: dict, cfg: TorchtuneConfig, base_name: str) -> None:
+    """Every `_component_` path names something that exists (see the module's docstring), or a ConfigError
+    blames the first that does not on the setting that put it there."""
+    unknown = unknown_components(config)
+    if not unknown:
+        return
+    first = unknown[0]
+    typed = {"optimizer": cfg.optimizer, "lr_scheduler": cfg.lr_scheduler, "loss": cfg.loss}
+    if typed.get(first.key) == first.path:
+        raise SettingError(first.key, f"{first.path!r} {first.why}")
+    for key, value in cfg.overrides.items():
+        if value == first.path:
+            raise SettingError("overrides", f"[{key!r}] {first.path!r} {first.why}")
+    raise ConfigError(f"{first} (from the base config {base_name}): override it with a component that exists")
