@@ -147,19 +147,18 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
     return []
 
 
-def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[..., list[Problem]] | None]:
-    """The settings' problems, and the model check to run once the model is known readable (None when the
-    settings are already wrong: the run cannot be resolved from them)."""
+def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[[str, str | None], list[Problem]]]:
+    """The settings' problems, and the model check to run once the model is known readable (the model alone
+    when the settings are already wrong: the run cannot be resolved from them)."""
     config, found = run_settings.check_training(settings)
     found += run_settings.check_hardware(settings, config.device if config else None)
     found += run_settings.check_evaluate_and_export(settings)
     found += run_settings.check_image(settings)
     problems = [Problem(f.parameter, f.message) for f in found]
-    if problems or config is None:
-        return problems, None
 
     def check_model(model_uri: str, endpoint_url: str | None) -> list[Problem]:
-        found = run_settings.check_model_and_run(settings, config, model_uri, endpoint_url)
+        resolvable = None if problems else config
+        found = run_settings.check_model_and_run(settings, resolvable, model_uri, endpoint_url)
         return [Problem(f.parameter, f.message) for f in found]
 
     return problems, check_model
@@ -199,7 +198,7 @@ def run_preflight(
         if name in uris and uris[name].scheme == "hf":
             checks.append((name, lambda name=name, repo_type=repo_type: check_hub_source(
                 name, uris[name], repo_type, secrets)))  # fmt: skip
-    if "model_uri" in uris and check_model is not None:
+    if "model_uri" in uris:
         checks.append(("model", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster
         checks.append(("tune_runtime", lambda: check_runtime(tune_backend, tune_runtime, tune_runtime_kind)))

@@ -124,7 +124,8 @@ def check_training(settings: RunSettings) -> tuple[TorchtuneConfig | None, list[
 
 
 def check_hardware(settings: RunSettings, device: str | None) -> list[Found]:
-    """GPU counts (gpu-counts' rule) and the devices asked for, against each other."""
+    """GPU counts (gpu-counts' rule) and the devices asked for, against each other. On a cluster only (backend
+    trainjob): under kfp.local the steps see the machine's own GPUs, whatever the counts say."""
     try:
         tune_gpus, eval_gpus = (
             int(n) for n in gpu_counts(settings.gpus_per_node, settings.get("eval_gpus", -1))
@@ -144,7 +145,7 @@ def check_hardware(settings: RunSettings, device: str | None) -> list[Found]:
         found.append(Found("tune_device", f"cpu trains on no GPU, but tune_gpus_per_node={tune_gpus} requests "
                                           f"{tune_gpus} per node: set tune_gpus_per_node=0, or tune_device=cuda"))  # fmt: skip
     eval_device = settings.get("eval_device", "auto")
-    if str(eval_device).startswith("cuda") and eval_gpus == 0:
+    if settings.backend == "trainjob" and str(eval_device).startswith("cuda") and eval_gpus == 0:
         found.append(Found("eval_device", f"{eval_device} needs a GPU, but the evaluate step gets none "
                                           "(eval_gpus, or tune_gpus_per_node when eval_gpus is -1): set eval_gpus=1, "
                                           "or eval_device=auto"))  # fmt: skip
@@ -172,10 +173,11 @@ def check_image(settings: RunSettings) -> list[Found]:
 
 
 def check_model_and_run(
-    settings: RunSettings, config: TorchtuneConfig, model_uri: str, endpoint_url: str | None
+    settings: RunSettings, config: TorchtuneConfig | None, model_uri: str, endpoint_url: str | None
 ) -> list[Found]:
     """Fetch config.json and the tokenizer files (no weights), check the model family and layout, and resolve
-    the complete torchtune run as the fine-tune step will (recipe, base config, every key and `_component_`)."""
+    the complete torchtune run as the fine-tune step will (recipe, base config, every key and `_component_`);
+    `config` None (settings already refused): the model alone."""
     from kfp_finetune.components._shared import storage
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run
     from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
@@ -187,6 +189,8 @@ def check_model_and_run(
             inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Found("model_uri", str(error).replace(folder, model_uri))]
+        if config is None:
+            return []
         # The data's files are dataset-initialize's to write: a placeholder source, as `resolve-config` without
         # --data; the data's lengths are unknown here, so the defaults that read them take the base config's.
         config.dataset.source = "parquet"

@@ -78,6 +78,7 @@ def outcomes(tiny_llama, tmp_path_factory):
         for case, (settings, repo, _, _) in CASES.items()
     }
     scenarios["valid"] = {"model_uri": "hf://org/tiny", "settings": VALID}
+    scenarios["two problems"] = {"model_uri": "hf://org/qwen3", "settings": {**VALID, "tune_method": "lorra"}}
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torchtune")
         hub.add_repo("org/tiny", tiny_llama)
@@ -91,6 +92,12 @@ def outcomes(tiny_llama, tmp_path_factory):
 
 def test_a_valid_run_passes_with_the_model_resolved_from_its_config_and_tokenizer(outcomes):
     assert outcomes["valid"]["done"] == ["model_uri", "model", "tune_runtime"], outcomes["valid"]
+
+
+def test_a_bad_setting_and_a_bad_model_are_listed_together(outcomes):
+    message = outcomes["two problems"]["error"]
+    assert message.startswith("pre-flight found 2 problems"), message
+    assert "(1) tune_method: " in message and "| (2) model_uri: " in message, message
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
