@@ -12,6 +12,7 @@ before anything runs) and its kinds `SettingError` (one setting's value, with th
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,16 @@ class SettingError(ConfigError):
 
     def named(self, name: str) -> str:
         return f"{name} {self.problem}"
+
+
+def one_of(name: str, value: object, allowed: tuple[str, ...]) -> list[SettingError]:
+    """[] when `value` is one of `allowed` (a closed vocabulary), else the problem, with the nearest allowed value
+    for a typo."""
+    if value in allowed:
+        return []
+    nearest = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
+    hint = f": did you mean {nearest[0]!r}?" if nearest else ""
+    return [SettingError(name, f"must be one of {', '.join(allowed)} (got {value!r}){hint}")]
 
 
 class ContractError(ConfigError):

@@ -51,6 +51,8 @@ def preflight(
     tune_num_nodes: int = 1,
     tune_gpus_per_node: int = 1,
     tune_gpu_memory_gib: float = -1.0,
+    tune_timeout_seconds: int = 86400,
+    tune_cleanup_policy: str = "on-success",
     tune_trainer_image: str = "",
     eval_max_samples: int = 200,
     eval_max_new_tokens: int = 64,
@@ -143,6 +145,8 @@ def preflight(
         tune_gpus_per_node: GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.
         tune_gpu_memory_gib: Memory of one training GPU for the throughput defaults; -1: from the node
             selector's GPU product, else 80.
+        tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
+        tune_cleanup_policy: on-success (keep failed TrainJobs), always or never.
         tune_trainer_image: Container image of the TrainJob's node pods, e.g. ghcr.io/org/trainer:1.0; empty:
             the runtime's image.
         eval_max_samples: Held-out rows evaluated; 0: all.

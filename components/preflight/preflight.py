@@ -3,8 +3,9 @@
 `run_preflight` runs every check and collects the problems; when there are any, it raises one PreflightError
 listing them all (each names the pipeline parameter and the fix), so a user fixes everything in one go:
 
-0. the run's settings (run_settings.py): every tune_ / eval_ / export_ parameter by the steps' own rules, the
-   devices against the GPU counts, the trainer image reference; then the model's config.json and tokenizer
+0. the run's settings (run_settings.py): every tune_ / eval_ / export_ parameter by the steps' own rules (the
+   fine-tune step's own: backend, cleanup policy, timeout, GPU memory), the devices against the GPU counts, the
+   trainer image reference; then the model's config.json and tokenizer
    files (never its weights) and the whole torchtune run resolved from them;
 1. credentials: the variables the named Kubernetes Secrets put into the step's environment (HF_TOKEN for an hf://
    destination; AWS_* for s3://, unless another credential source is configured);
@@ -153,6 +154,7 @@ def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[[str,
     config, found = run_settings.check_training(settings)
     found += run_settings.check_hardware(settings, config.device if config else None)
     found += run_settings.check_evaluate_and_export(settings)
+    found += run_settings.check_launch(settings)
     found += run_settings.check_image(settings)
     problems = [Problem(f.parameter, f.message) for f in found]
 

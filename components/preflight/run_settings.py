@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared import images, unset
+from kfp_finetune.components._shared import images, launch_settings, unset
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.eval_settings import EvalSettings
 from kfp_finetune.components._shared.export_settings import dtype_problem, format_problem
@@ -28,7 +28,7 @@ TUNE = "tune_"
 # tune_ parameters of the fine-tune step itself (where and how it runs), not torchtune settings.
 STEP_PARAMETERS = (
     "tune_backend", "tune_runtime", "tune_num_nodes", "tune_gpus_per_node", "tune_gpu_memory_gib",
-    "tune_trainer_image",
+    "tune_trainer_image", "tune_cleanup_policy", "tune_timeout_seconds",
 )  # fmt: skip
 # The settings the pipeline parameters give each step, by the step's name for them.
 EVAL_PARAMETERS = {
@@ -164,6 +164,17 @@ def check_evaluate_and_export(settings: RunSettings) -> list[Found]:
         if problem:
             found.append(Found(name, problem.problem))
     return found
+
+
+def check_launch(settings: RunSettings) -> list[Found]:
+    """The fine-tune step's own settings: backend, cleanup policy, timeout, GPU memory."""
+    problems = launch_settings.problems(
+        backend=settings.backend,
+        cleanup_policy=settings.get("tune_cleanup_policy", "on-success"),
+        timeout_seconds=settings.get("tune_timeout_seconds", 86400),
+        gpu_memory_gib=settings.get("tune_gpu_memory_gib", -1.0),
+    )
+    return [Found(parameter_of(p.setting), p.problem) for p in problems]
 
 
 def check_image(settings: RunSettings) -> list[Found]:

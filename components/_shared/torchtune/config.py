@@ -8,12 +8,11 @@ component's parameters spell that `None` with the one "unset" convention of `_sh
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kfp_finetune.components._shared.errors import ConfigError, SettingError
+from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
 
 METHODS = ("full", "lora", "qlora", "dora")
 DATASET_TYPES = ("instruct", "chat", "text")
@@ -107,16 +106,16 @@ class TorchtuneConfig:
             found.append(SettingError("overrides", "must be a mapping of dotted torchtune keys to values"))
         if found:  # the range checks below compare values of the declared types
             return found
-        found += _one_of("method", self.method, METHODS)
+        found += one_of("method", self.method, METHODS)
         if self.dtype is not None:
-            found += _one_of("dtype", self.dtype, DTYPES)
+            found += one_of("dtype", self.dtype, DTYPES)
         if self.device is not None:
-            found += _one_of("device", self.device, DEVICES)
-        found += _one_of("dataset_type", self.dataset.dataset_type, DATASET_TYPES)
+            found += one_of("device", self.device, DEVICES)
+        found += one_of("dataset_type", self.dataset.dataset_type, DATASET_TYPES)
         if self.dataset.dataset_type == "instruct" and self.dataset.data_style is not None:
-            found += _one_of("data_style", self.dataset.data_style, ("input_output", "alpaca"))
+            found += one_of("data_style", self.dataset.data_style, ("input_output", "alpaca"))
         if self.dataset.conversation_style is not None:
-            found += _one_of("conversation_style", self.dataset.conversation_style, ("openai", "sharegpt"))
+            found += one_of("conversation_style", self.dataset.conversation_style, ("openai", "sharegpt"))
         for name in (
             "batch_size",
             "epochs",
@@ -285,15 +284,6 @@ def _unset_hint(value: object) -> str:
     if value == -1:
         return "; leave it out to keep the base config's"
     return "; -1 keeps the base config's"
-
-
-def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> list[SettingError]:
-    """[] when `value` is one of `allowed`, else the problem, with the nearest allowed value for a typo."""
-    if value in allowed:
-        return []
-    nearest = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
-    hint = f": did you mean {nearest[0]!r}?" if nearest else ""
-    return [SettingError(name, f"must be one of {', '.join(allowed)} (got {value!r}){hint}")]
 
 
 def parse_value(text: str) -> Any:

@@ -49,6 +49,8 @@ CASES = {
         {"eval_device": "cuda"}, "org/tiny", "eval_device", "set eval_gpus=1",
     ),
     "export format typo": ({"export_format": "merge"}, "org/tiny", "export_format", "must be one of merged"),
+    "backend typo": ({"tune_backend": "trainjobs"}, "org/tiny", "tune_backend", "did you mean 'trainjob'?"),
+    "cleanup typo": ({"tune_cleanup_policy": "on_success"}, "org/tiny", "tune_cleanup_policy", "did you mean"),
 }  # fmt: skip
 
 SCENARIOS = """
@@ -58,7 +60,7 @@ from kfp_finetune.components.preflight.preflight import PreflightError, run_pref
 def attempt(arguments):
     started = time.monotonic()
     try:
-        outcome = {"done": run_preflight(tune_backend="trainjob", **arguments)}
+        outcome = {"done": run_preflight(**arguments)}
     except PreflightError as error:
         outcome = {"error": str(error)}
     return {**outcome, "seconds": time.monotonic() - started}
@@ -67,18 +69,25 @@ print(json.dumps({case: attempt(arguments) for case, arguments in json.loads(sys
 """
 
 
+def _arguments(repo: str, settings: dict) -> dict:
+    """run_preflight's arguments: tune_backend is its own, the other settings go in `settings`."""
+    settings = {**VALID, **settings}
+    return {
+        "model_uri": f"hf://{repo}",
+        "tune_backend": settings.pop("tune_backend", "trainjob"),
+        "settings": settings,
+    }
+
+
 @pytest.fixture(scope="module")
 def outcomes(tiny_llama, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("preflight")
     qwen3 = shutil.copytree(tiny_llama, tmp / "qwen3")
     config = json.loads((qwen3 / "config.json").read_text())
     (qwen3 / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
-    scenarios = {
-        case: {"model_uri": f"hf://{repo}", "settings": {**VALID, **settings}}
-        for case, (settings, repo, _, _) in CASES.items()
-    }
-    scenarios["valid"] = {"model_uri": "hf://org/tiny", "settings": VALID}
-    scenarios["two problems"] = {"model_uri": "hf://org/qwen3", "settings": {**VALID, "tune_method": "lorra"}}
+    scenarios = {case: _arguments(repo, settings) for case, (settings, repo, _, _) in CASES.items()}
+    scenarios["valid"] = _arguments("org/tiny", {})
+    scenarios["two problems"] = _arguments("org/qwen3", {"tune_method": "lorra"})
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torchtune")
         hub.add_repo("org/tiny", tiny_llama)
