@@ -26,6 +26,7 @@ from typing import Any
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.preflight import run_settings
+from kfp_finetune.components.preflight.problems import Problem
 from kfp_finetune.components.preflight.run_settings import RunSettings
 
 log = get_logger(__name__)
@@ -33,15 +34,6 @@ log = get_logger(__name__)
 
 class PreflightError(Exception):
     """One or more problems a run would hit later; the message lists them all on one line."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    parameter: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.parameter}: {' '.join(self.message.split())}"  # one line, whatever the cause's layout
 
 
 @dataclass(frozen=True)
@@ -151,17 +143,15 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
 def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[[str, str | None], list[Problem]]]:
     """The settings' problems, and the model check to run once the model is known readable (the model alone
     when the settings are already wrong: the run cannot be resolved from them)."""
-    config, found = run_settings.check_training(settings)
-    found += run_settings.check_hardware(settings, config.device if config else None)
-    found += run_settings.check_evaluate_and_export(settings)
-    found += run_settings.check_launch(settings)
-    found += run_settings.check_image(settings)
-    problems = [Problem(f.parameter, f.message) for f in found]
+    config, problems = run_settings.check_training(settings)
+    problems += run_settings.check_hardware(settings, config.device if config else None)
+    problems += run_settings.check_evaluate_and_export(settings)
+    problems += run_settings.check_launch(settings)
+    problems += run_settings.check_image(settings)
 
     def check_model(model_uri: str, endpoint_url: str | None) -> list[Problem]:
         resolvable = None if problems else config
-        found = run_settings.check_model_and_run(settings, resolvable, model_uri, endpoint_url)
-        return [Problem(f.parameter, f.message) for f in found]
+        return run_settings.check_model_and_run(settings, resolvable, model_uri, endpoint_url)
 
     return problems, check_model
 
@@ -192,21 +182,23 @@ def run_preflight(
     problems += settings_problems
     problems += check_credentials(uris, "export_destination", secrets)
     blocked = {p for problem in problems for p in problem.parameter.split(", ")}  # no credentials: no probe
-    checks: list[tuple[str, Callable[[], list[Problem]]]] = []
+    # (what is checked, the parameter whose problem makes the check pointless, the check)
+    checks: list[tuple[str, str, Callable[[], list[Problem]]]] = []
     if "export_destination" in uris:
-        checks.append(("export_destination", lambda: check_destination(
+        checks.append(("export_destination", "export_destination", lambda: check_destination(
             "export_destination", uris["export_destination"], s3_endpoint_url or None)))  # fmt: skip
     for name, repo_type in (("model_uri", "model"), ("data_uri", "dataset")):
         if name in uris and uris[name].scheme == "hf":
-            checks.append((name, lambda name=name, repo_type=repo_type: check_hub_source(
+            checks.append((name, name, lambda name=name, repo_type=repo_type: check_hub_source(
                 name, uris[name], repo_type, secrets)))  # fmt: skip
-    if "model_uri" in uris:
-        checks.append(("model", lambda: check_model(model_uri, s3_endpoint_url or None)))
+    if "model_uri" in uris:  # after the access check: a repo the token cannot read is not fetched from
+        checks.append(("model", "model_uri", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster
-        checks.append(("tune_runtime", lambda: check_runtime(tune_backend, tune_runtime, tune_runtime_kind)))
+        checks.append(("tune_runtime", "tune_runtime", lambda: check_runtime(
+            tune_backend, tune_runtime, tune_runtime_kind)))  # fmt: skip
     done = []
-    for name, check in checks:
-        if name not in blocked and not (name == "model" and "model_uri" in blocked):
+    for name, needs, check in checks:
+        if needs not in blocked:
             found = check()
             problems += found
             blocked |= {problem.parameter for problem in found}

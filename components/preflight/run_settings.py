@@ -21,6 +21,7 @@ from kfp_finetune.components._shared.gpus import gpu_counts
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.model_files import fetch_config_and_tokenizer
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
+from kfp_finetune.components.preflight.problems import Problem
 
 log = get_logger(__name__)
 
@@ -87,27 +88,19 @@ class RunSettings:
         }
 
 
-@dataclass(frozen=True)
-class Found:
-    """A problem with the pipeline parameter to name (preflight.Problem is made from it)."""
-
-    parameter: str
-    message: str
-
-
 def parameter_of(setting: str) -> str:
     """The pipeline parameter that sets a fine-tune setting."""
     return _PARAMETER_OF.get(setting, f"{TUNE}{setting}")
 
 
-def named(error: ConfigError, fallback: str) -> Found:
+def named(error: ConfigError, fallback: str) -> Problem:
     """A step's error as a problem of the pipeline parameter: a SettingError by its setting, else `fallback`."""
     if isinstance(error, SettingError):
-        return Found(parameter_of(error.setting), error.problem)
-    return Found(fallback, str(error))
+        return Problem(parameter_of(error.setting), error.problem)
+    return Problem(fallback, str(error))
 
 
-def check_training(settings: RunSettings) -> tuple[TorchtuneConfig | None, list[Found]]:
+def check_training(settings: RunSettings) -> tuple[TorchtuneConfig | None, list[Problem]]:
     """The typed torchtune settings (types, ranges, vocabularies, combinations), and the device they run on."""
     try:
         config = from_flat(settings.training())
@@ -123,50 +116,50 @@ def check_training(settings: RunSettings) -> tuple[TorchtuneConfig | None, list[
     return (None if found else config), found
 
 
-def check_hardware(settings: RunSettings, device: str | None) -> list[Found]:
-    """GPU counts (gpu-counts' rule) and the devices asked for, against each other. On a cluster only (backend
-    trainjob): under kfp.local the steps see the machine's own GPUs, whatever the counts say."""
+def check_hardware(settings: RunSettings, device: str | None) -> list[Problem]:
+    """GPU counts (gpu-counts' rule), nodes, and the devices asked for against the GPUs: the latter on a cluster
+    only (backend trainjob), as under kfp.local the steps see the machine's own GPUs, whatever the counts say."""
     try:
         tune_gpus, eval_gpus = (
             int(n) for n in gpu_counts(settings.gpus_per_node, settings.get("eval_gpus", -1))
         )
     except SettingError as error:  # named by its pipeline parameter already
-        return [Found(error.setting, error.problem)]
+        return [Problem(error.setting, error.problem)]
     found = []
     if settings.nodes < 1:
-        found.append(Found("tune_num_nodes", f"must be at least 1 (got {settings.nodes})"))
+        found.append(Problem("tune_num_nodes", f"must be at least 1 (got {settings.nodes})"))
     if settings.backend == "local" and settings.nodes > 1:
-        found.append(Found("tune_num_nodes", f"{settings.nodes} nodes need tune_backend=trainjob; the local "
+        found.append(Problem("tune_num_nodes", f"{settings.nodes} nodes need tune_backend=trainjob; the local "
                                              "backend trains in the step's own pod: set tune_num_nodes=1"))  # fmt: skip
     if settings.backend == "trainjob" and device == "cuda" and tune_gpus == 0:
-        found.append(Found("tune_device", "cuda needs GPUs, but tune_gpus_per_node is 0: set tune_gpus_per_node "
+        found.append(Problem("tune_device", "cuda needs GPUs, but tune_gpus_per_node is 0: set tune_gpus_per_node "
                                           "to the GPUs of each node, or tune_device=cpu"))  # fmt: skip
     if settings.backend == "trainjob" and device == "cpu" and tune_gpus > 0:
-        found.append(Found("tune_device", f"cpu trains on no GPU, but tune_gpus_per_node={tune_gpus} requests "
+        found.append(Problem("tune_device", f"cpu trains on no GPU, but tune_gpus_per_node={tune_gpus} requests "
                                           f"{tune_gpus} per node: set tune_gpus_per_node=0, or tune_device=cuda"))  # fmt: skip
     eval_device = settings.get("eval_device", "auto")
     if settings.backend == "trainjob" and str(eval_device).startswith("cuda") and eval_gpus == 0:
-        found.append(Found("eval_device", f"{eval_device} needs a GPU, but the evaluate step gets none "
+        found.append(Problem("eval_device", f"{eval_device} needs a GPU, but the evaluate step gets none "
                                           "(eval_gpus, or tune_gpus_per_node when eval_gpus is -1): set eval_gpus=1, "
                                           "or eval_device=auto"))  # fmt: skip
     return found
 
 
-def check_evaluate_and_export(settings: RunSettings) -> list[Found]:
+def check_evaluate_and_export(settings: RunSettings) -> list[Problem]:
     """The eval_ and export_ parameters, by the evaluate and export steps' own checks."""
     given = {step: settings.values[name] for name, step in EVAL_PARAMETERS.items() if name in settings.values}
     by_setting = {step: name for name, step in EVAL_PARAMETERS.items()}
-    found = [Found(by_setting[p.setting], p.problem) for p in EvalSettings(**given).problems()]
+    found = [Problem(by_setting[p.setting], p.problem) for p in EvalSettings(**given).problems()]
     for name, problem in (
         ("export_format", format_problem(settings.get("export_format", "merged"))),
         ("export_dtype", dtype_problem(settings.get("export_dtype", ""))),
     ):
         if problem:
-            found.append(Found(name, problem.problem))
+            found.append(Problem(name, problem.problem))
     return found
 
 
-def check_launch(settings: RunSettings) -> list[Found]:
+def check_launch(settings: RunSettings) -> list[Problem]:
     """The fine-tune step's own settings: backend, cleanup policy, timeout, GPU memory."""
     problems = launch_settings.problems(
         backend=settings.backend,
@@ -174,18 +167,18 @@ def check_launch(settings: RunSettings) -> list[Found]:
         timeout_seconds=settings.get("tune_timeout_seconds", 86400),
         gpu_memory_gib=settings.get("tune_gpu_memory_gib", -1.0),
     )
-    return [Found(parameter_of(p.setting), p.problem) for p in problems]
+    return [Problem(parameter_of(p.setting), p.problem) for p in problems]
 
 
-def check_image(settings: RunSettings) -> list[Found]:
+def check_image(settings: RunSettings) -> list[Problem]:
     reference = settings.get("tune_trainer_image", "")
     problem = images.reference_problem(reference) if reference else None
-    return [Found("tune_trainer_image", problem)] if problem else []
+    return [Problem("tune_trainer_image", problem)] if problem else []
 
 
 def check_model_and_run(
     settings: RunSettings, config: TorchtuneConfig | None, model_uri: str, endpoint_url: str | None
-) -> list[Found]:
+) -> list[Problem]:
     """Fetch config.json and the tokenizer files (no weights), check the model family and layout, and resolve
     the complete torchtune run as the fine-tune step will (recipe, base config, every key and `_component_`);
     `config` None (settings already refused): the model alone."""
@@ -199,7 +192,7 @@ def check_model_and_run(
             log.info("model_uri: fetched %s (no weights)", ", ".join(fetched))
             inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
-            return [Found("model_uri", str(error).replace(folder, model_uri))]
+            return [Problem("model_uri", str(error).replace(folder, model_uri))]
         if config is None:
             return []
         # The data's files are dataset-initialize's to write: a placeholder source, as `resolve-config` without
@@ -222,7 +215,7 @@ def check_model_and_run(
             )
         except ConfigError as error:
             found = named(error, "tune_config")
-            return [Found(found.parameter, found.message.replace(folder, model_uri))]
+            return [Problem(found.parameter, found.message.replace(folder, model_uri))]
     log.info("tune_*: resolved recipe %s with base config %s", run.recipe, run.config_name or "user file")
     return []
 
