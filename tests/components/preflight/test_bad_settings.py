@@ -65,7 +65,9 @@ def attempt(arguments):
         outcome = {"error": str(error)}
     return {**outcome, "seconds": time.monotonic() - started}
 
-print(json.dumps({case: attempt(arguments) for case, arguments in json.loads(sys.argv[1]).items()}))
+outcomes = {case: attempt(arguments) for case, arguments in json.loads(sys.argv[1]).items()}
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchtune", "torchao", "bitsandbytes"))
+print(json.dumps({**outcomes, "heavy modules": heavy}))
 """
 
 
@@ -101,6 +103,11 @@ def outcomes(tiny_llama, tmp_path_factory):
 
 def test_a_valid_run_passes_with_the_model_resolved_from_its_config_and_tokenizer(outcomes):
     assert outcomes["valid"]["done"] == ["model_uri", "model", "tune_runtime"], outcomes["valid"]
+
+
+def test_preflight_imports_no_torch(outcomes):
+    """It runs on the component image, which has torchtune's files and no torch."""
+    assert outcomes["heavy modules"] == []
 
 
 def test_a_bad_setting_and_a_bad_model_are_listed_together(outcomes):
