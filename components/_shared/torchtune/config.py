@@ -8,6 +8,7 @@ component's parameters spell that `None` with the one "unset" convention of `_sh
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -168,15 +169,13 @@ class TorchtuneConfig:
             found.append(
                 SettingError(
                     "quantize_base",
-                    "=False contradicts method=qlora, which quantizes the base "
-                    "model: remove quantize_base=False, or set method=lora",
-                )  # fmt: skip
+                    "must not be false with method=qlora, which quantizes the base model: remove it, or set "
+                    "method=lora",
+                )
             )
         if self.method == "dora" and lora.use_dora is False:
             found.append(
-                SettingError(
-                    "use_dora", "=False contradicts method=dora: remove use_dora=False, or set method=lora"
-                )
+                SettingError("use_dora", "must not be false with method=dora: remove it, or set method=lora")
             )
         return found
 
@@ -189,7 +188,7 @@ def _lora_problems(lora: LoraSettings) -> list[SettingError]:
                 "lora_rank",
                 f"must be at least 1 (got {lora.lora_rank}); typical values are 8-64"
                 f"{_unset_hint(lora.lora_rank)}",
-            )  # fmt: skip
+            )
         )
     if lora.lora_alpha is not None and not lora.lora_alpha > 0:
         found.append(
@@ -197,7 +196,7 @@ def _lora_problems(lora: LoraSettings) -> list[SettingError]:
                 "lora_alpha",
                 f"must be > 0 (got {lora.lora_alpha}); usually twice the LoRA rank"
                 f"{_unset_hint(lora.lora_alpha)}",
-            )  # fmt: skip
+            )
         )
     if lora.lora_dropout is not None and not 0 <= lora.lora_dropout < 1:
         found.append(
@@ -212,11 +211,12 @@ def _lora_problems(lora: LoraSettings) -> list[SettingError]:
                 SettingError(
                     "lora_attn_modules",
                     f"has {unknown or 'no modules'}; choose from {', '.join(LORA_ATTN_MODULES)}",
-                )  # fmt: skip
+                )
             )
     return found
 
 
+@functools.cache
 def _declared_types() -> dict[str, tuple[type, type]]:
     """Each field's declared type (TorchtuneConfig and its groups), as the field name -> (class, its group)."""
     import types
@@ -255,7 +255,7 @@ def _type_problems(config: TorchtuneConfig) -> list[SettingError]:
             fits = True  # 1 for 1.0
         if not fits:
             found.append(
-                SettingError(name, f"must be a {kind.__name__} (got {type(value).__name__} {value!r})")
+                SettingError(name, f"must be {_KIND_NAMES[kind]} (got {type(value).__name__} {value!r})")
             )
     return found
 
