@@ -286,3 +286,15 @@ def test_a_bad_tune_setting_fails_the_first_step_before_model_initialize_starts(
     errors = [line.strip() for line in output.splitlines() if line.strip().startswith("error:")]
     assert len(errors) == 1 and "(1) tune_method: must be one of full, lora, qlora, dora (got 'lorra'): did you " \
         "mean 'lora'?" in errors[0], errors  # fmt: skip
+
+
+def test_an_s3_model_is_resolved_from_its_config_and_tokenizer_alone(s3, tiny_llama):
+    bucket = boto3.client("s3", endpoint_url=s3.url)
+    for path in (p for p in tiny_llama.rglob("*") if p.is_file()):
+        bucket.upload_file(str(path), "models", f"base/tiny/{path.relative_to(tiny_llama).as_posix()}")
+    assert run_preflight(model_uri="s3://models/base/tiny", s3_endpoint_url=s3.url, **LOCAL) == ["model"]
+    fetched = {p.split("?")[0] for m, p, status in s3.requests if m == "GET" and status == 200}
+    assert (
+        "/models/base/tiny/config.json" in fetched and "/models/base/tiny/original/tokenizer.model" in fetched
+    )
+    assert not [p for p in fetched if p.endswith(".safetensors")], fetched
