@@ -190,7 +190,7 @@ def check_model_and_run(
         try:
             fetched = fetch_config_and_tokenizer(model_uri, folder, endpoint_url=endpoint_url)
             log.info("model_uri: fetched %s (no weights)", ", ".join(fetched))
-            inspect_model_dir(folder, weights_required=False)
+            model = inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Problem("model_uri", str(error).replace(folder, model_uri))]
         if config is None:
@@ -216,6 +216,11 @@ def check_model_and_run(
         except ConfigError as error:
             found = named(error, "tune_config")
             return [Problem(found.parameter, found.message.replace(folder, model_uri))]
+        except KeyError as error:  # a config.json field the resolver reads, absent (any other key: a bug)
+            if error.args[0] in model.hf_config:
+                raise
+            return [Problem("model_uri", f"{model_uri}: config.json has no {error.args[0]!r}, which the fine-tune "
+                                         "reads: is it a complete Hugging Face model config?")]  # fmt: skip
     log.info("tune_*: resolved recipe %s with base config %s", run.recipe, run.config_name or "user file")
     return []
 

@@ -45,6 +45,7 @@ CASES = {
         "is not an image reference",
     ),
     "unsupported family": ({}, "org/qwen3", "model_uri", "(qwen3)"),
+    "incomplete config.json": ({}, "org/no-dims", "model_uri", "config.json has no 'hidden_size'"),
     "eval device without GPU": (
         {"eval_device": "cuda"}, "org/tiny", "eval_device", "set eval_gpus=1",
     ),
@@ -87,6 +88,8 @@ def outcomes(tiny_llama, tmp_path_factory):
     qwen3 = shutil.copytree(tiny_llama, tmp / "qwen3")
     config = json.loads((qwen3 / "config.json").read_text())
     (qwen3 / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    no_dims = shutil.copytree(tiny_llama, tmp / "no-dims")
+    (no_dims / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
     scenarios = {case: _arguments(repo, settings) for case, (settings, repo, _, _) in CASES.items()}
     scenarios["valid"] = _arguments("org/tiny", {})
     scenarios["two problems"] = _arguments("org/qwen3", {"tune_method": "lorra"})
@@ -94,6 +97,7 @@ def outcomes(tiny_llama, tmp_path_factory):
         kube.add_runtime("torchtune")
         hub.add_repo("org/tiny", tiny_llama)
         hub.add_repo("org/qwen3", qwen3)
+        hub.add_repo("org/no-dims", no_dims)
         env = {**hub_env(hub.endpoint, tmp), "KUBECONFIG": str(kube.kubeconfig_path)}
         outcomes = result(run_python(SCENARIOS, env, json.dumps(scenarios)))
         files = [f.relative_to(tiny_llama).as_posix() for f in tiny_llama.rglob("*") if f.is_file()]
