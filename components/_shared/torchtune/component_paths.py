@@ -90,7 +90,7 @@ def check_components(config: dict, cfg: TorchtuneConfig, base_name: str) -> None
     if typed.get(first.key) == first.path:
         raise SettingError(first.key, f"{first.path!r} {first.why}")
     for key, value in cfg.overrides.items():  # a path, or a node holding one (`{"optimizer": {...}}`)
-        named = {path for _, path in components(value)} if isinstance(value, dict) else {value}
+        named = [path for _, path in components(value)] if isinstance(value, dict) else [value]
         if first.path in named:
             raise SettingError("overrides", f"[{key!r}] {first.path!r} {first.why}")
     raise ConfigError(f"{first} (from the base config {base_name}): override it with a component that exists")
