@@ -74,5 +74,5 @@ def test_resolve_blames_the_setting_that_named_the_component(tiny_llama, tmp_pat
     assert refused(loss="torchtune.modules.loss.CrossEntropy").setting == "loss"
     error = refused(overrides={"optimizer._component_": "torch.optim.Sgd"})
     assert error.setting == "overrides" and "['optimizer._component_']" in error.problem
-    error = refused(overrides={"optimizer": {"_component_": "torch.optim.Sgd", "lr": 0.1}, "+x": [1, 2]})
+    error = refused(overrides={"+x": [1, 2], "optimizer": {"_component_": "torch.optim.Sgd", "lr": 0.1}})
     assert error.setting == "overrides" and "['optimizer']" in error.problem
