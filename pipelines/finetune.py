@@ -102,18 +102,17 @@ class PreparedInputs(NamedTuple):
     "prepare-inputs", parameters.names(groups=("model", "data"), extra=(*ACCESS, *DATA_TUNE_SETTINGS))
 )
 def prepare_inputs(p: parameters.Values) -> PreparedInputs:
-    """Bring the base model, then the dataset (tokenized and packed with the model's tokenizer), into the run
-    workspace, verified."""
+    """Bring the base model and, side by side, the dataset (tokenized and packed with the model's tokenizer) into
+    the run workspace, verified."""
     model_task = model_initialize(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, task_id=TASK_ID, **p.feeding("model_initialize")
     )
     with_model_cache(model_task)
-    # After the model: it tokenizes and packs the train split once with the base model's tokenizer.
+    # Beside the model, not after it: it tokenizes and packs the train split once with the base model's tokenizer,
+    # fetching only the model's config and tokenizer files (base_model_uri). The fine-tune step checks the packs'
+    # tokenizer fingerprint against the base model's and tokenizes itself, logged, should they differ.
     data_task = dataset_initialize(
-        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
-        task_id=TASK_ID,
-        base_model=model_task.outputs["model"],
-        **p.feeding("dataset_initialize"),
+        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, task_id=TASK_ID, **p.feeding("dataset_initialize")
     )
     for task, name in ((model_task, "Initialize model"), (data_task, "Initialize dataset")):
         # No KFP-level retry (see `publish`): transient errors are retried in-process, bad input fails at once.
@@ -143,7 +142,7 @@ class TunedAndEvaluated(NamedTuple):
 def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     """Fine-tune with torchtune (a Kubeflow Trainer TrainJob by default) and compare the result with the base."""
     # KFP's driver reads an accelerator limit only from a text parameter or output, and from one, not an
-    # expression: this step turns tune_gpus_per_node and eval_gpus into both steps' limits (gpu_counts/counts.py).
+    # expression: this step turns tune_gpus_per_node and eval_gpus into both steps' limits (_shared/gpus.py).
     gpus = step(gpu_counts(**p.feeding("gpu_counts")), "GPU counts", 300)
     tune = torchtune_finetune(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
@@ -204,9 +203,10 @@ class FinetuneOutputs(NamedTuple):
 def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
     """Fine-tune an LLM with torchtune and publish it only if it beats the base model.
 
-    A pre-flight step first checks in seconds that the destination is writable, the Secrets' credentials are
-    there, gated hub repos are readable and the training runtime exists; then dataset and model initialize in
-    parallel into the run's workspace; torchtune-finetune trains (a Kubeflow Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
+    A pre-flight step first checks in seconds every tune_, eval_ and export_ setting, the model's family and the
+    complete torchtune run (resolved from its config and tokenizer files, without the weights), that the
+    destination is writable, the Secrets' credentials are there, gated hub repos are readable and the training
+    runtime exists; then dataset and model initialize in parallel into the run's workspace; torchtune-finetune trains (a Kubeflow Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
     the quality gate passes.
     """
     checked = check_first(**p.feeding("preflight"))

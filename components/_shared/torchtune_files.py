@@ -83,6 +83,33 @@ def constant(module: str, name: str) -> Any:
     raise ConfigError(f"{module}.{name} is not defined in the installed torchtune ({package_dir()})")
 
 
+def module_names(module: str) -> list[str]:
+    """The names a torchtune (or kfp_finetune) module defines or re-exports at its top level; [] when it has no
+    file (for the nearest name to a misspelt `_component_`)."""
+    path = _module_file(module)
+    if path is None:
+        return []
+    return sorted(set(_top_level_names(_parse(path).body)))
+
+
+def _top_level_names(body: list[ast.stmt]) -> list[str]:
+    """Names bound by these statements, through top-level `try` / `if` blocks (version-dependent imports)."""
+    names = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.ImportFrom):
+            names += [alias.asname or alias.name for alias in node.names]
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                names += _top_level_names(block)
+        elif isinstance(node, ast.If):
+            names += _top_level_names(node.body) + _top_level_names(node.orelse)
+    return names
+
+
 def _module_file(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:

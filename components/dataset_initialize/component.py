@@ -29,6 +29,7 @@ def dataset_initialize(
     s3_endpoint_url: str = "",
     task_id: str = "",
     base_model: Input[Model] = None,
+    base_model_uri: str = "",
     max_seq_len: int = -1,
     train_on_input: str = "auto",
     new_system_prompt: str = "",
@@ -84,6 +85,9 @@ def dataset_initialize(
             the fine-tune step then trains on these packs without tokenizing on any rank when it resolves the
             same tokenizer, template, masking (train_on_input, new_system_prompt: pass it the same values) and
             max_seq_len. Needs torchtune in the image (else the step logs that no packs were written).
+        base_model_uri: The base model's source (hf://, s3:// or a path), instead of base_model: only its
+            config.json and tokenizer files are fetched (no weights) to tokenize and pack as with base_model, so
+            this step need not wait for model-initialize; empty: none.
         max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths
             (never set by the single longest row), rounded up to a multiple of 256, capped by the model's
             max_position_embeddings. Longer rows are cut; rows whose masked prompt fills it are left out of the
@@ -101,22 +105,28 @@ def dataset_initialize(
             sha256, num_packs), `tokenizer_fingerprint`, `pack_fingerprint` and `pack_template`.
         eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
     """
+    from contextlib import ExitStack
+
     from kfp_finetune.components._shared import unset
     from kfp_finetune.components._shared.artifacts import entry_path
     from kfp_finetune.components._shared.contract import BaseModel
     from kfp_finetune.components._shared.errors import usage_errors
+    from kfp_finetune.components._shared.model_files import config_and_tokenizer
     from kfp_finetune.components._shared.storage import StorageError
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
     from kfp_finetune.components.dataset_initialize.sources import held_out_fraction
 
     # ValueError: bad parameters, URIs, splits and rows (DatasetValidationError) are all the user's to fix.
-    with usage_errors(StorageError, ValueError):
+    with usage_errors(StorageError, ValueError), ExitStack() as stack:
         model_path = None
         if base_model is not None:
             relative = BaseModel.from_metadata(base_model.metadata, input_name="base_model").require(
                 "workspace_path", input_name="base_model"
             )
             model_path = entry_path(workspace_path, relative)
+        elif base_model_uri:
+            endpoint = s3_endpoint_url or None
+            model_path = stack.enter_context(config_and_tokenizer(base_model_uri, endpoint_url=endpoint))
         initialize_dataset(
             source_uri=source_uri,
             workspace_path=workspace_path,

@@ -56,7 +56,7 @@ def pack_train(
     from kfp_finetune.components._shared import packing
     from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 
-    model = inspect_model_dir(model_dir)
+    model = inspect_model_dir(model_dir, weights_required=False)  # tokenizing reads no weights
     tokenizer_node = model.tokenizer_node(None)
     split = manifest["splits"]["train"]
     node = packing.sft_node(

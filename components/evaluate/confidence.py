@@ -19,10 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from kfp_finetune.components._shared.errors import ConfigError
-
 RESAMPLES = 2000
-DEFAULT_CONFIDENCE = 0.95
 MIN_EXAMPLES = 2  # one example has no spread to measure: every resample would be that example
 
 
@@ -44,13 +41,10 @@ class Interval:
         return f"{self.percent} CI [{self.low:.4g}, {self.high:.4g}]"
 
 
-def check_confidence(confidence: float) -> None:
-    """The pipeline parameter is eval_confidence (the evaluate component's `confidence`)."""
-    if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
-        raise ConfigError(
-            f"eval_confidence must be a number between 0 and 1, exclusive (got {confidence!r}): e.g. 0.95 for a "
-            "95% confidence interval on the improvement"
-        )
+def _require_level(confidence: float) -> None:
+    """The settings checked eval_confidence already (eval_settings.py): another level here is a bug."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie between 0 and 1 (got {confidence!r})")
 
 
 def paired_bootstrap(
@@ -69,7 +63,7 @@ def paired_bootstrap(
     summary metric (its response tokens for a token-weighted loss, 1 for a per-example mean). Each resample
     draws len(tuned) examples with replacement and takes both models' weighted means over the same draw.
     """
-    check_confidence(confidence)
+    _require_level(confidence)
     if not len(tuned) == len(base) == len(weights):
         raise ValueError(f"paired scores differ in length: {len(tuned)}, {len(base)}, {len(weights)}")
     count = len(tuned)
@@ -102,7 +96,7 @@ def normal_interval(
 ) -> Interval:
     """improvement ± z·sqrt(se_tuned² + se_base²): treats the two models' errors as independent, which for
     scores on the same examples (positively correlated) gives a wider interval than the truth — conservative."""
-    check_confidence(confidence)
+    _require_level(confidence)
     z = NormalDist().inv_cdf((1 + confidence) / 2)
     half = z * math.hypot(tuned_stderr, base_stderr)
     return Interval(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from kfp_finetune.components._shared import contract
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.eval_settings import EvalSettings
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
@@ -41,48 +42,6 @@ _DATASET_BUILDERS = {
     "text": "torchtune.datasets.text_completion_dataset",
 }
 _DEFAULT_STYLE = {"instruct": "input_output", "chat": "openai", "text": "text"}
-
-
-@dataclass
-class EvalSettings:
-    max_samples: int = 200  # 0: every eval row
-    batch_size: int = 8
-    max_new_tokens: int = 64
-    max_seq_len: int = 0  # 0: the training run's (or no limit)
-    seed: int = 0
-    device: str = "auto"
-    gate_metric: str = "eval_loss"
-    min_improvement: float = 0.0
-    confidence: float = confidence.DEFAULT_CONFIDENCE
-    thresholds: dict[str, float] = field(default_factory=dict)
-    lm_eval_tasks: list[str] = field(default_factory=list)
-    lm_eval_limit: int = 0  # 0: every task example
-    lm_eval_include_path: str = ""
-    report_samples: int = 20
-
-    def check(self) -> None:
-        for name in ("batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        for name in ("max_samples", "max_seq_len", "lm_eval_limit", "report_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be 0 or more (got {getattr(self, name)})")
-        confidence.check_confidence(self.confidence)
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise ConfigError(f"eval_device must be auto, cpu or cuda[:N] (got {self.device!r})")
-        # lm-eval metric names are known only after the tasks ran; the others are checked before any work.
-        known = (*scoring.LOSS_METRICS, *scoring.GENERATION_METRICS)
-        for name, metrics in (("gate_metric", [self.gate_metric]), ("thresholds", list(self.thresholds))):
-            unknown = [m for m in metrics if m not in known and not m.startswith("lm_eval_")]
-            if unknown:
-                raise ConfigError(
-                    f"{name} names unknown metric(s) {', '.join(unknown)}: use {', '.join(known)} or lm_eval_<task>_<metric>"
-                )
-        bad = {
-            k: v for k, v in self.thresholds.items() if not isinstance(v, (int, float)) or isinstance(v, bool)
-        }
-        if bad:
-            raise ConfigError(f"thresholds values must be numbers, e.g. {{'exact_match': 0.5}} (got {bad})")
 
 
 @dataclass

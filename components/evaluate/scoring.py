@@ -11,9 +11,8 @@ from kfp_finetune.components._shared.contract import lower_is_better
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components.evaluate.confidence import Interval
 
-GENERATION_METRICS = ("exact_match", "token_f1", "rouge_l")
-LOSS_METRICS = ("eval_loss", "perplexity")
-# Which metrics are better lower (losses, perplexities, lm-eval's bits_per_byte): contract.lower_is_better.
+# The metric names: _shared/eval_settings.py; which are better lower (losses, perplexities, lm-eval's
+# bits_per_byte): contract.lower_is_better.
 
 
 def normalize(text: str) -> str:

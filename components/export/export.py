@@ -31,23 +31,13 @@ import yaml
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
 from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
+from kfp_finetune.components._shared.export_settings import DTYPES, dtype_problem, format_problem
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components.export.model_card import CardInputs, render_card
 
 log = get_logger(__name__)
 
-FORMATS = ("merged", "adapter", "both")
-# Accepted spellings -> (torch dtype name, HF config torch_dtype).
-DTYPES = {
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "half": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-}
 CHECKSUMS = "checksums.sha256"
 CARD = "README.md"
 ADAPTER_SUBDIR = "adapter"
@@ -74,20 +64,18 @@ class ExportResult:
 
 def normalize_dtype(dtype: str) -> str:
     """'' (keep the trained dtype) or a torch dtype name; raise ExportError for anything else."""
+    problem = dtype_problem(dtype)
+    if problem:
+        raise ExportError(str(problem))
     key = (dtype or "").strip().lower()
-    if not key:
-        return ""
-    if key not in DTYPES:
-        raise ExportError(
-            f"unknown dtype {dtype!r}: use bf16, fp16 or fp32 (or leave empty to keep the weights')"
-        )
-    return DTYPES[key]
+    return DTYPES[key] if key else ""
 
 
 def check_request(model: TunedModel, fmt: str, dtype: str, destination: str) -> storage.StorageUri:
     """Validate format/dtype/destination/credentials against the model; nothing is written."""
-    if fmt not in FORMATS:
-        raise ExportError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    problem = format_problem(fmt)
+    if problem:
+        raise ExportError(str(problem))
     normalize_dtype(dtype)
     method = model.method or "?"
     if fmt in ("adapter", "both") and not model.adapter_path:

@@ -1,4 +1,4 @@
-"""The gpu-counts KFP component: the fine-tune and evaluate steps' GPU counts as resource fields need them (counts.py)."""
+"""The gpu-counts KFP component: the fine-tune and evaluate steps' GPU counts as resource fields need them (_shared/gpus.py)."""
 
 from typing import NamedTuple
 
@@ -27,7 +27,7 @@ def gpu_counts(tune_gpus_per_node: int = 1, eval_gpus: int = -1) -> NamedTuple(
     """
     from collections import namedtuple
 
-    from kfp_finetune.components.gpu_counts.counts import gpu_counts as counts
+    from kfp_finetune.components._shared.gpus import gpu_counts as counts
 
     tune, evaluate = counts(tune_gpus_per_node, eval_gpus)
     print(f"fine-tune nodes get {tune} GPU(s) each; evaluate gets {evaluate}", flush=True)

@@ -1,4 +1,4 @@
-"""The preflight KFP component (signature + docstring; the implementation is preflight.py)."""
+"""The preflight KFP component (signature + docstring; the implementation is preflight.py and run_settings.py)."""
 
 from kfp import dsl
 
@@ -16,22 +16,78 @@ def preflight(
     tune_backend: str = "trainjob",
     tune_runtime: str = "torchtune",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
+    tune_method: str = "lora",
+    tune_recipe: str = "",
+    tune_config: str = "",
+    tune_epochs: int = 1,
+    tune_max_steps_per_epoch: int = -1,
+    tune_batch_size: int = -1,
+    tune_gradient_accumulation_steps: int = -1,
+    tune_dtype: str = "",
+    tune_learning_rate: float = -1.0,
+    tune_optimizer: str = "",
+    tune_optimizer_fused: str = "auto",
+    tune_weight_decay: float = -1.0,
+    tune_lr_scheduler: str = "",
+    tune_loss: str = "",
+    tune_lora_rank: int = -1,
+    tune_lora_alpha: float = -1.0,
+    tune_lora_dropout: float = -1.0,
+    tune_lora_attn_modules: list = [],  # noqa: B006
+    tune_apply_lora_to_mlp: str = "auto",
+    tune_apply_lora_to_output: str = "auto",
+    tune_max_seq_len: int = -1,
+    tune_num_warmup_steps: int = -1,
+    tune_packed: bool = False,
+    tune_train_on_input: str = "auto",
+    tune_new_system_prompt: str = "",
+    tune_conversation_style: str = "",
+    tune_enable_activation_checkpointing: str = "auto",
+    tune_enable_activation_offloading: str = "auto",
+    tune_compile: bool = False,
+    tune_seed: int = -1,
+    tune_overrides: dict = {},  # noqa: B006
+    tune_device: str = "auto",
+    tune_num_nodes: int = 1,
+    tune_gpus_per_node: int = 1,
+    tune_gpu_memory_gib: float = -1.0,
+    tune_timeout_seconds: int = 86400,
+    tune_cleanup_policy: str = "on-success",
+    tune_trainer_image: str = "",
+    eval_max_samples: int = 200,
+    eval_max_new_tokens: int = 64,
+    eval_gate_metric: str = "eval_loss",
+    eval_min_improvement: float = 0.0,
+    eval_confidence: float = 0.95,
+    eval_thresholds: dict = {},  # noqa: B006
+    eval_lm_eval_tasks: list = [],  # noqa: B006
+    eval_device: str = "auto",
+    eval_gpus: int = -1,
+    export_format: str = "merged",
+    export_dtype: str = "",
 ):
     """Check in seconds, before anything is downloaded or trained, what would otherwise fail a run hours later.
 
-    The first step of the pipelines, on the small CPU image. It checks that the credentials the Kubernetes Secrets
-    give are in the step's environment (HF_TOKEN for an hf:// destination, AWS_ACCESS_KEY_ID /
-    AWS_SECRET_ACCESS_KEY for s3:// unless another credential source is configured); that the export destination
-    is writable with them (s3://: a small probe object is written under the prefix and deleted; hf://: the hub
-    says the token may write to the repo's namespace; a path: a file can be created in the folder, or in its
-    nearest existing parent); that gated or private hf:// model and dataset repos are readable with the token;
-    and, for tune_backend trainjob, that the TrainingRuntime or ClusterTrainingRuntime exists. Every problem
-    found fails the step with one `error:` line listing them all, each naming the parameter and the fix. The
-    step needs the same Secrets (and volumes) as the steps it checks for.
+    The first step of the pipelines, on the small CPU image. It checks every tune_, eval_ and export_ parameter
+    with the rules the steps apply (types, ranges, finite numbers, closed vocabularies with the nearest value
+    for a typo, combinations; the device against the GPU counts; the trainer image reference); fetches the
+    model's config.json and tokenizer files, never its weights, checks the family and layout and resolves the
+    complete torchtune run as the fine-tune step will (recipe, base config, every key, every `_component_`
+    path checked against torchtune's and torch's own names); checks that the credentials the Kubernetes
+    Secrets give are in the step's environment (HF_TOKEN for an hf:// destination, AWS_ACCESS_KEY_ID /
+    AWS_SECRET_ACCESS_KEY for s3:// unless another credential source is configured); that the export
+    destination is writable with them (s3://: a small probe object is written under the prefix and deleted;
+    hf://: the hub says the token may write to the repo's namespace; a path: a file can be created in the
+    folder, or in its nearest existing parent); that gated or private hf:// model and dataset repos are
+    readable with the token; and, for tune_backend trainjob, that the TrainingRuntime or
+    ClusterTrainingRuntime exists. Every problem found fails the step with one `error:` line listing them all,
+    each naming the pipeline parameter and the fix. The step needs the same Secrets (and volumes) as the steps
+    it checks for.
 
     Args:
         export_destination: Where the model will be exported (s3://, hf:// or a path); empty: not checked.
-        model_uri: The base model; an hf:// repo is checked for access with the token; empty: not checked.
+        model_uri: The base model: an hf:// repo is checked for access with the token; its config.json and
+            tokenizer files are fetched (no weights) and the run resolved; empty: not checked.
         data_uri: The dataset; an hf:// repo is checked for access with the token; empty: not checked.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_token_secret: Name of the Secret that gives HF_TOKEN (named in the fix when HF_TOKEN is missing).
@@ -39,10 +95,126 @@ def preflight(
         tune_backend: trainjob (the runtime is checked on the cluster) or local (no cluster needed).
         tune_runtime: The (Cluster)TrainingRuntime the fine-tune's TrainJob will name.
         tune_runtime_kind: ClusterTrainingRuntime or TrainingRuntime (namespaced, in the step's namespace).
+        tune_method: full, lora, qlora (LoRA on a 4-bit base: KEP-2401 quantize_base) or dora (use_dora).
+        tune_recipe: torchtune recipe; empty: chosen from the method and GPU count.
+        tune_config: torchtune config name or YAML path; empty: the model family's config nearest in size.
+        tune_epochs: Passes over the training data.
+        tune_max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
+        tune_batch_size: Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on
+            several nodes where it fits without activation checkpointing), on CPU the base config's.
+        tune_gradient_accumulation_steps: Steps accumulated per optimizer update (a larger effective batch); -1:
+            the base config's.
+        tune_dtype: bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).
+        tune_learning_rate: Peak learning rate; -1: the base config's.
+        tune_optimizer: Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.
+        tune_optimizer_fused: Use the fused optimizer kernel: true, false or auto (the base config's).
+        tune_weight_decay: Optimizer weight decay (0 turns it off); -1: the base config's.
+        tune_lr_scheduler: Learning-rate scheduler component, e.g.
+            torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup; empty: the base config's.
+        tune_loss: Loss component, e.g. torchtune.modules.loss.CEWithChunkedOutputLoss; empty: the base
+            config's.
+        tune_lora_rank: LoRA rank; -1: the base config's.
+        tune_lora_alpha: LoRA scaling alpha (usually twice the rank); -1: the base config's.
+        tune_lora_dropout: Dropout on the LoRA path (0 turns it off); -1: the base config's.
+        tune_lora_attn_modules: Attention projections with LoRA adapters, from q_proj, k_proj, v_proj,
+            output_proj; empty: the base config's.
+        tune_apply_lora_to_mlp: LoRA adapters on the MLP layers too: true, false or auto (the base config's).
+        tune_apply_lora_to_output: A LoRA adapter on the output projection (not with tied embeddings): true,
+            false or auto (the base config's).
+        tune_max_seq_len: Truncate (or pack) examples to this many tokens; -1: on GPUs (and for the packs
+            dataset-initialize writes) the 99th percentile of the tokenized lengths rounded up to 256, raised so
+            the longest masked prompt keeps a trained token, capped by the model; on CPU the base config's
+            (usually no limit).
+        tune_num_warmup_steps: Learning-rate warmup steps (0: none; adds a cosine schedule if the config has
+            none); -1: the base config's.
+        tune_packed: Pack examples into tune_max_seq_len sequences.
+        tune_train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually
+            only the response).
+        tune_new_system_prompt: A system prompt prepended to every training example; empty: none.
+        tune_conversation_style: openai (messages) or sharegpt (conversations), for chat data; empty: from the
+            data.
+        tune_enable_activation_checkpointing: Recompute activations to save GPU memory: true, false or auto (the
+            base config's).
+        tune_enable_activation_offloading: Offload activations to CPU memory (CUDA only): true, false or auto
+            (the base config's).
+        tune_compile: torch.compile the model and loss (faster steps after a slower first one).
+        tune_seed: Random seed; -1: the base config's.
+        tune_overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the
+            typed tune_ settings; empty: none.
+        tune_device: cuda, cpu or auto (cuda when GPUs are requested).
+        tune_num_nodes: TrainJob nodes; more than 1 needs a ReadWriteMany workspace.
+        tune_gpus_per_node: GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.
+        tune_gpu_memory_gib: Memory of one training GPU for the throughput defaults; -1: from the node
+            selector's GPU product, else 80.
+        tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
+        tune_cleanup_policy: on-success (keep failed TrainJobs), always or never.
+        tune_trainer_image: Container image of the TrainJob's node pods, e.g. ghcr.io/org/trainer:1.0; empty:
+            the runtime's image.
+        eval_max_samples: Held-out rows evaluated; 0: all.
+        eval_max_new_tokens: Generation length limit.
+        eval_gate_metric: Metric the tuned model must improve over the base (eval_loss, exact_match, ...).
+        eval_min_improvement: Required gain on eval_gate_metric, on top of a gain beyond the eval set's noise; 0: no
+            more.
+        eval_confidence: Confidence level (0-1) of the improvement's interval, whose lower bound must be above 0.
+        eval_thresholds: Absolute bounds for the tuned model, e.g. {"exact_match": 0.5}.
+        eval_lm_eval_tasks: lm-eval-harness tasks to run as well; empty: none.
+        eval_device: cuda, cpu or auto.
+        eval_gpus: GPUs for the evaluate step; -1: one when the fine-tune uses GPUs, else none.
+        export_format: merged (HF safetensors folder), adapter (PEFT) or both; training saves what it needs.
+        export_dtype: Convert weights to bf16, fp16 or fp32 on export; empty: as trained.
     """
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components.preflight.preflight import PreflightError, run_preflight
 
+    settings = {
+        "tune_method": tune_method,
+        "tune_recipe": tune_recipe,
+        "tune_config": tune_config,
+        "tune_epochs": tune_epochs,
+        "tune_max_steps_per_epoch": tune_max_steps_per_epoch,
+        "tune_batch_size": tune_batch_size,
+        "tune_gradient_accumulation_steps": tune_gradient_accumulation_steps,
+        "tune_dtype": tune_dtype,
+        "tune_learning_rate": tune_learning_rate,
+        "tune_optimizer": tune_optimizer,
+        "tune_optimizer_fused": tune_optimizer_fused,
+        "tune_weight_decay": tune_weight_decay,
+        "tune_lr_scheduler": tune_lr_scheduler,
+        "tune_loss": tune_loss,
+        "tune_lora_rank": tune_lora_rank,
+        "tune_lora_alpha": tune_lora_alpha,
+        "tune_lora_dropout": tune_lora_dropout,
+        "tune_lora_attn_modules": tune_lora_attn_modules,
+        "tune_apply_lora_to_mlp": tune_apply_lora_to_mlp,
+        "tune_apply_lora_to_output": tune_apply_lora_to_output,
+        "tune_max_seq_len": tune_max_seq_len,
+        "tune_num_warmup_steps": tune_num_warmup_steps,
+        "tune_packed": tune_packed,
+        "tune_train_on_input": tune_train_on_input,
+        "tune_new_system_prompt": tune_new_system_prompt,
+        "tune_conversation_style": tune_conversation_style,
+        "tune_enable_activation_checkpointing": tune_enable_activation_checkpointing,
+        "tune_enable_activation_offloading": tune_enable_activation_offloading,
+        "tune_compile": tune_compile,
+        "tune_seed": tune_seed,
+        "tune_overrides": tune_overrides,
+        "tune_device": tune_device,
+        "tune_num_nodes": tune_num_nodes,
+        "tune_gpus_per_node": tune_gpus_per_node,
+        "tune_gpu_memory_gib": tune_gpu_memory_gib,
+        "tune_trainer_image": tune_trainer_image,
+        "eval_max_samples": eval_max_samples,
+        "eval_max_new_tokens": eval_max_new_tokens,
+        "eval_gate_metric": eval_gate_metric,
+        "eval_min_improvement": eval_min_improvement,
+        "eval_confidence": eval_confidence,
+        "eval_thresholds": eval_thresholds,
+        "eval_lm_eval_tasks": eval_lm_eval_tasks,
+        "eval_device": eval_device,
+        "eval_gpus": eval_gpus,
+        "export_format": export_format,
+        "export_dtype": export_dtype,
+    }
     with usage_errors(PreflightError):
         run_preflight(
             export_destination=export_destination,
@@ -54,4 +226,5 @@ def preflight(
             tune_backend=tune_backend,
             tune_runtime=tune_runtime,
             tune_runtime_kind=tune_runtime_kind,
+            settings=settings,
         )

@@ -3,6 +3,10 @@
 `run_preflight` runs every check and collects the problems; when there are any, it raises one PreflightError
 listing them all (each names the pipeline parameter and the fix), so a user fixes everything in one go:
 
+0. the run's settings (run_settings.py): every tune_ / eval_ / export_ parameter by the steps' own rules (the
+   fine-tune step's own: backend, cleanup policy, timeout, GPU memory), the devices against the GPU counts, the
+   trainer image reference; then the model's config.json and tokenizer
+   files (never its weights) and the whole torchtune run resolved from them;
 1. credentials: the variables the named Kubernetes Secrets put into the step's environment (HF_TOKEN for an hf://
    destination; AWS_* for s3://, unless another credential source is configured);
 2. the export destination: the credentials may write there (storage.probe_destination: a probe object written
@@ -17,24 +21,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.preflight import run_settings
+from kfp_finetune.components.preflight.problems import Problem
+from kfp_finetune.components.preflight.run_settings import RunSettings
 
 log = get_logger(__name__)
 
 
 class PreflightError(Exception):
     """One or more problems a run would hit later; the message lists them all on one line."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    parameter: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.parameter}: {' '.join(self.message.split())}"  # one line, whatever the cause's layout
 
 
 @dataclass(frozen=True)
@@ -141,6 +140,22 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
     return []
 
 
+def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[[str, str | None], list[Problem]]]:
+    """The settings' problems, and the model check to run once the model is known readable (the model alone
+    when the settings are already wrong: the run cannot be resolved from them)."""
+    config, problems = run_settings.check_training(settings)
+    problems += run_settings.check_hardware(settings, config.device if config else None)
+    problems += run_settings.check_evaluate_and_export(settings)
+    problems += run_settings.check_launch(settings)
+    problems += run_settings.check_image(settings)
+
+    def check_model(model_uri: str, endpoint_url: str | None) -> list[Problem]:
+        resolvable = None if problems else config
+        return run_settings.check_model_and_run(settings, resolvable, model_uri, endpoint_url)
+
+    return problems, check_model
+
+
 def run_preflight(
     *,
     export_destination: str = "",
@@ -152,33 +167,46 @@ def run_preflight(
     tune_backend: str = "trainjob",
     tune_runtime: str = "torchtune",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
+    settings: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Run every check; return what was checked, or raise PreflightError listing every problem found."""
+    """Run every check; return what was checked, or raise PreflightError listing every problem found.
+
+    `settings`: the pipeline's tune_ / eval_ / export_ parameters by name; one not given keeps its default."""
     secrets = Secrets(hf_token_secret, s3_secret)
     problems: list[Problem] = []
     given = {"export_destination": export_destination, "model_uri": model_uri, "data_uri": data_uri}
     uris = {name: u for name, value in given.items() if value and (u := _parsed(name, value, problems))}
+    settings_problems, check_model = check_settings(
+        RunSettings({**(settings or {}), "tune_backend": tune_backend})
+    )
+    problems += settings_problems
     problems += check_credentials(uris, "export_destination", secrets)
     blocked = {p for problem in problems for p in problem.parameter.split(", ")}  # no credentials: no probe
-    checks: list[tuple[str, Callable[[], list[Problem]]]] = []
+    # (what is checked, the parameter whose problem makes the check pointless, the check)
+    checks: list[tuple[str, str, Callable[[], list[Problem]]]] = []
     if "export_destination" in uris:
-        checks.append(("export_destination", lambda: check_destination(
+        checks.append(("export_destination", "export_destination", lambda: check_destination(
             "export_destination", uris["export_destination"], s3_endpoint_url or None)))  # fmt: skip
     for name, repo_type in (("model_uri", "model"), ("data_uri", "dataset")):
         if name in uris and uris[name].scheme == "hf":
-            checks.append((name, lambda name=name, repo_type=repo_type: check_hub_source(
+            checks.append((name, name, lambda name=name, repo_type=repo_type: check_hub_source(
                 name, uris[name], repo_type, secrets)))  # fmt: skip
+    if "model_uri" in uris:  # after the access check: a repo the token cannot read is not fetched from
+        checks.append(("model", "model_uri", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster
-        checks.append(("tune_runtime", lambda: check_runtime(tune_backend, tune_runtime, tune_runtime_kind)))
+        checks.append(("tune_runtime", "tune_runtime", lambda: check_runtime(
+            tune_backend, tune_runtime, tune_runtime_kind)))  # fmt: skip
     done = []
-    for name, check in checks:
-        if name not in blocked:
-            problems += check()
+    for name, needs, check in checks:
+        if needs not in blocked:
+            found = check()
+            problems += found
+            blocked |= {problem.parameter for problem in found}
             done.append(name)
     if problems:
         count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
         raise PreflightError(
-            f"pre-flight found {count}, nothing was downloaded or trained: "
+            f"pre-flight found {count}, no weights were downloaded, nothing was trained: "
             + " | ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         )
     log.info("pre-flight passed: %s", ", ".join(done))

@@ -71,7 +71,7 @@ def _qa_file(tmp_path):
     [
         ("data_uri typo", "dataset-initialize", r"error: .*trian\.jsonl.*no such file or directory"),
         ("missing column", "dataset-initialize", r"error: .*'input'.*\['question', 'answer'\].*column_map"),
-        ("model_uri typo", "model-initialize", r"error: .*tiny-lama.*no such file or directory"),
+        ("model_uri typo", "preflight", r"error: .*model_uri: .*tiny-lama.*no such file or directory"),
     ],
 )
 def test_bad_input_fails_its_step_at_once_with_one_clear_message(

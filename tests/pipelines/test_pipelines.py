@@ -15,7 +15,7 @@ from kfp import compiler, dsl, local
 from kfp.components import load_component_from_file
 
 from kfp_finetune.commands.compile import stale_files
-from kfp_finetune.components.gpu_counts.counts import gpu_counts
+from kfp_finetune.components._shared.gpus import gpu_counts
 from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, sweep_pipeline
 from tests.support import kfp_driver
 from tests.support import kube_standin as standin

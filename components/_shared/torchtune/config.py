@@ -8,15 +8,18 @@ component's parameters spell that `None` with the one "unset" convention of `_sh
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
 
 METHODS = ("full", "lora", "qlora", "dora")
 DATASET_TYPES = ("instruct", "chat", "text")
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICES = ("cuda", "cpu", "xpu", "npu", "mps")
+LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
 
 
 @dataclass
@@ -92,25 +95,28 @@ class TorchtuneConfig:
         return self.method != "full"
 
     def check(self) -> None:
-        """Field-level checks that need neither the model nor torchtune."""
-        _one_of("method", self.method, METHODS)
+        """Field-level checks that need neither the model nor torchtune: raise the first problem."""
+        problems = self.problems()
+        if problems:
+            raise problems[0]
+
+    def problems(self) -> list[SettingError]:
+        """Every field-level problem (types, ranges, closed vocabularies, combinations), each naming its field."""
+        found = [*_type_problems(self), *_finite_problems(self)]
+        if self.overrides is None:
+            found.append(SettingError("overrides", "must be a mapping of dotted torchtune keys to values"))
+        if found:  # the range checks below compare values of the declared types
+            return found
+        found += one_of("method", self.method, METHODS)
         if self.dtype is not None:
-            _one_of("dtype", self.dtype, DTYPES)
+            found += one_of("dtype", self.dtype, DTYPES)
         if self.device is not None:
-            _one_of("device", self.device, DEVICES)
-        _one_of("dataset_type", self.dataset.dataset_type, DATASET_TYPES)
-        if self.dataset.dataset_type == "instruct" and self.dataset.data_style not in (
-            None,
-            "input_output",
-            "alpaca",
-        ):
-            raise ConfigError(
-                f"data_style for instruct data must be input_output or alpaca (got {self.dataset.data_style!r})"
-            )
-        if self.dataset.conversation_style not in (None, "openai", "sharegpt"):
-            raise ConfigError(
-                f"conversation_style must be openai or sharegpt (got {self.dataset.conversation_style!r})"
-            )
+            found += one_of("device", self.device, DEVICES)
+        found += one_of("dataset_type", self.dataset.dataset_type, DATASET_TYPES)
+        if self.dataset.dataset_type == "instruct" and self.dataset.data_style is not None:
+            found += one_of("data_style", self.dataset.data_style, ("input_output", "alpaca"))
+        if self.dataset.conversation_style is not None:
+            found += one_of("conversation_style", self.dataset.conversation_style, ("openai", "sharegpt"))
         for name in (
             "batch_size",
             "epochs",
@@ -120,50 +126,147 @@ class TorchtuneConfig:
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {value}){_UNSET_HINT}")
+                found.append(SettingError(name, f"must be at least 1 (got {value}){_unset_hint(value)}"))
         if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0 (got {self.learning_rate}){_UNSET_HINT}")
+            found.append(
+                SettingError(
+                    "learning_rate",
+                    f"must be > 0 (got {self.learning_rate}), e.g. 2e-4 for LoRA"
+                    f"{_unset_hint(self.learning_rate)}",
+                )
+            )
         if self.num_warmup_steps is not None and self.num_warmup_steps < 0:
-            raise ConfigError(f"num_warmup_steps must be >= 0 (got {self.num_warmup_steps}){_UNSET_HINT}")
+            found.append(
+                SettingError(
+                    "num_warmup_steps",
+                    f"must be >= 0 (got {self.num_warmup_steps}){_unset_hint(self.num_warmup_steps)}",
+                )
+            )
         if self.weight_decay is not None and not self.weight_decay >= 0:
-            raise ConfigError(
-                f"weight_decay must be >= 0 (got {self.weight_decay}); typical values are 0-0.1{_UNSET_HINT}"
+            found.append(
+                SettingError(
+                    "weight_decay",
+                    f"must be >= 0 (got {self.weight_decay}); typical values are 0-0.1"
+                    f"{_unset_hint(self.weight_decay)}",
+                )
             )
         if self.seed is not None and self.seed < 0:
-            raise ConfigError(
-                f"seed must be 0 or more (got {self.seed}); leave it unset (-1 in the component) for the base "
-                "config's"
-            )
+            found.append(SettingError("seed", f"must be 0 or more (got {self.seed}){_unset_hint(self.seed)}"))
         if self.log_every_n_steps is not None and self.log_every_n_steps < 1:
-            raise ConfigError(f"log_every_n_steps must be at least 1 (got {self.log_every_n_steps})")
+            found.append(
+                SettingError("log_every_n_steps", f"must be at least 1 (got {self.log_every_n_steps})")
+            )
+        found += _lora_problems(self.lora)
         lora = self.lora
-        if lora.lora_rank is not None and lora.lora_rank < 1:
-            raise ConfigError(
-                f"lora_rank must be at least 1 (got {lora.lora_rank}); typical values are 8-64{_UNSET_HINT}"
-            )
-        if lora.lora_alpha is not None and not lora.lora_alpha > 0:
-            raise ConfigError(
-                f"lora_alpha must be > 0 (got {lora.lora_alpha}); usually twice lora_rank{_UNSET_HINT}"
-            )
-        if lora.lora_dropout is not None and not 0 <= lora.lora_dropout < 1:
-            raise ConfigError(f"lora_dropout must be in [0, 1) (got {lora.lora_dropout}){_UNSET_HINT}")
-        if lora.lora_attn_modules is not None:
-            unknown = sorted(set(lora.lora_attn_modules) - {"q_proj", "k_proj", "v_proj", "output_proj"})
-            if unknown or not lora.lora_attn_modules:
-                raise ConfigError(
-                    f"lora_attn_modules has {unknown or 'no modules'}; choose from q_proj, k_proj, v_proj, output_proj"
-                )
         if self.method == "full" and (lora.quantize_base or lora.use_dora):
-            what = "quantize_base (QLoRA)" if lora.quantize_base else "use_dora (DoRA)"
-            raise ConfigError(f"{what} needs an adapter: set method to qlora/dora instead of full")
+            name, what, method = (
+                ("quantize_base", "QLoRA", "qlora") if lora.quantize_base else ("use_dora", "DoRA", "dora")
+            )
+            found.append(
+                SettingError(name, f"({what}) needs an adapter: set method to {method} instead of full")
+            )
         if self.method == "qlora" and lora.quantize_base is False:
-            raise ConfigError(
-                "method=qlora quantizes the base model; remove quantize_base=False or use method=lora"
+            found.append(
+                SettingError(
+                    "quantize_base",
+                    "must not be false with method=qlora, which quantizes the base model: remove it, or set "
+                    "method=lora",
+                )
             )
         if self.method == "dora" and lora.use_dora is False:
-            raise ConfigError("method=dora needs use_dora; remove use_dora=False or use method=lora")
-        if self.overrides is None or not isinstance(self.overrides, dict):
-            raise ConfigError("overrides must be a mapping of dotted torchtune keys to values")
+            found.append(
+                SettingError("use_dora", "must not be false with method=dora: remove it, or set method=lora")
+            )
+        return found
+
+
+def _lora_problems(lora: LoraSettings) -> list[SettingError]:
+    found = []
+    if lora.lora_rank is not None and lora.lora_rank < 1:
+        found.append(
+            SettingError(
+                "lora_rank",
+                f"must be at least 1 (got {lora.lora_rank}); typical values are 8-64"
+                f"{_unset_hint(lora.lora_rank)}",
+            )
+        )
+    if lora.lora_alpha is not None and not lora.lora_alpha > 0:
+        found.append(
+            SettingError(
+                "lora_alpha",
+                f"must be > 0 (got {lora.lora_alpha}); usually twice the LoRA rank"
+                f"{_unset_hint(lora.lora_alpha)}",
+            )
+        )
+    if lora.lora_dropout is not None and not 0 <= lora.lora_dropout < 1:
+        found.append(
+            SettingError(
+                "lora_dropout", f"must be in [0, 1) (got {lora.lora_dropout}){_unset_hint(lora.lora_dropout)}"
+            )
+        )
+    if lora.lora_attn_modules is not None:
+        unknown = sorted(set(lora.lora_attn_modules) - set(LORA_ATTN_MODULES))
+        if unknown or not lora.lora_attn_modules:
+            found.append(
+                SettingError(
+                    "lora_attn_modules",
+                    f"has {unknown or 'no modules'}; choose from {', '.join(LORA_ATTN_MODULES)}",
+                )
+            )
+    return found
+
+
+@functools.cache
+def _declared_types() -> dict[str, tuple[type, type]]:
+    """Each field's declared type (TorchtuneConfig and its groups), as the field name -> (class, its group)."""
+    import types
+    import typing
+
+    found = {}
+    for cls in (TorchtuneConfig, LoraSettings, DatasetSettings):
+        for name, hint in typing.get_type_hints(cls).items():
+            args = (
+                typing.get_args(hint)
+                if typing.get_origin(hint) in (typing.Union, types.UnionType)
+                else (hint,)
+            )
+            kinds = [typing.get_origin(a) or a for a in args if a is not type(None)]
+            if len(kinds) == 1 and kinds[0] in (int, float, str, bool, list, dict):
+                found[name] = (kinds[0], cls)
+    return found
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false", list: "a list",
+               dict: "a mapping"}  # fmt: skip
+
+
+def _holder(config: TorchtuneConfig, cls: type) -> object:
+    return {LoraSettings: config.lora, DatasetSettings: config.dataset}.get(cls, config)
+
+
+def _type_problems(config: TorchtuneConfig) -> list[SettingError]:
+    found = []
+    for name, (kind, cls) in _declared_types().items():
+        value = getattr(_holder(config, cls), name)
+        if value is None:
+            continue
+        fits = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            fits = True  # 1 for 1.0
+        if not fits:
+            found.append(
+                SettingError(name, f"must be {_KIND_NAMES[kind]} (got {type(value).__name__} {value!r})")
+            )
+    return found
+
+
+def _finite_problems(config: TorchtuneConfig) -> list[SettingError]:
+    found = []
+    for name, (kind, cls) in _declared_types().items():
+        value = getattr(_holder(config, cls), name)
+        if kind is float and isinstance(value, float) and not math.isfinite(value):
+            found.append(SettingError(name, f"must be a finite number (got {value})"))
+    return found
 
 
 # On/off settings: the component takes them as "auto" | "true" | "false" text (see _shared/unset.py).
@@ -174,12 +277,13 @@ SWITCHES = frozenset(
     if f.type == "bool | None"
 )
 
-_UNSET_HINT = "; -1 keeps the base config's"
 
-
-def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+def _unset_hint(value: object) -> str:
+    """How to keep the base config's value: the unset sentinel (-1) where it was not the value given (the CLI
+    takes -1 as a value; there a setting is unset by leaving it out)."""
+    if value == -1:
+        return "; leave it out to keep the base config's"
+    return "; -1 keeps the base config's"
 
 
 def parse_value(text: str) -> Any:

@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared import torchtune_files
-from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import Choice, TokenLengths, choose_defaults
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
@@ -115,24 +116,26 @@ def select_recipe_and_config(
     recipe = cfg.recipe or FINETUNE_RECIPES[("full" if cfg.method == "full" else "lora", distributed)]
     if recipe not in registry:
         finetune = sorted(name for name in registry if "finetune" in name)
-        raise ConfigError(
-            f"unknown recipe {recipe!r}; torchtune 0.6.1 fine-tuning recipes: {', '.join(finetune)}"
+        raise SettingError(
+            "recipe", f"{recipe!r} is unknown; torchtune 0.6.1 fine-tuning recipes: {', '.join(finetune)}"
         )
     if "finetune" not in recipe and "qat" not in recipe and "distillation" not in recipe:
-        raise ConfigError(f"recipe {recipe!r} does not fine-tune a model; choose a *_finetune_* recipe")
+        raise SettingError("recipe", f"{recipe!r} does not fine-tune a model; choose a *_finetune_* recipe")
     if not recipe_method_matches(recipe, cfg.method):
-        raise ConfigError(
-            f"recipe {recipe!r} does not match method={cfg.method!r}: "
+        raise SettingError(
+            "recipe",
+            f"{recipe!r} does not match method={cfg.method!r}: "
             + (
                 "use a lora_* recipe for lora/qlora/dora"
                 if cfg.method != "full"
                 else "use a full_* recipe for full"
-            )
+            ),
         )
     if distributed and not registry[recipe].supports_distributed:
-        raise ConfigError(
-            f"recipe {recipe!r} runs on one device but {nodes} node(s) x {devices} device(s) were requested; "
-            "use its *_distributed counterpart or set devices=1, nodes=1"
+        raise SettingError(
+            "recipe",
+            f"{recipe!r} runs on one device but {nodes} node(s) x {devices} device(s) were requested; "
+            "use its *_distributed counterpart or set devices=1, nodes=1",
         )
     configs = {c.name: c.file_path for c in registry[recipe].configs}
 
@@ -144,10 +147,11 @@ def select_recipe_and_config(
             return recipe, None, path.resolve()
         all_configs = {c.name for r in registry.values() for c in r.configs}
         if cfg.config in all_configs:
-            raise ConfigError(f"config {cfg.config!r} belongs to another recipe than {recipe!r}")
-        raise ConfigError(
-            f"unknown config {cfg.config!r} for recipe {recipe!r}: give a registry name "
-            f"(`tune ls`, e.g. {next(iter(sorted(configs)), 'none')}) or a path to a .yaml file"
+            raise SettingError("config", f"{cfg.config!r} belongs to another recipe than {recipe!r}")
+        raise SettingError(
+            "config",
+            f"{cfg.config!r} is unknown for recipe {recipe!r}: give a registry name "
+            f"(`tune ls`, e.g. {next(iter(sorted(configs)), 'none')}) or a path to a .yaml file",
         )
     name = _nearest_config(list(configs), model, cfg.method)
     return recipe, name, _config_file(configs[name])
@@ -189,6 +193,7 @@ def resolve_run(
     token_lengths: TokenLengths | None = None,
     tokenize_sample: bool = True,
     packs: Callable[[dict], object] | None = None,
+    weights_required: bool = True,
 ) -> ResolvedRun:
     """Resolve, check and (by default) write `<run_dir>/torchtune_config.yaml`. Raises ConfigError on bad input.
 
@@ -199,10 +204,14 @@ def resolve_run(
     `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
     is made to hold what that needs, or the run is refused. `gpu_memory_gib` (None: 80) and `token_lengths` (the
     data's, when dataset-initialize recorded them; None: a sample is tokenized, or with `tokenize_sample=False`
-    estimated from characters without torch) feed the defaults (defaults.py)."""
+    estimated from characters without torch) feed the defaults (defaults.py). `weights_required=False` resolves
+    from config.json and the tokenizer files alone (pre-flight, before any weights are fetched): the
+    checkpointer then names no files."""
     cfg.check()
     if export_format and export_format not in EXPORT_FORMATS:
-        raise ConfigError(f"export_format must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})")
+        raise SettingError(
+            "export_format", f"must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})"
+        )
     if devices < 1 or nodes < 1:
         raise ConfigError(f"devices and nodes must be at least 1 (got devices={devices}, nodes={nodes})")
     distributed = devices * nodes > 1
@@ -210,7 +219,7 @@ def resolve_run(
         raise ConfigError(
             "torchtune's distributed recipes cannot run on CPU: use devices=1, nodes=1 with device=cpu"
         )
-    model = inspect_model_dir(model_dir)
+    model = inspect_model_dir(model_dir, weights_required=weights_required)
     run_dir = Path(run_dir).resolve()
     recipe, config_name, config_file = select_recipe_and_config(cfg, model, devices, nodes)
     base = _load_config_file(config_file)
@@ -228,6 +237,7 @@ def resolve_run(
     )
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
+    check_components(config, cfg, config_name or str(config_file))
     if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
         packs(config)
     _check_paths_inside(config, run_dir)
@@ -273,9 +283,10 @@ def _apply_model(config: dict, base: dict, cfg: TorchtuneConfig, model: ModelDir
         if not lora.get("lora_attn_modules"):
             lora["lora_attn_modules"] = ["q_proj", "v_proj", "output_proj"]
         if lora.get("apply_lora_to_output") and model.hf_config.get("tie_word_embeddings"):
-            raise ConfigError(
-                "apply_lora_to_output is not possible: this model ties its output projection to the embeddings "
-                "(tie_word_embeddings); set apply_lora_to_output=False"
+            raise SettingError(
+                "apply_lora_to_output",
+                "is not possible: this model ties its output projection to the embeddings (tie_word_embeddings); "
+                "leave it unset or false",
             )
         if lora["quantize_base"]:
             _check_qlora_dims(model, lora)
@@ -299,9 +310,10 @@ def _check_qlora_dims(model: ModelDir, lora: dict) -> None:
     bad = {name: numel for name, numel in targets.items() if numel % _NF4_MULTIPLE}
     if bad:
         detail = ", ".join(f"{name} has {numel} weights" for name, numel in bad.items())
-        raise ConfigError(
-            f"QLoRA cannot quantize this model: {detail}, not a multiple of {_NF4_MULTIPLE} (NF4 blocks of 64 "
-            "with scaler blocks of 256). Use method=lora, or a model with hidden size >= 256."
+        raise SettingError(
+            "method",
+            f"qlora: QLoRA cannot quantize this model: {detail}, not a multiple of {_NF4_MULTIPLE} (NF4 blocks of "
+            "64 with scaler blocks of 256). Use method=lora, or a model with hidden size >= 256.",
         )
 
 
@@ -344,7 +356,7 @@ def _apply_data(config: dict, cfg: TorchtuneConfig, data: str | os.PathLike | No
         node["train_on_input"] = bool(settings.train_on_input)
         if settings.new_system_prompt is not None:
             if alpaca:
-                raise ConfigError("new_system_prompt is not supported for alpaca-style data by torchtune")
+                raise SettingError("new_system_prompt", "is not supported for alpaca-style data by torchtune")
             node["new_system_prompt"] = settings.new_system_prompt
     if settings.dataset_type == "instruct" and settings.column_map:
         node["column_map"] = dict(settings.column_map)
@@ -353,7 +365,9 @@ def _apply_data(config: dict, cfg: TorchtuneConfig, data: str | os.PathLike | No
         node["conversation_style"] = settings.conversation_style or "openai"
     node["packed"] = bool(cfg.packed)
     if cfg.packed and not config["tokenizer"].get("max_seq_len"):
-        raise ConfigError("packed=True needs max_seq_len (the length packs are filled to)")
+        raise SettingError(
+            "packed", "needs max_seq_len (the length packs are filled to): set max_seq_len too"
+        )
     config["dataset"] = node
 
 
@@ -367,7 +381,7 @@ def _apply_training(config: dict, cfg: TorchtuneConfig, recipe: str) -> None:
             config[key] = value
     if cfg.save_adapter_weights_only is not None:
         if not cfg.is_peft:
-            raise ConfigError("save_adapter_weights_only applies to lora/qlora/dora, not to method=full")
+            raise SettingError("save_adapter_weights_only", "applies to lora/qlora/dora, not to method=full")
         config["save_adapter_weights_only"] = cfg.save_adapter_weights_only
     if cfg.loss:
         config["loss"] = {"_component_": cfg.loss}
@@ -438,17 +452,17 @@ def _apply_overrides(config: dict, overrides: dict[str, Any], base_name: str) ->
                     node[part] = {}
                 else:
                     missing = ".".join(parts[: depth + 1])
-                    raise ConfigError(_missing_key(key, missing, base_name))
+                    raise SettingError("overrides", _missing_key(key, missing, base_name))
             node = node[part]
         leaf = parts[-1]
         if remove:
             if leaf not in node:
-                raise ConfigError(_missing_key(key, key.lstrip("~"), base_name))
+                raise SettingError("overrides", _missing_key(key, key.lstrip("~"), base_name))
             del node[leaf]
         elif leaf in node or add:
             node[leaf] = _number_checked(key, node.get(leaf), value)
         else:
-            raise ConfigError(_missing_key(key, key, base_name))
+            raise SettingError("overrides", _missing_key(key, key, base_name))
 
 
 # Keys torchtune reads as numbers even where a base config leaves them out or null.
@@ -474,7 +488,9 @@ def _number_checked(key: str, current: Any, value: Any) -> Any:
         except ValueError:
             pass
     example = current if current is not None else 1.0
-    raise ConfigError(f"overrides[{key!r}] must be a number (got {value!r}), e.g. {{{key!r}: {example}}}")
+    raise SettingError(
+        "overrides", f"[{key!r}] must be a number (got {value!r}), e.g. {{{key!r}: {example}}}"
+    )
 
 
 def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format: str, base_name: str) -> None:
@@ -482,9 +498,10 @@ def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format:
     if not export_format:
         return
     if export_format in ("adapter", "both") and not cfg.is_peft:
-        raise ConfigError(
-            f"export_format={export_format} needs a LoRA adapter, but method=full trains none: "
-            "set export_format=merged, or method=lora/qlora/dora"
+        raise SettingError(
+            "export_format",
+            f"{export_format} needs a LoRA adapter, but method=full trains none: set export_format=merged, or "
+            "method=lora/qlora/dora",
         )
     if export_format == "adapter" or not config.get("save_adapter_weights_only"):
         return
@@ -507,7 +524,7 @@ def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format:
 
 def _missing_key(key: str, missing: str, base_name: str) -> str:
     return (
-        f"overrides key {key!r}: {missing!r} does not exist in the resolved config (base {base_name}); "
+        f"key {key!r}: {missing!r} does not exist in the resolved config (base {base_name}); "
         f"check the spelling with `kfp-finetune resolve-config`, or write '+{key.lstrip('+~')}' to add a new key"
     )
 

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.launch_settings import BACKENDS
 
 if TYPE_CHECKING:
     from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
-
-BACKENDS = ("trainjob", "local")
 
 
 @dataclasses.dataclass

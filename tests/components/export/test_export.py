@@ -236,8 +236,8 @@ def test_interrupted_copy_to_a_path_is_completed(finetuned, tmp_path):
         ({}, "s3://bucket", "name a folder"),
         ({"format": "adapter", "meta": {"method": "full", "adapter_path": ""}}, "/x", "a full fine-tune has no adapter"),
         ({"format": "merged", "meta": {"merged_path": ""}}, "/x", "set export_format=adapter"),
-        ({"format": "gguf"}, "/x", "unknown format 'gguf'"),
-        ({"dtype": "int4"}, "/x", "unknown dtype 'int4'"),
+        ({"format": "gguf"}, "/x", "format must be one of merged, adapter, both \\(got 'gguf'\\)"),
+        ({"dtype": "int4"}, "/x", "dtype must be bf16, fp16 or fp32.*\\(got 'int4'\\)"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_before_anything_is_written(finetuned, tmp_path, change, destination, match):

@@ -3,7 +3,7 @@ fine-tune used GPUs, unless eval_gpus says otherwise."""
 
 import pytest
 
-from kfp_finetune.components.gpu_counts.counts import gpu_counts
+from kfp_finetune.components._shared.gpus import gpu_counts
 
 
 def test_one_gpu_for_evaluation_when_training_used_gpus_else_none_and_an_explicit_count_wins():

@@ -21,7 +21,6 @@ from tests.support.sources import (
     result,
     run_python,
     use_s3_credentials,
-    write_fake_model,
 )
 
 kube_standin = standin.kube_standin
@@ -137,9 +136,9 @@ SCENARIOS = """
 
 
 @pytest.fixture(scope="module")
-def hub_results(tmp_path_factory):
+def hub_results(tmp_path_factory, tiny_llama):
     tmp = tmp_path_factory.mktemp("hub")
-    model = write_fake_model(tmp / "model", seed=1)
+    model = tiny_llama  # a real model: pre-flight resolves the run from its config and tokenizer files
     with HubStandin() as hub:
         hub.add_repo("org/tiny", model)
         hub.add_repo("org/gated", model, gated=True, tokens=("hf_write",))
@@ -180,7 +179,7 @@ def hub_results(tmp_path_factory):
 
 def test_a_write_token_passes_for_its_namespaces_and_creates_nothing(hub_results):
     assert hub_results["hf_write"]["own"] == {"done": ["export_destination"]}
-    assert hub_results["hf_write"]["org"] == {"done": ["export_destination", "model_uri"]}
+    assert hub_results["hf_write"]["org"] == {"done": ["export_destination", "model_uri", "model"]}
     assert hub_results["hf_fine"]["scoped"] == {"done": ["export_destination"]}
     assert hub_results["repos"] == ["org/gated", "org/tiny"], "the probe created no repo"
     assert not [p for m, p, _ in hub_results["requests"] if m in ("POST", "PUT")], "nothing written"
@@ -206,7 +205,7 @@ def test_a_token_that_cannot_push_fails_naming_why(hub_results, token, case, exp
 
 
 def test_a_gated_source_is_probed_with_the_token(hub_results):
-    assert hub_results[None]["public"] == {"done": ["model_uri"]}
+    assert hub_results[None]["public"] == {"done": ["model_uri", "model"]}
     no_token = hub_results[None]["gated"]["error"]
     assert re.search(
         r"model_uri: model repo 'org/gated' .*is gated \(401\) and HF_TOKEN is not set", no_token
@@ -216,7 +215,10 @@ def test_a_gated_source_is_probed_with_the_token(hub_results):
     assert re.search(r"model_uri: .*is gated and the token in HF_TOKEN has no access \(403\)", refused)
     probes = [(m, status) for m, p, status in hub_results["requests"] if "/org/gated/resolve/" in p]
     assert ("HEAD", 200) in probes and ("HEAD", 401) in probes and ("HEAD", 403) in probes, probes
-    assert all(m == "HEAD" for m, _ in probes), "metadata only: nothing downloaded"
+    # Refused tokens read metadata only; the accepted one (hf_write) fetched the config and tokenizer files.
+    fetched = [p for m, p, status in hub_results["requests"] if m == "GET" and "/org/gated/resolve/" in p]
+    assert all(status == 200 for m, status in probes if m == "GET"), probes
+    assert fetched and not [p for p in fetched if ".safetensors" in p], "no weights downloaded"
 
 
 # --- the runtime, against the Kubernetes stand-in --------------------------------------------------------------
@@ -246,7 +248,7 @@ def test_every_problem_is_listed_in_one_line(kube_standin, s3, monkeypatch, tmp_
         )
     message = _problems(failed.value)
     assert message.startswith(
-        "pre-flight found 2 problems, nothing was downloaded or trained: (1) export_destination"
+        "pre-flight found 2 problems, no weights were downloaded, nothing was trained: (1) export_destination"
     )
     assert "| (2) tune_runtime: ClusterTrainingRuntime 'nope' not found" in message
 
@@ -269,3 +271,30 @@ def test_a_bad_destination_fails_the_first_step_and_nothing_downstream_starts(s3
     )
     assert "Traceback" not in output
     assert seconds < 30, f"took {seconds:.0f} s"
+
+
+def test_a_bad_tune_setting_fails_the_first_step_before_model_initialize_starts(tiny_llama, tmp_path, capfd):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input": f"q{i}", "output": f"a{i}"}) + "\n" for i in range(8)))
+    failure, output, _ = _run_until_a_step_fails(
+        tmp_path, capfd, model_uri=str(tiny_llama), data_uri=str(data), tune_method="lorra", tune_device="cpu",
+        tune_gpus_per_node=0,
+    )  # fmt: skip
+    assert "Inner task failed: 'preflight'" in failure
+    for downstream in ("model-initialize", "dataset-initialize", "torchtune-finetune"):
+        assert f"Executing task '{downstream}'" not in output, f"{downstream} started"
+    errors = [line.strip() for line in output.splitlines() if line.strip().startswith("error:")]
+    assert len(errors) == 1 and "(1) tune_method: must be one of full, lora, qlora, dora (got 'lorra'): did you " \
+        "mean 'lora'?" in errors[0], errors  # fmt: skip
+
+
+def test_an_s3_model_is_resolved_from_its_config_and_tokenizer_alone(s3, tiny_llama):
+    bucket = boto3.client("s3", endpoint_url=s3.url)
+    for path in (p for p in tiny_llama.rglob("*") if p.is_file()):
+        bucket.upload_file(str(path), "models", f"base/tiny/{path.relative_to(tiny_llama).as_posix()}")
+    assert run_preflight(model_uri="s3://models/base/tiny", s3_endpoint_url=s3.url, **LOCAL) == ["model"]
+    fetched = {p.split("?")[0] for m, p, status in s3.requests if m == "GET" and status == 200}
+    assert (
+        "/models/base/tiny/config.json" in fetched and "/models/base/tiny/original/tokenizer.model" in fetched
+    )
+    assert not [p for p in fetched if p.endswith(".safetensors")], fetched

@@ -35,7 +35,7 @@ class TrainJobBackend:
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         image: Trainer image override (None: the runtime's).
         timeout: Seconds until the TrainJob is deleted and the step fails (also `activeDeadlineSeconds`).
-        cleanup: Cleanup policy after the end (launcher.CLEANUP_POLICIES).
+        cleanup: Cleanup policy after the end (_shared/launch_settings.CLEANUP_POLICIES).
         run_id: The KFP run id (labels; with task_name and task_id, the TrainJob's name).
         task_name: The KFP task name.
         task_id: KFP's id of the task instance ("": not under KFP).

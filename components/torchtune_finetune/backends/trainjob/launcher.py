@@ -31,6 +31,7 @@ from typing import Any
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry
 from kfp_finetune.components._shared.kube_watch import LISTED, Watch
+from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
@@ -67,7 +68,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import 
 )
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
-CLEANUP_POLICIES = ("on-success", "always", "never")
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
