@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from kfp_finetune.components._shared.eval_settings import GENERATION_METRICS
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import (
     MIN_EXAMPLES,
@@ -29,7 +30,7 @@ def example_scores(scores: Any, examples: list) -> dict[str, list[float | None]]
     """Per example: its mean loss on the response tokens, its generation scores (None where it has none) and
     its response tokens under "tokens" (its weight in the token-weighted eval_loss)."""
     per_example: dict[str, list[float | None]] = {"eval_loss": list(scores.example_losses)}
-    for name in scoring.GENERATION_METRICS:
+    for name in GENERATION_METRICS:
         per_example[name] = [
             None if g is None else scoring.score_generation(g, e.reference)[name]
             for g, e in zip(scores.generations, examples, strict=True)
@@ -41,7 +42,7 @@ def example_scores(scores: Any, examples: list) -> dict[str, list[float | None]]
 def summarize(scores: Any, per_example: dict[str, list[float | None]]) -> dict[str, float]:
     """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
     values = {"eval_loss": scores.eval_loss, "perplexity": perplexity(scores.eval_loss)}
-    for name in scoring.GENERATION_METRICS:
+    for name in GENERATION_METRICS:
         scored = [v for v in per_example[name] if v is not None]
         if scored:
             values[name] = sum(scored) / len(scored)
@@ -59,7 +60,7 @@ def bootstrap_intervals(
     for metric, source, transform in (
         ("eval_loss", "eval_loss", None),
         ("perplexity", "eval_loss", perplexity),
-        *((name, name, None) for name in scoring.GENERATION_METRICS),
+        *((name, name, None) for name in GENERATION_METRICS),
     ):
         weighted = source == "eval_loss"
         rows = [
