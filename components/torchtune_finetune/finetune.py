@@ -28,7 +28,8 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
-from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata, planned_steps
+from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
+from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
