@@ -29,8 +29,8 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
-from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
+from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
@@ -45,6 +45,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
+from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
 log = get_logger(__name__)
 
@@ -208,6 +209,9 @@ def run_finetune(
     summary = summarize(steps)
     base_name = base.repo_id or str(model_dir)
     checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
+    same = unchanged(checkpoint, method=config.method, base_dir=model_dir)
+    if same:
+        raise WeightsUnchanged(same, len(steps), [s.values["lr"] for s in steps if "lr" in s.values])
 
     def rel(path: Path) -> str:
         return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
@@ -299,7 +303,8 @@ def render_report(
                          f"{', '.join(model['lora_attn_modules'])}{' + mlp' if model.get('apply_lora_to_mlp') else ''}"))  # fmt: skip
     charts = [
         html_report.line_chart("training loss", {"loss": [(s.step, s.loss) for s in steps if s.loss is not None]}, "step"),
-        html_report.line_chart("learning rate", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
+        # torchtune logs the lr after the scheduler's step: at step N, the rate step N + 1 trains with.
+        html_report.line_chart("learning rate of the next step", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
     ]  # fmt: skip
     if any(s.tokens_per_second for s in steps):
         charts.append(html_report.line_chart(
@@ -334,7 +339,7 @@ def render_report(
 
 # Errors whose message says all the user needs (bad input; a failed or diverged run with its reason and last log
 # lines or the usual fixes): the component prints only the message.
-USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged)
+USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged, WeightsUnchanged)
 
 
 _STEP_PARAMETERS = {

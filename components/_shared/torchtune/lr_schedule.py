@@ -15,7 +15,9 @@ from typing import Any
 COMPONENT = "kfp_finetune.components._shared.torchtune.lr_schedule.cosine_with_warmup"
 
 
-def lr_multiplier(step: int, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5) -> float:
+def lr_multiplier(
+    step: int, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5
+) -> float:
     """The fraction of the peak lr that optimizer step `step` (0-based) trains with; > 0 for every step of the
     run (the last step of a half-cosine included: it stops one step short of 0)."""
     if step < num_warmup_steps:

@@ -6,9 +6,9 @@ The floor. A run of a handful of optimizer steps learns next to nothing (with a 
 the user left them unset the defaults choose micro-batch, gradient accumulation and epochs together to plan at
 least MIN_OPTIMIZER_STEPS: first fewer accumulation steps, then a smaller micro-batch (on GPUs the throughput
 micro-batch gives way to the floor), then more epochs, at most MAX_DEFAULT_EPOCHS and only while tune_epochs and
-tune_max_steps_per_epoch are unset. A setting the user gave is never changed: where the user's settings plan fewer
+tune_max_steps_per_epoch are unset; where packs are still too few, rows unpacked (one row per sample). A setting the user gave is never changed: where the user's settings plan fewer
 steps, a WARNING says so and what to change. Where even micro-batch 1, no accumulation and MAX_DEFAULT_EPOCHS
-epochs plan fewer (fewer than MIN_OPTIMIZER_STEPS / MAX_DEFAULT_EPOCHS samples per device), the data is too small
+epochs plan fewer (fewer than MIN_OPTIMIZER_STEPS / MAX_DEFAULT_EPOCHS = 7 rows per device), the data is too small
 for a run that learns and the step refuses, unless the user set one of those settings (which accepts a short run).
 
 The learning rate. Where the global batch (tokens per optimizer step over all devices) is more than
@@ -76,7 +76,10 @@ def planned_steps(
     cap, epochs = config.get("max_steps_per_epoch"), int(config.get("epochs") or 1)
     if samples is None:
         return int(cap) * epochs if cap else None
-    batch, accumulation = int(config.get("batch_size") or 1), int(config.get("gradient_accumulation_steps") or 1)
+    batch, accumulation = (
+        int(config.get("batch_size") or 1),
+        int(config.get("gradient_accumulation_steps") or 1),
+    )
     return steps_per_epoch(samples, batch, accumulation, world, cap) * epochs
 
 
@@ -87,8 +90,7 @@ def fit_run_length(
     samples = samples_per_epoch(config, lengths)
     if samples is None:
         return
-    seq = config["tokenizer"].get("max_seq_len")
-    kind = f"{seq}-token packs" if config["dataset"].get("packed") else "rows"
+    packed = bool(config["dataset"].get("packed"))
     given = {
         "tune_batch_size": user_set(cfg, "batch_size", "batch_size"),
         "tune_gradient_accumulation_steps": user_set(
@@ -97,28 +99,46 @@ def fit_run_length(
         "tune_epochs": user_set(cfg, "epochs", "epochs"),
         "tune_max_steps_per_epoch": user_set(cfg, "max_steps_per_epoch", "max_steps_per_epoch"),
     }
-    batch, accumulation = int(config.get("batch_size") or 1), int(config.get("gradient_accumulation_steps") or 1)
+    batch, accumulation = (
+        int(config.get("batch_size") or 1),
+        int(config.get("gradient_accumulation_steps") or 1),
+    )
     epochs, cap = int(config.get("epochs") or 1), config.get("max_steps_per_epoch")
-
-    def per_epoch(b: int, a: int) -> int:
-        return steps_per_epoch(samples, b, a, world, cap)
-
-    before = per_epoch(batch, accumulation) * epochs
+    before = steps_per_epoch(samples, batch, accumulation, world, cap) * epochs
     if before >= MIN_OPTIMIZER_STEPS:
         return
+    kind = _kind(config, packed)
     plan = (f"{samples} {kind} over batch {batch} x accumulation {accumulation} x {world} device(s) x {epochs} "
             f"epoch(s) plan {before} optimizer step(s)")  # fmt: skip
-    share, needed = math.ceil(samples / max(world, 1)), math.ceil(MIN_OPTIMIZER_STEPS / epochs)
-    new_accumulation, new_batch, new_epochs = accumulation, batch, epochs
-    if not given["tune_gradient_accumulation_steps"]:
-        new_accumulation = max(1, min(accumulation, share // batch // needed))
-    if not given["tune_batch_size"] and per_epoch(batch, new_accumulation) < needed:
-        new_batch = max(1, min(batch, share // (new_accumulation * needed)))
-    steps = per_epoch(new_batch, new_accumulation)
-    if steps * epochs < MIN_OPTIMIZER_STEPS and steps and not (given["tune_epochs"] or given["tune_max_steps_per_epoch"]):
-        new_epochs = max(epochs, min(MAX_DEFAULT_EPOCHS, math.ceil(MIN_OPTIMIZER_STEPS / steps)))
-    total = steps * new_epochs
+
+    def fit(count: int) -> tuple[int, int, int, int]:
+        """(accumulation, batch, epochs, total steps) for `count` samples per epoch."""
+        share, needed = math.ceil(count / max(world, 1)), math.ceil(MIN_OPTIMIZER_STEPS / epochs)
+        a, b, e = accumulation, batch, epochs
+        if not given["tune_gradient_accumulation_steps"]:
+            a = max(1, min(a, share // b // needed))
+        if not given["tune_batch_size"] and steps_per_epoch(count, b, a, world, cap) < needed:
+            b = max(1, min(b, share // (a * needed)))
+        steps = steps_per_epoch(count, b, a, world, cap)
+        if (
+            steps * e < MIN_OPTIMIZER_STEPS
+            and steps
+            and not (given["tune_epochs"] or given["tune_max_steps_per_epoch"])
+        ):
+            e = max(e, min(MAX_DEFAULT_EPOCHS, math.ceil(MIN_OPTIMIZER_STEPS / steps)))
+        return a, b, e, steps * e
+
+    new_accumulation, new_batch, new_epochs, total = fit(samples)
     floor = f"at least {MIN_OPTIMIZER_STEPS} where the data allows (MIN_OPTIMIZER_STEPS)"
+    # Few rows in few packs: one row per sample gives more steps than more passes over the same packs.
+    if total < MIN_OPTIMIZER_STEPS and packed and not user_set(cfg, "packed", "dataset.packed"):
+        unpacked = fit(lengths.num_rows)
+        if unpacked[3] > total:
+            config["dataset"]["packed"] = packed = False
+            samples, kind = lengths.num_rows, _kind(config, packed)
+            new_accumulation, new_batch, new_epochs, total = unpacked
+            record(choices, Choice("packed", False, f"{plan}, {floor}; packing off (one row per sample) before "
+                                   "anything else helps"))  # fmt: skip
     for setting, old, new, how in (
         ("gradient_accumulation_steps", accumulation, new_accumulation, "fewer accumulation steps first"),
         ("batch_size", batch, new_batch, "then a smaller micro-batch"),
@@ -136,11 +156,11 @@ def fit_run_length(
                f"{f' (at most {cap} per epoch)' if cap else ''} x {new_epochs} epoch(s) plan {total} optimizer "
                f"step(s)")  # fmt: skip
     if not accepted or total == 0:
-        rows = "rows" if kind == "rows" else "rows of this length"
+        more = "rows" if not packed else "rows of this length"
         per_device = math.ceil(MIN_OPTIMIZER_STEPS / MAX_DEFAULT_EPOCHS)
         raise ConfigError(
             f"too little training data for a run that learns: {counted}, fewer than the {MIN_OPTIMIZER_STEPS} "
-            f"a run needs (MIN_OPTIMIZER_STEPS; {per_device} {kind} per device at least): add {rows}, or set "
+            f"a run needs (MIN_OPTIMIZER_STEPS; {per_device} {kind} per device at least): add {more}, or set "
             "tune_epochs, tune_batch_size or tune_gradient_accumulation_steps explicitly to accept a short run"
             + (" (with at least one optimizer step)" if total == 0 else "")
         )
@@ -158,6 +178,10 @@ def fit_run_length(
     ))  # fmt: skip
 
 
+def _kind(config: dict, packed: bool) -> str:
+    return f"{config['tokenizer'].get('max_seq_len')}-token packs" if packed else "rows"
+
+
 def base_tokens_per_step(base: dict, lengths: TokenLengths) -> float:
     """Tokens the base config trains per optimizer step on one device: batch x accumulation x mean row length."""
     mean = sum(lengths.lengths) / len(lengths.lengths)
@@ -168,10 +192,12 @@ def global_batch_ratio(config: dict, base: dict, world: int, lengths: TokenLengt
     """Tokens per optimizer step over all devices, as a multiple of the base config's; None without lengths."""
     if lengths is None or not lengths.lengths:
         return None
-    per_sample = (
-        config["tokenizer"].get("max_seq_len") if config["dataset"].get("packed") else None
-    ) or sum(lengths.lengths) / len(lengths.lengths)
-    tokens = int(config.get("batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1) * per_sample
+    per_sample = (config["tokenizer"].get("max_seq_len") if config["dataset"].get("packed") else None) or sum(
+        lengths.lengths
+    ) / len(lengths.lengths)
+    tokens = (
+        int(config.get("batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1) * per_sample
+    )
     return tokens * max(world, 1) / base_tokens_per_step(base, lengths)
 
 
