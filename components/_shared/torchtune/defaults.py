@@ -273,8 +273,8 @@ def choose_defaults(
             choices.append(Choice("compile", True, "CUDA: torch.compile speeds training ~1.3x (QLoRA ~3x)"))
         _memory_and_batch(config, base, cfg, model, world, nodes, gpu_memory_gib, lengths, choices)
     if config.get("device") and user_set(cfg, "device", "device"):
-        if lengths is None:  # on CPU: the rows the floor counts
-            lengths = sample_token_lengths(config, tokenize=tokenize_sample)
+        if lengths is None:  # on CPU: the rows the floor counts (and, packed, their lengths estimated)
+            lengths = sample_token_lengths(config, tokenize=False)
         fit_run_length(config, cfg, world, lengths, choices)
         scale_learning_rate(config, base, cfg, world, lengths, choices)
     fit_schedule(config, cfg, world, lengths, choices)

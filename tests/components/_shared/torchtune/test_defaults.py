@@ -270,7 +270,8 @@ def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path,
 
     metadata = train_config_metadata(run, ["torchtune_config.yaml"])
     assert metadata["defaults"] == [
-        {"setting": c.setting, "value": c.value, "reason": c.reason, "warning": c.warning} for c in run.defaults
+        {"setting": c.setting, "value": c.value, "reason": c.reason, "warning": c.warning}
+        for c in run.defaults
     ]
     assert TrainConfig.from_metadata(metadata, input_name="train_config").to_metadata() == metadata
 
@@ -404,7 +405,11 @@ def test_the_max_seq_len_default_keeps_the_longest_prompt_trainable(tiny_llama, 
     data = write_jsonl(tmp_path / "long-prompt.jsonl")
     # One epoch set: 100 rows in a few long packs plan fewer than MIN_OPTIMIZER_STEPS, kept (with a warning).
     run = resolve_run(
-        TorchtuneConfig(method="lora", device="cuda", epochs=1), tiny_llama, data, tmp_path / "run", write=False
+        TorchtuneConfig(method="lora", device="cuda", epochs=1),
+        tiny_llama,
+        data,
+        tmp_path / "run",
+        write=False,
     )
     lengths = run.token_lengths
     assert "all 100 rows" in lengths.how and lengths.num_rows == ROWS
