@@ -312,16 +312,26 @@ def render_report(
     results = [(name, value) for name, value in metrics.items()]
     rows = throughput.rows() if throughput else []
     speed = [html_report.section("Throughput", html_report.table(["measure", "value"], rows))] if rows else []
+    defaults = [c for c in run.defaults if not c.warning]
+    warnings = [c for c in run.defaults if c.warning]
     chosen = [
         html_report.section(
             "Defaults chosen",
-            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in run.defaults]),
+            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in defaults]),
         )
-    ] if run.defaults else []  # fmt: skip
+    ] if defaults else []  # fmt: skip
+    # Settings the user gave that plan a run which may not learn: first, where nobody misses them.
+    warned = [
+        html_report.section(
+            "Warnings",
+            html_report.table(["setting", "value", "warning"], [(c.setting, c.value, c.reason) for c in warnings]),
+        )
+    ] if warnings else []  # fmt: skip
     return html_report.page(
         "torchtune fine-tune",
         f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
         [
+            *warned,
             html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
             html_report.section("Results", html_report.table(["metric", "value"], results)),
             *speed,

@@ -7,6 +7,7 @@ import pytest
 
 from kfp_finetune.commands import resolve_config
 from kfp_finetune.components._shared.torchtune import lr_schedule
+from kfp_finetune.components._shared.torchtune.choices import Choice
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import (
     TokenLengths,
@@ -281,8 +282,14 @@ def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path,
     section = html[html.index("Defaults chosen") :]
     for c in run.defaults:
         assert c.setting in section and html_escape(c.reason) in section
+    assert "Warnings" not in html
     run.defaults = []
     assert "Defaults chosen" not in render_report(run, steps, {"final_loss": 1.0}, model)
+    # A warning about the user's own settings comes first, apart from the defaults.
+    run.defaults = [Choice("optimizer steps", 3, "fewer than 20: raise tune_epochs", warning=True)]
+    html = render_report(run, steps, {"final_loss": 1.0}, model)
+    assert "Defaults chosen" not in html and html.index("Warnings") < html.index("Curves")
+    assert "fewer than 20: raise tune_epochs" in html
 
 
 def html_escape(text: str) -> str:
