@@ -52,13 +52,13 @@ def sixty_rows(tmp_path_factory, tiny_llama):
     return workspace, result.train_metadata
 
 
-def finetune(workspace, train_metadata, tiny_llama, **parameters):
+def finetune(workspace, train_metadata, tiny_llama, task, **parameters):
     """The step as its component calls it: every parameter at its default unless given (device=cpu here)."""
     return run_finetune(
         workspace=workspace, train_data=ArtifactInput(dict(train_metadata)),
         base_model=ArtifactInput({"workspace_path": str(tiny_llama)}),
         settings=component_settings({"method": "lora", "device": "cpu", **parameters}), run_id="learns",
-        task_name=f"finetune-{len(parameters)}", backend=backend_for("local"),
+        task_name=task, backend=backend_for("local"),
     )  # fmt: skip
 
 
@@ -86,7 +86,7 @@ def test_sixty_rows_with_every_default_plan_the_floor_with_no_step_at_lr_0(tiny_
 
 def test_sixty_rows_with_every_default_change_the_weights(sixty_rows, tiny_llama):
     workspace, train = sixty_rows
-    result = finetune(workspace, train, tiny_llama)
+    result = finetune(workspace, train, tiny_llama, "defaults")
     logged = read_metrics_file(result.run.metrics_path)
     assert len(logged) >= MIN_OPTIMIZER_STEPS
     # torchtune logs the lr after the scheduler's step: step N + 1 trained with the rate logged at step N (the
@@ -106,7 +106,7 @@ def test_a_run_that_leaves_the_weights_unchanged_fails_the_step(sixty_rows, tiny
     workspace, train = sixty_rows
     with pytest.raises(WeightsUnchanged) as failed:
         finetune(
-            workspace, train, tiny_llama, overrides={"optimizer.lr": 0.0}, epochs=1, batch_size=4,
+            workspace, train, tiny_llama, "lora-lr-0", overrides={"optimizer.lr": 0.0}, epochs=1, batch_size=4,
             max_steps_per_epoch=2,
         )  # fmt: skip
     message = str(failed.value)
@@ -144,3 +144,17 @@ def test_too_little_data_is_refused_in_one_line_with_the_fix(tiny_llama, tmp_pat
     warning = next(c for c in short.defaults if c.warning)
     assert short.config["epochs"] == 1 and warning.setting == "optimizer steps" and warning.value == 6
     assert "kept as set (tune_epochs): raise tune_epochs or add rows" in warning.reason
+
+
+def test_a_full_fine_tune_that_leaves_the_weights_unchanged_fails_the_step(sixty_rows, tiny_llama):
+    """torchtune writes the merged weights anew (its own file names, fp32 here): the values decide."""
+    workspace, train = sixty_rows
+    with pytest.raises(WeightsUnchanged) as failed:
+        finetune(
+            workspace, train, tiny_llama, "full-lr-0", method="full", overrides={"optimizer.lr": 0.0}, epochs=1,
+            batch_size=4,
+            max_steps_per_epoch=2,
+        )  # fmt: skip
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("training did not change the model: the ")
+    assert "tensors of " in message and "equal the base model's (2 optimizer step(s) logged" in message
