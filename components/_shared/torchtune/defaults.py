@@ -390,7 +390,8 @@ def _memory_and_batch(
     estimate_text = f"{mem.summary(ckpt, offload)}, {tokens} tokens per micro-batch, on a {where}"
     if not fits:
         estimate_text += (
-            f" — OVER {MEMORY_MARGIN:.0%} of it: expect out-of-memory; lower tune_max_seq_len or tune_batch_size"
+            f" — OVER {MEMORY_MARGIN:.0%} of it: expect out-of-memory; lower tune_max_seq_len or "
+            "tune_batch_size"
         )
     if not ckpt_set:
         config["enable_activation_checkpointing"] = ckpt
