@@ -27,7 +27,7 @@ define make-env
 	@touch $(1)/.kfp-finetune-setup
 endef
 
-.PHONY: setup setup-lm-eval demo test test-lm-eval lint format compile check-compiled
+.PHONY: setup setup-lm-eval demo test test-quick test-lm-eval lint format compile check-compiled
 
 setup: $(STAMP)
 
@@ -45,6 +45,11 @@ demo: setup
 test: setup lint check-compiled
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-lm-eval
+
+# The inner loop (under 5 minutes on 2 cores): lint, the compiled-YAML check and every test not marked slow (no
+# real torchtune training, no whole-pipeline kfp.local run). `make test` runs everything.
+test-quick: setup lint check-compiled
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # KFP_FINETUNE_REQUIRE_LM_EVAL: the lm-eval test fails here instead of skipping when lm-eval does not import.
 test-lm-eval: setup-lm-eval

@@ -213,8 +213,8 @@ def side_settings(job: Job, side: str, steps: int) -> dict:
         "epochs": 1,
         "log_every_n_steps": 1,
     }
-    if side == "kubeflow":
-        return common  # no device: the base config's throughput settings, as Kubeflow's runtimes run it
+    if side == "kubeflow":  # no device: the base config's throughput settings, as Kubeflow's runtimes run it
+        return {**common, "overrides": {"tokenizer.max_seq_len": None}}  # its null, not our cut length
     settings = {**common, "device": "cuda", "dtype": "bf16"}
     return {**settings, **job.expert} if side == "expert" else settings
 

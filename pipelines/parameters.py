@@ -90,11 +90,24 @@ TABLE: tuple[Parameter, ...] = (
        "Training split, a datasets split expression such as train or train[:5000].",
        "dataset_initialize.train_split"),
     _p("data_eval_split", str, "",
-       "A named held-out split; empty: carve data_eval_fraction out of the training split.",
+       "A named held-out split, e.g. test; empty: carve data_eval_fraction out of the training split.",
        "dataset_initialize.eval_split"),
-    _p("data_eval_fraction", float, 0.05, "Share of the training split held out for evaluation (seeded).",
+    _p("data_eval_fraction", float, -1.0,
+       "Share of the training split held out for evaluation (seeded); 0: none; -1: 0.05 unless data_eval_split "
+       "is set.",
        "dataset_initialize.eval_fraction"),
     _p("data_seed", int, 42, "Seed of the held-out split.", "dataset_initialize.seed"),
+    _p("data_format", str, "",
+       "json, jsonl, csv, tsv, parquet, arrow or text; empty: from the file names (parquet first in a folder "
+       "with several).",
+       "dataset_initialize.data_format"),
+    _p("data_csv_delimiter", str, "",
+       "Column separator of CSV/TSV files, one character such as ; (\\t for a tab); empty: a comma for .csv, a tab "
+       "for .tsv.",
+       "dataset_initialize.csv_delimiter"),
+    _p("data_subset", str, "",
+       "The config (subset) of a Hub dataset or of a folder whose README.md declares several; empty: its default.",
+       "dataset_initialize.subset"),
     # --- tune -------------------------------------------------------------------------------------------------
     _p("tune_method", str, "lora",
        "full, lora, qlora (LoRA on a 4-bit base: KEP-2401 quantize_base) or dora (use_dora).",
@@ -152,9 +165,9 @@ TABLE: tuple[Parameter, ...] = (
        "A LoRA adapter on the output projection (not with tied embeddings): true, false or auto (the base config's).",
        "torchtune_finetune.apply_lora_to_output"),
     _p("tune_max_seq_len", int, -1,
-       "Truncate (or pack) examples to this many tokens; -1: on GPUs (and for the packs dataset-initialize "
-       "writes) the 99th percentile of the tokenized lengths rounded up to 256, raised so the longest masked "
-       "prompt keeps a trained token, capped by the model; on CPU the base config's (usually no limit).",
+       "Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the tokenized lengths "
+       "(never set by the single longest row) rounded up to 256, capped by the model, on every device; rows "
+       "whose prompt fills it train nothing and are counted (more than 1% of the rows is refused).",
        "torchtune_finetune.max_seq_len", "dataset_initialize.max_seq_len"),
     _p("tune_num_warmup_steps", int, -1,
        "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's, "

@@ -11,8 +11,9 @@ labels, input_pos and seq_lens are identical to `packed: True` in the recipe. On
 tokenized by several processes (forked, sharing the memory-mapped parquet), once, before any rank starts.
 
 max_seq_len: rows are first tokenized without a limit (their true lengths give the statistics and, unless one is
-given, `seq_len.choose_max_seq_len` of them and the longest masked prompt); the few rows longer than the chosen limit are tokenized again by a builder
-whose tokenizer has that limit, so they are cut exactly as torchtune cuts them.
+given, `seq_len.choose_max_seq_len` of them); the few rows longer than the chosen limit are tokenized again by a
+builder whose tokenizer has that limit, so they are cut exactly as torchtune cuts them, and rows whose masked prompt
+fills it (they would train nothing: seq_len's module docstring) are left out of the packs and reported by index.
 
 The fingerprint (`pack_fingerprint`) covers the tokenizer (its component, files' sha256, every other argument),
 max_seq_len and the dataset node without its data location (template, masking, columns): the fine-tune step uses
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.seq_len import choose_max_seq_len, percentile
+from kfp_finetune.components._shared.seq_len import choose_max_seq_len, fits, percentile
 
 log = get_logger(__name__)
 
@@ -117,8 +118,9 @@ def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int)
 
 
 #: Bumped when what a pack folder holds changes for the same inputs (2: `prompt_max` counts the tokens before the
-#: first trained one, and the data-derived length covers it), so older folders are not reused.
-PACK_FORMAT = 2
+#: first trained one; 3: the length is the percentile rule's, rows whose prompt fills it are left out), so older
+#: folders are not reused.
+PACK_FORMAT = 3
 
 
 def pack_key(tokenizer_fp: str, dataset_node: dict, max_seq_len: int | None) -> str:
@@ -225,24 +227,30 @@ def tokenize(tokenizer_node: dict, dataset_node: dict, num_proc: int = 1) -> Tok
     return Tokenized(flat(0), flat(1), offsets, time.monotonic() - started)
 
 
-def length_stats(tokenized: Tokenized) -> dict:
-    """count, p50, p90, p99, max of row lengths and the longest prompt (`prompt_max`: the most tokens a row has
-    before its first trained one, template included; a row with none trained counts whole)."""
+def prompt_lengths(tokenized: Tokenized):
+    """Each row's masked prompt: the tokens before its first trained one, template included (a row with none
+    trained counts whole), as an int64 array in row order."""
     import numpy as np
 
-    lengths = tokenized.lengths().tolist()
-    sizes = np.diff(tokenized.offsets)
+    sizes = tokenized.lengths()
+    if not len(sizes):
+        return sizes
     local = np.arange(len(tokenized.labels)) - np.repeat(tokenized.offsets[:-1], sizes)
     untrained = np.where(tokenized.labels != IGNORE_INDEX, local, np.iinfo(np.int64).max)
-    first = np.minimum.reduceat(untrained, tokenized.offsets[:-1]) if len(lengths) else sizes
-    masked = np.where(sizes > 0, np.minimum(first, sizes), 0)
+    first = np.minimum.reduceat(untrained, tokenized.offsets[:-1])
+    return np.where(sizes > 0, np.minimum(first, sizes), 0)
+
+
+def length_stats(tokenized: Tokenized) -> dict:
+    """count, p50, p90, p99, max of row lengths and the longest prompt (`prompt_max`, see prompt_lengths)."""
+    lengths = tokenized.lengths().tolist()
     return {
         "count": len(lengths),
         "p50": percentile(lengths, 50),
         "p90": percentile(lengths, 90),
         "p99": percentile(lengths, 99),
         "max": max(lengths),
-        "prompt_max": int(masked.max()) if len(lengths) else 0,
+        "prompt_max": int(prompt_lengths(tokenized).max()) if lengths else 0,
     }
 
 
@@ -252,15 +260,16 @@ def length_stats(tokenized: Tokenized) -> dict:
 class _Rows:
     """Tokenized rows as torchtune samples, rows longer than max_seq_len replaced by their truncated form."""
 
-    def __init__(self, tokenized: Tokenized, truncated: dict[int, dict]):
-        self.tokenized, self.truncated = tokenized, truncated
+    def __init__(self, tokenized: Tokenized, truncated: dict[int, dict], left_out: set[int]):
+        self.tokenized, self.truncated, self.left_out = tokenized, truncated, left_out
 
     def __len__(self) -> int:
-        return len(self.tokenized)
+        return len(self.tokenized) - len(self.left_out)
 
     def __iter__(self):
         for i in range(len(self.tokenized)):
-            yield self.truncated.get(i) or self.tokenized.row(i)
+            if i not in self.left_out:
+                yield self.truncated.get(i) or self.tokenized.row(i)
 
 
 def _arrow_writer(path: Path, max_seq_len: int):
@@ -324,6 +333,10 @@ class PackResult:
     truncated_rows: int
     tokenize_seconds: float
     pack_seconds: float
+    #: Rows (0-based, in the split's order) left out: their masked prompt fills max_seq_len (seq_len.fits).
+    unfit_rows: list[int]
+    #: The longest whole row among them (what max_seq_len would have to hold): 0 when there are none.
+    unfit_needed: int = 0
 
 
 def pack_split(
@@ -338,14 +351,15 @@ def pack_split(
     tokenized = tokenize(tokenizer_node, dataset_node, num_proc)
     stats = length_stats(tokenized)
     if not max_seq_len:
-        max_seq_len = choose_max_seq_len(
-            tokenized.lengths().tolist(), max_position_embeddings, longest_prompt=stats["prompt_max"]
-        )
+        max_seq_len = choose_max_seq_len(tokenized.lengths().tolist(), max_position_embeddings)
     started = time.monotonic()
+    lengths = tokenized.lengths()
+    prompts = prompt_lengths(tokenized)
+    unfit = [int(i) for i in ((lengths > max_seq_len) & ~fits(prompts, max_seq_len)).nonzero()[0]]
     # Rows at the limit are tokenized again by a builder whose tokenizer has it, so they are cut exactly as
     # torchtune cuts them (text completion keeps max_seq_len - 1 tokens, chat and instruct end in EOS).
-    lengths = tokenized.lengths()
-    long_rows = [int(i) for i in (lengths >= max_seq_len - 1).nonzero()[0]]
+    left_out = set(unfit)
+    long_rows = [int(i) for i in (lengths >= max_seq_len - 1).nonzero()[0] if int(i) not in left_out]
     truncated: dict[int, dict] = {}
     if long_rows:
         tokenizer = _instantiate({**tokenizer_node, "max_seq_len": max_seq_len})
@@ -358,35 +372,39 @@ def pack_split(
     split_across = dataset_node["_component_"].endswith("text_completion_dataset")
     split_across = bool(dataset_node.get("split_across_pack", split_across))
     if split_across:  # text: torchtune's own loop (rows flow over pack boundaries)
-        rows = _Rows(tokenized, truncated)
+        rows = _Rows(tokenized, truncated, left_out)
         num_packs = _packer_class()(
             rows, max_seq_len=max_seq_len, split_across_pack=True, path=path
         ).num_packs
     else:
-        num_packs = _pack_whole_rows(_replaced(tokenized, truncated), max_seq_len, path)
+        num_packs = _pack_whole_rows(_replaced(tokenized, truncated, left_out), max_seq_len, path)
     return PackResult(
-        path, num_packs, max_seq_len, stats, len(long_rows), tokenized.seconds, time.monotonic() - started
-    )
+        path, num_packs, max_seq_len, stats, len(long_rows), tokenized.seconds, time.monotonic() - started,
+        unfit_rows=unfit, unfit_needed=int(lengths[unfit].max()) if unfit else 0,
+    )  # fmt: skip
 
 
-def _replaced(tokenized: Tokenized, rows: dict[int, dict]) -> Tokenized:
-    """`tokenized` with the given rows replaced (by their truncated form)."""
+def _replaced(tokenized: Tokenized, rows: dict[int, dict], left_out: set[int]) -> Tokenized:
+    """`tokenized` with the given rows replaced (by their truncated form) and the `left_out` ones removed."""
     import numpy as np
 
-    if not rows:
+    if not rows and not left_out:
         return tokenized
+    empty = {"tokens": [], "labels": []}
     parts: dict[str, list] = {"tokens": [], "labels": []}
     lengths = tokenized.lengths().copy()
     previous = 0
-    for i in sorted(rows):
+    for i in sorted({*rows, *left_out}):
+        row = empty if i in left_out else rows[i]
         for key in parts:
             whole = getattr(tokenized, key)
             parts[key].append(whole[tokenized.offsets[previous] : tokenized.offsets[i]])
-            parts[key].append(np.asarray(rows[i][key], np.int32))
-        lengths[i] = len(rows[i]["tokens"])
+            parts[key].append(np.asarray(row[key], np.int32))
+        lengths[i] = len(row["tokens"])
         previous = i + 1
     for key in parts:
         parts[key].append(getattr(tokenized, key)[tokenized.offsets[previous] :])
+    lengths = np.delete(lengths, sorted(left_out))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return Tokenized(

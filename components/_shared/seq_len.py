@@ -1,13 +1,20 @@
-"""How long a training sequence is by default: long enough for almost every row, never longer than the model.
+"""How long a training sequence is by default: long enough for almost every row, never set by one outlier.
 
-Used where the tokenized lengths of the training data are known (dataset-initialize, which tokenizes once with
-the training tokenizer, and the fine-tune step, which reads what it recorded): `max_seq_len` is the 99th
-percentile of prompt + response tokens, rounded up to a multiple of 256 (kernel- and packing-friendly), raised
-where needed so the longest masked prompt keeps a trained token, capped by the model's `max_position_embeddings`.
-With `train_on_input: False` a row cut inside its prompt has nothing to learn from (prompt_fit refuses the run),
-and torchtune ends a cut instruct or chat row in a masked EOS: a prompt of P tokens needs P + 2 (prompt, one
-trained token, EOS), rounded up to 256. Rows longer than that are cut (and counted in the step
-log), so memory is bounded by the data, not by its longest outlier.
+The rule, on every path (dataset-initialize's packs, and the fine-tune step's tokenizer on every device, CPU
+included): `max_seq_len` is the 99th percentile of the rows' prompt + response tokens (template included; nearest
+rank, and never the single longest row: with fewer than 100 rows that is the longest but one), rounded up to a
+multiple of 256 (kernel- and packing-friendly), capped by the model's `max_position_embeddings`. Where the data's
+lengths were not measured (no dataset-initialize stats; on CUDA a sample is tokenized) the fine-tune step's
+tokenizer gets the model's limit (`cut_length`), so no row ever reaches past the model's positions.
+
+Rows longer than max_seq_len are cut as torchtune cuts them, and counted in the step log. A row whose masked
+prompt (`train_on_input: False`) fills max_seq_len keeps no trained token once cut (torchtune ends a cut instruct
+or chat row in a masked EOS: a prompt of P tokens needs P + 2 — prompt, one trained token, EOS): it trains
+nothing, and a micro-batch of only such rows makes the loss NaN. Such "unfit" rows are left out of
+dataset-initialize's packs, counted, and the first few named by file and line; the fine-tune step, where it
+tokenizes the rows itself, counts them the same way (prompt_fit.py). More than `MAX_UNFIT_SHARE` of the rows (and
+more than one) is refused with the numbers and the fix: a longer max_seq_len (`tune_max_seq_len`), or
+`train_on_input`. So memory and the pack length follow the data, not its longest outlier.
 """
 
 from __future__ import annotations
@@ -19,14 +26,22 @@ PERCENTILE = 99.0
 MULTIPLE = 256
 #: Tokens a cut row needs beyond its prompt: one trained token and the masked EOS torchtune ends the cut with.
 CUT_EXTRA = 2
+#: The share of rows whose prompt may leave no trained token within max_seq_len (left out, counted) before the
+#: run is refused: the 99th percentile rule itself lets at most this share be longer than max_seq_len.
+MAX_UNFIT_SHARE = 0.01
+#: The fix the messages about such rows give, in the pipeline's parameter names.
+FIX = "set tune_max_seq_len to at least {needed} (their prompt + response), set tune_train_on_input=true, or remove them"
 
 
 def percentile(lengths: Sequence[int], q: float = PERCENTILE) -> int:
-    """The `q`-th percentile of `lengths` (nearest rank: a length some row really has)."""
+    """The `q`-th percentile of `lengths` (nearest rank: a length some row really has). Below the 100th it is
+    never the single longest of two or more rows: one outlier does not set it."""
     if not lengths:
         raise ValueError("no lengths: the training data is empty")
     ordered = sorted(lengths)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
+    if q < 100 and len(ordered) > 1:
+        rank = min(rank, len(ordered) - 1)
     return ordered[rank - 1]
 
 
@@ -34,12 +49,56 @@ def _round_up(tokens: int) -> int:
     return math.ceil(tokens / MULTIPLE) * MULTIPLE
 
 
-def choose_max_seq_len(
-    lengths: Sequence[int], max_position_embeddings: int | None, longest_prompt: int = 0
-) -> int:
-    """The default max_seq_len for rows of these token lengths whose longest masked prompt (tokens before a row's
-    first trained one) is `longest_prompt` tokens (0: unknown or none; see the module docstring)."""
+def choose_max_seq_len(lengths: Sequence[int], max_position_embeddings: int | None) -> int:
+    """The default max_seq_len for rows of these token lengths (see the module docstring)."""
     wanted = _round_up(percentile(lengths))
-    if longest_prompt > 0:
-        wanted = max(wanted, _round_up(longest_prompt + CUT_EXTRA))
     return min(wanted, max_position_embeddings) if max_position_embeddings else wanted
+
+
+def cut_length(lengths: Sequence[int] | None, max_position_embeddings: int | None) -> int | None:
+    """The tokenizer's max_seq_len where no other is set: the rule's where the data's lengths are known, else the
+    model's limit (None only when neither is known)."""
+    if lengths:
+        return choose_max_seq_len(lengths, max_position_embeddings)
+    return max_position_embeddings
+
+
+def fits(prompt_tokens, max_seq_len: int):
+    """Whether a row whose masked prompt is `prompt_tokens` long (an int, or a numpy array of them) keeps a
+    trained token when cut at max_seq_len."""
+    return prompt_tokens + CUT_EXTRA <= max_seq_len
+
+
+def too_many_unfit(unfit: int, rows: int) -> str:
+    """Why `unfit` rows of `rows` that keep no trained token are too many to leave out (see MAX_UNFIT_SHARE);
+    empty when they are not."""
+    if unfit > max(1, MAX_UNFIT_SHARE * rows):
+        return f"more than {MAX_UNFIT_SHARE:.0%} of the rows"
+    return ""
+
+
+def unfit_message(
+    unfit: int,
+    rows: int,
+    max_seq_len: int,
+    needed: int,
+    named: Sequence[str],
+    refused: str,
+    max_position_embeddings: int | None = None,
+) -> str:
+    """The line that refuses (`refused`: why) or reports rows whose prompt fills max_seq_len, naming the first few
+    and the fix (none longer than the model's `max_position_embeddings`, when known)."""
+    shown = "; ".join(named) + (" …" if unfit > len(named) else "")
+    what = (
+        f"{unfit} of {rows} training rows have a prompt that fills max_seq_len={max_seq_len} (cut there, they keep "
+        f"no trained token): {shown}"
+    )
+    fix = FIX.format(needed=needed)
+    if max_position_embeddings and needed > max_position_embeddings:
+        fix = (
+            f"set tune_train_on_input=true, or remove them (they need {needed} tokens, more than the model's "
+            f"{max_position_embeddings})"
+        )
+    if refused:
+        return f"{what}. That is {refused}. Fix: {fix}"
+    return f"{what}. They train nothing; to train on them: {fix}"

@@ -72,6 +72,17 @@ def parameters(dotted: str) -> dict[str, bool]:
     return found
 
 
+def constant(module: str, name: str) -> Any:
+    """A module-level literal (e.g. a tokenizer's regex) of a torchtune module, read from its source."""
+    path = _module_file(module)
+    for node in _parse(path).body if path else []:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise ConfigError(f"{module}.{name} is not defined in the installed torchtune ({package_dir()})")
+
+
 def _module_file(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfp_finetune.components._shared import torchtune_files
+from kfp_finetune.components._shared import torchtune_files, torchtune_layout, torchtune_tokenizer_files
 from kfp_finetune.components._shared.errors import ConfigError
 
 
@@ -26,11 +26,15 @@ class Family:
     model_type: str  # torchtune checkpointer ModelType
     tokenizer: str
     tokenizer_files: dict[str, str]  # tokenizer builder argument -> file in the model dir
+    ties_embeddings: bool = False  # the output layer reuses the embedding (where the builder takes no switch)
+    activations: tuple[str, ...] = ("silu",)  # config.json hidden_act values the builder's MLP computes
 
 
 _SPM = {"path": "tokenizer.model"}
 _TIKTOKEN = {"path": "original/tokenizer.model"}
 _QWEN_BPE = {"path": "vocab.json", "merges_file": "merges.txt"}
+# nn.GELU(approximate="tanh"); transformers reads Gemma's legacy hidden_act "gelu" as the same.
+_GEMMA_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu")
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -50,9 +54,9 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", "torchtune.models.mistral.mistral", "torchtune.models.mistral.lora_mistral", "MISTRAL",
                "torchtune.models.mistral.mistral_tokenizer", _SPM),
         Family("gemma", "torchtune.models.gemma.gemma", "torchtune.models.gemma.lora_gemma", "GEMMA",
-               "torchtune.models.gemma.gemma_tokenizer", _SPM),
+               "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU),
         Family("gemma2", "torchtune.models.gemma2.gemma2", "torchtune.models.gemma2.lora_gemma2", "GEMMA2",
-               "torchtune.models.gemma.gemma_tokenizer", _SPM),
+               "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU),
         Family("phi3", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI3_MINI",
                "torchtune.models.phi3.phi3_mini_tokenizer", _SPM),
         Family("phi4", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI4",
@@ -65,31 +69,22 @@ FAMILIES: dict[str, Family] = {
     ]
 }  # fmt: skip
 
-# HF config.json key -> torchtune builder argument. Only arguments the chosen builder accepts are passed.
+# HF config.json dimensions -> torchtune builder argument. The fields that change the math beyond these
+# dimensions are carried or refused by torchtune_layout.
 _HF_TO_BUILDER = {
     "vocab_size": "vocab_size",
     "num_hidden_layers": "num_layers",
     "num_attention_heads": "num_heads",
     "num_key_value_heads": "num_kv_heads",
     "hidden_size": "embed_dim",
-    "intermediate_size": "intermediate_dim",
     "max_position_embeddings": "max_seq_len",
-    "rms_norm_eps": "norm_eps",
-    "rope_theta": "rope_base",
-    "head_dim": "head_dim",
-    "tie_word_embeddings": "tie_word_embeddings",
-    "attn_logit_softcapping": "hidden_capping_value",
-    "final_logit_softcapping": "final_capping_value",
-    "sliding_window": "sliding_window_size",
-    "query_pre_attn_scalar": "query_pre_attn_scalar",
 }
 _QWEN2_ONLY_SPECIAL = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
-_UNSUPPORTED = {
-    "mllama": "Llama-3.2-Vision",
-    "llama4": "Llama 4",
-    "qwen3": "Qwen3",
-    "qwen2_vl": "Qwen2-VL",
-    "phi3_v": "Phi-3-vision",
+_TOKENIZER_KINDS = {
+    "original/tokenizer.model": "the Llama 3 tiktoken file",
+    "tokenizer.model": "the SentencePiece model",
+    "vocab.json": "the BPE vocabulary",
+    "merges.txt": "the BPE merges",
 }
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -120,7 +115,7 @@ class ModelDir:
 
     def model_node(self, lora: dict | None = None) -> dict:
         """The `model:` config node: component builder + dims (+ LoRA settings for adapter methods)."""
-        return builder_node(self.family, self.hf_config, lora, where=str(self.path))
+        return builder_node(self.family, self.hf_config, lora, config_file=str(self.path / "config.json"))
 
     def lora_args(self) -> set[str]:
         return set(torchtune_files.parameters(self.family.lora_builder))
@@ -145,10 +140,11 @@ class ModelDir:
 
 
 def builder_node(
-    family: Family, hf_config: dict, lora: dict | None = None, where: str = "the model folder"
+    family: Family, hf_config: dict, lora: dict | None = None, config_file: str = "config.json"
 ) -> dict:
     """The family's component builder (LoRA builder when `lora` is given) with every dimension from an HF
-    config.json; only arguments the builder accepts are passed."""
+    config.json and every field that changes the math carried, or a ConfigError naming the one it cannot carry
+    (torchtune_layout). Only arguments the builder accepts are passed."""
     component = family.lora_builder if lora is not None else family.builder
     signature = torchtune_files.parameters(component)  # read from the source: no torch imported
     accepted = set(signature)
@@ -156,14 +152,8 @@ def builder_node(
     for hf_key, arg in _HF_TO_BUILDER.items():
         if arg in accepted and hf_config.get(hf_key) is not None:
             node[arg] = hf_config[hf_key]
-    scaling = hf_config.get("rope_scaling") or {}
-    if "scale_factor" in accepted and scaling.get("factor") is not None:
-        node["scale_factor"] = scaling["factor"]
-    if "attn_dropout" in accepted:
-        node["attn_dropout"] = 0.0
-    if family.name.startswith("qwen2") and "tie_word_embeddings" in accepted:
-        # torchtune's Qwen2 LoRA builder defaults to untied embeddings; the checkpoint decides.
-        node["tie_word_embeddings"] = bool(hf_config.get("tie_word_embeddings", False))
+    full_accepted = set(torchtune_files.parameters(family.builder))
+    torchtune_layout.carry_layout(node, family, hf_config, component, accepted, full_accepted, config_file)
     missing = [
         name
         for name, has_default in signature.items()
@@ -171,9 +161,11 @@ def builder_node(
     ]
     if missing:
         raise ConfigError(
-            f"config.json in {where} lacks what {component} needs: {', '.join(missing)}; "
+            f"{config_file} lacks what {component} needs: {', '.join(missing)}; "
             "is this a complete HF model config?"
         )
+    if "attn_dropout" in accepted:
+        node["attn_dropout"] = 0.0
     for key, value in (lora or {}).items():
         if key in accepted and value is not None:
             node[key] = value
@@ -190,8 +182,14 @@ def _import(dotted: str):
     return getattr(importlib.import_module(module), name)
 
 
-def inspect_model_dir(path: str | Path) -> ModelDir:
-    """Read config.json and the files present; raise ConfigError naming what is missing or unsupported."""
+def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> ModelDir:
+    """Read config.json and the files present; raise ConfigError naming what is missing or unsupported.
+
+    Every check but the weights' reads only config.json and the file listing, so a folder holding just those
+    and the tokenizer files (pre-flight, before any download) is checked with `weights_required=False`; its
+    `checkpoint_files` are then empty. `hf_config` is config.json with `max_position_embeddings` lowered to a
+    sliding window the family's builder cannot apply (torchtune_layout), so every length rule keeps within it.
+    """
     path = Path(path).resolve()
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -200,27 +198,60 @@ def inspect_model_dir(path: str | Path) -> ModelDir:
         hf_config = json.loads(config_path.read_text())
     except ValueError as err:
         raise ConfigError(f"{config_path} is not valid JSON: {err}") from err
+    if not isinstance(hf_config, dict):
+        raise ConfigError(f"{config_path} is not a JSON object: is it an HF model config?")
     family = FAMILIES[detect_family(path, hf_config)]
-    model = ModelDir(path, family, hf_config, checkpoint_files=find_weights(path))
+    positions = builder_node(family, hf_config, config_file=str(config_path)).get("max_seq_len")
+    if positions is not None and positions != hf_config.get("max_position_embeddings"):
+        hf_config = {**hf_config, "max_position_embeddings": positions}
+    checkpoint_files = find_weights(path) if weights_required else []
+    model = ModelDir(path, family, hf_config, checkpoint_files=checkpoint_files)
     for arg, relative in family.tokenizer_files.items():
         if not (path / relative).is_file():
-            raise ConfigError(
-                f"model directory {path} lacks the {family.name} tokenizer file {relative}; "
-                "download it with the model (model-initialize fetches it)"
-            )
+            refused = torchtune_tokenizer_files.derivation_refused(path, _tokenizer_file_names(family))
+            if refused is not None:
+                raise ConfigError(_missing_tokenizer_file(path, family, relative, refused))
         model.tokenizer_paths[arg] = str(path / relative)
     if (path / "tokenizer.json").is_file():
         model.special_tokens_path = str(path / "tokenizer.json")
     return model
 
 
+def derive_missing_tokenizer_files(path: Path) -> list[str]:
+    """At model-initialize: write the family's tokenizer files the repo does not ship where its tokenizer.json
+    holds them exactly (torchtune_tokenizer_files); the names written. Anything else is left to the checks."""
+    try:
+        family = FAMILIES[detect_family(path, json.loads((path / "config.json").read_text()))]
+    except (OSError, ValueError):  # ConfigError included: refused later, with its message
+        return []
+    return torchtune_tokenizer_files.derive_tokenizer_files(path, _tokenizer_file_names(family))
+
+
+def _tokenizer_file_names(family: Family) -> tuple[str, ...]:
+    return tuple(family.tokenizer_files.values())
+
+
+def _missing_tokenizer_file(path: Path, family: Family, relative: str, refused: str) -> str:
+    """The real reason: the model ships no such file (model-initialize fetches every tokenizer file it has)."""
+    needed = " + ".join(_tokenizer_file_names(family))
+    message = (
+        f"the model in {path} ships no {relative} ({_TOKENIZER_KINDS.get(relative, 'a tokenizer file')}), which "
+        f"torchtune 0.6.1's {family.name} tokenizer ({family.tokenizer.rpartition('.')[2]}) needs ({needed})"
+    )
+    if (path / "tokenizer.json").is_file():
+        message += f"; {refused}"
+    return (
+        f"{message}. If the model keeps its base model's vocabulary, add the base model's {needed} to the "
+        "model's repo or folder; otherwise torchtune 0.6.1 cannot tokenize for it"
+    )
+
+
 def detect_family(path: Path, hf_config: dict) -> str:
+    """The torchtune family serving config.json's model_type (and, within llama / phi3 / qwen2, the version)."""
     model_type = hf_config.get("model_type")
-    if model_type in _UNSUPPORTED:
-        raise ConfigError(f"{_UNSUPPORTED[model_type]} ({model_type}) is not supported by torchtune 0.6.1")
     if model_type == "llama":
-        scaling = hf_config.get("rope_scaling") or {}
-        if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        scaling = torchtune_layout.rope_parameters(hf_config)[1]
+        if torchtune_layout.rope_type(hf_config) == "llama3":
             return "llama3_2" if float(scaling.get("factor", 8)) >= 16 else "llama3_1"
         if (path / "original" / "tokenizer.model").is_file() or hf_config.get("vocab_size", 0) >= 128000:
             return "llama3"
@@ -233,11 +264,7 @@ def detect_family(path: Path, hf_config: dict) -> str:
         )
     if model_type == "qwen2":
         return "qwen2_5" if _added_tokens(path) - _QWEN2_ONLY_SPECIAL or not _added_tokens(path) else "qwen2"
-    known = ", ".join(sorted({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2"}))
-    raise ConfigError(
-        f"unknown architecture model_type={model_type!r} in {path / 'config.json'}; "
-        f"torchtune 0.6.1 families supported here: {known}"
-    )
+    raise torchtune_layout.refuse_model_type(model_type, str(path / "config.json"))
 
 
 def _added_tokens(path: Path) -> set[str]:

@@ -19,10 +19,11 @@ def dataset_initialize(
     column_map: dict = {},  # noqa: B006 (KFP needs a literal default)
     train_split: str = "train",
     eval_split: str = "",
-    eval_fraction: float = 0.0,
+    eval_fraction: float = -1.0,
     seed: int = 42,
     data_format: str = "",
     subset: str = "",
+    csv_delimiter: str = "",
     rows_per_shard: int = 100000,
     num_proc: int = 1,
     s3_endpoint_url: str = "",
@@ -41,14 +42,15 @@ def dataset_initialize(
     `eval/` parquet shards plus a manifest to `<workspace>/datasets/<name>-<task>/` (`<task>`: 8 characters of a
     hash of `task_id`). Instruct rows with a per-row `system` column are written as OpenAI `messages` (system,
     user, assistant; alpaca's input follows the instruction after a blank line) with dataset_type `chat`, so training keeps the system prompt with the same
-    masking. Plain-text files (`.txt`) give one row per line; blank lines are skipped. The copy is renamed into place only when complete; a rerun
+    masking. Plain-text files (`.txt`) give one row per line; blank lines are skipped. A folder whose dataset card
+    (README.md) declares configs is read as `datasets` reads it: the config named by `subset` (or its default). The copy is renamed into place only when complete; a rerun
     with the same source content and parameters skips the work. Credentials come only from the environment:
     HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and
     AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
 
     Args:
         source_uri: Where the data is: a dataset repo `hf://<org>/<name>[/<data_dir>][@<revision>]`, or json,
-            jsonl, csv, parquet, arrow or txt files at `s3://<bucket>/<prefix>`, `https://<host>/<file>`,
+            jsonl, csv, tsv, parquet, arrow or txt files at `s3://<bucket>/<prefix>`, `https://<host>/<file>`,
             `file:///<path>` or an absolute path (a file or a folder).
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
         name: Readable part of the folder name under `datasets/`; default: the repo, file or folder name of the
@@ -62,12 +64,15 @@ def dataset_initialize(
             For files, splits come from file names as in `datasets`: `train*`; `validation*` / `dev*`;
             `test*` / `eval*` (the `test` split); a single file or unnamed files are `train`.
         eval_split: Split expression for held-out rows, e.g. `test` or `train[90%:]`; empty for none.
-        eval_fraction: Fraction of the training rows held out for evaluation (seeded shuffle) when no
-            eval_split is given; 0 for none.
+        eval_fraction: Fraction of the training rows held out for evaluation (seeded shuffle); 0 for none; -1:
+            0.05 when no eval_split is named, else none (only a fraction set with a split conflicts).
         seed: Seed of the eval_fraction shuffle; the same seed gives the same split.
-        data_format: `json`, `jsonl`, `csv`, `parquet`, `arrow` or `text`; default: detected from the file
-            names (parquet, then arrow, json, csv, txt when the files come in several formats).
-        subset: Configuration (subset) name of a Hub dataset with several.
+        data_format: `json`, `jsonl`, `csv`, `tsv`, `parquet`, `arrow` or `text`; default: detected from the
+            file names (parquet, then arrow, json, csv, tsv, txt when the files come in several formats).
+        subset: Config (subset) of a dataset with several: a Hub repo's, or those a folder's README.md declares;
+            empty: its default config.
+        csv_delimiter: Column separator of CSV / TSV files: one character such as `;` or `|`, `\\t` for a
+            tab; empty: `,` for .csv files, a tab for .tsv files.
         rows_per_shard: Maximum rows per written parquet shard.
         num_proc: Processes the datasets library uses to parse source files (JSON Lines are streamed by pyarrow).
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
@@ -79,9 +84,10 @@ def dataset_initialize(
             the fine-tune step then trains on these packs without tokenizing on any rank when it resolves the
             same tokenizer, template, masking (train_on_input, new_system_prompt: pass it the same values) and
             max_seq_len. Needs torchtune in the image (else the step logs that no packs were written).
-        max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths,
-            rounded up to a multiple of 256, raised so the longest masked prompt keeps a trained token, capped by
-            the model's max_position_embeddings. Longer rows are cut.
+        max_seq_len: Length of the packs in tokens; -1: the 99th percentile of the tokenized row lengths
+            (never set by the single longest row), rounded up to a multiple of 256, capped by the model's
+            max_position_embeddings. Longer rows are cut; rows whose masked prompt fills it are left out of the
+            packs and named by file and line; more than 1% of the rows is refused.
         train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually only
             the response).
         new_system_prompt: A system prompt prepended to every example; empty: none.
@@ -101,6 +107,7 @@ def dataset_initialize(
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components._shared.storage import StorageError
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+    from kfp_finetune.components.dataset_initialize.sources import held_out_fraction
 
     # ValueError: bad parameters, URIs, splits and rows (DatasetValidationError) are all the user's to fix.
     with usage_errors(StorageError, ValueError):
@@ -118,10 +125,11 @@ def dataset_initialize(
             column_map=column_map,
             train_split=train_split,
             eval_split=eval_split,
-            eval_fraction=eval_fraction,
+            eval_fraction=held_out_fraction(eval_split, eval_fraction),
             seed=seed,
             data_format=data_format,
             subset=subset,
+            csv_delimiter=csv_delimiter,
             rows_per_shard=rows_per_shard,
             num_proc=num_proc,
             s3_endpoint_url=s3_endpoint_url,
@@ -130,6 +138,6 @@ def dataset_initialize(
             output_eval=eval,
             base_model_path=model_path,
             max_seq_len=max_seq_len if max_seq_len > 0 else None,
-            train_on_input=unset.switch("train_on_input", train_on_input),
-            new_system_prompt=unset.value("new_system_prompt", new_system_prompt),
+            train_on_input=unset.switch("tune_train_on_input", train_on_input),
+            new_system_prompt=unset.value("tune_new_system_prompt", new_system_prompt),
         )

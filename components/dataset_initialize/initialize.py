@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +158,7 @@ def initialize_dataset(
     seed: int = 42,
     data_format: str = "",
     subset: str = "",
+    csv_delimiter: str = "",
     rows_per_shard: int = 100_000,
     num_proc: int = 1,
     s3_endpoint_url: str = "",
@@ -185,30 +186,34 @@ def initialize_dataset(
     final = area_dir(workspace_path, "datasets", name)
     listing = storage.list_files(parsed, repo_type="dataset", endpoint_url=s3_endpoint_url or None)
     source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
-    params = [dataset_type, column_map, train_split, eval_split, eval_fraction, seed, data_format, subset]
+    params = [dataset_type, column_map, train_split, eval_split, eval_fraction, seed, data_format, subset,
+              csv_delimiter]  # fmt: skip
     fingerprint = hashlib.sha256(
         json.dumps([listing.fingerprint(f.path for f in listing.files), params, rows_per_shard]).encode()
     ).hexdigest()
+
+    def pack(manifest: dict, where: Callable[[int], str] | None = None) -> dict | None:
+        if not (base_model_path and manifest["splits"].get("train", {}).get("num_rows")):
+            return None
+        hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
+                 **_torchtune_hints(manifest["data_style"])}  # fmt: skip
+        return pack_train(
+            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc,
+            train_on_input=bool(train_on_input), new_system_prompt=new_system_prompt, where=where,
+        )  # fmt: skip
 
     manifest = _present_copy_matches(final, fingerprint)
     skipped = manifest is not None
     if skipped:
         log.info("datasets/%s already holds %s with a matching manifest: skipping", name, source_uri)
+        packed = pack(manifest)  # rows named by their number in the written split: the sources are not read
     else:
         remove_stale_temps(final)
-        manifest = _build(
-            listing, final, fingerprint, source_uri=source_uri, name=name, dataset_type=dataset_type,
+        manifest, packed = _build(
+            listing, final, fingerprint, pack, source_uri=source_uri, name=name, dataset_type=dataset_type,
             column_map=column_map, train_split=train_split, eval_split=eval_split, eval_fraction=eval_fraction,
-            seed=seed, data_format=data_format, subset=subset, rows_per_shard=rows_per_shard, num_proc=num_proc,
-        )  # fmt: skip
-
-    packed = None
-    if base_model_path and manifest["splits"].get("train", {}).get("num_rows"):
-        hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
-                 **_torchtune_hints(manifest["data_style"])}  # fmt: skip
-        packed = pack_train(
-            final, manifest, hints, Path(base_model_path), workspace_path, max_seq_len, num_proc,
-            train_on_input=bool(train_on_input), new_system_prompt=new_system_prompt,
+            seed=seed, data_format=data_format, subset=subset, csv_delimiter=csv_delimiter,
+            rows_per_shard=rows_per_shard, num_proc=num_proc,
         )  # fmt: skip
     train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
     eval_meta = _artifact_metadata(manifest, "eval", final, workspace_path, skipped)
@@ -217,13 +222,18 @@ def initialize_dataset(
     return DatasetInitResult(final, manifest, train_meta, eval_meta, skipped)
 
 
-def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict:
+def _build(
+    listing: storage.Listing, final: Path, fingerprint: str, pack: Callable, **p
+) -> tuple[dict, dict | None]:
+    """Write the entry; then `pack(manifest, where)` while the sources can still be read, so the rows packing
+    finds unfit are named by file and line (`where(i)`: written train row i)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     # Scratch (downloads + Arrow cache) lives beside the entry, on the workspace volume, and is always removed
     # (named like atomic_dir's temp dirs, so remove_stale_temps also clears one a killed run left).
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.tmp-scratch-") as scratch:
         raw = partial_path(final)  # downloads: kept across a killed or retried attempt, removed once written
-        source = Source(p["source_uri"], listing, p["data_format"], p["subset"], Path(scratch), raw)
+        source = Source(p["source_uri"], listing, p["data_format"], p["subset"], Path(scratch), raw,
+                        csv_delimiter=p["csv_delimiter"])  # fmt: skip
         where = p["source_uri"] + (f" (commit {listing.commit_sha})" if listing.commit_sha else "")
         log.info("loading split %r from %s", p["train_split"], where)
         train = source.load(p["train_split"], p["num_proc"])
@@ -235,6 +245,11 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
             held_out = _canonical(source.load(p["eval_split"], p["num_proc"]), rename, schema, source.format)
             eval_source = p["eval_split"]
         elif p["eval_fraction"]:
+            if math.ceil(len(train.ds) * p["eval_fraction"]) >= len(train.ds):  # as `datasets` rounds it
+                raise DatasetValidationError(
+                    f"data_eval_fraction={p['eval_fraction']:g} of {len(train.ds)} row(s) leaves none to train on: "
+                    "add rows, or set data_eval_fraction=0 (none held out) or data_eval_split"
+                )
             # Rows keep their SOURCE_ROW through the shuffle, so errors still name the file's own lines.
             parts = train.ds.train_test_split(test_size=p["eval_fraction"], seed=p["seed"], shuffle=True)
             train, held_out = Loaded(parts["train"], train.where), Loaded(parts["test"], train.where)
@@ -290,8 +305,9 @@ def _build(listing: storage.Listing, final: Path, fingerprint: str, **p) -> dict
                 "created_at": utc_now(),
             }
             write_json_atomic(tmp / MANIFEST, manifest)
+        packed = pack(manifest, lambda row: train.where(train.ds[row][SOURCE_ROW]))
     shutil.rmtree(raw, ignore_errors=True)
-    return manifest
+    return manifest, packed
 
 
 def _data_columns(loaded: Loaded) -> list[str]:

@@ -1,5 +1,9 @@
 """Tokenize and pack the train split once, with the base model's tokenizer (see _shared/packing.py).
 
+Every train row is tokenized here, so this is where the rows that would fail are found (seq_len.py's rule): rows
+whose masked prompt fills max_seq_len are left out of the packs, counted, and the first few named by file and
+line (`where`); more than seq_len.MAX_UNFIT_SHARE of them is refused before any pack is kept.
+
 The packs go to `<dataset entry>/packs/<key>/` (key, packing.pack_key: tokenizer, template and masking —
 train_on_input, new_system_prompt — and the max_seq_len asked for), beside the parquet shards, with a
 `packs.json` of what the train artifact's metadata records; a rerun with the same key reuses them. Tokenizing
@@ -11,16 +15,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import workspace_relative
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import atomic_dir, write_json_atomic
+from kfp_finetune.components.dataset_initialize.sources import DatasetValidationError
 
 log = get_logger(__name__)
 
 PACKS_JSON = "packs.json"
+MAX_NAMED_ROWS = 5
 
 
 def pack_train(
@@ -33,11 +40,13 @@ def pack_train(
     num_proc: int,
     train_on_input: bool = False,
     new_system_prompt: str | None = None,
+    where: Callable[[int], str] | None = None,
 ) -> dict:
     """The train metadata keys of the packs of `entry`'s train split (DatasetSplit: token_stats, max_seq_len,
     packs, tokenizer_fingerprint, pack_fingerprint, pack_template); {} when torchtune is not installed.
     `train_on_input` / `new_system_prompt`: the masking and system prompt of the run that will train on them
-    (None: torchtune's defaults), as the fine-tune step resolves them."""
+    (None: torchtune's defaults), as the fine-tune step resolves them. `where(i)` names train row i (0-based, as
+    written) by source file and line; None: by its row number in the written split."""
     if importlib.util.find_spec("torchtune") is None:
         log.warning(
             "base_model is connected but torchtune is not installed in this image: no packs written; the "
@@ -54,10 +63,10 @@ def pack_train(
         hints, [str(entry / f["path"]) for f in split["files"]], bool(train_on_input), new_system_prompt
     )
     tokenizer_fp = packing.tokenizer_fingerprint(tokenizer_node)
-    where = entry / "packs" / packing.pack_key(tokenizer_fp, node, max_seq_len)
-    record = _present(where)
+    folder = entry / "packs" / packing.pack_key(tokenizer_fp, node, max_seq_len)
+    record = _present(folder)
     if record is None:
-        with atomic_dir(where) as tmp:
+        with atomic_dir(folder) as tmp:
             result = packing.pack_split(
                 tokenizer_node, node, tmp, max_seq_len=max_seq_len,
                 max_position_embeddings=model.hf_config.get("max_position_embeddings"), num_proc=num_proc,
@@ -71,8 +80,12 @@ def pack_train(
             )  # fmt: skip
             log.info(
                 "max_seq_len %d (%s); %d packs in %.1fs; %d row(s) cut to it",
-                result.max_seq_len, "set" if max_seq_len else "99th percentile or longest prompt + 2, rounded up to 256, capped by the model",
+                result.max_seq_len, "set" if max_seq_len else "99th percentile of the rows, rounded up to 256, capped by the model",
                 result.num_packs, result.pack_seconds, result.truncated_rows,
+            )  # fmt: skip
+            unfit = _unfit(
+                result, stats["count"], where or (lambda i: f"train row {i}"),
+                model.hf_config.get("max_position_embeddings"),
             )  # fmt: skip
             record = {
                 "token_stats": stats,
@@ -82,21 +95,42 @@ def pack_train(
                 "pack_fingerprint": packing.pack_fingerprint(tokenizer_node, node, result.max_seq_len),
                 "pack_template": packing.template_of(node),
                 "files": [_file_record(result.path, tmp)],
+                "unfit": unfit,
             }
             write_json_atomic(tmp / PACKS_JSON, record)
     else:
-        log.info("packs for this tokenizer, template and masking already in %s: reused", where)
+        log.info("packs for this tokenizer, template and masking already in %s: reused", folder)
+        if record.get("unfit"):
+            log.warning("%s", record["unfit"])
     return {
         "token_stats": record["token_stats"],
         "max_seq_len": record["max_seq_len"],
         "packs": [
-            {**f, "path": workspace_relative(where / f["path"], workspace), "num_packs": record["num_packs"]}
+            {**f, "path": workspace_relative(folder / f["path"], workspace), "num_packs": record["num_packs"]}
             for f in record["files"]
         ],
         "tokenizer_fingerprint": record["tokenizer_fingerprint"],
         "pack_fingerprint": record["pack_fingerprint"],
         "pack_template": record["pack_template"],
     }
+
+
+def _unfit(result, rows: int, where: Callable[[int], str], max_position_embeddings: int | None) -> str:
+    """The warning about the rows left out of the packs (empty: none); raises when they are too many."""
+    from kfp_finetune.components._shared import seq_len
+
+    if not result.unfit_rows:
+        return ""
+    count, refused = len(result.unfit_rows), seq_len.too_many_unfit(len(result.unfit_rows), rows)
+    named = [where(i) for i in result.unfit_rows[:MAX_NAMED_ROWS]]
+    message = seq_len.unfit_message(
+        count, rows, result.max_seq_len, result.unfit_needed, named, refused, max_position_embeddings
+    )
+    if refused:
+        raise DatasetValidationError(message)
+    message = f"left out of the packs: {message}"
+    log.warning("%s", message)
+    return message
 
 
 def _file_record(path: Path, root: Path) -> dict:

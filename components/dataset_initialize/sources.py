@@ -2,8 +2,11 @@
 library, and where each loaded row came from (file and line), so validation errors point into the user's files.
 
 Every loaded row carries its position in the source (`SOURCE_ROW`) until validation is done; `Loaded.where`
-turns that position into "train.jsonl line 7" (JSON Lines, CSV, text: the file's own line number) or
+turns that position into "train.jsonl line 7" (JSON Lines, CSV, TSV, text: the file's own line number) or
 "data.parquet row 3" (parquet, arrow, JSON arrays: the row index in that file).
+
+Messages name the settings as a pipeline user sets them (`data_format`, `data_subset`, `data_csv_delimiter`,
+`data_eval_split`, `data_eval_fraction`).
 """
 
 from __future__ import annotations
@@ -18,23 +21,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared import storage, unset
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components.dataset_initialize.cards import DATASET_CARD, config_splits, hub_config_names
+from kfp_finetune.components.dataset_initialize.formats import (
+    BUILDERS,
+    DELIMITERS,
+    column_separator,
+    detect_format,
+)
 
 log = get_logger(__name__)
 
-FORMATS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-    ".txt": "text",
-}
-FORMAT_PREFERENCE = ("parquet", "arrow", "json", "csv", "text")  # typed formats first
-COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
-# Files beside the data that are not data (HF dataset cards, save_to_disk metadata).
-NOT_DATA = ("README.md", ".gitattributes", "dataset_info.json", "state.json", "dataset_dict.json")
+DEFAULT_EVAL_FRACTION = 0.05  # held out when data_eval_fraction is unset (-1) and no data_eval_split is named
 SOURCE_ROW = "__source_row"  # the row's index in the source split(s), kept until validation
 
 
@@ -42,33 +42,24 @@ class DatasetValidationError(ValueError):
     """The data does not fit the dataset type; the message names the columns and first bad rows."""
 
 
-def _suffix(path: str) -> str:
-    pure = PurePosixPath(path)
-    if pure.suffix in COMPRESSION_SUFFIXES:
-        pure = pure.with_suffix("")
-    return pure.suffix.lower()
-
-
-def detect_format(paths: list[str], explicit: str = "") -> tuple[str, list[str]]:
-    """The `datasets` packaged builder for these files and the data files among them."""
-    candidates = [p for p in paths if PurePosixPath(p).name not in NOT_DATA]
-    if explicit:
-        explicit = {"jsonl": "json", "txt": "text"}.get(explicit, explicit)
-        if explicit not in set(FORMATS.values()):
-            raise ValueError(f"data_format {explicit!r} is not one of json, jsonl, csv, parquet, arrow, text")
-        matching = [p for p in candidates if FORMATS.get(_suffix(p)) == explicit]
-        return explicit, matching or candidates
-    formats = {FORMATS[_suffix(p)] for p in candidates if _suffix(p) in FORMATS}
-    if not formats:
-        raise ValueError(
-            f"no data files (json, jsonl, csv, parquet, arrow, txt) among: {', '.join(paths[:10])}; "
-            "set data_format if the files have other extensions"
+def held_out_fraction(eval_split: str, eval_fraction: float) -> float:
+    """The fraction of the training rows to hold out: data_eval_fraction as set, or when it is unset (-1)
+    DEFAULT_EVAL_FRACTION, none when a data_eval_split is named. Only a fraction the user set conflicts with a
+    named split."""
+    fraction = unset.value("data_eval_fraction", eval_fraction)
+    if fraction is None:
+        return 0.0 if eval_split else DEFAULT_EVAL_FRACTION
+    if not 0 <= fraction < 1:
+        raise ConfigError(
+            f"data_eval_fraction must be in [0, 1), or -1 for {DEFAULT_EVAL_FRACTION:g} when no data_eval_split "
+            f"is named (got {eval_fraction})"
         )
-    # The same data is often published in several formats (e.g. jsonl + parquet): take the most exact one.
-    fmt = next(f for f in FORMAT_PREFERENCE if f in formats)
-    if len(formats) > 1:
-        log.warning("found %s files; reading the %s ones (set data_format to choose)", sorted(formats), fmt)
-    return fmt, [p for p in candidates if FORMATS.get(_suffix(p)) == fmt]
+    if eval_split and fraction:
+        raise ConfigError(
+            f"data_eval_split={eval_split!r} and data_eval_fraction={fraction:g} both choose the held-out rows: "
+            "set one of them (data_eval_fraction=-1 holds out none when a split is named)"
+        )
+    return fraction
 
 
 def split_names(expression: str) -> list[str]:
@@ -87,7 +78,10 @@ class Loaded:
 
 class Source:
     """Loads splits from one source; files from s3/https are fetched once into `raw` (the entry's stable partial
-    folder in the workspace, so a retried step keeps what it verified; default: `scratch/raw`)."""
+    folder in the workspace, so a retried step keeps what it verified; default: `scratch/raw`).
+
+    A folder whose dataset card (README.md) declares configs is read as `datasets` reads a Hub repo: the config
+    named `subset` (else its default one) gives the data files and their splits."""
 
     def __init__(
         self,
@@ -97,13 +91,20 @@ class Source:
         subset: str,
         scratch: Path,
         raw: Path | None = None,
+        csv_delimiter: str = "",
     ):
         self.uri, self.listing, self.subset, self.scratch = uri, listing, subset, scratch
         self.raw = raw or scratch / "raw"
         self.is_hub = listing.uri.scheme == "hf"
-        self.format, self.data_files = (
-            ("", []) if self.is_hub else detect_format([f.path for f in listing.files], data_format)
-        )
+        self.config_splits: dict[str, list[str]] | None = None  # split -> files of the chosen config
+        self.format, self.data_files = "", []
+        if not self.is_hub:
+            self.config_splits = config_splits(uri, listing, subset, scratch)
+            paths = [f.path for f in listing.files]
+            if self.config_splits is not None:
+                paths = sorted({p for files in self.config_splits.values() for p in files})
+            self.format, self.data_files = detect_format(paths, data_format)
+        self.delimiter = column_separator(self.format, csv_delimiter)
         self._local_root: Path | None = None
 
     def _root(self) -> Path:
@@ -142,7 +143,8 @@ class Source:
         ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
         if len(ds) == 0:
             raise DatasetValidationError(f"{self.uri}: split {expression!r} is empty (no rows)")
-        locator = _Locator(self.format, offsets, {n: len(d) for n, d in splits.items()}, files, self.scratch)
+        lengths = {n: len(d) for n, d in splits.items()}
+        locator = _Locator(self.format, offsets, lengths, files, self.scratch, self.delimiter or ",")
         return Loaded(ds, locator.where)
 
     def _load_split(self, split: str, num_proc: int) -> tuple[object, list[str]]:
@@ -156,32 +158,58 @@ class Source:
             if self.is_hub:
                 return self._load_hub_split(split, cache_dir, num_proc), []
             root = self._root()
-            # Split names come from file/folder names as in `datasets` (train*, validation*/dev*, test*/eval*);
-            # a single file or unnamed files form the `train` split.
-            data_files = _files_by_split([str(root / p) for p in self.data_files], root)
+            data_files = self._files_by_split(root)
             if split not in data_files:
-                raise ValueError(
-                    f"{self.uri}: split {split!r}: the files form the split(s) {sorted(data_files)} (named as "
-                    "in `datasets`: train*, validation*/dev*, test*/eval*); choose one of them"
+                raise ConfigError(
+                    f"{self.uri}: split {split!r}: the files form the split(s) {', '.join(sorted(map(str, data_files)))} "
+                    f"({self._split_naming()}); set data_train_split / data_eval_split to one of them"
                 )
             try:
                 if self.format == "json":
                     streamed = _read_json_lines(data_files[split], Path(cache_dir) / f"{split}.arrow")
                     if streamed is not None:
                         return streamed, data_files[split]
+                options = {"delimiter": self.delimiter} if self.delimiter else {}
                 ds = datasets.load_dataset(
-                    self.format, data_files={split: data_files[split]}, split=split, cache_dir=cache_dir,
-                    num_proc=num_proc,
+                    BUILDERS.get(self.format, self.format), data_files={split: data_files[split]}, split=split,
+                    cache_dir=cache_dir, num_proc=num_proc, **options,
                 )  # fmt: skip
             except Exception as exc:  # the libraries' errors name no file: find the file, line and byte
                 raise _unreadable(self.uri, split, self.format, data_files[split], exc) from exc
+            if self.delimiter and len(ds.column_names) == 1:
+                _check_one_column(self.uri, data_files[split][0], ds.column_names[0], self.delimiter)
             return ds, data_files[split]
         except ValueError as exc:
             if "corresponds to no data" in str(exc):
                 raise DatasetValidationError(f"{self.uri}: split {split!r} is empty (no rows)") from exc
             if "Unknown split" in str(exc) or "Bad split" in str(exc):
                 raise ValueError(f"{self.uri}: split {split!r}: {exc}") from exc
+            if (configs := hub_config_names(str(exc))) is not None:
+                names = ", ".join(configs)
+                if self.subset:
+                    raise ConfigError(
+                        f"data_subset={self.subset!r} is not a config of {self.uri}: choose one of {names}"
+                    ) from exc
+                raise ConfigError(
+                    f"{self.uri} has {len(configs)} configs ({names}): set data_subset to one of them"
+                ) from exc
             raise
+
+    def _files_by_split(self, root: Path) -> dict[str, list[str]]:
+        """{split: local files}: the chosen config's, else split names from file/folder names as in `datasets`
+        (train*, validation*/dev*, test*/eval*; a single file or unnamed files form the `train` split)."""
+        if self.config_splits is None:
+            return _files_by_split([str(root / p) for p in self.data_files], root)
+        chosen = set(self.data_files)
+        return {
+            split: [str(root / p) for p in files if p in chosen]
+            for split, files in self.config_splits.items()
+        }
+
+    def _split_naming(self) -> str:
+        if self.config_splits is None:
+            return "named as in `datasets`: train*, validation*/dev*, test*/eval*"
+        return f"the `data_files` of its {DATASET_CARD} config"
 
     def _load_hub_split(self, split: str, cache_dir: str, num_proc: int | None):
         """A split read by `datasets` from the hub, its downloaded files checked against the listing's sha256 /
@@ -221,6 +249,18 @@ class Source:
             log.warning("%s; fetching %d damaged file(s) again", damaged[0], len(damaged))
             shutil.rmtree(cache_dir, ignore_errors=True)  # the split prepared from them
         raise AssertionError("unreachable")
+
+
+def _check_one_column(uri: str, file: str, header: str, delimiter: str) -> None:
+    """Refuse a delimited file whose header reads as one column but splits on another common separator."""
+    other = next((d for d in (",", ";", "\t", "|") if d != delimiter and d in header), None)
+    if other is not None:
+        shown = "\\t" if other == "\t" else other
+        raise DatasetValidationError(
+            f"{uri}: {Path(file).name} line 1: the header {header!r} is one column when split on "
+            f"{delimiter!r}, but it has {other!r} in it: set data_csv_delimiter={shown} if that separates "
+            "the columns"
+        )
 
 
 def _read_json_lines(files: list[str], arrow_path: Path):
@@ -286,7 +326,8 @@ def _unreadable(uri: str, split: str, fmt: str, files: list[str], error: Excepti
     names = ", ".join(Path(f).name for f in files)
     return DatasetValidationError(
         f"{uri}: split {split!r}: the {fmt} reader cannot read {names} ({type(error).__name__}: {reason}): "
-        "check that the files are valid " + fmt + ", or set data_format"
+        f"check that the files are valid {fmt}, or set data_format"
+        + (" (and data_csv_delimiter for another column separator)" if fmt in DELIMITERS else "")
     )
 
 
@@ -312,7 +353,7 @@ def _first_problem(file: str, fmt: str) -> str | None:
             )
         offset += len(line)
     if fmt != "json":
-        if fmt == "csv" and not data.splitlines()[0].strip():
+        if fmt in DELIMITERS and not data.splitlines()[0].strip():
             return " line 1: the CSV header is blank: put the column names on the first line"
         return None
     text = data.decode("utf-8")
@@ -385,6 +426,7 @@ class _Locator:
     lengths: dict[str, int]
     files: dict[str, list[str]]  # split -> files in load order (the `datasets` builders keep that order)
     scratch: Path
+    delimiter: str  # of CSV / TSV files
 
     def where(self, source_row: int) -> str:
         split = next(s for s, o in self.offsets.items() if o <= source_row < o + self.lengths[s])
@@ -409,9 +451,11 @@ class _Locator:
         if self.format == "text":
             with _open_text(file) as lines:
                 return sum(1 for _ in lines)
+        options = {"delimiter": self.delimiter} if self.format in DELIMITERS else {}
         ds = datasets.load_dataset(
-            self.format, data_files=[file], split="train", cache_dir=str(self.scratch / "locate")
-        )
+            BUILDERS.get(self.format, self.format), data_files=[file], split="train",
+            cache_dir=str(self.scratch / "locate"), **options,
+        )  # fmt: skip
         return len(ds)
 
     def _line(self, file: str, row: int) -> str:
@@ -425,9 +469,9 @@ class _Locator:
                     seen += bool(line.strip())  # pyarrow and the datasets JSON builder skip blank lines
                     if seen == row:
                         return f"line {number}"
-        if self.format == "csv":
+        if self.format in DELIMITERS:
             with _open_text(file, newline="") as text:
-                reader = csv.reader(text)
+                reader = csv.reader(text, delimiter=self.delimiter)
                 next(reader, None)  # the header
                 start, index = reader.line_num + 1, 0
                 for record in reader:  # a quoted value may span lines: a record starts after the previous one

@@ -12,8 +12,17 @@ from kfp_finetune.components.dataset_initialize.sources import SOURCE_ROW, Datas
 
 DATASET_TYPES = ("instruct", "chat", "text")
 MAX_REPORTED_ROWS = 5
-OPENAI_ROLES = {"system", "user", "assistant", "tool", "ipython"}
-SHAREGPT_ROLES = {"system", "human", "gpt", "tool", "function_call", "observation"}
+#: Chat roles of each style as torchtune 0.6.1's message transforms read them (OpenAIToMessages keeps the role,
+#: ShareGPTToMessages maps human/gpt), under torchtune's names.
+CHAT_ROLES = {
+    "openai": {"system": "system", "user": "user", "assistant": "assistant"},
+    "sharegpt": {"system": "system", "human": "user", "gpt": "assistant"},
+}
+#: Tool turns: torchtune 0.6.1's `Role` has only `ipython` for them, which its chat datasets cannot train
+#: (validate_messages wants an assistant turn right after a user turn; ShareGPTToMessages has no tool role).
+TOOL_ROLES = {"tool", "ipython", "function", "function_call", "observation"}
+TOOL_KEYS = ("tool_calls", "function_call")
+TOOL_FIX = "torchtune 0.6.1 trains only system, user and assistant turns (take the tool turns out)"
 
 
 @dataclass
@@ -64,24 +73,53 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
             "Map other names with column_map, e.g. {'input': 'question', 'output': 'answer'}."
         )
     wanted = schema.columns + tuple(c for c in schema.optional if source(c) in columns)
+    shared = {source(c): [w for w in wanted if source(w) == source(c)] for c in wanted}
+    shared = {column: names for column, names in shared.items() if len(names) > 1}
+    if shared:
+        column, names = next(iter(shared.items()))
+        raise DatasetValidationError(
+            f"data_column_map maps {' and '.join(map(repr, names))} to the same source column {column!r}: each "
+            f"column of {dataset_type} data needs its own source column; the data has {columns}"
+        )
     return schema, {source(c): c for c in wanted}
 
 
 def _message_problem(messages, style: str) -> str | None:
-    role_key, text_key, roles = ("role", "content", OPENAI_ROLES) if style == "openai" else (
-        "from", "value", SHAREGPT_ROLES
-    )  # fmt: skip
+    """Why torchtune cannot train on this conversation, or None. Its rules (torchtune.data.validate_messages,
+    0.6.1): a system turn only first, each assistant turn right after a user turn, no two user turns in a row;
+    and as ours, like the instruct columns: an assistant turn to learn from, none of them blank."""
+    role_key, text_key = ("role", "content") if style == "openai" else ("from", "value")
+    roles = CHAT_ROLES[style]
     if messages is None:
         return "is null"
     if not isinstance(messages, list) or not messages:
         return "is not a non-empty list of messages"
+    previous = None
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or role_key not in message or text_key not in message:
+        if not isinstance(message, dict) or role_key not in message:
             return f"message {i} lacks {role_key!r}/{text_key!r}"
-        if message[role_key] not in roles:
-            return f"message {i} has {role_key} {message[role_key]!r} (expected one of {sorted(roles)})"
-        if not isinstance(message[text_key], str):
-            return f"message {i} {text_key} is {type(message[text_key]).__name__}, not a string"
+        role = message[role_key]
+        if role in TOOL_ROLES or any(message.get(key) for key in TOOL_KEYS):
+            what = (
+                f"{role_key} {role!r}" if role in TOOL_ROLES else next(k for k in TOOL_KEYS if message.get(k))
+            )
+            return f"message {i} is a tool turn ({what}): {TOOL_FIX}"
+        if role not in roles:
+            return f"message {i} has {role_key} {role!r} (expected one of {sorted(roles)})"
+        if not isinstance(message.get(text_key), str):
+            return f"message {i} {text_key} is {type(message.get(text_key)).__name__}, not a string"
+        turn = roles[role]
+        if turn == "system" and i > 0:
+            return f"message {i} is a system turn after the first message: put the system turn first"
+        if turn == "assistant" and previous != "user":
+            return f"message {i} ({role}) does not follow a user turn: turns must alternate user, assistant"
+        if turn == "user" and previous == "user":
+            return f"messages {i - 1} and {i} are both user turns: turns must alternate user, assistant"
+        if turn == "assistant" and not message[text_key].strip():
+            return f"message {i} ({role}) is empty: there is nothing to learn from it"
+        previous = turn
+    if "assistant" not in {roles[m[role_key]] for m in messages}:
+        return "has no assistant turn: there is nothing to learn from (add the answer, or remove the row)"
     return None
 
 
@@ -107,10 +145,17 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
                 or pa.types.is_null(arrow_type)
             )
         if not ok:
-            want = "a list of messages" if chat and column in schema.columns else "strings"
+            wants_list = chat and column in schema.columns
+            bad_count, bad = _wrong_type_rows(ds, column, wants_list, where, batch_size)
+            # pyarrow's JSON type: values of different types in one column (a number among strings)
+            mixed = getattr(arrow_type, "extension_name", "") == "arrow.json"
             raise DatasetValidationError(
-                f"{split}: column {column!r} has type {arrow_type}, expected {want}: fix the column in the "
-                "source files, or map another column to it with column_map"
+                f"{split}: column {column!r} has type {'mixed (JSON)' if mixed else arrow_type}, expected "
+                f"{'a list of messages' if wants_list else 'strings'}: {bad_count} of {len(ds)} rows hold "
+                "another type; first: "
+                + "; ".join(bad)
+                + ". Fix these rows in the source files, or map another "
+                "column to it with column_map"
             )
     strings = [c for c in present if not (chat and c in schema.columns)]
     bad_count, bad = _non_utf8_rows(ds, strings, where)
@@ -130,6 +175,29 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
             + "; ".join(bad)
             + ". Fix or remove these rows in the source and run again."
         )
+
+
+def _wrong_type_rows(
+    ds, column: str, wants_list: bool, where: Callable[[int], str], batch_size: int
+) -> tuple[int, list[str]]:
+    """Rows whose value in `column` is not a string (or, `wants_list`, a list), nulls aside (checked later):
+    the column's type says only that some row differs, e.g. pyarrow's JSON type for a value that is a number
+    at one line of thousands."""
+    wanted = list if wants_list else str
+    bad: list[str] = []
+    bad_count = 0
+    for batch in ds.select_columns([column, SOURCE_ROW]).iter(batch_size=batch_size):
+        for value, source_row in zip(batch[column], batch[SOURCE_ROW], strict=True):
+            if value is not None and not isinstance(value, wanted):
+                bad_count += 1
+                if len(bad) < MAX_REPORTED_ROWS:
+                    bad.append(f"{where(source_row)}: {column} is {type(value).__name__} {_shown(value)}")
+    return bad_count, bad
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _non_utf8_rows(

@@ -27,6 +27,7 @@ from kfp_finetune.components._shared.artifacts import (
 )
 from kfp_finetune.components._shared.contract import BaseModel
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune_model import derive_missing_tokenizer_files
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
     area_dir,
@@ -290,6 +291,11 @@ def _fetch(
     # A model that fails verification is unusable at its source: nothing in its partial folder is worth keeping.
     with partial_dir(final, discard_on=(ModelVerificationError,)) as tmp:
         records = storage.download(listing, paths, tmp, max_workers=max_workers)
+        derived = derive_missing_tokenizer_files(tmp)
+        if derived:
+            log.info(
+                "wrote %s from the model's tokenizer.json (torchtune reads only these)", " + ".join(derived)
+            )
         facts = verify_model_dir(tmp, source_uri)
         write_json_atomic(tmp / REPO_ID_FILE, {"repo_id": repo_id})
         manifest = {

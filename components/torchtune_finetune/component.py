@@ -142,9 +142,10 @@ def torchtune_finetune(
         new_system_prompt: A system prompt prepended to every example; empty: none.
         conversation_style: openai (messages) or sharegpt (conversations), for chat data; empty: from the data.
         packed: Pack examples into max_seq_len sequences (needs max_seq_len).
-        max_seq_len: Truncate (or pack) examples to this many tokens; -1: on GPUs the 99th percentile of the
-            tokenized lengths rounded up to 256, raised so the longest masked prompt keeps a trained token, capped
-            by the model (dataset-initialize's pack length); on CPU the base config's (usually no limit).
+        max_seq_len: Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the tokenized
+            lengths (never set by the single longest row) rounded up to 256, capped by the model
+            (dataset-initialize's pack length), on every device; the model's limit where no lengths are known.
+            Rows whose prompt fills it train nothing and are counted; more than 1% of the rows is refused.
         compile: torch.compile the model and loss.
         seed: Random seed; -1: the base config's.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;

@@ -1,5 +1,6 @@
-"""What a local run (`run-local`, `demo`) shows: task starts and ends, a training progress line now and then, and
-the end of a failed task's log. Everything, kfp.local's executor JSON and library warnings included, goes to a
+"""What a local run (`run-local`, `demo`) shows: task starts and ends, what dataset-initialize says about the data
+(columns dropped, rows cut, row counts), every step's warnings, a training progress line now and then, and the
+end of a failed task's log. Everything, kfp.local's executor JSON and library warnings included, goes to a
 log file.
 
 kfp.local writes its own log lines and each step's streamed output through `sys.stdout` (its logger's handler is
@@ -24,6 +25,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # kfp.local's own lines (kfp/local/task_dispatcher.py, pipeline_orchestrator.py), after the ANSI colours are gone.
 _TASK_STARTED = re.compile(r" - INFO - Executing task '([^']+)'")
 _TASK_FINISHED = re.compile(r" - (?:INFO|ERROR) - Task '([^']+)' finished with status (\w+)")
+# A step's own log line (components/_shared/logs.py `_FORMAT`, indented by kfp.local's stream): level, message.
+_STEP_LOG = re.compile(r"^\s*\d\d:\d\d:\d\d (INFO|WARNING|ERROR|CRITICAL) kfp_finetune\.[\w.]+: (.*)$")
+# Steps whose every log line is shown: what dataset-initialize did to the data (dropped columns, rows cut to
+# max_seq_len, row counts) changes what is trained on.
+SHOWN_STEPS = ("dataset-initialize",)
 # The fine-tune step's progress lines (components/torchtune_finetune/metrics.py `progress_line`).
 _PROGRESS = re.compile(r"progress: step (\d+)(?:/(\d+))?")
 # A progress line is shown at most this often, and only after 5 % more of the run: at most ~20 per training.
@@ -42,6 +48,7 @@ class QuietConsole(io.TextIOBase):
         self._lock = threading.Lock()
         self._task_tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL_LINES)
         self._task_started: dict[str, float] = {}
+        self._task = ""  # the task running now (kfp.local runs one at a time)
         self._last_progress = (float("-inf"), -1)  # (time, step) of the last progress line shown
 
     @property
@@ -81,10 +88,12 @@ class QuietConsole(io.TextIOBase):
             self._task_tail.clear()
             self._task_started[started[1]] = time.monotonic()
             self._last_progress = (float("-inf"), -1)
+            self._task = started[1]
             self._show(f"  {started[1]}: started")
         elif finished := _TASK_FINISHED.search(line):
             name, status = finished[1], finished[2]
             seconds = time.monotonic() - self._task_started.pop(name, time.monotonic())
+            self._task = ""
             if status == "SUCCESS":
                 self._show(f"  {name}: done in {seconds:.0f}s")
             else:
@@ -95,6 +104,13 @@ class QuietConsole(io.TextIOBase):
             self._task_tail.append(line.strip())
             if self._progress_due(int(progress[1]), int(progress[2] or 0)):
                 self._show(f"    {line.strip()}")
+        elif said := _STEP_LOG.match(line):
+            self._task_tail.append(line.strip())
+            level, message = said[1], said[2]
+            if level != "INFO":
+                self._show(f"    {level.lower()}: {message}")
+            elif self._task in SHOWN_STEPS:
+                self._show(f"    {message}")
         elif line.strip():
             self._task_tail.append(line.strip())
 

@@ -47,6 +47,25 @@ def parquet(folder: Path, name: str, rows: list[dict]) -> Path:
     return path
 
 
+def turn(role: str, content: str) -> dict:
+    return {"role": role, "content": content}
+
+
+def chat(src: Path, messages: list[dict]) -> dict:
+    """Chat data whose second line is the conversation given (the first is a good one)."""
+    good = {"messages": [turn("user", "hi"), turn("assistant", "hello")]}
+    return {
+        "source_uri": str(write(src, "train.jsonl", jsonl([good, {"messages": messages}]))),
+        "dataset_type": "chat",
+    }
+
+
+def sharegpt(src: Path, turns: list[tuple[str, str]]) -> dict:
+    good = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+    bad = {"conversations": [{"from": speaker, "value": value} for speaker, value in turns]}
+    return {"source_uri": str(write(src, "train.jsonl", jsonl([good, bad]))), "dataset_type": "chat"}
+
+
 def truncated_parquet(src: Path) -> str:
     path = parquet(src, "train.parquet", GOOD * 50)
     path.write_bytes(path.read_bytes()[:-40])
@@ -203,6 +222,92 @@ DATASET_ROWS = [
         ["train.jsonl line 1", "'bot'"],
     ),
     (
+        "chat-tool-role",
+        lambda s: chat(s, [turn("user", "weather?"), turn("assistant", "calling"), turn("tool", "sunny")]),
+        [
+            "train.jsonl line 2",
+            "message 2 is a tool turn (role 'tool')",
+            "torchtune 0.6.1",
+            "take the tool turns out",
+        ],
+    ),
+    (
+        "chat-tool-calls",
+        lambda s: chat(
+            s,
+            [
+                turn("user", "weather?"),
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+                },
+            ],
+        ),  # fmt: skip
+        ["train.jsonl line 2", "message 1 is a tool turn (tool_calls)", "torchtune 0.6.1"],
+    ),
+    (
+        "chat-ipython-role",
+        lambda s: chat(s, [turn("user", "run it"), turn("ipython", "42"), turn("assistant", "42")]),
+        ["train.jsonl line 2", "role 'ipython'", "system, user and assistant"],
+    ),
+    (
+        "sharegpt-function-call",
+        lambda s: sharegpt(s, [("human", "weather?"), ("function_call", "{}"), ("gpt", "sunny")]),
+        ["train.jsonl line 2", "from 'function_call'", "tool turn"],
+    ),
+    (
+        "chat-user-only",
+        lambda s: chat(s, [turn("user", "hello?")]),
+        ["train.jsonl line 2", "has no assistant turn", "nothing to learn"],
+    ),
+    (
+        "chat-system-and-user-without-assistant",
+        lambda s: chat(s, [turn("system", "be brief"), turn("user", "hello?")]),
+        ["train.jsonl line 2", "has no assistant turn"],
+    ),
+    (
+        "chat-empty-assistant-turn",
+        lambda s: chat(s, [turn("user", "hello?"), turn("assistant", "  ")]),
+        ["train.jsonl line 2", "message 1 (assistant) is empty", "Fix or remove"],
+    ),
+    (
+        "sharegpt-empty-gpt-turn",
+        lambda s: sharegpt(s, [("human", "hello?"), ("gpt", "")]),
+        ["train.jsonl line 2", "message 1 (gpt) is empty"],
+    ),
+    (
+        "chat-turns-out-of-order",
+        lambda s: chat(s, [turn("assistant", "hi"), turn("user", "hello?")]),
+        ["train.jsonl line 2", "message 0 (assistant) does not follow a user turn"],
+    ),
+    (
+        "wrong-type-at-line-5000",
+        lambda s: {
+            "source_uri": str(
+                write(s, "train.jsonl", jsonl([*GOOD * 1249, GOOD[0], {"input": 5, "output": "x"}]))
+            ),
+        },
+        ["train.jsonl line 4998", "'input'", "1 of 4998 rows", "input is int 5"],
+    ),
+    (
+        "wrong-type-list-output-at-a-late-line",
+        lambda s: {
+            "source_uri": str(
+                write(s, "train.jsonl", jsonl([*GOOD * 1250, {"input": "q", "output": ["a"]}]))
+            ),
+        },
+        ["train.jsonl line 5001", "'output'", "output is list ['a']", "strings"],
+    ),
+    (
+        "column-map-two-columns-from-one",
+        lambda s: {
+            "source_uri": str(write(s, "train.jsonl", jsonl([{"q": "a"}] * 3))),
+            "column_map": {"input": "q", "output": "q"},
+        },
+        ["data_column_map", "'input' and 'output'", "same source column 'q'"],
+    ),
+    (
         "text-data-without-text-column",
         lambda s: {"source_uri": str(write(s, "train.jsonl", jsonl(GOOD))), "dataset_type": "text"},
         ["'text'", "column_map"],
@@ -282,6 +387,48 @@ def test_dataset_initialize_refuses(tmp_path, workspace, builder, fragments):
         initialize_dataset(workspace_path=str(workspace), output_train=train, output_eval=eval_, **kwargs)
     assert_message(caught.value, fragments)
     assert_nothing_written(workspace, "datasets")
+    assert not Path(train.path).exists() and not train.metadata
+
+
+# Rows only the base model's tokenizer can find (dataset-initialize tokenizes every train row for its packs): the
+# parquet entry stays (it is valid data, reused by a rerun with a longer tune_max_seq_len), no packs are kept.
+# (id, builder(src) -> initialize_dataset keyword arguments, message fragments)
+LONG = " ".join(f"word{i}" for i in range(150))  # about 300 tokens of the tiny tokenizer
+DATASET_TOKEN_ROWS = [
+    (
+        "prompts-longer-than-max-seq-len",
+        lambda s: {
+            "source_uri": str(write(s, "train.jsonl", jsonl([*GOOD, {"input": LONG, "output": "x"}] * 2))),
+            "max_seq_len": 128,
+        },
+        ["2 of 10 training rows", "fills max_seq_len=128", "train.jsonl line 5; train.jsonl line 10",
+         "more than 1%", "set tune_max_seq_len to at least"],
+    ),
+    (
+        "emoji-prompts-count-in-tokens",
+        lambda s: {
+            "source_uri": str(write(s, "train.jsonl", jsonl([*GOOD, *[{"input": "🙂" * 300, "output": "x"}] * 2]))),
+            "max_seq_len": 1024,
+        },
+        ["2 of 6 training rows", "fills max_seq_len=1024", "train.jsonl line 5", "train.jsonl line 6"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("builder", "fragments"), [r[1:] for r in DATASET_TOKEN_ROWS], ids=[r[0] for r in DATASET_TOKEN_ROWS]
+)
+def test_dataset_initialize_refuses_rows_by_their_tokens(tmp_path, workspace, tiny_llama, builder, fragments):
+    src = tmp_path / "src"
+    src.mkdir()
+    train, eval_ = artifact(tmp_path, "train"), artifact(tmp_path, "eval")
+    with pytest.raises(DATASET_ERRORS) as caught:
+        initialize_dataset(
+            workspace_path=str(workspace), output_train=train, output_eval=eval_, base_model_path=tiny_llama,
+            **builder(src),
+        )  # fmt: skip
+    assert_message(caught.value, fragments)
+    assert not list(workspace.glob("datasets/*/packs/*")), "packs were kept"
     assert not Path(train.path).exists() and not train.metadata
 
 

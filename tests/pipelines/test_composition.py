@@ -178,3 +178,43 @@ def test_finetune_pipeline_nested_twice_never_collides(tiny_llama, tmp_path):
     assert _digest(export_a) != _digest(export_b), "the two exports hold the same model"
     for exported in (export_a, export_b):
         assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors"))
+
+
+# --- the README's nesting example ------------------------------------------------------------------------------
+
+
+def readme_nesting_example() -> str:
+    """The python block under README.md's "Nest a DAG in your own pipeline", exactly as shown."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("### Nest a DAG in your own pipeline", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_nesting_example_compiles_to_a_pipeline_a_stock_kfp_accepts(tmp_path, monkeypatch):
+    """Compiled as shown (with the reader's own `notify`), the outer pipeline passes what a stock KFP 2.15+ API
+    server checks on upload and run (tests/support/kfp_validation.py names the upstream rules), with no admin
+    workspace default, and nests the golden finetune-pipeline DAG."""
+    from kfp.dsl import HTML, Input
+
+    from tests.support.kfp_validation import pipeline_spec_problem, workspace_problem
+
+    @dsl.component
+    def notify(passed: bool, report: Input[HTML]):
+        print(passed, report.path)
+
+    monkeypatch.chdir(Path(__file__).parents[2])  # the snippet loads compiled/ relative to the clone
+    namespace = {"notify": notify}
+    exec(compile(readme_nesting_example(), "README.md", "exec"), namespace)
+    package = tmp_path / "nightly.yaml"
+    compiler.Compiler().compile(namespace["nightly"], str(package))
+    spec, platform = yaml.safe_load_all(package.read_text())
+    assert pipeline_spec_problem(spec) is None
+    assert workspace_problem({"platform_spec": platform}, workspace_default=None) is None
+    golden, _ = yaml.safe_load_all(
+        (Path(__file__).parents[2] / "compiled/finetune-pipeline.yaml").read_text()
+    )
+    nested = {name for name in spec["components"] if name.startswith("comp-finetune-pipeline")}
+    assert nested, sorted(spec["components"])
+    assert set(golden["root"]["inputDefinitions"]["parameters"]) <= set(
+        spec["components"][min(nested)]["inputDefinitions"]["parameters"]
+    )

@@ -25,7 +25,6 @@ COMPONENTS = {
 
 # Where the pipeline's default differs from the component's on purpose: (component.argument) -> why.
 DIFFERENT_DEFAULTS = {
-    "dataset_initialize.eval_fraction": "the pipelines hold out 5 % by default; the component alone holds out none",
     "torchtune_finetune.task_name": "a pipeline names its fine-tune after the tune; the component after itself",
     "evaluate.task_name": "evaluate's folder is named after the fine-tune it checks",
     "quality_gate.gate_metric": "only the log line of the gate uses it",

@@ -20,7 +20,7 @@ import random
 from dataclasses import asdict, dataclass
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.seq_len import choose_max_seq_len
+from kfp_finetune.components._shared.seq_len import choose_max_seq_len, cut_length, fits
 from kfp_finetune.components._shared.torchtune.choices import Choice, user_set
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.prompt_fit import (
@@ -272,6 +272,10 @@ def choose_defaults(
             config["compile"] = True
             choices.append(Choice("compile", True, "CUDA: torch.compile speeds training ~1.3x (QLoRA ~3x)"))
         _memory_and_batch(config, base, cfg, model, world, nodes, gpu_memory_gib, lengths, choices)
+    if not config["tokenizer"].get("max_seq_len") and not user_set(
+        cfg, "max_seq_len", "tokenizer.max_seq_len"
+    ):
+        _cut_length(config, model, lengths, choices)
     if config.get("device") and user_set(cfg, "device", "device"):
         if lengths is None:  # on CPU: the rows the floor counts (and, packed, their lengths estimated)
             lengths = sample_token_lengths(config, tokenize=False)
@@ -312,15 +316,12 @@ def _packing(
                                   "kept: the data's token lengths are unknown (not local files)"))  # fmt: skip
         else:
             limit = model.hf_config.get("max_position_embeddings")
-            p99 = choose_max_seq_len(lengths.lengths, limit)
-            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit, lengths.longest_prompt)
+            tokenizer["max_seq_len"] = choose_max_seq_len(lengths.lengths, limit)
             reason = (f"99th percentile of prompt + response tokens rounded up to 256, capped at {limit} "
-                      f"(longest {max(lengths.lengths)}; from {lengths.how})")  # fmt: skip
-            if tokenizer["max_seq_len"] > p99:
-                reason += (f"; raised from {p99} to {tokenizer['max_seq_len']} so the longest prompt "
-                           f"({lengths.longest_prompt} tokens) keeps trained tokens")  # fmt: skip
-                if lengths.longest_prompt >= tokenizer["max_seq_len"]:
-                    reason += " — it cannot: longer than the model's limit"
+                      f"(longest {max(lengths.lengths)}; from {lengths.how}); longer rows are cut")  # fmt: skip
+            if not fits(lengths.longest_prompt, tokenizer["max_seq_len"]):
+                reason += (f", and rows whose prompt fills it (the longest: {lengths.longest_prompt} tokens) train "
+                           "nothing and are counted (seq_len.py)")  # fmt: skip
             choices.append(Choice("max_seq_len", tokenizer["max_seq_len"], reason))
     if not user_set(cfg, "packed", "dataset.packed"):
         if tokenizer.get("max_seq_len"):
@@ -331,6 +332,14 @@ def _packing(
             choices.append(
                 Choice("packed", config["dataset"].get("packed"), "kept: packing needs a max_seq_len")
             )
+
+
+def _cut_length(config: dict, model: ModelDir, lengths: TokenLengths | None, choices: list[Choice]) -> None:
+    """Every device: the tokenizer cuts rows by seq_len's rule (the packs' length), never past the model's limit."""
+    limit = model.hf_config.get("max_position_embeddings")
+    config["tokenizer"]["max_seq_len"] = cut_length(lengths.lengths if lengths else None, limit)
+    how = f"the packs' rule, from {lengths.how}" if lengths else "the model's limit: no lengths were measured"
+    choices.append(Choice("max_seq_len", config["tokenizer"]["max_seq_len"], f"rows are cut there ({how})"))
 
 
 def _memory_and_batch(

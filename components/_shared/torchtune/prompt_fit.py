@@ -1,21 +1,32 @@
-"""Refuse a `max_seq_len` that leaves training rows nothing to learn from, before any training starts.
+"""Rows whose prompt leaves no trained token within `max_seq_len`, found before any training starts.
 
 torchtune cuts every row at `tokenizer.max_seq_len`. When the prompt alone (template included) fills that length
 and prompts are masked (`train_on_input: False`), the row keeps no trained token (the cut also replaces its
-last kept token by a masked EOS, so a prompt of P tokens needs max_seq_len >= P + 2): its loss is 0/0, and a batch of
-such rows makes the loss NaN hours into a run. The rows are tokenized here exactly as training will (the resolved
-dataset and tokenizer nodes, through torchtune), but only the longest by characters: a prompt that runs past the
-limit is among the longest texts, and tokenizing every row would cost minutes on a large dataset.
+last kept token by a masked EOS, so a prompt of P tokens needs max_seq_len >= P + 2): it trains nothing, and a
+micro-batch of only such rows has a loss of 0/0, NaN, which poisons the run. The rule is seq_len.py's, as for
+dataset-initialize's packs (which leave such rows out): a few are counted and reported; more than
+seq_len.MAX_UNFIT_SHARE of the rows, or as many as one micro-batch holds (then a micro-batch of only them can
+happen: torchtune drops only the last, incomplete batch), are refused with the numbers and the fix.
+
+Here the rows are tokenized exactly as training will (the resolved dataset and tokenizer nodes, through
+torchtune), but only the longest by UTF-8 bytes: the tokens of byte-level BPE and byte-fallback tokenizers grow
+with bytes, not characters (300 emoji are 1,200 bytes and ~1,200 tokens), and tokenizing every row would cost
+minutes on a large dataset. dataset-initialize, which tokenizes every row for its packs, finds them all.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kfp_finetune.components._shared import seq_len
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.logs import get_logger
 
-#: How many of the longest rows (by characters) are tokenized.
+log = get_logger(__name__)
+
+#: How many of the longest rows (by UTF-8 bytes) are tokenized.
 CANDIDATE_ROWS = 64
+MAX_NAMED_ROWS = 10
 _IGNORE = -100  # torchtune.data.CROSS_ENTROPY_IGNORE_IDX
 
 
@@ -24,10 +35,11 @@ class PromptTooLong(ConfigError):
 
 
 def check_prompts_fit(config: dict[str, Any]) -> None:
-    """Raise PromptTooLong when a training row would keep no trained token after truncation.
+    """Raise PromptTooLong when too many training rows would keep no trained token after truncation (see the
+    module docstring); log the few that are only counted.
 
     Checked only where it can happen and is cheap to know: a max_seq_len is set, prompts are masked, and the data
-    are local files (an HF dataset source is loaded by training itself)."""
+    are local files (an HF dataset source is loaded by training itself; dataset-initialize's packs hold none)."""
     tokenizer_node = config.get("tokenizer") or {}
     dataset_node = config.get("dataset")
     max_seq_len = tokenizer_node.get("max_seq_len")
@@ -39,31 +51,30 @@ def check_prompts_fit(config: dict[str, Any]) -> None:
     ):
         return
     dataset = rows_as_trained(config, uncut_tokenizer(config))
-    too_long = []
+    unfit = []
     for index in candidate_rows(dataset):
         labels = dataset[index]["labels"]
-        first_trained = prompt_tokens(labels)
-        # A cut row ends in a masked EOS (torchtune's truncate): it keeps a trained token only from prompt + 2 on.
-        if first_trained + 1 >= max_seq_len:
-            too_long.append((index, first_trained, len(labels)))
-    if not too_long:
+        if not seq_len.fits(prompt_tokens(labels), max_seq_len):
+            unfit.append((index, len(labels)))
+    if not unfit:
         return
-    index, longest, _ = max(too_long, key=lambda row: row[1])
-    needed = max(total for _, _, total in too_long)
-    shown = ", ".join(str(i) for i, _, _ in sorted(too_long)[:10])
-    raise PromptTooLong(
-        f"max_seq_len={max_seq_len} is shorter than the prompt of {len(too_long)} training row(s) "
-        f"(row {shown}{' …' if len(too_long) > 10 else ''}, counted from 0 in train_data; the longest prompt is "
-        f"{longest} tokens, row {index}): cut there, they keep no trained token and make the loss NaN. "
-        f"Fix: set max_seq_len to at least {needed} (their prompt + response), set train_on_input=True, or "
-        "remove those rows."
-    )
+    unfit.sort()
+    batch_size = int(config.get("batch_size") or 1)
+    refused = seq_len.too_many_unfit(len(unfit), len(dataset))
+    if not refused and len(unfit) >= batch_size:
+        refused = f"enough to fill a micro-batch of {batch_size}, whose loss would be NaN"
+    named = [f"train_data row {index} (counted from 0)" for index, _ in unfit[:MAX_NAMED_ROWS]]
+    needed = max(total for _, total in unfit)
+    message = seq_len.unfit_message(len(unfit), len(dataset), max_seq_len, needed, named, refused)
+    if refused:
+        raise PromptTooLong(message)
+    log.warning("%s", message)
 
 
 def candidate_rows(dataset: Any) -> list[int]:
-    """Indices of the rows whose prompts may be the longest: the CANDIDATE_ROWS longest by characters."""
+    """Indices of the rows whose prompts may be the longest: the CANDIDATE_ROWS longest in UTF-8 bytes."""
     rows = dataset._data  # the HF dataset torchtune's SFTDataset reads rows from
-    return sorted(range(len(rows)), key=lambda i: _characters(rows[i]), reverse=True)[:CANDIDATE_ROWS]
+    return sorted(range(len(rows)), key=lambda i: _utf8_bytes(rows[i]), reverse=True)[:CANDIDATE_ROWS]
 
 
 def prompt_tokens(labels: Any) -> int:
@@ -72,8 +83,8 @@ def prompt_tokens(labels: Any) -> int:
     return next((pos for pos, label in enumerate(labels) if label != _IGNORE), len(labels))
 
 
-def _characters(row: dict[str, Any]) -> int:
-    return sum(len(str(value)) for value in row.values() if value is not None)
+def _utf8_bytes(row: dict[str, Any]) -> int:
+    return sum(len(str(value).encode()) for value in row.values() if value is not None)
 
 
 def uncut_tokenizer(config: dict[str, Any]) -> Any:

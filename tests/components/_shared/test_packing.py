@@ -74,6 +74,14 @@ def _torchtune_packs(tokenizer_node: dict, node: dict, max_seq_len: int):
     return instantiate({**node, "packed": True, "tokenizer": tokenizer})
 
 
+def _without(node: dict, rows: list[int], tmp_path) -> dict:
+    """The node over a copy of its parquet data without `rows`."""
+    table = pq.read_table(node["data_files"][0])
+    kept = tmp_path / "kept.parquet"
+    pq.write_table(table.take([i for i in range(table.num_rows) if i not in set(rows)]), kept)
+    return {**node, "data_files": [str(kept)]}
+
+
 # Text completion takes neither train_on_input nor new_system_prompt (torchtune 0.6's text_completion_dataset).
 TRAIN_ON_INPUT = {"train_on_input": True}
 SYSTEM_PROMPT = {"train_on_input": True, "new_system_prompt": "Answer in the words of the question."}
@@ -99,7 +107,9 @@ def test_packs_equal_torchtune_packing(split, tiny_llama, tmp_path):
     max_seq_len = 48
     result = pack_split(tokenizer_node, node, tmp_path / "packs", max_seq_len=max_seq_len, num_proc=2)
     ours = ArrowPacks([result.path])
-    theirs = _torchtune_packs(tokenizer_node, node, max_seq_len)
+    # Rows whose masked prompt fills the length are left out (they would train nothing): torchtune packs the rest.
+    assert bool(result.unfit_rows) == (kind != "text" and not masking.get("train_on_input"))
+    theirs = _torchtune_packs(tokenizer_node, _without(node, result.unfit_rows, tmp_path), max_seq_len)
     assert result.truncated_rows > 0  # the long rows went through the cut-again path
     assert len(ours) == len(theirs) == result.num_packs > 1
     for i in range(len(theirs)):
@@ -125,10 +135,11 @@ def test_max_seq_len_from_the_tokenized_lengths(split, tiny_llama, tmp_path):
     assert result.stats == stats
 
 
-def test_a_long_prompt_raises_the_pack_length_so_it_keeps_trained_tokens(tiny_llama, tmp_path):
-    """One row in a hundred has a prompt longer than the 99th percentile's length: the packs are long enough for
-    it (the same rule, from the same figures, as the fine-tune step's default: test_defaults.py)."""
-    from tests.support.long_prompt import LONG_ROW, long_prompt_rows
+def test_a_long_prompt_does_not_raise_the_pack_length_and_is_left_out_and_counted(tiny_llama, tmp_path):
+    """One row in a hundred has a prompt longer than the 99th percentile's length: the packs keep the percentile
+    rule's length (the same rule, from the same figures, as the fine-tune step's default: test_defaults.py), and
+    the row, which would train nothing once cut, is left out of them and reported."""
+    from tests.support.long_prompt import LONG_ROW, ROWS, long_prompt_rows
 
     path = tmp_path / "train" / "part-00000-of-00001.parquet"
     path.parent.mkdir()
@@ -143,11 +154,20 @@ def test_a_long_prompt_raises_the_pack_length_so_it_keeps_trained_tokens(tiny_ll
     prompt = next(i for i, label in enumerate(labels) if label != -100)
     stats = length_stats(tokenized)
     assert (
-        stats["prompt_max"] == prompt == labels.count(-100) - 1 > choose_max_seq_len(lengths, 131072) == 256
+        stats["prompt_max"] == prompt == labels.count(-100) - 1 > 256 == choose_max_seq_len(lengths, 131072)
     )
     result = pack_split(tokenizer_node, node, tmp_path / "p", max_position_embeddings=131072)
-    assert result.max_seq_len == choose_max_seq_len(lengths, 131072, stats["prompt_max"]) > prompt + 1
-    assert result.truncated_rows == 0
+    assert result.max_seq_len == 256
+    assert result.unfit_rows == [LONG_ROW] and result.unfit_needed == len(labels)
+    packs = ArrowPacks([result.path])
+    packed = sum(int((packs[i]["labels"] != -100).sum()) for i in range(len(packs)))
+    trained = [
+        int((tokenized.labels[tokenized.offsets[r] : tokenized.offsets[r + 1]] != -100).sum())
+        for r in range(ROWS)
+    ]
+    assert packed == sum(trained) - trained[LONG_ROW]  # every other row whole, the long one left out
+    with_it = pack_split(tokenizer_node, node, tmp_path / "q", max_seq_len=1024)
+    assert with_it.unfit_rows == [] and with_it.max_seq_len == 1024  # a length that holds it keeps it
 
 
 @pytest.mark.parametrize("split", ["instruct"], indirect=True)

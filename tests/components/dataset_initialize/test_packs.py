@@ -83,3 +83,48 @@ def test_the_component_packs_with_the_masking_it_is_given(source, tmp_path, tiny
     with pytest.raises(SystemExit):
         run(train_on_input="yes")
     assert "train_on_input must be auto" in capsys.readouterr().err
+
+
+def test_a_long_prompt_row_is_left_out_of_the_packs_and_named_by_file_and_line(
+    tmp_path, tiny_llama, log_lines
+):
+    """The row's prompt is longer than the 99th percentile's length: the packs keep that length, and the row,
+    which would train nothing once cut, is named by its line in the source file (also through the eval shuffle),
+    and the reused packs say so again."""
+    from tests.support.long_prompt import LONG_ROW, write_jsonl
+
+    source = write_jsonl(tmp_path / "long-prompt.jsonl")
+    workspace = tmp_path / "ws"
+    result = initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.05, seed=3, base_model_path=tiny_llama
+    )
+    assert result.train_metadata["max_seq_len"] == MULTIPLE
+    warning = next(line for line in log_lines if "left out of the packs" in line)
+    assert "1 of 95 training rows have a prompt that fills max_seq_len=256" in warning
+    assert f"long-prompt.jsonl line {LONG_ROW + 1}" in warning and "tune_max_seq_len to at least" in warning
+    log_lines.clear()
+    initialize_dataset(str(source), str(workspace), eval_fraction=0.05, seed=3, base_model_path=tiny_llama)
+    assert any(f"long-prompt.jsonl line {LONG_ROW + 1}" in line for line in log_lines)
+
+
+@pytest.mark.parametrize("column", ["input", "output"])
+def test_one_100k_character_row_does_not_raise_the_pack_length(tmp_path, tiny_llama, log_lines, column):
+    """60 short rows and one of 100,000 characters: the packs stay 256 tokens long. A long answer is cut there
+    (it keeps trained tokens); a long question is left out and named."""
+    import json
+
+    rows = [{"input": f"question {i}", "output": f"answer {i}"} for i in range(60)]
+    rows.insert(30, {"input": "short question", "output": "short answer", column: "lorem ipsum " * 8334})
+    source = tmp_path / "train.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = initialize_dataset(str(source), str(tmp_path / "ws"), base_model_path=tiny_llama)
+    split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
+    assert split.max_seq_len == MULTIPLE and split.token_stats["max"] > 10_000
+    packs = ArrowPacks([tmp_path / "ws" / split.packs[0]["path"]])
+    whole_pack_rows = [i for i in range(len(packs)) if packs[i]["seq_lens"].tolist() == [MULTIPLE]]
+    if column == "output":  # cut to the pack length: one pack holds it alone
+        assert any("1 row(s) cut to it" in line for line in log_lines) and len(whole_pack_rows) == 1
+        assert not any("left out of the packs" in line for line in log_lines)
+    else:  # left out: no pack holds it
+        assert any("1 of 61 training rows" in line and "train.jsonl line 31" in line for line in log_lines)
+        assert whole_pack_rows == []

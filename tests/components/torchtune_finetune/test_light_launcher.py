@@ -79,7 +79,7 @@ def test_a_config_torch_refuses_fails_the_trainjob_first_with_the_reason(
         )
     message = str(failed.value)
     assert "kfp-finetune: the resolved config" in message and "max_seq_len=8" in message
-    assert "train_on_input=True" in message
+    assert "tune_train_on_input=true" in message
     run_dir = workspace / "runs"
     assert not list(run_dir.glob("*/logs/metrics.txt")), "training never started"
 

@@ -181,6 +181,7 @@ def test_lora_alpha_keeps_the_base_ratio_when_only_the_rank_changes(tiny_llama, 
     assert run.config["model"]["lora_alpha"] == 64.0
     same = resolve(tiny_llama, tiny_dataset["train.jsonl"], tmp_path, method="lora", lora={"lora_rank": 64})
     assert same.config["model"]["lora_alpha"] == 128 and "lora_alpha" not in chosen(same)
+    assert "max_seq_len" in chosen(same)  # the tokenizer cuts rows (seq_len.py)
 
 
 def test_accumulation_keeps_the_global_batch_as_devices_grow(tmp_path, data):
@@ -398,13 +399,14 @@ def test_recorded_lengths_give_the_length_dataset_initialize_packed_to():
     stats = {"count": 1000, "p50": 120, "p99": 700, "max": 3000, "prompt_max": 2000}
     lengths = recorded_lengths(DatasetSplit(token_stats=stats))
     assert lengths.longest_prompt == 2000
-    assert choose_max_seq_len(lengths.lengths, 8192, lengths.longest_prompt) == 2048  # 2000 + 2, rounded up
+    assert choose_max_seq_len(lengths.lengths, 8192) == 768  # one long prompt does not set it (seq_len.py)
     assert recorded_lengths(DatasetSplit()) is None
 
 
-def test_the_max_seq_len_default_keeps_the_longest_prompt_trainable(tiny_llama, tmp_path):
-    """One row in a hundred has a prompt longer than the 99th percentile's length: the default still fits it
-    (with masked prompts a cut prompt keeps no trained token and prompt_fit would refuse our own default)."""
+def test_the_max_seq_len_default_is_not_set_by_the_longest_prompt(tiny_llama, tmp_path):
+    """One row in a hundred has a prompt longer than the 99th percentile's length: the default stays the
+    percentile's (the outlier does not set every pack's length), the reason says the row trains nothing, and
+    prompt_fit counts it without refusing our own default."""
     from kfp_finetune.components._shared.torchtune.defaults import sample_token_lengths
     from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
     from tests.support.long_prompt import LONG_ROW, ROWS, write_jsonl
@@ -421,13 +423,9 @@ def test_the_max_seq_len_default_keeps_the_longest_prompt_trainable(tiny_llama, 
     lengths = run.token_lengths
     assert "all 100 rows" in lengths.how and lengths.num_rows == ROWS
     p99 = math.ceil(sorted(lengths.lengths)[98] / 256) * 256
-    assert p99 == 256 < lengths.longest_prompt  # the p99 rule alone would cut row LONG_ROW inside its prompt
-    seq = run.config["tokenizer"]["max_seq_len"]
-    assert seq == math.ceil((lengths.longest_prompt + 2) / 256) * 256 > lengths.longest_prompt + 1
-    assert f"raised from 256 to {seq} so the longest prompt ({lengths.longest_prompt} tokens)" in (
-        chosen(run)["max_seq_len"].reason
-    )
-    check_prompts_fit(run.config)  # our own default is never refused
+    assert run.config["tokenizer"]["max_seq_len"] == p99 == 256 < lengths.longest_prompt
+    assert f"the longest: {lengths.longest_prompt} tokens) train nothing" in chosen(run)["max_seq_len"].reason
+    check_prompts_fit({**run.config, "batch_size": 2})  # our own default is never refused
     # A small sample that misses the long row still finds its prompt among prompt_fit's longest candidates.
     few = sample_token_lengths(run.config, rows=5, seed=0)
     assert len(few.lengths) == 5 and max(few.lengths) < 256
