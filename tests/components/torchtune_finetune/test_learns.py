@@ -158,3 +158,25 @@ def test_a_full_fine_tune_that_leaves_the_weights_unchanged_fails_the_step(sixty
     message = str(failed.value)
     assert "\n" not in message and message.startswith("training did not change the model: the ")
     assert "tensors of " in message and "equal the base model's (2 optimizer step(s) logged" in message
+
+
+def test_the_readmes_run_local_on_sixty_rows_with_every_default_learns(
+    tiny_llama, tmp_path, monkeypatch, capfd
+):
+    """The issue's case as a new user runs it: `kfp-finetune run-local finetune-pipeline` with only tune_device=cpu
+    (kfp.local, every step): the run trains the floor, the tuned model is not the base, and it evaluates better."""
+    from kfp_finetune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    data = alpaca_rows(tmp_path / "alpaca.jsonl", 60)
+    params = {"model_uri": tiny_llama, "data_uri": data, "export_destination": tmp_path / "exported",
+              "tune_device": "cpu"}  # fmt: skip
+    argv = [arg for key, value in params.items() for arg in ("--param", f"{key}={value}")]
+    assert main(["run-local", "finetune-pipeline", *argv, "--output", "out"]) == 0
+    out = capfd.readouterr().out
+    steps = int(out.split("training: loss ")[1].split(" in ")[1].split(" steps")[0])
+    assert steps >= MIN_OPTIMIZER_STEPS
+    tuned = tmp_path / "out" / "tuned-model" / "torchtune-finetune"
+    assert same_weights(tuned / "merged", tiny_llama) == 0
+    eval_loss = next(line for line in out.splitlines() if line.strip().startswith("eval_loss")).split()
+    assert float(eval_loss[2]) < float(eval_loss[1])  # tuned below base on the held-out rows
