@@ -117,18 +117,25 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_config", str, "",
        "torchtune config name or YAML path; empty: the model family's config nearest in size.",
        "torchtune_finetune.config", "preflight.tune_config"),
-    _p("tune_epochs", int, 1, "Passes over the training data.", "torchtune_finetune.epochs", "preflight.tune_epochs"),
+    _p("tune_epochs", int, -1,
+       "Passes over the training data; -1: the base config's, raised (to at most 3) where the data are too few "
+       "for 20 optimizer steps.",
+       "torchtune_finetune.epochs", "preflight.tune_epochs"),
     _p("tune_max_steps_per_epoch", int, -1, "Cap on optimizer steps per epoch; -1: the base config's (whole epochs).",
        "torchtune_finetune.max_steps_per_epoch", "preflight.tune_max_steps_per_epoch"),
     _p("tune_batch_size", int, -1,
        "Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on several nodes where "
-       "it fits without activation checkpointing), on CPU the base config's.",
+       "it fits without activation checkpointing), on CPU the base config's; smaller where the data are too few "
+       "for 20 optimizer steps.",
        "torchtune_finetune.batch_size", "preflight.tune_batch_size"),
     _p("tune_gradient_accumulation_steps", int, -1,
-       "Steps accumulated per optimizer update (a larger effective batch); -1: the base config's.",
+       "Steps accumulated per optimizer update (a larger effective batch); -1: the base config's tokens per "
+       "optimizer step, fewer where the data are too few for 20 optimizer steps.",
        "torchtune_finetune.gradient_accumulation_steps", "preflight.tune_gradient_accumulation_steps"),
     _p("tune_dtype", str, "", "bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).", "torchtune_finetune.dtype", "preflight.tune_dtype"),
-    _p("tune_learning_rate", float, -1.0, "Peak learning rate; -1: the base config's.",
+    _p("tune_learning_rate", float, -1.0,
+       "Peak learning rate; -1: the base config's, times the square root of how much larger the global batch is "
+       "than the base config's (at most 2x).",
        "torchtune_finetune.learning_rate", "preflight.tune_learning_rate"),
     _p("tune_optimizer", str, "", "Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.",
        "torchtune_finetune.optimizer", "preflight.tune_optimizer"),
@@ -138,7 +145,7 @@ TABLE: tuple[Parameter, ...] = (
        "torchtune_finetune.weight_decay", "preflight.tune_weight_decay"),
     _p("tune_lr_scheduler", str, "",
        "Learning-rate scheduler component, e.g. torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup; "
-       "empty: the base config's.",
+       "empty: the base config's (torchtune's cosine becomes the same cosine with no first step at lr 0).",
        "torchtune_finetune.lr_scheduler", "preflight.tune_lr_scheduler"),
     _p("tune_loss", str, "",
        "Loss component, e.g. torchtune.modules.loss.CEWithChunkedOutputLoss; empty: the base config's.",
@@ -163,9 +170,10 @@ TABLE: tuple[Parameter, ...] = (
        "whose prompt fills it train nothing and are counted (more than 1% of the rows is refused).",
        "torchtune_finetune.max_seq_len", "dataset_initialize.max_seq_len", "preflight.tune_max_seq_len"),
     _p("tune_num_warmup_steps", int, -1,
-       "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's.",
-       "torchtune_finetune.num_warmup_steps", "preflight.tune_num_warmup_steps"),
-    _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed", "preflight.tune_packed"),
+       "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's, "
+       "at most 5% of the planned optimizer steps.",
+       "torchtune_finetune.num_warmup_steps"),
+    _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed"),
     _p("tune_train_on_input", str, "auto",
        "Also train on the prompt tokens: true, false or auto (the base config's; usually only the response).",
        "torchtune_finetune.train_on_input", "dataset_initialize.train_on_input", "preflight.tune_train_on_input"),

@@ -236,7 +236,8 @@ class TrainConfig(_Metadata):
     recipe: str = ""
     config: str = ""
     files: list[str] = field(default_factory=list)
-    #: What the resolver chose where the user set nothing (defaults.py): [{setting, value, reason}, ...].
+    #: What the resolver chose where the user set nothing (defaults.py): [{setting, value, reason, warning}, ...];
+    #: `warning` entries change nothing: the user's own settings plan a run that may not learn (choices.py).
     defaults: list[dict] = field(default_factory=list)
 
 

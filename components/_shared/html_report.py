@@ -54,6 +54,11 @@ def _axis(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
+def _span(low: float, high: float, margin: float) -> tuple[float, float]:
+    """The axis range: the data's, or around a single value (which would otherwise sit on the axis itself)."""
+    return (low, high) if high > low else (low - margin, high + margin)
+
+
 def line_chart(
     title: str,
     series: dict[str, Sequence[tuple[float, float]]],
@@ -67,8 +72,8 @@ def line_chart(
         return f"<p>{escape(title)}: no data</p>"
     left, right, top, bottom = 56, 12, 24, 34
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    y0, y1 = min(ys), max(ys) if max(ys) > min(ys) else min(ys) + 1
+    x0, x1 = _span(min(xs), max(xs), 1.0)
+    y0, y1 = _span(min(ys), max(ys), abs(ys[0]) * 0.1 or 1.0)
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * (width - left - right)
@@ -91,8 +96,13 @@ def line_chart(
     ]
     for index, (name, values) in enumerate(series.items()):
         color = _COLORS[index % len(_COLORS)]
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in values if math.isfinite(y))
+        finite = [(x, y) for x, y in values if math.isfinite(y)]
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in finite)
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{coords}"/>')
+        if len(finite) == 1:  # a line through one point draws nothing
+            parts.append(
+                f'<circle cx="{sx(finite[0][0]):.1f}" cy="{sy(finite[0][1]):.1f}" r="3.5" fill="{color}"/>'
+            )
         if len(series) > 1:
             parts.append(
                 f'<text x="{width - right - 4}" y="{top + 14 * (index + 1)}" font-size="11" text-anchor="end" '

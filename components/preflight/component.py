@@ -19,7 +19,7 @@ def preflight(
     tune_method: str = "lora",
     tune_recipe: str = "",
     tune_config: str = "",
-    tune_epochs: int = 1,
+    tune_epochs: int = -1,
     tune_max_steps_per_epoch: int = -1,
     tune_batch_size: int = -1,
     tune_gradient_accumulation_steps: int = -1,
@@ -98,19 +98,24 @@ def preflight(
         tune_method: full, lora, qlora (LoRA on a 4-bit base: KEP-2401 quantize_base) or dora (use_dora).
         tune_recipe: torchtune recipe; empty: chosen from the method and GPU count.
         tune_config: torchtune config name or YAML path; empty: the model family's config nearest in size.
-        tune_epochs: Passes over the training data.
+        tune_epochs: Passes over the training data; -1: the base config's, raised (to at most 3) where the
+            data are too few for 20 optimizer steps.
         tune_max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
         tune_batch_size: Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on
-            several nodes where it fits without activation checkpointing), on CPU the base config's.
-        tune_gradient_accumulation_steps: Steps accumulated per optimizer update (a larger effective batch); -1:
-            the base config's.
+            several nodes where it fits without activation checkpointing), on CPU the base config's; smaller
+            where the data are too few for 20 optimizer steps.
+        tune_gradient_accumulation_steps: Steps accumulated per optimizer update (a larger effective batch);
+            -1: the base config's tokens per optimizer step, fewer where the data are too few for 20 optimizer
+            steps.
         tune_dtype: bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).
-        tune_learning_rate: Peak learning rate; -1: the base config's.
+        tune_learning_rate: Peak learning rate; -1: the base config's, times the square root of how much
+            larger the global batch is than the base config's (at most 2x).
         tune_optimizer: Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.
         tune_optimizer_fused: Use the fused optimizer kernel: true, false or auto (the base config's).
         tune_weight_decay: Optimizer weight decay (0 turns it off); -1: the base config's.
         tune_lr_scheduler: Learning-rate scheduler component, e.g.
-            torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup; empty: the base config's.
+            torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup; empty: the base config's
+            (torchtune's cosine becomes the same cosine with no first step at lr 0).
         tune_loss: Loss component, e.g. torchtune.modules.loss.CEWithChunkedOutputLoss; empty: the base
             config's.
         tune_lora_rank: LoRA rank; -1: the base config's.
@@ -121,20 +126,20 @@ def preflight(
         tune_apply_lora_to_mlp: LoRA adapters on the MLP layers too: true, false or auto (the base config's).
         tune_apply_lora_to_output: A LoRA adapter on the output projection (not with tied embeddings): true,
             false or auto (the base config's).
-        tune_max_seq_len: Truncate (or pack) examples to this many tokens; -1: on GPUs (and for the packs
-            dataset-initialize writes) the 99th percentile of the tokenized lengths rounded up to 256, raised so
-            the longest masked prompt keeps a trained token, capped by the model; on CPU the base config's
-            (usually no limit).
+        tune_max_seq_len: Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the
+            tokenized lengths (never set by the single longest row) rounded up to 256, capped by the model, on
+            every device; rows whose prompt fills it train nothing and are counted (more than 1% of the rows
+            is refused).
         tune_num_warmup_steps: Learning-rate warmup steps (0: none; adds a cosine schedule if the config has
-            none); -1: the base config's.
+            none); -1: the base config's, at most 5% of the planned optimizer steps.
         tune_packed: Pack examples into tune_max_seq_len sequences.
         tune_train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually
             only the response).
         tune_new_system_prompt: A system prompt prepended to every training example; empty: none.
         tune_conversation_style: openai (messages) or sharegpt (conversations), for chat data; empty: from the
             data.
-        tune_enable_activation_checkpointing: Recompute activations to save GPU memory: true, false or auto (the
-            base config's).
+        tune_enable_activation_checkpointing: Recompute activations to save GPU memory: true, false or auto
+            (the base config's).
         tune_enable_activation_offloading: Offload activations to CPU memory (CUDA only): true, false or auto
             (the base config's).
         tune_compile: torch.compile the model and loss (faster steps after a slower first one).
@@ -153,9 +158,10 @@ def preflight(
         eval_max_samples: Held-out rows evaluated; 0: all.
         eval_max_new_tokens: Generation length limit.
         eval_gate_metric: Metric the tuned model must improve over the base (eval_loss, exact_match, ...).
-        eval_min_improvement: Required gain on eval_gate_metric, on top of a gain beyond the eval set's noise; 0: no
-            more.
-        eval_confidence: Confidence level (0-1) of the improvement's interval, whose lower bound must be above 0.
+        eval_min_improvement: Required gain on eval_gate_metric, on top of a gain beyond the eval set's noise;
+            0: no more.
+        eval_confidence: Confidence level (0-1) of the improvement's interval, whose lower bound must be above
+            0 to pass.
         eval_thresholds: Absolute bounds for the tuned model, e.g. {"exact_match": 0.5}.
         eval_lm_eval_tasks: lm-eval-harness tasks to run as well; empty: none.
         eval_device: cuda, cpu or auto.

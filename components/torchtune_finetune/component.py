@@ -31,7 +31,7 @@ def torchtune_finetune(
     method: str = "lora",
     recipe: str = "",
     config: str = "",
-    epochs: int = 1,
+    epochs: int = -1,
     max_steps_per_epoch: int = -1,
     batch_size: int = -1,
     gradient_accumulation_steps: int = -1,
@@ -102,18 +102,23 @@ def torchtune_finetune(
         recipe: torchtune recipe, e.g. lora_finetune_distributed; empty: chosen from method and device count.
         config: torchtune config name (see `tune ls`) or YAML path for the base hyperparameters; empty: the
             model family's config nearest in size.
-        epochs: Passes over the training data.
+        epochs: Passes over the training data; -1: the base config's, raised (to at most 3) where the data
+            are too few for 20 optimizer steps.
         max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
         batch_size: Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on several
-            nodes where it fits without activation checkpointing), on CPU the base config's.
-        gradient_accumulation_steps: Steps accumulated per optimizer update; -1: the base config's.
-        learning_rate: Peak learning rate; -1: the base config's.
+            nodes where it fits without activation checkpointing), on CPU the base config's; smaller where the
+            data are too few for 20 optimizer steps.
+        gradient_accumulation_steps: Steps accumulated per optimizer update; -1: the base config's tokens per
+            optimizer step, fewer where the data are too few for 20 optimizer steps.
+        learning_rate: Peak learning rate; -1: the base config's, times the square root of how much larger the
+            global batch is than the base config's (at most 2x).
         weight_decay: Optimizer weight decay (0 turns it off); -1: the base config's.
         optimizer: Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.
         optimizer_fused: Use the fused optimizer kernel: true, false or auto (the base config's).
         lr_scheduler: Scheduler component, e.g. torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup;
-            empty: the base config's.
-        num_warmup_steps: Learning-rate warmup steps (0: none); -1: the base config's.
+            empty: the base config's (torchtune's cosine becomes the same cosine with no first step at lr 0).
+        num_warmup_steps: Learning-rate warmup steps (0: none); -1: the base config's, at most 5% of the planned
+            optimizer steps.
         loss: Loss component, e.g. torchtune.modules.loss.CEWithChunkedOutputLoss; empty: the base config's.
         device: cuda, cpu, ... or auto (cuda when the task or TrainJob has GPUs, else cpu).
         dtype: bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).

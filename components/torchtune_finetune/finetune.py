@@ -28,8 +28,9 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
-from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata, planned_steps
+from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
+from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
@@ -44,6 +45,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
+from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
 log = get_logger(__name__)
 
@@ -207,6 +209,9 @@ def run_finetune(
     summary = summarize(steps)
     base_name = base.repo_id or str(model_dir)
     checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
+    same = unchanged(checkpoint, method=config.method, base_dir=model_dir)
+    if same:
+        raise WeightsUnchanged(same, len(steps), [s.values["lr"] for s in steps if "lr" in s.values])
 
     def rel(path: Path) -> str:
         return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
@@ -298,7 +303,8 @@ def render_report(
                          f"{', '.join(model['lora_attn_modules'])}{' + mlp' if model.get('apply_lora_to_mlp') else ''}"))  # fmt: skip
     charts = [
         html_report.line_chart("training loss", {"loss": [(s.step, s.loss) for s in steps if s.loss is not None]}, "step"),
-        html_report.line_chart("learning rate", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
+        # torchtune logs the lr after the scheduler's step: at step N, the rate step N + 1 trains with.
+        html_report.line_chart("learning rate of the next step", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
     ]  # fmt: skip
     if any(s.tokens_per_second for s in steps):
         charts.append(html_report.line_chart(
@@ -306,16 +312,26 @@ def render_report(
     results = [(name, value) for name, value in metrics.items()]
     rows = throughput.rows() if throughput else []
     speed = [html_report.section("Throughput", html_report.table(["measure", "value"], rows))] if rows else []
+    defaults = [c for c in run.defaults if not c.warning]
+    warnings = [c for c in run.defaults if c.warning]
     chosen = [
         html_report.section(
             "Defaults chosen",
-            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in run.defaults]),
+            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in defaults]),
         )
-    ] if run.defaults else []  # fmt: skip
+    ] if defaults else []  # fmt: skip
+    # Settings the user gave that plan a run which may not learn: first, where nobody misses them.
+    warned = [
+        html_report.section(
+            "Warnings",
+            html_report.table(["setting", "value", "warning"], [(c.setting, c.value, c.reason) for c in warnings]),
+        )
+    ] if warnings else []  # fmt: skip
     return html_report.page(
         "torchtune fine-tune",
         f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
         [
+            *warned,
             html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
             html_report.section("Results", html_report.table(["metric", "value"], results)),
             *speed,
@@ -333,7 +349,7 @@ def render_report(
 
 # Errors whose message says all the user needs (bad input; a failed or diverged run with its reason and last log
 # lines or the usual fixes): the component prints only the message.
-USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged)
+USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged, WeightsUnchanged)
 
 
 _STEP_PARAMETERS = {

@@ -85,8 +85,10 @@ def progress_line(
     parts = [f"step {metrics.step}" + (f"/{total_steps}" if total_steps else "")]
     if metrics.loss is not None:
         parts.append(f"loss {metrics.loss:.4f}")
-    if "lr" in metrics.values:
-        parts.append(f"lr {metrics.values['lr']:.3g}")
+    if (
+        "lr" in metrics.values
+    ):  # torchtune logs it after the scheduler's step: the rate the next step trains with
+        parts.append(f"next step's lr {metrics.values['lr']:.3g}")
     if metrics.tokens_per_second is not None:
         parts.append(f"{metrics.tokens_per_second:.1f} tokens/s")
     if eta_seconds is not None and eta_seconds >= 0:

@@ -5,27 +5,36 @@ gave (typed or as an override key) is never touched. On CUDA it decides packing 
 `compile`, activation checkpointing / offloading from a memory model (`estimate_memory`), the micro-batch (~8-16k
 tokens; on several nodes ~32k where that fits without checkpointing; never more than the GPUs' share of the base
 config's tokens per optimizer step, down to 8k) and gradient accumulation (the base config's tokens per optimizer
-step, over all devices; where even 8k per GPU is more, the reason says how much larger the global batch is). On
-every device it
-keeps `lora_alpha` at the base config's alpha/rank ratio and fits the LR schedule to the planned steps. On CPU the
-throughput settings stay as they are (the tiny kit runs fast as it is).
+step, over all devices). On every device the run names, run_length.py then keeps the run at least
+MIN_OPTIMIZER_STEPS long where the data allows (refusing data too small for that), scales the learning rate where
+the global batch grew, and fits the LR schedule to the planned steps (no step at lr 0). On every device it keeps
+`lora_alpha` at the base config's alpha/rank ratio. On CPU the throughput settings stay as they are (the tiny kit
+runs fast as it is).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len, cut_length, fits
+from kfp_finetune.components._shared.torchtune.choices import Choice, user_set
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.prompt_fit import (
     candidate_rows,
     prompt_tokens,
     rows_as_trained,
     uncut_tokenizer,
+)
+from kfp_finetune.components._shared.torchtune.run_length import (
+    GLOBAL_GROWTH_ACCEPTED,
+    base_tokens_per_step,
+    fit_run_length,
+    fit_schedule,
+    scale_learning_rate,
 )
 from kfp_finetune.components._shared.torchtune_model import ModelDir
 
@@ -37,17 +46,11 @@ DEFAULT_GPU_MEMORY_GIB = 80.0
 MEMORY_MARGIN = 0.85
 #: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
 MICRO_BATCH_TOKENS = (16384, 8192)
-#: How much larger than the base config's tokens per optimizer step the global batch may grow for a bigger
-#: micro-batch (more is said in the accumulation reason).
-GLOBAL_GROWTH_ACCEPTED = 1.5
 #: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
 #: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
 MULTI_NODE_MICRO_BATCH_TOKENS = 32768
 SAMPLE_ROWS = 2000
 SAMPLE_SEED = 0
-WARMUP_CAP = 0.05  # of the planned optimizer steps
-WARMUP_NEW = 0.03  # where we add a schedule (full fine-tunes' constant LR)
-COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
 #: Characters per token assumed when the tokenizer cannot be loaded (a preview with placeholder files):
 #: low, so lengths are over- rather than under-estimated.
 CHARS_PER_TOKEN = 3.0
@@ -59,16 +62,6 @@ GPU_PRODUCTS = (
     ("L40", 48.0), ("A6000", 48.0), ("A40", 48.0), ("L4", 24.0), ("A10G", 24.0), ("A10", 24.0),
     ("V100-SXM2-32GB", 32.0), ("V100", 16.0), ("T4", 16.0),
 )  # fmt: skip
-
-
-@dataclass
-class Choice:
-    setting: str
-    value: Any
-    reason: str
-
-    def line(self) -> str:
-        return f"default {self.setting} = {self.value}: {self.reason}"
 
 
 def gpu_memory_from_product(product: str | None) -> float | None:
@@ -254,19 +247,6 @@ def _sample(total: int, rows: int, seed: int) -> list[int]:
 # --- the choices -------------------------------------------------------------------------------------------------
 
 
-def user_set(cfg: TorchtuneConfig, field: str | None, key: str) -> bool:
-    """True when the typed `field` is set or an override names `key` (or a node above or below it)."""
-    if field is not None:
-        holder = cfg.lora if field.startswith(("lora_", "apply_lora")) else cfg
-        if getattr(holder, field, None) is not None:
-            return True
-    for raw in cfg.overrides:
-        name = str(raw).lstrip("+~")
-        if name == key or name.startswith(key + ".") or key.startswith(name + "."):
-            return True
-    return False
-
-
 def choose_defaults(
     config: dict,
     base: dict,
@@ -296,9 +276,14 @@ def choose_defaults(
         cfg, "max_seq_len", "tokenizer.max_seq_len"
     ):
         _cut_length(config, model, lengths, choices)
-    _schedule(config, cfg, world, lengths, choices)
+    if config.get("device") and user_set(cfg, "device", "device"):
+        if lengths is None:  # on CPU: the rows the floor counts (and, packed, their lengths estimated)
+            lengths = sample_token_lengths(config, tokenize=False)
+        fit_run_length(config, cfg, world, lengths, choices)
+        scale_learning_rate(config, base, cfg, world, lengths, choices)
+    fit_schedule(config, cfg, world, lengths, choices)
     for choice in choices:
-        log.info("%s", choice.line())
+        log.log(logging.WARNING if choice.warning else logging.INFO, "%s", choice.line())
     return choices, lengths
 
 
@@ -414,7 +399,8 @@ def _memory_and_batch(
     estimate_text = f"{mem.summary(ckpt, offload)}, {tokens} tokens per micro-batch, on a {where}"
     if not fits:
         estimate_text += (
-            f" — OVER {MEMORY_MARGIN:.0%} of it: expect out-of-memory; lower max_seq_len or batch_size"
+            f" — OVER {MEMORY_MARGIN:.0%} of it: expect out-of-memory; lower tune_max_seq_len or "
+            "tune_batch_size"
         )
     if not ckpt_set:
         config["enable_activation_checkpointing"] = ckpt
@@ -448,59 +434,8 @@ def _memory_and_batch(
         if per_step > GLOBAL_GROWTH_ACCEPTED * target:
             reason = (f"the base config's {base_step} is less than one {config['batch_size'] * seq:,}-token "
                       f"micro-batch on each of {world} GPU(s): the global batch is {per_step:,} tokens, "
-                      f"{per_step / target:.1f}x the base's (lower the learning rate or set batch_size to change it)")  # fmt: skip
+                      f"{per_step / target:.1f}x the base's (the learning rate follows it: see learning_rate; set "
+                      "tune_batch_size to change it)")  # fmt: skip
         else:
             reason = f"keeps the base config's {base_step} over {world} GPU(s) x {per_step:,} tokens"
         choices.append(Choice("gradient_accumulation_steps", accumulation, reason))
-
-
-def base_tokens_per_step(base: dict, lengths: TokenLengths) -> float:
-    """Tokens the base config trains per optimizer step on one device: batch x accumulation x mean row length."""
-    mean = sum(lengths.lengths) / len(lengths.lengths)
-    return int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean
-
-
-def planned_steps(
-    config: dict, world: int, lengths: TokenLengths | None, num_rows: int | None = None
-) -> int | None:
-    """Optimizer steps the run will take, for the warmup cap and the progress estimate: the data's rows (packed:
-    their tokens in max_seq_len packs) over batch x accumulation x devices, capped by max_steps_per_epoch, times
-    epochs. Without token lengths, `num_rows` counts unpacked rows; None when the rows (or, packed, the tokens)
-    are unknown and no max_steps_per_epoch bounds the epoch."""
-    samples = lengths.num_rows if lengths is not None else num_rows
-    if config["dataset"].get("packed"):
-        seq = config["tokenizer"].get("max_seq_len")
-        if lengths is None or not lengths.lengths or not seq:
-            samples = None  # packs hold an unknown number of rows
-        else:
-            per_row = sum(lengths.lengths) / len(lengths.lengths)
-            samples = math.ceil(lengths.num_rows * per_row / seq)
-    batch, accumulation = config.get("batch_size") or 1, config.get("gradient_accumulation_steps") or 1
-    per_step = int(batch) * int(accumulation) * max(world, 1)
-    per_epoch = max(1, samples // per_step) if samples else None
-    cap = config.get("max_steps_per_epoch")
-    if cap:
-        per_epoch = min(per_epoch, int(cap)) if per_epoch else int(cap)
-    return per_epoch * int(config.get("epochs") or 1) if per_epoch else None
-
-
-def _schedule(
-    config: dict, cfg: TorchtuneConfig, world: int, lengths: TokenLengths | None, choices: list[Choice]
-) -> None:
-    # Only from the data's lengths (the step's progress estimate also counts rows: finetune.py).
-    steps = planned_steps(config, world, lengths) if lengths is not None else None
-    if steps is None or user_set(cfg, "num_warmup_steps", "lr_scheduler.num_warmup_steps"):
-        return
-    scheduler = config.get("lr_scheduler")
-    if not scheduler and not user_set(cfg, "lr_scheduler", "lr_scheduler") and cfg.method == "full":
-        warmup = max(1, round(WARMUP_NEW * steps))
-        config["lr_scheduler"] = {"_component_": COSINE, "num_warmup_steps": warmup}
-        choices.append(Choice("lr_scheduler", f"cosine, {warmup} warmup steps",
-                              f"the base config's LR is constant; {WARMUP_NEW:.0%} warmup of {steps} planned steps"))  # fmt: skip
-        return
-    if isinstance(scheduler, dict) and isinstance(scheduler.get("num_warmup_steps"), int):
-        cap = max(1, math.floor(WARMUP_CAP * steps))
-        if scheduler["num_warmup_steps"] > cap:
-            choices.append(Choice("num_warmup_steps", cap, f"the base config's {scheduler['num_warmup_steps']} is "
-                                  f"over {WARMUP_CAP:.0%} of the {steps} planned optimizer steps"))  # fmt: skip
-            scheduler["num_warmup_steps"] = cap

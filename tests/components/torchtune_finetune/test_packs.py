@@ -172,9 +172,11 @@ def test_a_long_prompt_dataset_trains_on_its_packs_with_the_default_max_seq_len(
     )
     split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
     assert split.token_stats["p99"] < split.max_seq_len == 256 < split.token_stats["prompt_max"]
+    # Packed, one epoch, as set: 100 rows in a few packs plan fewer than MIN_OPTIMIZER_STEPS, and left to the
+    # defaults they would train unpacked (run_length.py).
     run = resolve_run(
-        TorchtuneConfig(method="lora", device="cuda"), tiny_llama, result.path / "train", tmp_path / "run",
-        write=False, token_lengths=recorded_lengths(split),
+        TorchtuneConfig(method="lora", device="cuda", epochs=1, overrides={"dataset.packed": True}), tiny_llama,
+        result.path / "train", tmp_path / "run", write=False, token_lengths=recorded_lengths(split),
         packs=lambda c: use_packs(c, split, tmp_path / "ws"),
     )  # fmt: skip
     assert run.config["tokenizer"]["max_seq_len"] == split.max_seq_len

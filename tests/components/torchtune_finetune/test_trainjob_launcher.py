@@ -133,7 +133,7 @@ def test_success_streams_logs_shows_progress_and_deletes_the_trainjob(kube, user
     assert [s.step for s in result.steps] == [1, 2, 3] and result.steps[-1].loss == pytest.approx(1.95)
     assert result.wall_time > 0
     assert "[node-0] Step 2 | loss:2.1000" in user_log.text
-    assert "progress: step 3/3 | loss 1.9500 | lr 0.0001 | 126.1 tokens/s" in user_log.text
+    assert "progress: step 3/3 | loss 1.9500 | next step's lr 0.0001 | 126.1 tokens/s" in user_log.text
     assert f"created TrainJob team-a/{NAME}" in user_log.text
 
     assert kube.trainjob(NAME) is None

@@ -6,6 +6,8 @@ import math
 import pytest
 
 from kfp_finetune.commands import resolve_config
+from kfp_finetune.components._shared.torchtune import lr_schedule
+from kfp_finetune.components._shared.torchtune.choices import Choice
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import (
     TokenLengths,
@@ -141,7 +143,8 @@ def test_user_settings_win_over_every_default(tmp_path, data):
     assert (c["gradient_accumulation_steps"], c["enable_activation_checkpointing"]) == (5, True)
     assert (c["enable_activation_offloading"], c["lr_scheduler"]["num_warmup_steps"]) == (True, 50)
     assert c["model"]["lora_alpha"] == 7.0
-    assert typed.defaults == []
+    # Only the scheduler the user left unset: torchtune's cosine becomes ours (no first step at lr 0).
+    assert [choice.setting for choice in typed.defaults] == ["lr_scheduler"]
     overridden = on_gpu(
         model_dir, tmp_path, method="lora",
         overrides={"dataset.packed": False, "tokenizer.max_seq_len": 512, "compile": False, "batch_size": 2,
@@ -153,7 +156,7 @@ def test_user_settings_win_over_every_default(tmp_path, data):
         False, 512, False, 2)  # fmt: skip
     assert (c["gradient_accumulation_steps"], c["enable_activation_checkpointing"]) == (4, True)
     assert c["lr_scheduler"]["num_warmup_steps"] == 7
-    assert overridden.defaults == []
+    assert [choice.setting for choice in overridden.defaults] == ["lr_scheduler"]
 
 
 def test_warmup_is_capped_at_five_percent_of_the_planned_steps(tmp_path, data):
@@ -168,7 +171,7 @@ def test_warmup_is_capped_at_five_percent_of_the_planned_steps(tmp_path, data):
     assert c["lr_scheduler"]["num_warmup_steps"] == planned(c) * 5 // 100 < 100  # the base config's 100
     assert "5% of the" in chosen(run)["num_warmup_steps"].reason
     full = on_gpu(fake_model_dir(tmp_path / "f", "llama3_2"), tmp_path, lengths=small, method="full")
-    assert full.config["lr_scheduler"]["_component_"].endswith("get_cosine_schedule_with_warmup")
+    assert full.config["lr_scheduler"]["_component_"] == lr_schedule.COMPONENT
     assert 1 <= full.config["lr_scheduler"]["num_warmup_steps"] <= 0.05 * planned(full.config)
 
 
@@ -177,8 +180,8 @@ def test_lora_alpha_keeps_the_base_ratio_when_only_the_rank_changes(tiny_llama, 
     assert run.config_name == "llama3_2/1B_lora_single_device"  # base rank 64, alpha 128
     assert run.config["model"]["lora_alpha"] == 64.0
     same = resolve(tiny_llama, tiny_dataset["train.jsonl"], tmp_path, method="lora", lora={"lora_rank": 64})
-    assert same.config["model"]["lora_alpha"] == 128
-    assert [c.setting for c in same.defaults] == ["max_seq_len"]  # the tokenizer cuts rows (seq_len.py)
+    assert same.config["model"]["lora_alpha"] == 128 and "lora_alpha" not in chosen(same)
+    assert "max_seq_len" in chosen(same)  # the tokenizer cuts rows (seq_len.py)
 
 
 def test_accumulation_keeps_the_global_batch_as_devices_grow(tmp_path, data):
@@ -269,7 +272,8 @@ def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path,
 
     metadata = train_config_metadata(run, ["torchtune_config.yaml"])
     assert metadata["defaults"] == [
-        {"setting": c.setting, "value": c.value, "reason": c.reason} for c in run.defaults
+        {"setting": c.setting, "value": c.value, "reason": c.reason, "warning": c.warning}
+        for c in run.defaults
     ]
     assert TrainConfig.from_metadata(metadata, input_name="train_config").to_metadata() == metadata
 
@@ -279,8 +283,14 @@ def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path,
     section = html[html.index("Defaults chosen") :]
     for c in run.defaults:
         assert c.setting in section and html_escape(c.reason) in section
+    assert "Warnings" not in html
     run.defaults = []
     assert "Defaults chosen" not in render_report(run, steps, {"final_loss": 1.0}, model)
+    # A warning about the user's own settings comes first, apart from the defaults.
+    run.defaults = [Choice("optimizer steps", 3, "fewer than 20: raise tune_epochs", warning=True)]
+    html = render_report(run, steps, {"final_loss": 1.0}, model)
+    assert "Defaults chosen" not in html and html.index("Warnings") < html.index("Curves")
+    assert "fewer than 20: raise tune_epochs" in html
 
 
 def html_escape(text: str) -> str:
@@ -292,16 +302,18 @@ def html_escape(text: str) -> str:
 def test_planned_steps_count_packs_and_every_device(tmp_path, data):
     """The progress estimate and the warmup cap use one count: 50k rows of ~500 tokens in 768-token packs,
     over 8 GPUs, not 50k rows over one."""
-    from kfp_finetune.components._shared.torchtune.defaults import planned_steps
+    from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 
     run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, method="lora", devices=8)
     c = run.config
     packs = math.ceil(50_000 * (sum(LENGTHS.lengths) / len(LENGTHS.lengths)) / 768)
-    per_step = c["batch_size"] * c["gradient_accumulation_steps"] * 8
+    per_device = c["batch_size"] * c["gradient_accumulation_steps"]
     assert run.world == 8 and run.token_lengths is LENGTHS
-    assert planned_steps(c, run.world, run.token_lengths, num_rows=50_000) == packs // per_step * c["epochs"]
+    # As torchtune counts: each GPU's share of the packs (drop_last), over micro-batch and accumulation.
+    expected = math.ceil(packs / 8) // c["batch_size"] // c["gradient_accumulation_steps"] * c["epochs"]
+    assert planned_steps(c, run.world, run.token_lengths, num_rows=50_000) == expected
     unpacked = {**c, "dataset": {**c["dataset"], "packed": False}}
-    assert planned_steps(unpacked, 1, None, num_rows=1000) == 1000 // (per_step // 8) * c["epochs"]
+    assert planned_steps(unpacked, 1, None, num_rows=1000) == 1000 // per_device * c["epochs"]
     assert planned_steps(c, 8, None, num_rows=1000) is None  # packed, lengths unknown: no guess
     assert planned_steps({**c, "max_steps_per_epoch": 7}, 8, None, num_rows=None) == 7 * c["epochs"]
 
@@ -400,8 +412,13 @@ def test_the_max_seq_len_default_is_not_set_by_the_longest_prompt(tiny_llama, tm
     from tests.support.long_prompt import LONG_ROW, ROWS, write_jsonl
 
     data = write_jsonl(tmp_path / "long-prompt.jsonl")
+    # One epoch set: 100 rows in a few long packs plan fewer than MIN_OPTIMIZER_STEPS, kept (with a warning).
     run = resolve_run(
-        TorchtuneConfig(method="lora", device="cuda"), tiny_llama, data, tmp_path / "run", write=False
+        TorchtuneConfig(method="lora", device="cuda", epochs=1),
+        tiny_llama,
+        data,
+        tmp_path / "run",
+        write=False,
     )
     lengths = run.token_lengths
     assert "all 100 rows" in lengths.how and lengths.num_rows == ROWS
