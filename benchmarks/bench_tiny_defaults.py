@@ -86,7 +86,8 @@ PINNED = {
     "packed": ("dataset", "packed"), "max_seq_len": ("tokenizer", "max_seq_len"), "batch_size": ("batch_size",),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
     "enable_activation_checkpointing": ("enable_activation_checkpointing",),
-    "num_warmup_steps": ("lr_scheduler", "num_warmup_steps"),
+    "num_warmup_steps": ("lr_scheduler", "num_warmup_steps"), "learning_rate": ("optimizer", "lr"),
+    "epochs": ("epochs",),
 }  # fmt: skip
 
 

@@ -172,8 +172,8 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_num_warmup_steps", int, -1,
        "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's, "
        "at most 5% of the planned optimizer steps.",
-       "torchtune_finetune.num_warmup_steps"),
-    _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed"),
+       "torchtune_finetune.num_warmup_steps", "preflight.tune_num_warmup_steps"),
+    _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed", "preflight.tune_packed"),
     _p("tune_train_on_input", str, "auto",
        "Also train on the prompt tokens: true, false or auto (the base config's; usually only the response).",
        "torchtune_finetune.train_on_input", "dataset_initialize.train_on_input", "preflight.tune_train_on_input"),

@@ -210,7 +210,7 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "{builder} takes no RoPE base (its base is 10000)", arg="rope_base", read=_rope_theta,
     ),
     LayoutField(
-        "head_dim", _ALL, lambda v, c, f: v is None or v == _head_dim(c),
+        "head_dim", _ALL, lambda v, c, f: v is None or _head_dim(c) is None or v == _head_dim(c),
         "{builder} computes head_dim as hidden_size / num_attention_heads = {head_dim} and takes no head_dim "
         "(e.g. Mistral-Nemo's 128 with 5120 / 32); use a model whose head_dim is that quotient (Mistral 7B)",
         arg="head_dim", defaults={"gemma": 256, "gemma2": 256},

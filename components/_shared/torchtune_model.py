@@ -160,8 +160,10 @@ def builder_node(
         if not has_default and name not in node and name not in (lora or {})
     ]
     if missing:
+        hf_keys = {arg: key for key, arg in _HF_TO_BUILDER.items()}
+        named = ", ".join(repr(hf_keys.get(name, name)) for name in missing)
         raise ConfigError(
-            f"{config_file} lacks what {component} needs: {', '.join(missing)}; "
+            f"config.json has no {named}, which {component} needs ({config_file}); "
             "is this a complete HF model config?"
         )
     if "attn_dropout" in accepted:

@@ -44,7 +44,7 @@ class Interval:
 def _require_level(confidence: float) -> None:
     """The settings checked eval_confidence already (eval_settings.py): another level here is a bug."""
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie between 0 and 1 (got {confidence!r})")
+        raise ValueError(f"a confidence level lies between 0 and 1 (got {confidence!r})")
 
 
 def paired_bootstrap(

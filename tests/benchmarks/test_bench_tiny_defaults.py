@@ -8,7 +8,7 @@ from kfp_finetune.components._shared.seq_len import choose_max_seq_len
 
 
 def test_the_sides_differ_as_claimed_and_move_to_cpu_changing_only_what_cannot_run_there(tmp_path):
-    model_dir, data = bench.fixtures(tmp_path, rows=400)
+    model_dir, data = bench.fixtures(tmp_path, rows=3000)
     sides = bench.plan(tmp_path, model_dir, data, steps=4)
     configs = {side: s["cpu"].config for side, s in sides.items()}
 
@@ -63,7 +63,7 @@ def test_run_gives_each_repeat_a_fresh_folder_and_the_ratios_of_median_trained_t
     monkeypatch.setattr(bench, "timed_run", fake_run)
     monkeypatch.setattr(bench, "step_rates", lambda path: [(1000.0, 2.0), (2000.0, 1.0)])
     settings = bench.Settings(
-        workdir=tmp_path, extra={"tiny_rows": "300", "tiny_steps": "3", "tiny_repeats": "2"}
+        workdir=tmp_path, extra={"tiny_rows": "1500", "tiny_steps": "3", "tiny_repeats": "2"}
     )
     report = bench.run(settings, echo=lambda _: None)
     # Sides alternate order between repeats, each run in its own folder.

@@ -83,9 +83,19 @@ FINETUNE_ROWS = [
     ("unknown-dtype", {"dtype": "fp8"}, None, ["dtype", "'fp8'"]),
     ("unknown-device", {"device": "tpu"}, None, ["device", "'tpu'"]),
     ("misspelt-setting", {"learning_rat": 1e-4}, None, ["unknown setting 'learning_rat'", "learning_rate"]),
-    ("qlora-without-quantize", {"method": "qlora", "quantize_base": False}, None, ["quantize_base=False"]),
+    (
+        "qlora-without-quantize",
+        {"method": "qlora", "quantize_base": False},
+        None,
+        ["quantize_base must not be false", "method=lora"],
+    ),
     ("adapter-only-full", {"method": "full", "save_adapter_weights_only": True}, None, ["method=full"]),
-    ("packed-without-max-seq-len", {"packed": True}, None, ["packed=True", "max_seq_len"]),
+    (
+        "packed-without-max-seq-len",
+        {"packed": True},
+        None,
+        ["packed needs a sequence length", "tune_max_seq_len"],
+    ),
     # max_seq_len shorter than the prompts needs torch to know: refused where training runs, before it starts
     # (tests/components/torchtune_finetune/test_light_launcher.py).
     (
@@ -203,8 +213,8 @@ EVALUATE_ROWS = [
     ("unknown-gate-metric", {"gate_metric": "accuracy"}, ["gate_metric", "accuracy", "eval_loss"]),
     ("unknown-threshold-metric", {"thresholds": {"bleu": 0.3}}, ["thresholds", "bleu"]),
     ("non-numeric-threshold", {"thresholds": {"exact_match": "high"}}, ["thresholds", "numbers", "'high'"]),
-    ("confidence-one", {"confidence": 1.0}, ["eval_confidence", "between 0 and 1", "0.95"]),
-    ("confidence-percent", {"confidence": 95}, ["eval_confidence", "between 0 and 1", "got 95"]),
+    ("confidence-one", {"confidence": 1.0}, ["confidence must be", "between 0 and 1", "0.95"]),
+    ("confidence-percent", {"confidence": 95}, ["confidence must be", "between 0 and 1", "got 95"]),
     ("model-not-connected", {"model_metadata": {}}, ["model", "workspace_path"]),
 ]
 
@@ -246,8 +256,8 @@ LORA = {
 
 # (id, export_model arguments, message fragments)
 EXPORT_ROWS = [
-    ("unknown-format", {"format": "gguf"}, ["format 'gguf'", "merged"]),
-    ("unknown-dtype", {"dtype": "int3"}, ["dtype 'int3'", "bf16"]),
+    ("unknown-format", {"format": "gguf"}, ["format must be one of", "(got 'gguf')", "merged"]),
+    ("unknown-dtype", {"dtype": "int3"}, ["dtype must be", "(got 'int3')", "bf16"]),
     ("unsupported-destination", {"destination": "ftp://host/models/x"}, ["ftp"]),
     ("https-destination", {"destination": "https://example.com/models/x"}, ["cannot export", "s3://"]),
     ("bucket-root", {"destination": "s3://bucket"}, ["s3://bucket", "name a folder"]),

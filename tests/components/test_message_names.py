@@ -49,8 +49,16 @@ def messages(path: Path) -> list[tuple[int, str]]:
     """(line, text) of what reaches the user: the literal text of each raise, warning and error log call, and
     the setting names given to components/_shared/unset.py (its errors name them)."""
     tree = ast.parse(path.read_text())
-    # Strings inside {placeholders} (a subscript such as p['eval_fraction']) are code, not text.
+    # Strings inside {placeholders} (a subscript such as p['eval_fraction']) are code, not text; so is the setting
+    # a SettingError / one_of names, which pre-flight shows as its pipeline parameter (errors.SettingError.named).
     code = {id(c) for f in ast.walk(tree) if isinstance(f, ast.FormattedValue) for c in ast.walk(f.value)}
+    code |= {
+        id(call.args[0])
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", "") in ("SettingError", "one_of")
+        and call.args
+    }
     found = []
     for node in ast.walk(tree):
         called = node.func.attr if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else ""

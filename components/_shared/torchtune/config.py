@@ -311,7 +311,7 @@ def from_flat(values: dict[str, Any], unknown_to_overrides: bool = False) -> Tor
     overrides = values.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise ConfigError(
-            f"overrides must be a mapping of dotted torchtune keys to values, e.g. {{'clip_grad_norm': 1.0}} "
+            f"tune_overrides must be a mapping of dotted torchtune keys to values, e.g. {{'clip_grad_norm': 1.0}} "
             f"(got {type(overrides).__name__} {overrides!r})"
         )
     overrides = dict(overrides)

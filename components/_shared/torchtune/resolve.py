@@ -124,7 +124,7 @@ def select_recipe_and_config(
     if not recipe_method_matches(recipe, cfg.method):
         raise SettingError(
             "recipe",
-            f"{recipe!r} does not match method={cfg.method!r}: "
+            f"{recipe!r} does not match tune_method={cfg.method!r}: "
             + (
                 "use a lora_* recipe for lora/qlora/dora"
                 if cfg.method != "full"
@@ -172,7 +172,7 @@ def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> st
         distance = abs(math.log(params) - math.log(max(model.num_parameters, 1)))
         scored.append((other_family, distance, preferences.index(variant), name))
     if not scored:
-        raise ConfigError(f"no torchtune config fits method={method!r}; pass config explicitly")
+        raise ConfigError(f"no torchtune config fits tune_method={method!r}; set tune_config explicitly")
     return min(scored)[-1]
 
 
@@ -313,7 +313,7 @@ def _check_qlora_dims(model: ModelDir, lora: dict) -> None:
         raise SettingError(
             "method",
             f"qlora: QLoRA cannot quantize this model: {detail}, not a multiple of {_NF4_MULTIPLE} (NF4 blocks of "
-            "64 with scaler blocks of 256). Use method=lora, or a model with hidden size >= 256.",
+            "64 with scaler blocks of 256). Use tune_method=lora, or a model with hidden size >= 256.",
         )
 
 
@@ -366,7 +366,7 @@ def _apply_data(config: dict, cfg: TorchtuneConfig, data: str | os.PathLike | No
     node["packed"] = bool(cfg.packed)
     if cfg.packed and not config["tokenizer"].get("max_seq_len"):
         raise SettingError(
-            "packed", "needs max_seq_len (the length packs are filled to): set max_seq_len too"
+            "packed", "needs a sequence length (the length packs are filled to): set tune_max_seq_len too"
         )
     config["dataset"] = node
 
@@ -381,7 +381,9 @@ def _apply_training(config: dict, cfg: TorchtuneConfig, recipe: str) -> None:
             config[key] = value
     if cfg.save_adapter_weights_only is not None:
         if not cfg.is_peft:
-            raise SettingError("save_adapter_weights_only", "applies to lora/qlora/dora, not to method=full")
+            raise SettingError(
+                "save_adapter_weights_only", "applies to lora/qlora/dora, not to tune_method=full"
+            )
         config["save_adapter_weights_only"] = cfg.save_adapter_weights_only
     if cfg.loss:
         config["loss"] = {"_component_": cfg.loss}
@@ -500,8 +502,8 @@ def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format:
     if export_format in ("adapter", "both") and not cfg.is_peft:
         raise SettingError(
             "export_format",
-            f"{export_format} needs a LoRA adapter, but method=full trains none: set export_format=merged, or "
-            "method=lora/qlora/dora",
+            f"{export_format} needs a LoRA adapter, but tune_method=full trains none: set export_format=merged, or "
+            "tune_method=lora/qlora/dora",
         )
     if export_format == "adapter" or not config.get("save_adapter_weights_only"):
         return

@@ -44,7 +44,7 @@ CASES = {
         {"tune_trainer_image": "Registry.io/Trainer image"}, "org/tiny", "tune_trainer_image",
         "is not an image reference",
     ),
-    "unsupported family": ({}, "org/qwen3", "model_uri", "(qwen3)"),
+    "unsupported family": ({}, "org/qwen3", "model_uri", "model_type 'qwen3'"),
     "incomplete config.json": ({}, "org/no-dims", "model_uri", "config.json has no 'hidden_size'"),
     "eval device without GPU": (
         {"eval_device": "cuda"}, "org/tiny", "eval_device", "set eval_gpus=1",

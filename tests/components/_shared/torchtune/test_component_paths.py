@@ -60,7 +60,9 @@ def test_a_misspelt_path_is_refused_with_the_nearest_one(path, nearest):
 
 def test_resolve_blames_the_setting_that_named_the_component(tiny_llama, tmp_path):
     data = tmp_path / "train.jsonl"
-    data.write_text('{"input": "q", "output": "a"}\n')
+    data.write_text(
+        '{"input": "q", "output": "a"}\n' * 40
+    )  # enough rows for a run that learns (run_length.py)
 
     def refused(**settings) -> SettingError:
         with pytest.raises(SettingError) as failed:

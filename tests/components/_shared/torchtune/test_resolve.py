@@ -370,7 +370,7 @@ def test_from_flat_maps_names_to_groups():
         ({"recipe": "lora_finetune_everywhere"}, "recipe 'lora_finetune_everywhere' is unknown"),
         ({"config": "llama3_2/1B_nonsense"}, "config 'llama3_2/1B_nonsense' is unknown"),
         ({"config": "llama3_2/1B_full_single_device"}, "belongs to another recipe"),
-        ({"method": "full", "recipe": "lora_finetune_single_device"}, "does not match method='full'"),
+        ({"method": "full", "recipe": "lora_finetune_single_device"}, "does not match tune_method='full'"),
         ({"method": "lora", "recipe": "full_finetune_single_device"}, "use a lora_\\* recipe"),
         ({"recipe": "generate"}, "does not fine-tune"),
         ({"lora": {"lora_rank": 0}}, "lora_rank must be at least 1"),
@@ -382,7 +382,7 @@ def test_from_flat_maps_names_to_groups():
         ({"overrides": {"~nothing": None}}, "'nothing' does not exist"),
         ({"method": "sft"}, "method must be one of"),
         ({"batch_size": 0}, "batch_size must be at least 1"),
-        ({"packed": True}, "packed needs max_seq_len"),
+        ({"packed": True}, "packed needs a sequence length"),
         ({"device": "cpu", "devices": 2}, "distributed recipes cannot run on CPU"),
         ({"recipe": "lora_finetune_single_device", "devices": 2}, "runs on one device"),
         ({"save_adapter_weights_only": True, "method": "full"}, "applies to lora/qlora/dora"),
@@ -505,7 +505,7 @@ def test_asking_for_adapter_only_checkpoints_and_a_merged_export_is_refused(
 
 def test_exports_that_cannot_work_are_refused(tiny_llama, data_file, tmp_path):
     with pytest.raises(
-        ConfigError, match="export_format adapter needs a LoRA adapter, but method=full trains none"
+        ConfigError, match="export_format adapter needs a LoRA adapter, but tune_method=full trains none"
     ):
         resolve_for_export(tiny_llama, data_file, tmp_path, "adapter", method="full")
     with pytest.raises(
