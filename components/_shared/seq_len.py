@@ -90,8 +90,8 @@ def unfit_message(
     and the fix (none longer than the model's `max_position_embeddings`, when known)."""
     shown = "; ".join(named) + (" …" if unfit > len(named) else "")
     what = (
-        f"{unfit} of {rows} training rows have a prompt that fills max_seq_len={max_seq_len} (cut there, they keep "
-        f"no trained token): {shown}"
+        f"{unfit} of {rows} training rows have a prompt that fills the {max_seq_len}-token tune_max_seq_len (cut "
+        f"there, they keep no trained token): {shown}"
     )
     fix = FIX.format(needed=needed)
     if max_position_embeddings and needed > max_position_embeddings:

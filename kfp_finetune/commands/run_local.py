@@ -167,14 +167,23 @@ def summary(run: LocalRun) -> str:
         (outputs[k].metadata for k in ("eval_metrics", "best_eval_metrics") if k in outputs), {}
     )
     if evaluation:
+        # The gain (positive = better) with the confidence interval the quality gate reads (evaluate/confidence.py).
+        level = f"gain, {evaluation['confidence'] * 100:g}% CI" if "confidence" in evaluation else ""
         lines += [
             "evaluation (held-out split):",
-            f"  {'metric':<12} {'base':>10} {'tuned':>10} {'delta':>10}",
+            f"  {'metric':<12} {'base':>10} {'tuned':>10} {'delta':>10}  {level}".rstrip(),
         ]
         for name in _SHOWN_METRICS:
             if f"tuned_{name}" in evaluation:
                 base, tuned = evaluation.get(f"base_{name}", float("nan")), evaluation[f"tuned_{name}"]
-                lines.append(f"  {name:<12} {base:>10.4f} {tuned:>10.4f} {tuned - base:>+10.4f}")
+                interval = ""
+                if f"{name}_improvement_ci_low" in evaluation:
+                    low, high = (
+                        evaluation[f"{name}_improvement_ci_low"],
+                        evaluation[f"{name}_improvement_ci_high"],
+                    )
+                    interval = f"  [{low:+.4f}, {high:+.4f}]"
+                lines.append(f"  {name:<12} {base:>10.4f} {tuned:>10.4f} {tuned - base:>+10.4f}{interval}")
     if outputs.get("passed") is True:
         lines.append("quality gate: passed" + (": the model was exported" if run.exported_now() else ""))
     elif outputs.get("passed") is False:

@@ -81,7 +81,7 @@ def test_run_local_prepare_inputs_shows_what_dataset_initialize_did(tiny_llama, 
     assert "    warning: found ['json', 'parquet'] files; reading the parquet ones" in out, out
     assert "    columns not used by input_output data, dropped: note" in shown, out
     assert any(line.endswith("/train: 41 rows in 1 shard(s)") for line in shown), out
-    assert any("1 row(s)" in line and "cut" in line for line in shown), out
+    assert any("left out of the packs: 1 of 41 training rows" in line for line in shown), out
     assert not any("fetching" in line for line in shown), "model-initialize's INFO lines stay in the log"
     log = (tmp_path / "out" / "run-local.log").read_text()
     assert "fetching" in log and "Got executor_input" in log

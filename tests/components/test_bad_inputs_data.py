@@ -401,7 +401,7 @@ DATASET_TOKEN_ROWS = [
             "source_uri": str(write(s, "train.jsonl", jsonl([*GOOD, {"input": LONG, "output": "x"}] * 2))),
             "max_seq_len": 128,
         },
-        ["2 of 10 training rows", "fills max_seq_len=128", "train.jsonl line 5; train.jsonl line 10",
+        ["2 of 10 training rows", "fills the 128-token tune_max_seq_len", "train.jsonl line 5; train.jsonl line 10",
          "more than 1%", "set tune_max_seq_len to at least"],
     ),
     (
@@ -410,7 +410,7 @@ DATASET_TOKEN_ROWS = [
             "source_uri": str(write(s, "train.jsonl", jsonl([*GOOD, *[{"input": "🙂" * 300, "output": "x"}] * 2]))),
             "max_seq_len": 1024,
         },
-        ["2 of 6 training rows", "fills max_seq_len=1024", "train.jsonl line 5", "train.jsonl line 6"],
+        ["2 of 6 training rows", "fills the 1024-token tune_max_seq_len", "train.jsonl line 5", "train.jsonl line 6"],
     ),
 ]  # fmt: skip
 

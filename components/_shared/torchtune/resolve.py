@@ -135,7 +135,7 @@ def select_recipe_and_config(
         raise SettingError(
             "recipe",
             f"{recipe!r} runs on one device but {nodes} node(s) x {devices} device(s) were requested; "
-            "use its *_distributed counterpart or set devices=1, nodes=1",
+            "use its *_distributed counterpart, or set tune_gpus_per_node=1 and tune_num_nodes=1",
         )
     configs = {c.name: c.file_path for c in registry[recipe].configs}
 
@@ -213,11 +213,14 @@ def resolve_run(
             "export_format", f"must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})"
         )
     if devices < 1 or nodes < 1:
-        raise ConfigError(f"devices and nodes must be at least 1 (got devices={devices}, nodes={nodes})")
+        raise ConfigError(
+            f"tune_gpus_per_node and tune_num_nodes must be at least 1 (got {devices} device(s), {nodes} node(s))"
+        )
     distributed = devices * nodes > 1
     if distributed and cfg.device == "cpu":
         raise ConfigError(
-            "torchtune's distributed recipes cannot run on CPU: use devices=1, nodes=1 with device=cpu"
+            "torchtune's distributed recipes cannot run on CPU: with tune_device=cpu set tune_gpus_per_node=0 (one "
+            "process) and tune_num_nodes=1"
         )
     model = inspect_model_dir(model_dir, weights_required=weights_required)
     run_dir = Path(run_dir).resolve()

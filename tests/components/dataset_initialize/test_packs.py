@@ -100,7 +100,7 @@ def test_a_long_prompt_row_is_left_out_of_the_packs_and_named_by_file_and_line(
     )
     assert result.train_metadata["max_seq_len"] == MULTIPLE
     warning = next(line for line in log_lines if "left out of the packs" in line)
-    assert "1 of 95 training rows have a prompt that fills max_seq_len=256" in warning
+    assert "1 of 95 training rows have a prompt that fills the 256-token tune_max_seq_len" in warning
     assert f"long-prompt.jsonl line {LONG_ROW + 1}" in warning and "tune_max_seq_len to at least" in warning
     log_lines.clear()
     initialize_dataset(str(source), str(workspace), eval_fraction=0.05, seed=3, base_model_path=tiny_llama)

@@ -180,3 +180,8 @@ def test_the_readmes_run_local_on_sixty_rows_with_every_default_learns(
     assert same_weights(tuned / "merged", tiny_llama) == 0
     eval_loss = next(line for line in out.splitlines() if line.strip().startswith("eval_loss")).split()
     assert float(eval_loss[2]) < float(eval_loss[1])  # tuned below base on the held-out rows
+    # The gate passes on evidence (the interval's lower bound above 0), and what it exports is the tuned model.
+    low = float(out.split("eval_loss", 1)[1].split("[", 1)[1].split(",", 1)[0])
+    assert "quality gate: passed: the model was exported" in out and low > 0
+    assert list((tmp_path / "exported").glob("*.safetensors"))
+    assert same_weights(tmp_path / "exported", tiny_llama) == 0

@@ -37,7 +37,7 @@ def test_a_prompt_that_could_fill_a_micro_batch_is_refused(tiny_llama, long_prom
     with pytest.raises(PromptTooLong) as caught:
         resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=64, batch_size=1)
     message = str(caught.value)
-    assert "1 of 6 training rows have a prompt that fills max_seq_len=64" in message
+    assert "1 of 6 training rows have a prompt that fills the 64-token tune_max_seq_len" in message
     assert "train_data row 3 (counted from 0)" in message and "a micro-batch of 1" in message
     needed = int(message.split("set tune_max_seq_len to at least ")[1].split()[0])
     # The boundary is exact: torchtune ends a cut row in a masked EOS, so a limit of the prompt's length + 1 still
@@ -57,7 +57,7 @@ def test_one_prompt_among_larger_micro_batches_is_counted_not_refused(
     tiny_llama, long_prompt_data, tmp_path, log_lines
 ):
     resolve(tiny_llama, long_prompt_data, tmp_path, max_seq_len=64, batch_size=2)
-    warning = next(line for line in log_lines if "fills max_seq_len=64" in line)
+    warning = next(line for line in log_lines if "fills the 64-token tune_max_seq_len" in line)
     assert "1 of 6 training rows" in warning and "train_data row 3" in warning and "train nothing" in warning
 
 
