@@ -213,8 +213,9 @@ def resolve_run(
             "export_format", f"must be one of {', '.join(EXPORT_FORMATS)} (got {export_format!r})"
         )
     if devices < 1 or nodes < 1:
-        raise ConfigError(
-            f"tune_gpus_per_node and tune_num_nodes must be at least 1 (got {devices} device(s), {nodes} node(s))"
+        raise ConfigError(  # only the CLI can ask for none: the fine-tune step counts at least one
+            f"devices and nodes must be at least 1 (got devices={devices}, nodes={nodes}): resolve-config's "
+            "--devices / --nodes"
         )
     distributed = devices * nodes > 1
     if distributed and cfg.device == "cpu":

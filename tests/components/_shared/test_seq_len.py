@@ -55,6 +55,6 @@ def test_the_fix_never_asks_for_more_than_the_model_holds():
     fits_model = unfit_message(1, 61, 256, 1500, named, "", 2048)
     assert "train.jsonl line 31" in fits_model and "set tune_max_seq_len to at least 1500" in fits_model
     too_long = unfit_message(1, 61, 256, 66691, named, "", 2048)
-    assert "tune_max_seq_len" not in too_long and "more than the model's 2048" in too_long
+    assert "set tune_max_seq_len" not in too_long and "more than the model's 2048" in too_long
     refused = unfit_message(3, 61, 256, 1500, named, "more than 1% of the rows")
     assert "That is more than 1% of the rows. Fix: set tune_max_seq_len" in refused and "line 31 …" in refused

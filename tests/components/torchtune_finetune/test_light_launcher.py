@@ -78,7 +78,7 @@ def test_a_config_torch_refuses_fails_the_trainjob_first_with_the_reason(
             workspace, base_model, train, tmp_path, "trainjob", task_config(workspace), max_seq_len=8
         )
     message = str(failed.value)
-    assert "kfp-finetune: the resolved config" in message and "max_seq_len=8" in message
+    assert "kfp-finetune: the resolved config" in message and "8-token tune_max_seq_len" in message
     assert "tune_train_on_input=true" in message
     run_dir = workspace / "runs"
     assert not list(run_dir.glob("*/logs/metrics.txt")), "training never started"
@@ -98,7 +98,7 @@ def test_the_entrypoint_refuses_before_tune_starts(tiny_llama, tiny_dataset, tmp
     )  # fmt: skip
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("kfp-finetune: the resolved config") and "max_seq_len=8" in last
+    assert last.startswith("kfp-finetune: the resolved config") and "8-token tune_max_seq_len" in last
     assert "Traceback" not in done.stderr
 
 
