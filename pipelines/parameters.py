@@ -127,11 +127,13 @@ TABLE: tuple[Parameter, ...] = (
        "Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (32k on several nodes where "
        "it fits without activation checkpointing), on CPU the base config's; smaller where the data are too few "
        "for 20 optimizer steps.",
-       "torchtune_finetune.batch_size", "preflight.tune_batch_size"),
+       "torchtune_finetune.batch_size", "preflight.tune_batch_size",
+       "dataset_initialize.batch_size"),
     _p("tune_gradient_accumulation_steps", int, -1,
        "Steps accumulated per optimizer update (a larger effective batch); -1: the base config's tokens per "
        "optimizer step, fewer where the data are too few for 20 optimizer steps.",
-       "torchtune_finetune.gradient_accumulation_steps", "preflight.tune_gradient_accumulation_steps"),
+       "torchtune_finetune.gradient_accumulation_steps", "preflight.tune_gradient_accumulation_steps",
+       "dataset_initialize.gradient_accumulation_steps"),
     _p("tune_dtype", str, "", "bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).", "torchtune_finetune.dtype", "preflight.tune_dtype"),
     _p("tune_learning_rate", float, -1.0,
        "Peak learning rate; -1: the base config's, times the square root of how much larger the global batch is "

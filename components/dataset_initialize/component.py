@@ -33,6 +33,8 @@ def dataset_initialize(
     max_seq_len: int = -1,
     train_on_input: str = "auto",
     new_system_prompt: str = "",
+    batch_size: int = -1,
+    gradient_accumulation_steps: int = -1,
 ):
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
@@ -95,6 +97,9 @@ def dataset_initialize(
         train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually only
             the response).
         new_system_prompt: A system prompt prepended to every example; empty: none.
+        batch_size: The fine-tune's examples per device per step, when set (-1: unset): with
+            gradient_accumulation_steps, a train split too small for one optimizer step is refused here.
+        gradient_accumulation_steps: The fine-tune's steps per optimizer update, when set (-1: unset).
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
@@ -150,4 +155,8 @@ def dataset_initialize(
             max_seq_len=max_seq_len if max_seq_len > 0 else None,
             train_on_input=unset.switch("tune_train_on_input", train_on_input),
             new_system_prompt=unset.value("tune_new_system_prompt", new_system_prompt),
+            batch_size=unset.value("tune_batch_size", batch_size),
+            gradient_accumulation_steps=unset.value(
+                "tune_gradient_accumulation_steps", gradient_accumulation_steps
+            ),
         )

@@ -169,11 +169,15 @@ def initialize_dataset(
     max_seq_len: int | None = None,
     train_on_input: bool | None = None,
     new_system_prompt: str | None = None,
+    batch_size: int | None = None,
+    gradient_accumulation_steps: int | None = None,
 ) -> DatasetInitResult:
     """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>-<task>/`
     (`<task>`: a hash of `task_id`, see names.instance_name); with `base_model_path`, also tokenize and pack
     the train split with that model's tokenizer, the masking `train_on_input` and the `new_system_prompt` the
-    fine-tune step gets (packs.py; None: torchtune's defaults; `max_seq_len` None: chosen from the data)."""
+    fine-tune step gets (packs.py; None: torchtune's defaults; `max_seq_len` None: chosen from the data).
+    `batch_size` / `gradient_accumulation_steps` (None: unset) are the fine-tune's, when the user set them: a train
+    split too small for one optimizer step of them is refused here, before any training."""
     column_map = dict(column_map or {})
     if eval_split and eval_fraction:
         raise ValueError("set either data_eval_split or data_eval_fraction, not both")
@@ -215,11 +219,27 @@ def initialize_dataset(
             seed=seed, data_format=data_format, subset=subset, csv_delimiter=csv_delimiter,
             rows_per_shard=rows_per_shard, num_proc=num_proc,
         )  # fmt: skip
+    check_one_optimizer_step(manifest["splits"]["train"]["num_rows"], batch_size, gradient_accumulation_steps)
     train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
     eval_meta = _artifact_metadata(manifest, "eval", final, workspace_path, skipped)
     write_artifact(output_train, manifest, train_meta)
     write_artifact(output_eval, manifest, eval_meta)
     return DatasetInitResult(final, manifest, train_meta, eval_meta, skipped)
+
+
+def check_one_optimizer_step(rows: int, batch_size: int | None, accumulation: int | None) -> None:
+    """Refuse a train split that cannot fill one optimizer step of the batch settings the user set (None: unset,
+    counted as 1). torchtune drops an incomplete last batch and a pack holds at least one row, so fewer rows than
+    batch_size x gradient_accumulation_steps train no step on any number of devices, packed or not."""
+    if batch_size is None and accumulation is None:
+        return  # the fine-tune's defaults fit the batch to the data (run_length.py)
+    needed = (batch_size or 1) * (accumulation or 1)
+    if rows < needed:
+        raise DatasetValidationError(
+            f"{rows} training row(s) cannot fill one optimizer step of tune_batch_size={batch_size or 'unset'} x "
+            f"tune_gradient_accumulation_steps={accumulation or 'unset'} ({needed} rows): the run would train "
+            "nothing. Lower them (or leave them unset: -1), or add rows"
+        )
 
 
 def _build(

@@ -564,3 +564,33 @@ def assert_nothing_written(workspace: Path, area: str) -> None:
     assert not files, f"left in the workspace: {files}"
     entries = list((workspace / area).iterdir()) if (workspace / area).is_dir() else []
     assert not entries, f"left in {area}/: {entries}"
+
+
+@pytest.mark.parametrize(
+    "batch, fragments",
+    [
+        (
+            {"gradient_accumulation_steps": 8},
+            ["4 training row(s)", "tune_gradient_accumulation_steps=8", "(8 rows)"],
+        ),
+        (
+            {"batch_size": 3, "gradient_accumulation_steps": 2},
+            ["tune_batch_size=3", "(6 rows)", "Lower them"],
+        ),
+    ],
+)
+def test_batch_settings_larger_than_the_data_are_refused_at_dataset_initialize(
+    tmp_path, workspace, batch, fragments
+):
+    """A gradient accumulation (or batch) the user set that no number of devices could fill from these rows is
+    refused in seconds at dataset-initialize, not after the base model's download; the valid entry stays for a
+    rerun with other settings."""
+    source = write(tmp_path, "train.jsonl", jsonl(GOOD))
+    with pytest.raises(DATASET_ERRORS) as caught:
+        initialize_dataset(str(source), str(workspace), eval_fraction=0.0, **batch)
+    assert_message(caught.value, fragments)
+    # Unset settings are the fine-tune defaults' to fit (run_length.py); settings the rows fill pass.
+    initialize_dataset(str(source), str(workspace), eval_fraction=0.0)
+    initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.0, batch_size=2, gradient_accumulation_steps=2
+    )
