@@ -648,7 +648,13 @@ def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_datas
     metrics = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert {"tuned_lm_eval_kfp_tiny_acc", "base_lm_eval_kfp_tiny_acc"} <= set(metrics)
     assert metrics["tuned_lm_eval_kfp_tiny_perplexity"] < metrics["base_lm_eval_kfp_tiny_perplexity"]
-    assert metrics["passed"] == 1.0 and metrics["lm_eval_kfp_tiny_perplexity_improvement_ci_low"] > 0
+    # The interval comes from lm-eval's standard errors (normal approximation), and the gate follows it: on this
+    # tiny model the task's perplexities are huge and noisy, so it may well fail, but only where the interval says.
+    gate_line = next(line for line in done.stderr.splitlines() if "quality gate:" in line)
+    low, high = (metrics[f"lm_eval_kfp_tiny_perplexity_improvement_ci_{end}"] for end in ("low", "high"))
+    assert low < metrics["gate_improvement"] < high, gate_line
+    assert metrics["passed"] == float(low > 0), gate_line
+    assert f"95% CI [{low:.4g}, {high:.4g}]" in gate_line
 
 
 def test_lm_eval_needs_the_extra(workspace, monkeypatch):
@@ -682,6 +688,6 @@ def test_offline_step_without_the_wrappers_gpt2_is_refused_before_loading(worksp
     )
     assert done.returncode != 0
     error = done.stderr.strip().splitlines()[-1]
-    assert error.startswith("kfp_finetune.components._shared.errors.ConfigError: lm_eval_tasks:")
+    assert error.startswith("kfp_finetune.components._shared.errors.ConfigError: eval_lm_eval_tasks:")
     assert "'gpt2'" in error and "HF_HUB_OFFLINE" in error and str(tmp_path / "empty-hf-home") in error
     assert not (workspace / "eval").exists()
