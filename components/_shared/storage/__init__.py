@@ -33,7 +33,13 @@ from .hf import verify_cached as verify_hub_cache
 from .links import LinkEscape, LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
 from .probe import probe_destination
-from .publish import PublishResult, publish_directory, refuse_root, require_credentials
+from .publish import (
+    PublishResult,
+    manifest_text,
+    publish_directory,
+    refuse_root,
+    require_credentials,
+)
 from .retry import is_transient, with_retries
 from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
 
@@ -57,6 +63,7 @@ __all__ = [
     "hub_truncation",
     "is_transient",
     "list_files",
+    "manifest_text",
     "parse_uri",
     "probe_destination",
     "publish_directory",

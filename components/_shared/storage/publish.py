@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 
-from .checksums import FileHash, hash_files, same_content
+from .checksums import FileHash, hash_file, hash_files, same_content
 from .errors import DestinationConflict, StorageError
 from .listing import FileRecord, RemoteFile
 from .progress import Progress
@@ -66,37 +67,84 @@ def refuse_root(uri: StorageUri) -> None:
         )
 
 
-def parse_manifest(text: str) -> set[str]:
-    """The paths a sha256sum-format manifest (`<sha256>  <path>` lines) lists."""
-    paths = set()
+MANIFEST_MARK = "# kfp-finetune export"  # a manifest's first line: written by publish_directory's caller
+_INCOMPLETE = " (incomplete: being written, or interrupted)"
+_CLAIM = "# owns: "  # an incomplete manifest's lines: files the publish in progress may have written
+
+
+def manifest_text(entries: dict[str, str], identity: str) -> str:
+    """A manifest in sha256sum format (`<sha256>  <path>` lines, path -> sha256 from `entries`) whose first line
+    marks it as written by an export and names that export (`identity`: run, task, time). `sha256sum -c` skips
+    `#` lines; a checksums file a user wrote (`sha256sum * > checksums.sha256`) has no such line and is never
+    taken for ours."""
+    return f"{MANIFEST_MARK}: {identity}\n" + "".join(f"{entries[p]}  {p}\n" for p in sorted(entries))
+
+
+def _entries(text: str) -> set[tuple[str, str]]:
+    """The (sha256, path) lines of a sha256sum-format manifest."""
+    entries = set()
     for line in text.splitlines():
         digest, sep, path = line.partition("  ")
         if sep and len(digest) == 64 and path:
-            paths.add(path.removeprefix("*"))
-    return paths
+            entries.add((digest, path))
+    return entries
 
 
-def _owned(scheme, dest, remote: list[RemoteFile], manifest: str | None) -> set[str]:
-    """Destination files an earlier export wrote: all of them where the destination is ours (a hub repo),
-    else those its manifest lists (and the manifest itself). No manifest there: none."""
+@dataclass
+class _Earlier:
+    """What earlier exports left at the destination, as the manifest there tells."""
+
+    owned: set[
+        str
+    ]  # files they wrote: those an export's manifest lists (all files where the destination is ours)
+    manifest: str | None = None  # that manifest's text, when an export wrote it
+    complete: bool = False  # False: written first by an export that may not have finished (it lists claims)
+
+
+def _earlier(scheme, dest, remote: list[RemoteFile], manifest: str | None) -> _Earlier:
     present = {f.path for f in remote}
-    if scheme.OWNS_DESTINATION:
-        return present
-    if manifest is None or manifest not in present:
-        return set()
-    return (parse_manifest(scheme.read_text(dest, manifest)) | {manifest}) & present
+    text = scheme.read_text(dest, manifest) if manifest in present else None
+    if text is None or not text.startswith(MANIFEST_MARK):  # none, or a user's own checksums file
+        return _Earlier(present if scheme.OWNS_DESTINATION else set())
+    claims = {line.removeprefix(_CLAIM) for line in text.splitlines() if line.startswith(_CLAIM)}
+    owned = {path for _, path in _entries(text)} | claims | {manifest}
+    complete = not text.split("\n", 1)[0].endswith(_INCOMPLETE)
+    return _Earlier(present if scheme.OWNS_DESTINATION else owned & present, text, complete)
+
+
+def _claim(src: Path, manifest: str, records: list[FileRecord], earlier: _Earlier) -> str:
+    """The manifest written before anything else: this export's identity marked incomplete, and every file
+    the earlier export or this one writes, so an interruption at any point leaves them owned (the next run
+    replaces or removes them) and never looks complete (`sha256sum -c` finds no checksum in it)."""
+    first = (src / manifest).read_text().split("\n", 1)[0]
+    paths = sorted(earlier.owned | {r.path for r in records})
+    return first + _INCOMPLETE + "\n" + "".join(f"{_CLAIM}{p}\n" for p in paths)
 
 
 def _plan(
-    src: Path, records: list[FileRecord], remote: list[RemoteFile], owned: set[str], uri: StorageUri,
-    overwrite: bool,
+    src: Path, records: list[FileRecord], remote: list[RemoteFile], earlier: _Earlier, manifest: str | None,
+    uri: StorageUri, overwrite: bool,
 ) -> _Plan:  # fmt: skip
     by_path = {f.path: f for f in remote}
     ours = {r.path for r in records}
-    missing = [r for r in records if r.path not in by_path]
-    changed = [r for r in records if r.path in by_path and not same_content(src / r.path, r, by_path[r.path])]
-    stale = sorted(p for p in by_path if p not in ours and p in owned)
-    kept = sorted(p for p in by_path if p not in ours and p not in owned)
+    # An incomplete manifest is no content: the finished one replaces it, whatever `overwrite` says.
+    unfinished = manifest if earlier.manifest is not None and not earlier.complete else None
+    missing = [r for r in records if r.path not in by_path or r.path == unfinished]
+    changed = [
+        r for r in records
+        if r.path in by_path and r.path != unfinished and not same_content(src / r.path, r, by_path[r.path])
+    ]  # fmt: skip
+    foreign = [r.path for r in changed if r.path not in earlier.owned]
+    if foreign:
+        shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+        raise DestinationConflict(
+            f"{uri.shown} already holds {shown} with other content, not written by an export (no {manifest} "
+            "an export wrote there lists them): an export never replaces such files, even with "
+            "export_overwrite=true. Nothing was written. Move them away, or export to another folder (e.g. a "
+            "subfolder of this one)."
+        )
+    stale = sorted(p for p in by_path if p not in ours and p in earlier.owned)
+    kept = sorted(p for p in by_path if p not in ours and p not in earlier.owned)
     if kept:
         log.info("%s: leaving %d files that no export wrote there (e.g. %s)", uri.shown, len(kept),
                  ", ".join(kept[:3]))  # fmt: skip
@@ -106,8 +154,8 @@ def _plan(
             details += [f"{p} (not part of this export)" for p in stale]
             shown = "; ".join(details[:10]) + (f"; and {len(details) - 10} more" if len(details) > 10 else "")
             raise DestinationConflict(
-                f"{uri.shown} already holds different content: {shown}. Nothing was written. Choose another "
-                "destination, or set export_overwrite=true to replace it."
+                f"{uri.shown} already holds different content from an earlier export: {shown}. Nothing was "
+                "written. Choose another destination, or set export_overwrite=true to replace it."
             )
         log.info("%s: replacing %d changed and removing %d files of the earlier export (overwrite)", uri.shown,
                  len(changed), len(stale))  # fmt: skip
@@ -212,7 +260,11 @@ def publish_directory(
     logging.getLogger("httpx2").setLevel(logging.WARNING)
 
     remote = scheme.existing(dest)
-    plan = _plan(src, records, remote, _owned(scheme, dest, remote, manifest), uri, overwrite)
+    earlier = _earlier(scheme, dest, remote, manifest)
+    if manifest is not None:
+        records = _keep_identity(src, manifest, records, earlier)
+    plan = _plan(src, records, remote, earlier, manifest, uri, overwrite)
+    options = {"max_workers": max_workers}
     if plan.upload or plan.delete:
         content = [r for r in plan.upload if r.path != manifest]
         last = [r for r in plan.upload if r.path == manifest]
@@ -220,28 +272,57 @@ def publish_directory(
         with Progress(
             what=f"upload to {uri.shown}", total_files=len(plan.upload), total_bytes=total
         ) as progress:
-            options = {"max_workers": max_workers, "progress": progress}
+            options["progress"] = progress
             if scheme.ATOMIC_CHANGES:  # one commit: never seen half-replaced, the manifest needs no order
                 scheme.put(dest, src, plan.upload, plan.delete, **options)
             else:
-                # Overwriting: first the earlier export's other files, while its manifest still names them
-                # (an interruption here leaves them owned, so the next run removes them); then that manifest,
-                # so a half-replaced copy never looks complete; the new manifest is written last.
-                old_manifest = [manifest] if manifest in plan.changed else []
-                if plan.delete or old_manifest:
-                    scheme.put(dest, src, [], plan.delete + old_manifest, **options)
+                # First the claim (an incomplete manifest naming every file of the earlier export and this
+                # one): an interruption from here on leaves them ours, so the next run replaces or removes
+                # them, and a half-written copy never looks complete. Then the earlier export's other files
+                # go, the content comes, and the finished manifest is written last.
+                if manifest is not None and (content or plan.delete):
+                    _put_claim(scheme, dest, src, manifest, records, earlier, options)
+                if plan.delete:
+                    scheme.put(dest, src, [], plan.delete, **options)
                 scheme.put(dest, src, content, [], **options)
                 if last:
                     scheme.put(dest, src, last, [], **options)
     try:
         _verify_published(src, records, scheme.existing(dest), plan.kept, uri)
     except StorageError:
-        # A copy that failed verification never looks complete: its manifest goes again.
+        # A copy that failed verification never looks complete: its manifest becomes the claim again.
         if manifest is not None and not scheme.ATOMIC_CHANGES:
-            with Progress(
-                what=f"remove {manifest} from {uri.shown}", total_files=0, total_bytes=0
-            ) as progress:
-                scheme.put(dest, src, [], [manifest], max_workers=max_workers, progress=progress)
+            with Progress(what=f"mark {uri.shown} incomplete", total_files=1, total_bytes=0) as progress:
+                _put_claim(scheme, dest, src, manifest, records, earlier, {**options, "progress": progress})
         raise
     uploaded = [r.path for r in plan.upload]
     return PublishResult(uri.shown, plan.state, records, uploaded, plan.delete, plan.kept, dest.head)
+
+
+def _keep_identity(
+    src: Path, manifest: str, records: list[FileRecord], earlier: _Earlier
+) -> list[FileRecord]:
+    """When the destination's finished manifest lists exactly these files with these checksums, it stays as it
+    is, naming the export that wrote them: `src`'s manifest takes its text (so nothing differs, nothing is sent)."""
+    staged = (src / manifest).read_text()
+    if not staged.startswith(MANIFEST_MARK):
+        raise ValueError(f"manifest {manifest!r} in {src} was not written with manifest_text()")
+    if not earlier.complete or earlier.manifest in (None, staged):
+        return records
+    if _entries(earlier.manifest) != _entries(staged):
+        return records
+    (src / manifest).unlink()  # a new file: never edit one that may be linked elsewhere
+    (src / manifest).write_text(earlier.manifest)
+    digest = hash_file(src / manifest)
+    kept = FileRecord(manifest, digest.size, digest.sha256, digest.md5, digest.git_blob_sha1)
+    return [kept if r.path == manifest else r for r in records]
+
+
+def _put_claim(scheme, dest, src: Path, manifest: str, records: list[FileRecord], earlier: _Earlier,
+               options: dict) -> None:  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / manifest
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_claim(src, manifest, records, earlier))
+        digest = hash_file(path)
+        scheme.put(dest, Path(tmp), [FileRecord(manifest, digest.size, digest.sha256)], [], **options)
