@@ -4,6 +4,7 @@ unless asked. The algorithm is the same for every scheme; the scheme modules onl
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 
-from .checksums import FileHash, hash_file, hash_files, same_content
+from .checksums import FileHash, hash_files, same_content
 from .errors import DestinationConflict, StorageError
 from .listing import FileRecord, RemoteFile
 from .progress import Progress
@@ -221,21 +222,27 @@ def publish_directory(
 
     - files already at the destination with the same content are not transferred again, so a rerun after an
       interruption only sends what is missing, and rerunning a finished export transfers nothing;
-    - `manifest` (a path in `src` in sha256sum format listing the other files) is what the publish owns:
-      s3:// and local write it last, so its presence means the copy is complete, and the one an earlier
-      publish left at the destination says which files that publish wrote;
+    - `manifest` (a path in `src` written by `manifest_text`: a first line naming the export, then sha256sum
+      lines for the other files) is what the publish owns. Only a manifest with that first line counts: a
+      user's own checksums file at the destination owns nothing. s3:// and local write an incomplete manifest
+      first (claiming the earlier export's files and this one's, with no checksum line) and the finished one
+      last, so its presence means the copy is complete and an interruption leaves every file it touched owned;
+      a destination whose finished manifest lists this content with another first line keeps it (and `src`'s
+      copy takes its text): the files are the earlier export's;
     - a destination holding different content (changed files, or files an earlier publish wrote that are not
       in `src`) is refused with DestinationConflict before anything is written, unless `overwrite`: then
       changed files are replaced and the earlier publish's other files deleted. Files no publish wrote (a
-      user's notes in a shared folder, other models under the same prefix) are never touched; in an hf://
-      repo (ours) every file counts as written by us (the hub's .gitattributes is kept);
+      user's notes in a shared folder, other models under the same prefix) are never touched, and one with a
+      name this publish would write (a user's README.md, config.json or checksums file) is refused whatever
+      `overwrite` says, naming it. In an hf:// repo (ours) every file counts as written by us (the hub's
+      .gitattributes is kept);
     - the root of a disk or bucket is refused (`/`, `//`, `s3://bucket`); an hf:// repo root is fine;
     - local files appear atomically (temp name, then rename; temp files an interrupted run left are removed
       by the next). hf:// writes one commit, which is atomic; LFS objects uploaded by an interrupted run are
       not sent again.
     - afterwards every file is read back (sizes and the checksums the destination states: sha256, MD5 ETag or
-      git blob id) and compared with `src`; when that fails the manifest is removed again, so a copy that does
-      not hold `src` never looks complete.
+      git blob id) and compared with `src`; when that fails the manifest becomes the incomplete one again, so
+      a copy that does not hold `src` never looks complete.
 
     `hashes` (path in `src` -> FileHash, e.g. what training recorded) are used for every file whose size and
     mtime still match; only the other files are hashed (in parallel, once).
@@ -312,10 +319,15 @@ def _keep_identity(
     if _entries(earlier.manifest) != _entries(staged):
         return records
     (src / manifest).unlink()  # a new file: never edit one that may be linked elsewhere
-    (src / manifest).write_text(earlier.manifest)
-    digest = hash_file(src / manifest)
-    kept = FileRecord(manifest, digest.size, digest.sha256, digest.md5, digest.git_blob_sha1)
+    kept = _write_small(src / manifest, manifest, earlier.manifest)
     return [kept if r.path == manifest else r for r in records]
+
+
+def _write_small(path: Path, rel: str, text: str) -> FileRecord:
+    """Write a small text we hold in memory; its record is hashed from memory, not read back."""
+    data = text.encode()
+    path.write_bytes(data)
+    return FileRecord(rel, len(data), hashlib.sha256(data).hexdigest())
 
 
 def _put_claim(scheme, dest, src: Path, manifest: str, records: list[FileRecord], earlier: _Earlier,
@@ -323,6 +335,5 @@ def _put_claim(scheme, dest, src: Path, manifest: str, records: list[FileRecord]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / manifest
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_claim(src, manifest, records, earlier))
-        digest = hash_file(path)
-        scheme.put(dest, Path(tmp), [FileRecord(manifest, digest.size, digest.sha256)], [], **options)
+        record = _write_small(path, manifest, _claim(src, manifest, records, earlier))
+        scheme.put(dest, Path(tmp), [record], [], **options)
