@@ -143,6 +143,12 @@ def _plan(
             "an export wrote there lists them): an export never replaces such files, even with "
             "export_overwrite=true. Nothing was written. Move them away, or export to another folder (e.g. a "
             "subfolder of this one)."
+            + (
+                f" (A {manifest} whose first line is not {MANIFEST_MARK!r} may be an older kfp-finetune export's: "
+                "delete that export's files once.)"
+                if manifest in foreign
+                else ""
+            )
         )
     stale = sorted(p for p in by_path if p not in ours and p in earlier.owned)
     kept = sorted(p for p in by_path if p not in ours and p not in earlier.owned)

@@ -351,3 +351,38 @@ def test_an_export_killed_while_copying_leaves_its_files_owned_and_incomplete(
     res = export(model(tmp_path, 2), where, s3_endpoint_url=endpoint, overwrite=True)
     assert res.state == "replaced" and set(read()) == set(res.files)  # v1's tokenizer.model removed
     assert "(incomplete" not in read()["checksums.sha256"].decode().splitlines()[0]
+
+
+def test_an_export_killed_while_copying_is_finished_by_a_plain_retry(tmp_path, monkeypatch):
+    """Its own incomplete manifest is no conflict: the retry (no overwrite) sends only what is missing."""
+    dest = tmp_path / "dest"
+    real_put = storage.local.put
+
+    def put_then_die(dest, src, records, remove, **kw):
+        real_put(dest, src, records, remove, **kw)
+        if any(r.path == "model.safetensors" for r in records):
+            raise Killed
+
+    monkeypatch.setattr(storage.local, "put", put_then_die)
+    with pytest.raises(Killed):
+        export(model(tmp_path, 1), str(dest))
+    monkeypatch.setattr(storage.local, "put", real_put)
+
+    res = export(model(tmp_path, 1), str(dest))
+    assert res.state == "resumed" and res.uploaded == ["checksums.sha256"]
+    check = subprocess.run(["sha256sum", "-c", "--strict", "checksums.sha256"], cwd=dest, capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_checksums_file_of_an_older_export_is_named_with_the_way_out(tmp_path):
+    dest = tmp_path / "dest"
+    export(model(tmp_path, 1), str(dest))
+    manifest = dest / "checksums.sha256"
+    manifest.write_text(
+        "".join(line + "\n" for line in manifest.read_text().splitlines()[1:])
+    )  # no first line
+
+    with pytest.raises(
+        storage.DestinationConflict, match="older kfp-finetune export's: delete that export's files"
+    ):
+        export(model(tmp_path, 2), str(dest), overwrite=True)
