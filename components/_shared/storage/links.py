@@ -9,11 +9,14 @@ without following links: a link put in place after the listing was checked is re
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import BinaryIO
 
 from .errors import StorageError
+
+_FOLDER = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
 
 
 class LinkEscape(StorageError):
@@ -73,16 +76,19 @@ class LocalRoot:
         """`path` opened for reading, checked against the root now rather than when it was listed."""
         real = self.resolve(path)
         # Every component of a resolved path is a real folder or file: open each without following links,
-        # so one swapped in since resolve() fails (ELOOP / ENOTDIR) instead of leading elsewhere.
+        # so one swapped in since resolve() fails (ELOOP / ENOTDIR) instead of leading elsewhere. O_PATH: a
+        # folder we may only pass through (mode --x) is opened as the plain path lookup would pass it.
         parts = Path(real).parts
-        fd = os.open(parts[0], os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(parts[0], _FOLDER)
         try:
             for part in parts[1:-1]:
-                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                inner = os.open(part, _FOLDER | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = inner
             file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
         except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
             raise LinkEscape(
                 f"{self.shown}: {path.name} changed while it was read ({exc.strerror}): a link was put in "
                 "place after the folder was listed; run the step again once the folder is settled."

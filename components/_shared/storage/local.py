@@ -26,6 +26,7 @@ WRITABLE = True
 ATOMIC_CHANGES = False
 OWNS_DESTINATION = False  # shared: overwrite removes only what an earlier manifest lists
 _PART_MARK = ".part-"  # `.<name>.part-<id>` while a file is being written
+_COPY_CHUNK = 8 << 20  # a source file is copied from the descriptor its link check opened, in large reads
 
 
 def _visible_files(root: Path) -> list[Path]:
@@ -65,7 +66,7 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
 
     def copy(rel: str) -> None:
         with root.open(Path(remote[rel].source_path)) as source, open(targets[rel], "wb") as target:
-            shutil.copyfileobj(source, target)
+            shutil.copyfileobj(source, target, _COPY_CHUNK)
         progress.file_done()
 
     run_parallel(copy, paths, max_workers)
