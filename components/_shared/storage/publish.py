@@ -95,9 +95,7 @@ def _entries(text: str) -> set[tuple[str, str]]:
 class _Earlier:
     """What earlier exports left at the destination, as the manifest there tells."""
 
-    owned: set[
-        str
-    ]  # files they wrote: those an export's manifest lists (all files where the destination is ours)
+    owned: set[str]  # files they wrote: those their manifest lists (every file where the destination is ours)
     manifest: str | None = None  # that manifest's text, when an export wrote it
     complete: bool = False  # False: written first by an export that may not have finished (it lists claims)
 
@@ -278,36 +276,45 @@ def publish_directory(
         records = _keep_identity(src, manifest, records, earlier)
     plan = _plan(src, records, remote, earlier, manifest, uri, overwrite)
     options = {"max_workers": max_workers}
-    if plan.upload or plan.delete:
-        content = [r for r in plan.upload if r.path != manifest]
-        last = [r for r in plan.upload if r.path == manifest]
-        total = sum(r.size for r in plan.upload)
-        with Progress(
-            what=f"upload to {uri.shown}", total_files=len(plan.upload), total_bytes=total
-        ) as progress:
-            options["progress"] = progress
-            if scheme.ATOMIC_CHANGES:  # one commit: never seen half-replaced, the manifest needs no order
-                scheme.put(dest, src, plan.upload, plan.delete, **options)
-            else:
-                # First the claim (an incomplete manifest naming every file of the earlier export and this
-                # one): an interruption from here on leaves them ours, so the next run replaces or removes
-                # them, and a half-written copy never looks complete. Then the earlier export's other files
-                # go, the content comes, and the finished manifest is written last.
-                if manifest is not None and (content or plan.delete):
-                    _put_claim(scheme, dest, src, manifest, records, earlier, options)
-                if plan.delete:
-                    scheme.put(dest, src, [], plan.delete, **options)
-                scheme.put(dest, src, content, [], **options)
-                if last:
-                    scheme.put(dest, src, last, [], **options)
-    try:
-        _verify_published(src, records, scheme.existing(dest), plan.kept, uri)
-    except StorageError:
-        # A copy that failed verification never looks complete: its manifest becomes the claim again.
-        if manifest is not None and not scheme.ATOMIC_CHANGES:
-            with Progress(what=f"mark {uri.shown} incomplete", total_files=1, total_bytes=0) as progress:
-                _put_claim(scheme, dest, src, manifest, records, earlier, {**options, "progress": progress})
-        raise
+    with tempfile.TemporaryDirectory() as claim_dir:
+        claim = Path(claim_dir)
+        if plan.upload or plan.delete:
+            content = [r for r in plan.upload if r.path != manifest]
+            last = [r for r in plan.upload if r.path == manifest]
+            # First the claim (an incomplete manifest naming every file of the earlier export and this one):
+            # an interruption from here on leaves them ours, so the next run replaces or removes them, and a
+            # half-written copy never looks complete. Then the earlier export's other files go, the content
+            # comes, and the finished manifest is written last.
+            first = []
+            if manifest is not None and not scheme.ATOMIC_CHANGES and (content or plan.delete):
+                first = [_write_claim(claim, src, manifest, records, earlier)]
+            with Progress(
+                what=f"upload to {uri.shown}",
+                total_files=len(plan.upload) + len(first),
+                total_bytes=sum(r.size for r in plan.upload + first),
+            ) as progress:
+                options["progress"] = progress
+                if scheme.ATOMIC_CHANGES:  # one commit: never seen half-replaced, the manifest needs no order
+                    scheme.put(dest, src, plan.upload, plan.delete, **options)
+                else:
+                    if first:
+                        scheme.put(dest, claim, first, [], **options)
+                    if plan.delete:
+                        scheme.put(dest, src, [], plan.delete, **options)
+                    scheme.put(dest, src, content, [], **options)
+                    if last:
+                        scheme.put(dest, src, last, [], **options)
+        try:
+            _verify_published(src, records, scheme.existing(dest), plan.kept, uri)
+        except StorageError:
+            # A copy that failed verification never looks complete: its manifest becomes the claim again.
+            if manifest is not None and not scheme.ATOMIC_CHANGES:
+                record = _write_claim(claim, src, manifest, records, earlier)
+                with Progress(
+                    what=f"mark {uri.shown} incomplete", total_files=1, total_bytes=record.size
+                ) as progress:
+                    scheme.put(dest, claim, [record], [], max_workers=max_workers, progress=progress)
+            raise
     uploaded = [r.path for r in plan.upload]
     return PublishResult(uri.shown, plan.state, records, uploaded, plan.delete, plan.kept, dest.head)
 
@@ -336,10 +343,10 @@ def _write_small(path: Path, rel: str, text: str) -> FileRecord:
     return FileRecord(rel, len(data), hashlib.sha256(data).hexdigest())
 
 
-def _put_claim(scheme, dest, src: Path, manifest: str, records: list[FileRecord], earlier: _Earlier,
-               options: dict) -> None:  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / manifest
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record = _write_small(path, manifest, _claim(src, manifest, records, earlier))
-        scheme.put(dest, Path(tmp), [record], [], **options)
+def _write_claim(
+    folder: Path, src: Path, manifest: str, records: list[FileRecord], earlier: _Earlier
+) -> FileRecord:
+    """The claim as `folder`/`manifest`, to be put from `folder`."""
+    path = folder / manifest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _write_small(path, manifest, _claim(src, manifest, records, earlier))
