@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kfp_finetune.components._shared import storage
+from kfp_finetune.components.dataset_initialize import sources
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.tiny.dataset import build_tiny_dataset
@@ -158,3 +159,20 @@ def test_a_source_named_through_a_link_is_read(tmp_path):
     listing = storage.list_files(str(tmp_path / "train.jsonl"))
     records = storage.download(listing, ["train.jsonl"], tmp_path / "copy")
     assert (tmp_path / "copy" / "train.jsonl").read_bytes() == data.read_bytes() and records
+
+
+def test_a_data_file_swapped_for_a_link_after_the_listing_is_not_read(tmp_path, monkeypatch):
+    """dataset-initialize reads local data in place: each file is checked again right before it is read."""
+    other_team = build_tiny_dataset(tmp_path / "other-team", train_rows=8, eval_rows=2)["train.jsonl"]
+    data = build_tiny_dataset(tmp_path / "data", train_rows=8, eval_rows=2)["train.jsonl"].parent
+    detect = sources.detect_format
+
+    def detect_then_swap(*args, **kwargs):  # runs after the listing, before any row is read
+        found = detect(*args, **kwargs)
+        (data / "train.jsonl").unlink()
+        (data / "train.jsonl").symlink_to(other_team)
+        return found
+
+    monkeypatch.setattr(sources, "detect_format", detect_then_swap)
+    with pytest.raises(storage.LinkEscape, match="train.jsonl is a symlink to"):
+        initialize_dataset(str(data), str(tmp_path / "ws"), name="d", data_format="json")
