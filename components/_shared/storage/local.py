@@ -12,6 +12,7 @@ from kfp_finetune.components._shared.logs import get_logger
 
 from .checksums import hash_file
 from .errors import StorageError
+from .links import LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .parallel import run_parallel
@@ -25,6 +26,7 @@ WRITABLE = True
 ATOMIC_CHANGES = False
 OWNS_DESTINATION = False  # shared: overwrite removes only what an earlier manifest lists
 _PART_MARK = ".part-"  # `.<name>.part-<id>` while a file is being written
+_COPY_CHUNK = 8 << 20  # a source file is copied from the descriptor its link check opened, in large reads
 
 
 def _visible_files(root: Path) -> list[Path]:
@@ -44,7 +46,7 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
     if not root.is_dir():
         raise StorageError(f"{uri.shown}: no such file or directory.")
     files = []
-    for path in _visible_files(root):
+    for path in LocalRoot(root, uri.shown).visible_files():  # refuses links that lead outside the folder
         stat = path.stat()
         files.append(
             RemoteFile(path.relative_to(root).as_posix(), stat.st_size, str(path), mtime_ns=stat.st_mtime_ns)
@@ -60,9 +62,11 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
     remote = listing.by_path()
     targets = {p: write_target(dest, p, key=remote[p].source_path, source=listing.uri.shown) for p in paths}
+    root = LocalRoot(Path(listing.uri.path), listing.uri.shown)
 
     def copy(rel: str) -> None:
-        shutil.copyfile(remote[rel].source_path, targets[rel])
+        with root.open(Path(remote[rel].source_path)) as source, open(targets[rel], "wb") as target:
+            shutil.copyfileobj(source, target, _COPY_CHUNK)
         progress.file_done()
 
     run_parallel(copy, paths, max_workers)
