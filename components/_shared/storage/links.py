@@ -3,7 +3,9 @@
 A model or data folder may link within itself (a shard named twice, a `current -> v2` folder); a link whose
 target resolves outside the root (`LICENSE.txt -> /etc/passwd`, another team's data, a folder elsewhere) is
 refused naming the link and where it points, so nothing outside the root is ever read, copied, trained on or
-published. Reads go through `open_inside`, which resolves the path again and opens it one component at a time
+published. One layout is widened on purpose: a snapshot folder of the Hugging Face cache
+(`…/models--org--name/snapshots/<commit>`, where every file links into the same repo's `../../blobs/`) may read
+those blobs, and nothing else outside. Reads go through `open_inside`, which resolves the path again and opens it one component at a time
 without following links: a link put in place after the listing was checked is refused, not followed.
 """
 
@@ -29,9 +31,10 @@ class LocalRoot:
     def __init__(self, path: Path, shown: str) -> None:
         self.path, self.shown = path, shown
         self.real = os.path.realpath(path)
+        self.areas = [self.real, *_hub_cache_blobs(self.real)]
 
     def _contains(self, real: str) -> bool:
-        return real == self.real or real.startswith(self.real.rstrip("/") + "/")
+        return any(real == area or real.startswith(area.rstrip("/") + "/") for area in self.areas)
 
     def resolve(self, path: Path) -> str:
         """The real path `path` names, refused (LinkEscape) when a link takes it outside the root."""
@@ -96,6 +99,16 @@ class LocalRoot:
         finally:
             os.close(fd)
         return os.fdopen(file_fd, "rb")
+
+
+def _hub_cache_blobs(real_root: str) -> list[str]:
+    """`<repo>/blobs` when `real_root` is `<cache>/models--org--name/snapshots/<commit>` (also datasets--,
+    spaces--): huggingface_hub's cache layout, whose snapshot files are links into that folder."""
+    root = Path(real_root)
+    repo = root.parent.parent
+    if root.parent.name == "snapshots" and repo.name.split("--", 1)[0] in ("models", "datasets", "spaces"):
+        return [str(repo / "blobs")]
+    return []
 
 
 def _first_link(root: Path, path: Path) -> Path:

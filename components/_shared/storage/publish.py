@@ -133,11 +133,15 @@ def _plan(
         r for r in records
         if r.path in by_path and r.path != unfinished and not same_content(src / r.path, r, by_path[r.path])
     ]  # fmt: skip
-    foreign = [r.path for r in changed if r.path not in earlier.owned]
+    # Same content or not: a file no export wrote is never listed in our manifest (a later overwrite would
+    # delete it as ours).
+    foreign = [
+        r.path for r in records if r.path in by_path and r.path != unfinished and r.path not in earlier.owned
+    ]
     if foreign:
         shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
         raise DestinationConflict(
-            f"{uri.shown} already holds {shown} with other content, not written by an export (no {manifest} "
+            f"{uri.shown} already holds {shown}, not written by an export (no {manifest} "
             "an export wrote there lists them): an export never replaces such files, even with "
             "export_overwrite=true. Nothing was written. Move them away, or export to another folder (e.g. a "
             "subfolder of this one)."

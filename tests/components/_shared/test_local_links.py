@@ -176,3 +176,29 @@ def test_a_data_file_swapped_for_a_link_after_the_listing_is_not_read(tmp_path, 
     monkeypatch.setattr(sources, "detect_format", detect_then_swap)
     with pytest.raises(storage.LinkEscape, match="train.jsonl is a symlink to"):
         initialize_dataset(str(data), str(tmp_path / "ws"), name="d", data_format="json")
+
+
+def test_a_hugging_face_cache_snapshot_reads_its_own_blobs_and_nothing_else(tmp_path, private_file):
+    """huggingface_hub's cache: snapshots/<commit>/<file> -> ../../blobs/<hash>. Pointing model_uri at a
+    snapshot folder works; a link from it elsewhere (even into another repo's blobs) is still refused."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    built = write_fake_model(tmp_path / "built", extra_bin=False)
+    snapshot = repo / "snapshots" / ("a" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, file in enumerate(sorted(p for p in built.rglob("*") if p.is_file())):
+        blob, link = repo / "blobs" / f"blob{i}", snapshot / file.relative_to(built)
+        blob.write_bytes(file.read_bytes())
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+
+    initialize_model(str(snapshot), str(tmp_path / "ws"), name="m")
+    copied = tmp_path / "ws" / "models" / "m"
+    assert (copied / "config.json").read_bytes() == (built / "config.json").read_bytes()
+
+    other = tmp_path / "hub" / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    (other / "secret").write_text(SECRET)
+    (snapshot / "LICENSE.txt").symlink_to(other / "secret")
+    with pytest.raises(storage.LinkEscape, match="LICENSE.txt is a symlink"):
+        initialize_model(str(snapshot), str(tmp_path / "ws2"), name="m")

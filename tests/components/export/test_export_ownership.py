@@ -275,9 +275,23 @@ def test_a_users_checksums_file_alone_is_not_taken_for_an_exports_manifest(tmp_p
     sums = "".join(f"{hashlib.sha256(b).hexdigest()}  {rel}\n" for rel, b in sorted(users.items()))
     (dest / "checksums.sha256").write_text(sums)
 
-    with pytest.raises(storage.DestinationConflict, match=r"holds checksums\.sha256 with other content"):
+    with pytest.raises(
+        storage.DestinationConflict, match=r"holds checksums\.sha256, not written by an export"
+    ):
         export(model(tmp_path, 1), str(dest), overwrite=True)
     assert tree(dest) == {**users, "checksums.sha256": sums.encode()}
+
+
+def test_a_users_file_identical_to_an_exported_one_is_not_adopted(tmp_path):
+    """A user's copy of the model's config.json (same bytes) is still the user's: listing it in our manifest
+    would let a later overwrite delete it, so the export names it and writes nothing."""
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "config.json").write_text('{"model_type": "llama"}')
+
+    with pytest.raises(storage.DestinationConflict, match=r"holds config\.json, not written by an export"):
+        export(model(tmp_path, 1), str(dest), overwrite=True)
+    assert tree(dest) == {"config.json": b'{"model_type": "llama"}'}
 
 
 def test_the_manifest_names_its_export_and_sha256sum_checks_it(tmp_path):
