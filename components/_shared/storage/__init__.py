@@ -20,8 +20,8 @@ same check for hub files the `datasets` library downloaded. `publish_directory(s
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
-from .checksums import FileHash, hash_file, hash_files
-from .errors import DestinationConflict, HostileName, IntegrityError, StorageError
+from .checksums import FileHash, damaged_files, hash_file, hash_files
+from .errors import DestinationConflict, HostileName, IntegrityError, SourceChanged, StorageError
 from .fetch import download, list_files
 from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
@@ -41,8 +41,10 @@ __all__ = [
     "Listing",
     "PublishResult",
     "RemoteFile",
+    "SourceChanged",
     "StorageError",
     "StorageUri",
+    "damaged_files",
     "download",
     "hash_file",
     "hash_files",

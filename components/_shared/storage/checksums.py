@@ -8,6 +8,7 @@ benchmark reads that count to prove each byte is hashed once.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from collections import Counter
@@ -143,3 +144,51 @@ def same_content(local: Path, record: FileRecord, remote: RemoteFile) -> bool:
     return (
         remote.size == record.size and bool(stated) and all(value == compute() for value, compute in stated)
     )
+
+
+def _ledger(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}.verified.json"
+
+
+def _stat_key(stat: os.stat_result) -> list[int]:
+    # ctime too: a file rewritten in place with its size kept and its mtime set back (os.utime) changes only that.
+    return [stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def damaged_files(folder: Path, records: list[dict], *, max_workers: int = 8) -> list[str]:
+    """The manifest entries (`path`, `size`, `sha256`) that `folder` no longer holds: missing, resized, or other
+    bytes. A file is hashed only when its inode, size, mtime or ctime differ from the last time it was proven
+    (a small ledger beside the folder, `.<name>.verified.json`), so a reused copy is read once per change."""
+    ledger_path = _ledger(folder)
+    try:
+        ledger = json.loads(ledger_path.read_text())
+    except (OSError, ValueError):
+        ledger = {}
+    proven: dict[str, dict] = {}
+    to_hash: dict[Path, dict] = {}
+    damaged = []
+    for record in records:
+        path = folder / record["path"]
+        try:
+            stat = path.stat()
+        except OSError:
+            damaged.append(record["path"])
+            continue
+        if stat.st_size != record["size"]:
+            damaged.append(record["path"])
+        elif ledger.get(record["path"]) == {"sha256": record["sha256"], "stat": _stat_key(stat)}:
+            proven[record["path"]] = ledger[record["path"]]
+        else:
+            to_hash[path] = record
+    for path, taken in hash_files(list(to_hash), max_workers=max_workers).items():
+        record = to_hash[path]
+        if taken.sha256 == record["sha256"]:
+            proven[record["path"]] = {"sha256": taken.sha256, "stat": _stat_key(path.stat())}
+        else:
+            log.warning("%s holds other bytes than its manifest records (sha256 %s, recorded %s)", path,
+                        taken.sha256, record["sha256"])  # fmt: skip
+            damaged.append(record["path"])
+    tmp = ledger_path.parent / f"{ledger_path.name}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(proven, sort_keys=True))
+    os.replace(tmp, ledger_path)
+    return sorted(damaged)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .uri import StorageUri
@@ -12,7 +12,10 @@ from .uri import StorageUri
 
 @dataclass
 class RemoteFile:
-    """One file at the source. Checksums are the ones the source states (None when it states none)."""
+    """One file at the source. Checksums are the ones the source states (None when it states none); `stated` holds
+    the other facts it states that change whenever the content does (S3: `etag`, multipart ones included, and
+    `last_modified`; https: `etag`, `last_modified`), so two versions of a file with the same size never look
+    alike. Local files get their sha256 from `Listing.settle` (a plain folder states nothing)."""
 
     path: str
     size: int | None
@@ -20,7 +23,17 @@ class RemoteFile:
     sha256: str | None = None
     md5: str | None = None
     git_blob_sha1: str | None = None
-    mtime_ns: int | None = None  # local files: detects a changed file of the same size
+    mtime_ns: int | None = None
+    stated: dict[str, str] = field(default_factory=dict)
+
+    def identity(self) -> list:
+        """What identifies this content at the source: equal identities mean the same bytes (as far as the source
+        can say; a size alone says nothing)."""
+        return [self.size, self.sha256, self.md5, self.git_blob_sha1, sorted(self.stated.items())]
+
+    def states_checksum(self) -> bool:
+        """True when the source states a checksum a copy can be verified against (not an ETag of unknown kind)."""
+        return bool(self.sha256 or self.md5 or self.git_blob_sha1)
 
 
 @dataclass
@@ -33,17 +46,27 @@ class Listing:
     commit_sha: str | None = None
     repo_type: str = "model"
     endpoint_url: str | None = field(default=None, repr=False)
+    # Fills in the sha256 of files whose source states none (local folders: see local.py), for `settle`.
+    checksum_unstated: Callable[[list[RemoteFile]], None] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def by_path(self) -> dict[str, RemoteFile]:
         return {f.path: f for f in self.files}
 
+    def settle(self, paths: Iterable[str]) -> None:
+        """Give every file of `paths` the identity its scheme can know (a local file's sha256, hashed once per
+        process); a no-op for sources that state theirs in the listing."""
+        if self.checksum_unstated:
+            remote = self.by_path()
+            self.checksum_unstated([remote[p] for p in paths if p in remote])
+
     def fingerprint(self, paths: Iterable[str]) -> str:
         """Identifies this exact content of `paths`: equal fingerprints mean a previous copy is still current."""
+        paths = sorted(paths)
+        self.settle(paths)
         remote = self.by_path()
-        state = [self.uri.raw, self.commit_sha] + [
-            [p, remote[p].size, remote[p].sha256, remote[p].md5, remote[p].git_blob_sha1, remote[p].mtime_ns]
-            for p in sorted(paths)
-        ]
+        state = [self.uri.raw, self.commit_sha] + [[p, remote[p].identity()] for p in paths]
         return hashlib.sha256(json.dumps(state).encode()).hexdigest()
 
 

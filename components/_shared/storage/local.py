@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +37,39 @@ def _visible_files(root: Path) -> list[Path]:
     ]
 
 
+# A local file's sha256 by (st_dev, st_ino, size, mtime_ns, ctime_ns): hashed once per process. ctime is in the key
+# because a file rewritten in place with its mtime set back (os.utime) keeps the other four.
+_sha256_of: dict[tuple[int, int, int, int, int], str] = {}
+_sha256_lock = threading.Lock()
+
+
+def _stat_key(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _checksum_sources(files: list[RemoteFile]) -> None:
+    """A plain folder states no checksum, so a local source's identity is its content: its sha256."""
+
+    def one(remote: RemoteFile) -> None:
+        key = _stat_key(os.stat(remote.source_path))
+        with _sha256_lock:
+            known = _sha256_of.get(key)
+        if known is None:
+            known = hash_file(remote.source_path).sha256
+            if _stat_key(os.stat(remote.source_path)) == key:  # not written to while it was read
+                with _sha256_lock:
+                    _sha256_of[key] = known
+        remote.sha256, remote.size, remote.mtime_ns = known, key[2], key[3]
+
+    run_parallel(one, [f for f in files if f.sha256 is None], 8)
+
+
 def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
     root = Path(uri.path)
     if root.is_file():
         stat = root.stat()
-        return Listing(uri, [RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)])
+        file = RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)
+        return Listing(uri, [file], checksum_unstated=_checksum_sources)
     if not root.is_dir():
         raise StorageError(f"{uri.shown}: no such file or directory.")
     files = []
@@ -54,7 +83,7 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
             f"{uri.shown} is an empty directory (hidden files are skipped): put the files there, or name the "
             "folder that holds them."
         )
-    return Listing(uri, files)
+    return Listing(uri, files, checksum_unstated=_checksum_sources)
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:

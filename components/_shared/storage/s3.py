@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 
-from .errors import IntegrityError, StorageError
+from .errors import IntegrityError, SourceChanged, StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .parallel import run_parallel
@@ -127,6 +127,15 @@ def _md5_etag(etag: str) -> str | None:
     return etag if len(etag) == 32 and "-" not in etag else None
 
 
+def _stated(obj: dict) -> dict[str, str]:
+    """What a listing states about an object's content besides its size: the ETag (a multipart one too: it is no
+    MD5, yet any re-upload changes it or at least LastModified) and LastModified."""
+    stated = {"etag": obj.get("ETag", "")}  # quoted, as If-Match wants it (RFC 9110 entity-tag)
+    if obj.get("LastModified"):
+        stated["last_modified"] = obj["LastModified"].isoformat()
+    return {k: v for k, v in stated.items() if v}
+
+
 def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
     client = _client(endpoint_url)
     prefix = uri.path
@@ -146,7 +155,9 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
                     rel = key[len(dir_prefix) :]
                 else:
                     continue  # s3://b/data must not match s3://b/data2/x
-                files.append(RemoteFile(rel, obj["Size"], key, md5=_md5_etag(obj.get("ETag", ""))))
+                files.append(
+                    RemoteFile(rel, obj["Size"], key, md5=_md5_etag(obj.get("ETag", "")), stated=_stated(obj))
+                )
         return files
 
     with _mapped(uri, endpoint_url):
@@ -163,9 +174,21 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
     targets = {p: write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths}
     files, parts = _concurrency(len(paths), max_workers)
     config = _transfer_config(parts)
+    # Every request for an object's bytes carries If-Match with the listed ETag: an object replaced after the
+    # listing answers 412 instead of other bytes (s3transfer's own If-Match pins only the parts to its HEAD).
+    listed_etags = {
+        remote[p].source_path: remote[p].stated["etag"] for p in paths if "etag" in remote[p].stated
+    }
+
+    def pin_to_listing(params: dict, **_) -> None:
+        if params.get("Key") in listed_etags:
+            params["IfMatch"] = listed_etags[params["Key"]]
+
+    for operation in ("HeadObject", "GetObject"):
+        client.meta.events.register(f"provide-client-params.s3.{operation}", pin_to_listing)
 
     def download(rel: str) -> None:
-        from botocore.exceptions import FlexibleChecksumError
+        from botocore.exceptions import ClientError, FlexibleChecksumError
 
         key = remote[rel].source_path
         try:
@@ -175,6 +198,13 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
             )
         except FlexibleChecksumError as exc:
             raise IntegrityError(f"{uri.shown}: {rel} (key {key}) is corrupt: {exc}.") from exc
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("412", "PreconditionFailed"):
+                raise
+            raise SourceChanged(
+                f"{uri.shown}: {rel} (key {key}) was replaced at the source after it was listed: run the step "
+                "again (it lists the source anew and fetches the new version whole)."
+            ) from exc
         progress.file_done()
 
     with _mapped(uri, listing.endpoint_url):
