@@ -166,3 +166,21 @@ def https_server(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         yield SimpleNamespace(url=f"https://127.0.0.1:{server.server_address[1]}", requests=requests)
     finally:
         server.shutdown()
+
+
+def upload_multipart(client, folder: Path, bucket: str, prefix: str) -> None:
+    """Upload every file of `folder` under `prefix` as a multipart upload (one part: any size may be the last),
+    as tools do above their threshold: the ETag is `<md5 of the part MD5s>-1`, no MD5 of the content, and no
+    checksum is sent, so the store states none."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        key = f"{prefix}/{path.relative_to(folder).as_posix()}"
+        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        part = client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=path.read_bytes()
+        )
+        client.complete_multipart_upload(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+        )

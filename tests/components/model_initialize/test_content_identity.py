@@ -1,0 +1,150 @@
+"""Identity by content (issue 24 items 1-2): a base model re-uploaded to the same S3 prefix with the same file sizes
+(a retrained model of the same architecture, uploaded multipart, so S3 states no MD5) reaches the next run, with
+the model cache and without; a retry after the source changed never mixes two versions; a cache entry or a
+workspace copy changed in place (same size, mtime set back) is found, discarded and filled again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components.model_initialize.initialize import initialize_model
+from tests.support.sources import upload_multipart, write_fake_model
+
+SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+
+
+def model_versions(tmp_path: Path) -> tuple[Path, Path]:
+    """Two trainings of one architecture: every file has the same size, the weights differ."""
+    old = write_fake_model(tmp_path / "old", shards=4, extra_bin=False, seed=0)
+    new = write_fake_model(tmp_path / "new", shards=4, extra_bin=False, seed=1)
+    for path in old.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_size == (new / path.relative_to(old)).stat().st_size
+    assert (old / SHARDS[0]).read_bytes() != (new / SHARDS[0]).read_bytes()
+    return old, new
+
+
+def gets(proxy, key: str) -> int:
+    return sum(1 for m, p, _ in proxy.requests if m == "GET" and p.split("?")[0] == f"/store/{key}")
+
+
+def same_weights(model_dir: Path, src: Path) -> bool:
+    return all((model_dir / s).read_bytes() == (src / s).read_bytes() for s in SHARDS)
+
+
+def test_a_model_re_uploaded_with_the_same_sizes_reaches_the_next_run_through_the_cache(s3_store, tmp_path):
+    old, new = model_versions(tmp_path)
+    upload_multipart(s3_store.client, old, "store", "base")
+    cache = str(tmp_path / "cache")
+    first = initialize_model("s3://store/base", str(tmp_path / "ws1"), name="m", cache_path=cache,
+                             s3_endpoint_url=s3_store.endpoint, task_id="run-1")  # fmt: skip
+    assert same_weights(first.path, old)
+    upload_multipart(s3_store.client, new, "store", "base")
+    second = initialize_model("s3://store/base", str(tmp_path / "ws2"), name="m", cache_path=cache,
+                              s3_endpoint_url=s3_store.endpoint, task_id="run-2")  # fmt: skip
+    assert second.metadata["cache"]["hit"] is False and second.metadata["cache"]["bytes_fetched"] > 0
+    assert same_weights(second.path, new)
+    assert second.manifest["fingerprint"] != first.manifest["fingerprint"]
+    assert same_weights(Path(first.metadata["cache"]["entry"]), old)  # the entry another run may train from
+
+
+def test_a_model_re_uploaded_with_the_same_sizes_reaches_a_re_run_into_the_same_workspace(s3_store, tmp_path):
+    old, new = model_versions(tmp_path)
+    upload_multipart(s3_store.client, old, "store", "base")
+    workspace = str(tmp_path / "ws")
+    first = initialize_model("s3://store/base", workspace, name="m", s3_endpoint_url=s3_store.endpoint)
+    upload_multipart(s3_store.client, new, "store", "base")
+    again = initialize_model("s3://store/base", workspace, name="m", s3_endpoint_url=s3_store.endpoint)
+    assert again.path == first.path and not again.skipped
+    assert same_weights(again.path, new)
+
+
+def test_a_retry_after_the_source_changed_fetches_the_new_version_whole(s3_store, tmp_path, log_lines):
+    """A first attempt ends with shards 1-2 verified in the partial folder and 3-4 failed (as a kill leaves it);
+    the model is re-uploaded; the retry must not keep shards 1-2 of the old model beside 3-4 of the new one."""
+    old, new = model_versions(tmp_path)
+    upload_multipart(s3_store.client, old, "store", "base")
+    for shard in SHARDS[2:]:
+        s3_store.proxy.truncate(f"store/base/{shard}", times=2)
+    workspace = tmp_path / "ws"
+    with pytest.raises(storage.IntegrityError):
+        initialize_model("s3://store/base", str(workspace), name="m", s3_endpoint_url=s3_store.proxy.url)
+    partial = workspace / "models" / ".m.partial"
+    assert all((partial / s).read_bytes() == (old / s).read_bytes() for s in SHARDS[:2])
+
+    upload_multipart(s3_store.client, new, "store", "base")
+    res = initialize_model("s3://store/base", str(workspace), name="m", s3_endpoint_url=s3_store.proxy.url)
+    assert same_weights(res.path, new)
+    assert any("changed at the source since an earlier attempt" in line and SHARDS[0] in line
+               for line in log_lines), log_lines  # fmt: skip
+    assert all(gets(s3_store.proxy, f"base/{s}") == 2 for s in SHARDS[:2])  # fetched again, not kept
+
+
+def test_an_object_replaced_during_the_fetch_is_refused_not_mixed(s3_store, tmp_path):
+    """Listed, then replaced before its bytes are read: the read is pinned to the listed ETag (If-Match)."""
+    old, new = model_versions(tmp_path)
+    upload_multipart(s3_store.client, old, "store", "base")
+    listing = storage.list_files("s3://store/base", endpoint_url=s3_store.endpoint)
+    upload_multipart(s3_store.client, new, "store", "base")
+    with pytest.raises(storage.SourceChanged, match=f"{SHARDS[0]} .*replaced at the source after it was listed"):
+        storage.download(listing, [SHARDS[0]], tmp_path / "out")
+
+
+def damage_in_place(path: Path) -> None:
+    """Flip bytes in the middle, keep the size, set the mtime back: what bit rot or a careless in-place edit
+    through a hard link leaves (root writes through mode 0444)."""
+    stat = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(stat.st_size // 2)
+        byte = f.read(1)
+        f.seek(stat.st_size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_a_cache_entry_changed_in_place_is_found_discarded_and_filled_again(tmp_path, log_lines):
+    src = write_fake_model(tmp_path / "src", shards=4, extra_bin=False)
+    cache = str(tmp_path / "cache")
+
+    def run(i: int):
+        return initialize_model(str(src), str(tmp_path / f"ws{i}"), name="m", cache_path=cache, task_id=f"r{i}")
+
+    run(1)
+    hit = run(2)  # a verified hit: its files are now proven as they are
+    assert hit.metadata["cache"]["hit"] is True
+    entry = Path(hit.metadata["cache"]["entry"])
+    for path in (entry / SHARDS[1], hit.path / "model.safetensors.index.json"):
+        assert not path.stat().st_mode & 0o222  # read-only: a non-root step cannot write through its link
+    damage_in_place(hit.path / SHARDS[1])  # a step edits its workspace copy: the shared inode changes
+    assert (entry / SHARDS[1]).read_bytes() != (src / SHARDS[1]).read_bytes()
+
+    third = run(3)
+    assert third.metadata["cache"]["hit"] is False and third.metadata["cache"]["bytes_fetched"] > 0
+    assert any("no longer hold the bytes" in line and SHARDS[1] in line for line in log_lines), log_lines
+    assert same_weights(third.path, src) and same_weights(entry, src)
+    assert run(4).metadata["cache"]["hit"] is True
+
+
+def test_a_workspace_copy_changed_in_place_is_not_reused(tmp_path, workspace):
+    src = write_fake_model(tmp_path / "src", shards=4, extra_bin=False)
+    first = initialize_model(str(src), str(workspace), name="m")
+    assert initialize_model(str(src), str(workspace), name="m").skipped  # verified and reused
+    damage_in_place(first.path / SHARDS[2])
+    again = initialize_model(str(src), str(workspace), name="m")
+    assert not again.skipped and same_weights(again.path, src)
+
+
+def test_a_local_source_changed_in_place_with_its_mtime_kept_is_a_new_cache_entry(tmp_path):
+    src = write_fake_model(tmp_path / "src", shards=4, extra_bin=False)
+    cache = str(tmp_path / "cache")
+    first = initialize_model(str(src), str(tmp_path / "ws1"), name="m", cache_path=cache, task_id="r1")
+    damage_in_place(src / SHARDS[3])  # a retrained shard written over the old one, the mtime preserved
+    second = initialize_model(str(src), str(tmp_path / "ws2"), name="m", cache_path=cache, task_id="r2")
+    assert second.metadata["cache"]["hit"] is False
+    assert second.metadata["cache"]["entry"] != first.metadata["cache"]["entry"]
+    assert same_weights(second.path, src)
