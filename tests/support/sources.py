@@ -184,3 +184,16 @@ def upload_multipart(client, folder: Path, bucket: str, prefix: str) -> None:
             UploadId=upload_id,
             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
         )
+
+
+def damage_in_place(path: Path) -> None:
+    """Flip bytes in the middle, keep the size, set the mtime back: what bit rot or a careless in-place edit
+    through a hard link leaves (root writes through mode 0444)."""
+    stat = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(stat.st_size // 2)
+        byte = f.read(1)
+        f.seek(stat.st_size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns

@@ -29,7 +29,13 @@ class RemoteFile:
     def identity(self) -> list:
         """What identifies this content at the source: equal identities mean the same bytes (as far as the source
         can say; a size alone says nothing)."""
-        return [self.size, self.sha256, self.md5, self.git_blob_sha1, sorted(self.stated.items())]
+        return [
+            self.size,
+            self.sha256,
+            self.md5,
+            self.git_blob_sha1,
+            [[k, v] for k, v in sorted(self.stated.items())],
+        ]
 
     def states_checksum(self) -> bool:
         """True when the source states a checksum a copy can be verified against (not an ETag of unknown kind)."""

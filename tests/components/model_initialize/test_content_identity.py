@@ -5,14 +5,13 @@ workspace copy changed in place (same size, mtime set back) is found, discarded 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components.model_initialize.initialize import initialize_model
-from tests.support.sources import upload_multipart, write_fake_model
+from tests.support.sources import damage_in_place, upload_multipart, write_fake_model
 
 SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
 
@@ -92,19 +91,6 @@ def test_an_object_replaced_during_the_fetch_is_refused_not_mixed(s3_store, tmp_
     upload_multipart(s3_store.client, new, "store", "base")
     with pytest.raises(storage.SourceChanged, match=f"{SHARDS[0]} .*replaced at the source after it was listed"):
         storage.download(listing, [SHARDS[0]], tmp_path / "out")
-
-
-def damage_in_place(path: Path) -> None:
-    """Flip bytes in the middle, keep the size, set the mtime back: what bit rot or a careless in-place edit
-    through a hard link leaves (root writes through mode 0444)."""
-    stat = path.stat()
-    with open(path, "r+b") as f:
-        f.seek(stat.st_size // 2)
-        byte = f.read(1)
-        f.seek(stat.st_size // 2)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
 
 
 def test_a_cache_entry_changed_in_place_is_found_discarded_and_filled_again(tmp_path, log_lines):

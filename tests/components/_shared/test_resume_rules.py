@@ -1,0 +1,96 @@
+"""What a retried download keeps of an earlier attempt's partial folder (issue 24 items 2 and 9). The source is
+moto's S3 with multipart uploads, which state no checksum of the content (the ETag is no MD5): the journal an
+earlier attempt wrote is then the only record of what a leftover held, and it counts only for bytes hashed again
+in this attempt."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.storage import checksums
+from kfp_finetune.components._shared.workspace import PARTIAL_JOURNAL
+from tests.support.sources import damage_in_place, upload_multipart
+
+NAMES = ["a.bin", "b.bin", "c.bin"]
+
+
+def gets(proxy, key: str) -> int:
+    return sum(1 for m, p, _ in proxy.requests if m == "GET" and p.split("?")[0] == f"/store/{key}")
+
+
+@pytest.fixture
+def interrupted(s3_store, tmp_path):
+    """An attempt that verified a.bin and b.bin into `dest` (journaled) and failed on c.bin, as a killed or failed
+    step leaves its partial folder; returns (s3_store, listing, source folder, dest)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for name in NAMES:
+        (src / name).write_bytes(rng.bytes(1 << 16))
+    upload_multipart(s3_store.client, src, "store", "data")
+    listing = storage.list_files("s3://store/data", endpoint_url=s3_store.proxy.url)
+    assert not any(f.states_checksum() for f in listing.files)  # multipart: only ETag and LastModified
+    dest = tmp_path / "dest"
+    s3_store.proxy.truncate("store/data/c.bin", times=2)
+    with pytest.raises(storage.IntegrityError, match="c.bin"):
+        storage.download(listing, NAMES, dest)
+    journaled = [json.loads(line)["path"] for line in (dest / PARTIAL_JOURNAL).read_text().splitlines()]
+    assert sorted(journaled) == ["a.bin", "b.bin"] and not (dest / "c.bin").exists()
+    return s3_store, listing, src, dest
+
+
+def retry(interrupted) -> dict[str, storage.FileRecord]:
+    s3_store, listing, src, dest = interrupted
+    checksums.hashed.clear()
+    records = {r.path: r for r in storage.download(listing, NAMES, dest)}
+    for name in NAMES:
+        assert (dest / name).read_bytes() == (src / name).read_bytes()
+        assert records[name].sha256 == hashlib.sha256((src / name).read_bytes()).hexdigest()
+    return records
+
+
+def truncate_and_extend_sparse(path: Path) -> None:
+    """Cut to half and extend back to the size (the tail reads as zeros), mtime set back."""
+    stat = path.stat()
+    os.truncate(path, stat.st_size // 2)
+    os.truncate(path, stat.st_size)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("damage", [damage_in_place, truncate_and_extend_sparse])
+def test_a_journaled_file_damaged_with_its_size_and_mtime_kept_is_fetched_again(interrupted, damage):
+    s3_store, _, _, dest = interrupted
+    damage(dest / "a.bin")
+    retry(interrupted)
+    assert gets(s3_store.proxy, "data/a.bin") == 2  # the journal's word was not taken for it
+    assert gets(s3_store.proxy, "data/b.bin") == 1  # kept: hashed in this attempt and found as journaled
+
+
+def test_a_journaled_file_rewritten_in_place_is_fetched_again(interrupted):
+    s3_store, _, _, dest = interrupted
+    (dest / "a.bin").write_bytes(b"\0" * (dest / "a.bin").stat().st_size)  # same size, a new mtime
+    retry(interrupted)
+    assert gets(s3_store.proxy, "data/a.bin") == 2 and gets(s3_store.proxy, "data/b.bin") == 1
+
+
+def test_a_leftover_of_the_right_size_that_no_journal_vouches_for_is_fetched_again(interrupted):
+    s3_store, _, src, dest = interrupted
+    (dest / PARTIAL_JOURNAL).unlink()  # a leftover whose source states no checksum: its size proves nothing
+    (dest / "a.bin").write_bytes((src / "a.bin").read_bytes()[::-1])
+    retry(interrupted)
+    assert gets(s3_store.proxy, "data/a.bin") == 2 and gets(s3_store.proxy, "data/b.bin") == 2
+
+
+def test_kept_files_are_hashed_once_in_the_retry(interrupted):
+    s3_store, _, _, dest = interrupted
+    kept = os.stat(dest / "b.bin")
+    retry(interrupted)
+    assert gets(s3_store.proxy, "data/b.bin") == 1
+    assert checksums.hashed[(kept.st_dev, kept.st_ino)] == kept.st_size  # once: the journal is not the proof
