@@ -89,7 +89,9 @@ def test_an_object_replaced_during_the_fetch_is_refused_not_mixed(s3_store, tmp_
     upload_multipart(s3_store.client, old, "store", "base")
     listing = storage.list_files("s3://store/base", endpoint_url=s3_store.endpoint)
     upload_multipart(s3_store.client, new, "store", "base")
-    with pytest.raises(storage.SourceChanged, match=f"{SHARDS[0]} .*replaced at the source after it was listed"):
+    with pytest.raises(
+        storage.SourceChanged, match=f"{SHARDS[0]} .*replaced at the source after it was listed"
+    ):
         storage.download(listing, [SHARDS[0]], tmp_path / "out")
 
 
@@ -98,7 +100,9 @@ def test_a_cache_entry_changed_in_place_is_found_discarded_and_filled_again(tmp_
     cache = str(tmp_path / "cache")
 
     def run(i: int):
-        return initialize_model(str(src), str(tmp_path / f"ws{i}"), name="m", cache_path=cache, task_id=f"r{i}")
+        return initialize_model(
+            str(src), str(tmp_path / f"ws{i}"), name="m", cache_path=cache, task_id=f"r{i}"
+        )
 
     run(1)
     hit = run(2)  # a verified hit: its files are now proven as they are
