@@ -1,3 +1,5 @@
+import urllib.request
+
 import boto3
 import pytest
 from botocore.config import Config
@@ -15,6 +17,8 @@ def s3_store(monkeypatch):
     use_s3_credentials(monkeypatch)
     monkeypatch.setenv("KFP_FINETUNE_RETRY_DELAY", "0.01")
     with moto_s3() as endpoint, FaultProxy(endpoint) as proxy:
+        # moto keeps its buckets in process-wide state: start from an empty store, whatever ran before.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
         client = boto3.client(
             "s3", endpoint_url=endpoint, config=Config(request_checksum_calculation="when_required")
         )

@@ -5,6 +5,7 @@ workspace copy changed in place (same size, mtime set back) is found, discarded 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,25 @@ def test_a_local_source_changed_in_place_with_its_mtime_kept_is_a_new_cache_entr
     assert second.metadata["cache"]["hit"] is False
     assert second.metadata["cache"]["entry"] != first.metadata["cache"]["entry"]
     assert same_weights(second.path, src)
+
+
+def test_an_https_file_replaced_with_the_same_size_is_another_identity_and_never_mixed(tmp_path, monkeypatch):
+    """https states Last-Modified (and ETag where the server sends one): a file replaced by one of the same size
+    changes the fingerprint, and a replacement between listing and fetch is refused."""
+    from tests.support.sources import https_server
+
+    served = tmp_path / "served"
+    served.mkdir()
+    data = served / "train.jsonl"
+    data.write_text('{"a": 1}\n')
+    os.utime(data, (1_700_000_000, 1_700_000_000))
+    with https_server(served, tmp_path, monkeypatch) as server:
+        listing = storage.list_files(f"{server.url}/train.jsonl")
+        assert listing.files[0].stated["last_modified"]
+        data.write_text('{"a": 2}\n')
+        os.utime(data, (1_700_000_100, 1_700_000_100))
+        again = storage.list_files(f"{server.url}/train.jsonl")
+        assert again.fingerprint(["train.jsonl"]) != listing.fingerprint(["train.jsonl"])
+        with pytest.raises(storage.SourceChanged, match="changed at the source after it was listed"):
+            storage.download(listing, ["train.jsonl"], tmp_path / "out")
+        assert [r.size for r in storage.download(again, ["train.jsonl"], tmp_path / "out2")] == [9]
