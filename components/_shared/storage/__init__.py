@@ -13,8 +13,12 @@ AWS_SESSION_TOKEN), which pipelines fill from Kubernetes Secrets; a URI's own (a
 `user:pass@`) is shown only through `redact_uri`. Remote names that could land outside a destination are
 refused (HostileName) before anything is written.
 
-`list_files(uri)` returns a `Listing`; `download(listing, paths, dest)` copies the chosen files and verifies
-them, fetching a damaged file once more before an IntegrityError (fetch.py); `verify_hub_cache(listing)` does the
+`list_files(uri)` returns a `Listing` whose files carry what the source states about their content (checksums,
+S3 ETag + LastModified, https validators; a local file's sha256), so `Listing.fingerprint` changes whenever the
+content does; `download(listing, paths, dest)` copies the chosen files and verifies them, fetching a damaged file
+once more before an IntegrityError, pinning S3 reads to the listed ETag (SourceChanged otherwise) and keeping an
+earlier attempt's leftovers only when hashed again (fetch.py); `damaged_files(folder, records)` checks a reused
+copy against its manifest, hashing a file again only after it changed (checksums.py); `verify_hub_cache(listing)` does the
 same check for hub files the `datasets` library downloaded. `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py);
 `probe_destination(uri)` checks, before any work, that it could (probe.py). One
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.

@@ -36,7 +36,8 @@ def interrupted(s3_store, tmp_path):
         (src / name).write_bytes(rng.bytes(1 << 16))
     upload_multipart(s3_store.client, src, "store", "data")
     listing = storage.list_files("s3://store/data", endpoint_url=s3_store.proxy.url)
-    assert not any(f.md5 or f.sha256 for f in listing.files), listing.files  # multipart: no MD5 ETag, no checksum
+    # Multipart: the ETag is no MD5, and no checksum was sent.
+    assert not any(f.md5 or f.sha256 for f in listing.files), listing.files
     dest = tmp_path / "dest"
     s3_store.proxy.truncate("store/data/c.bin", times=2)
     with pytest.raises(storage.IntegrityError, match="c.bin"):
