@@ -161,3 +161,34 @@ def test_an_https_file_replaced_with_the_same_size_is_another_identity_and_never
         with pytest.raises(storage.SourceChanged, match="changed at the source after it was listed"):
             storage.download(listing, ["train.jsonl"], tmp_path / "out")
         assert [r.size for r in storage.download(again, ["train.jsonl"], tmp_path / "out2")] == [9]
+
+
+def test_a_non_root_step_cannot_write_through_its_link_into_the_cache(tmp_path):
+    """Mode 0444 on the shared inode: a step running as an ordinary user that owns the files (here: uid 65534 when
+    the tests run as root) gets EACCES opening its workspace copy for writing; the cache entry stays as fetched."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    src = write_fake_model(tmp_path / "src", shards=4, extra_bin=False)
+    shared = Path(
+        tempfile.mkdtemp(prefix="kfp-cache-test-")
+    )  # outside pytest's 0700 tree: reachable by uid 65534
+    try:
+        shared.chmod(0o755)
+        res = initialize_model(str(src), str(shared / "ws"), name="m", cache_path=str(shared / "cache"))
+        for folder in (shared, shared / "ws", shared / "ws" / "models"):
+            folder.chmod(0o755)
+        target = res.path / SHARDS[0]
+        user = None
+        if (
+            os.geteuid() == 0
+        ):  # the step that fetched and the step that writes run as one user: the file's owner
+            os.chown(target, 65534, 65534)
+            user = lambda: os.setuid(65534)  # noqa: E731
+        write_in_place = ["sh", "-c", 'printf x 1<>"$1"', "sh", str(target)]  # open O_RDWR, no truncation
+        proc = subprocess.run(write_in_place, preexec_fn=user, capture_output=True, text=True)
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc.stderr
+        assert same_weights(Path(res.metadata["cache"]["entry"]), src)
+    finally:
+        shutil.rmtree(shared)
