@@ -139,6 +139,10 @@ class Journal:
     def recorded_sha256(self, remote: RemoteFile) -> str | None:
         """The sha256 an earlier attempt verified for exactly this remote content, if any."""
         entry = self.entries.get(remote.path)
+        if (
+            not remote.identified()
+        ):  # the same size may be another version: nothing ties the entry to this one
+            return None
         if entry and entry.get("remote") == remote.identity() and isinstance(entry.get("sha256"), str):
             return entry["sha256"]
         return None

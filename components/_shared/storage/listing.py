@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -37,6 +38,10 @@ class RemoteFile:
             [[k, v] for k, v in sorted(self.stated.items())],
         ]
 
+    def identified(self) -> bool:
+        """True when the source states something about the content besides its size (a checksum or `stated`)."""
+        return self.states_checksum() or bool(self.stated)
+
     def states_checksum(self) -> bool:
         """True when the source states a checksum a copy can be verified against (not an ETag of unknown kind)."""
         return bool(self.sha256 or self.md5 or self.git_blob_sha1)
@@ -68,11 +73,15 @@ class Listing:
             self.checksum_unstated([remote[p] for p in paths if p in remote])
 
     def fingerprint(self, paths: Iterable[str]) -> str:
-        """Identifies this exact content of `paths`: equal fingerprints mean a previous copy is still current."""
+        """Identifies this exact content of `paths`: equal fingerprints mean a previous copy is still current. A
+        file its source states nothing about but its size (an https server without ETag / Last-Modified) makes
+        the fingerprint unique to this listing: such content is never taken to be unchanged."""
         paths = sorted(paths)
         self.settle(paths)
         remote = self.by_path()
         state = [self.uri.raw, self.commit_sha] + [[p, remote[p].identity()] for p in paths]
+        if not all(remote[p].identified() for p in paths):
+            state.append(uuid.uuid4().hex)
         return hashlib.sha256(json.dumps(state).encode()).hexdigest()
 
 

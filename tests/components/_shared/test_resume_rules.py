@@ -95,3 +95,19 @@ def test_kept_files_are_hashed_once_in_the_retry(interrupted):
     retry(interrupted)
     assert gets(s3_store.proxy, "data/b.bin") == 1
     assert checksums.hashed[(kept.st_dev, kept.st_ino)] == kept.st_size  # once: the journal is not the proof
+
+
+def test_content_a_source_states_nothing_about_but_its_size_is_never_taken_as_unchanged(tmp_path):
+    """An https server without ETag / Last-Modified: a journal entry or an earlier fingerprint cannot be tied to
+    this version, so neither counts."""
+    from kfp_finetune.components._shared.storage.fetch import Journal
+
+    remote = storage.RemoteFile("train.jsonl", 9, "https://host/train.jsonl")
+    listing = storage.Listing(storage.parse_uri("https://host/train.jsonl"), [remote])
+    assert listing.fingerprint(["train.jsonl"]) != listing.fingerprint(["train.jsonl"])
+    journal = Journal(tmp_path / PARTIAL_JOURNAL)
+    journal.add(storage.FileRecord("train.jsonl", 9, "0" * 64), remote)
+    assert journal.recorded_sha256(remote) is None
+    remote.stated = {"last_modified": "Tue, 14 Nov 2023 22:13:20 GMT"}
+    journal.add(storage.FileRecord("train.jsonl", 9, "0" * 64), remote)
+    assert journal.recorded_sha256(remote) == "0" * 64
