@@ -57,20 +57,19 @@ class Listing:
     commit_sha: str | None = None
     repo_type: str = "model"
     endpoint_url: str | None = field(default=None, repr=False)
-    # Fills in the sha256 of files whose source states none (local folders: see local.py), for `settle`.
-    checksum_unstated: Callable[[list[RemoteFile]], None] | None = field(
-        default=None, repr=False, compare=False
-    )
+    # Adds to the chosen files what the listing itself does not state (a local file's sha256, an S3 object's
+    # version id and x-amz-checksum-*), for `settle`; called again for the same files it does nothing.
+    describe: Callable[[list[RemoteFile]], None] | None = field(default=None, repr=False, compare=False)
 
     def by_path(self) -> dict[str, RemoteFile]:
         return {f.path: f for f in self.files}
 
     def settle(self, paths: Iterable[str]) -> None:
-        """Give every file of `paths` the identity its scheme can know (a local file's sha256, hashed once per
-        process); a no-op for sources that state theirs in the listing."""
-        if self.checksum_unstated:
+        """Give every file of `paths` the identity its scheme can know beyond the listing (a local file's sha256,
+        hashed once per process; an S3 object's version id and checksums, from one HEAD)."""
+        if self.describe:
             remote = self.by_path()
-            self.checksum_unstated([remote[p] for p in paths if p in remote])
+            self.describe([remote[p] for p in paths if p in remote])
 
     def fingerprint(self, paths: Iterable[str]) -> str:
         """Identifies this exact content of `paths`: equal fingerprints mean a previous copy is still current. A

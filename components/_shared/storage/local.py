@@ -69,7 +69,7 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
     if root.is_file():
         stat = root.stat()
         file = RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)
-        return Listing(uri, [file], checksum_unstated=_checksum_sources)
+        return Listing(uri, [file], describe=_checksum_sources)
     if not root.is_dir():
         raise StorageError(f"{uri.shown}: no such file or directory.")
     files = []
@@ -83,7 +83,7 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
             f"{uri.shown} is an empty directory (hidden files are skipped): put the files there, or name the "
             "folder that holds them."
         )
-    return Listing(uri, files, checksum_unstated=_checksum_sources)
+    return Listing(uri, files, describe=_checksum_sources)
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 from collections.abc import Iterator
@@ -136,6 +137,49 @@ def _stated(obj: dict) -> dict[str, str]:
     return {k: v for k, v in stated.items() if v}
 
 
+_CHECKSUMS = (
+    "CRC32",
+    "CRC32C",
+    "CRC64NVME",
+    "SHA1",
+    "SHA256",
+)  # x-amz-checksum-* (HeadObject's Checksum<name>)
+
+
+def _describer(client, uri: StorageUri, endpoint_url: str | None):
+    """`Listing.describe` for S3: one HEAD (ChecksumMode ENABLED) per chosen object adds what only a HEAD states —
+    the version id and the checksums S3 keeps for it. A SHA256 without a `-<parts>` suffix is of the whole
+    object: it becomes the file's sha256, so a copy (or a retry's leftover) is verified against it."""
+    described: set[str] = set()
+
+    def one(remote: RemoteFile) -> None:
+        key = remote.source_path
+        head = with_retries(
+            lambda: client.head_object(Bucket=uri.bucket, Key=key, ChecksumMode="ENABLED"),
+            what=f"read the metadata of s3 {key}",
+        )
+        if remote.stated.get("etag") not in (None, head.get("ETag")):
+            raise SourceChanged(
+                f"{uri.shown}: {remote.path} (key {key}) was replaced at the source after it was listed: run the "
+                "step again."
+            )
+        if head.get("VersionId") not in (None, "null"):
+            remote.stated["version_id"] = head["VersionId"]
+        for name in _CHECKSUMS:
+            if head.get(f"Checksum{name}"):
+                remote.stated[f"checksum_{name.lower()}"] = head[f"Checksum{name}"]
+        whole = head.get("ChecksumSHA256", "")
+        if whole and "-" not in whole:
+            remote.sha256 = base64.b64decode(whole).hex()
+        described.add(key)
+
+    def describe(files: list[RemoteFile]) -> None:
+        with _mapped(uri, endpoint_url):
+            run_parallel(one, [f for f in files if f.source_path not in described], FILE_WORKERS)
+
+    return describe
+
+
 def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
     client = _client(endpoint_url)
     prefix = uri.path
@@ -164,7 +208,7 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
         files = with_retries(list_all, what=f"list {uri.shown}")
     if not files:
         raise StorageError(f"no objects under {_where(uri, endpoint_url)}.")
-    return Listing(uri, files, endpoint_url=endpoint_url)
+    return Listing(uri, files, endpoint_url=endpoint_url, describe=_describer(client, uri, endpoint_url))
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:

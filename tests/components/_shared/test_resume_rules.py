@@ -111,3 +111,29 @@ def test_content_a_source_states_nothing_about_but_its_size_is_never_taken_as_un
     remote.stated = {"last_modified": "Tue, 14 Nov 2023 22:13:20 GMT"}
     journal.add(storage.FileRecord("train.jsonl", 9, "0" * 64), remote)
     assert journal.recorded_sha256(remote) == "0" * 64
+
+
+def test_an_s3_version_id_and_whole_object_sha256_are_part_of_the_identity(s3_store, tmp_path):
+    """What only a HEAD states: a versioned bucket's version id, and the x-amz-checksum-sha256 of an object put
+    whole, which is its sha256: a leftover is then proven by S3's own checksum, with no journal."""
+    client = s3_store.client
+    client.put_bucket_versioning(Bucket="store", VersioningConfiguration={"Status": "Enabled"})
+    data = np.random.default_rng(1).bytes(1 << 15)
+    client.put_object(Bucket="store", Key="v/a.bin", Body=data, ChecksumAlgorithm="SHA256")
+    listing = storage.list_files("s3://store/v", endpoint_url=s3_store.proxy.url)
+    before = listing.fingerprint(["a.bin"])
+    (remote,) = listing.files
+    assert remote.sha256 == hashlib.sha256(data).hexdigest() and remote.stated["version_id"]
+    assert remote.stated["checksum_sha256"]
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "a.bin").write_bytes(data)  # a leftover, no journal: S3's sha256 vouches for it
+    (record,) = storage.download(listing, ["a.bin"], dest)
+    assert record.sha256 == remote.sha256 and gets(s3_store.proxy, "v/a.bin") == 0
+
+    client.put_object(
+        Bucket="store", Key="v/a.bin", Body=data, ChecksumAlgorithm="SHA256"
+    )  # same bytes again
+    again = storage.list_files("s3://store/v", endpoint_url=s3_store.proxy.url)
+    assert again.fingerprint(["a.bin"]) != before  # another version, though its bytes are the same
