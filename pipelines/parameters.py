@@ -245,7 +245,7 @@ TABLE: tuple[Parameter, ...] = (
        "export.format", "torchtune_finetune.export_format", "preflight.export_format"),
     _p("export_dtype", str, "", "Convert weights to bf16, fp16 or fp32 on export; empty: as trained.",
        "export.dtype", "preflight.export_dtype"),
-    _p("export_overwrite", bool, False, "Replace different content already at the destination.", "export.overwrite"),
+    _p("export_overwrite", bool, False, "Replace an earlier export at the destination (never files no export wrote).", "export.overwrite"),
     _p("export_hf_private", bool, True, "Create hf:// repos as private.", "export.hf_private"),
     # --- access -----------------------------------------------------------------------------------------------
     _p("s3_endpoint_url", str, "", "S3 endpoint for MinIO / Ceph; empty: AWS or AWS_ENDPOINT_URL.",

@@ -70,6 +70,7 @@ def _card_configs(uri: str, listing: storage.Listing, paths: list[str], scratch:
     if listing.uri.scheme == "file":
         root = Path(listing.uri.path)
         card = (root if root.is_dir() else root.parent) / DATASET_CARD
+        storage.LocalRoot(root, listing.uri.shown).resolve(card)  # read in place: checked again now
     else:
         storage.download(listing, [DATASET_CARD], scratch / "card")
         card = scratch / "card" / DATASET_CARD

@@ -47,7 +47,9 @@ def dataset_initialize(
     user, assistant; alpaca's input follows the instruction after a blank line) with dataset_type `chat`, so training keeps the system prompt with the same
     masking. Plain-text files (`.txt`) give one row per line; blank lines are skipped. A folder whose dataset card
     (README.md) declares configs is read as `datasets` reads it: the config named by `subset` (or its default). The copy is renamed into place only when complete; a rerun
-    with the same source content and parameters skips the work. Credentials come only from the environment:
+    with the same source content and parameters skips the work. A local folder's symlinks are followed only
+    inside it: one pointing outside (another team's data file or folder) fails the step naming it, before any row
+    is read. Credentials come only from the environment:
     HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and
     AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
 

@@ -164,6 +164,10 @@ class Source:
                     f"{self.uri}: split {split!r}: the files form the split(s) {', '.join(sorted(map(str, data_files)))} "
                     f"({self._split_naming()}); set data_train_split / data_eval_split to one of them"
                 )
+            if self.listing.uri.scheme == "file":  # read in place: checked again now, not only when listed
+                local = storage.LocalRoot(Path(self.listing.uri.path), self.listing.uri.shown)
+                for file in data_files[split]:
+                    local.resolve(Path(file))
             try:
                 if self.format == "json":
                     streamed = _read_json_lines(data_files[split], Path(cache_dir) / f"{split}.arrow")

@@ -35,7 +35,8 @@ def export(
     The upload is resumable and verified: files already at the destination with the same content are not sent
     again (a retry after an interruption sends only the rest; re-exporting the same model transfers nothing),
     and every file's size and checksum is read back afterwards. A destination holding different content is
-    refused unless `overwrite`. Format, dtype, destination and credentials are checked before any upload.
+    refused unless `overwrite`; a same-named file no export wrote (a user's own README.md or checksums.sha256)
+    is never replaced. Format, dtype, destination and credentials are checked before any upload.
     Credentials come only from the environment: HF_TOKEN for the Hub; AWS_ACCESS_KEY_ID /
     AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
 
@@ -47,9 +48,11 @@ def export(
         metrics: Evaluation results (evaluate's `metrics` output); their numbers go into the model card.
         format: merged (serving-ready HF model), adapter (PEFT adapter; not for method=full) or both.
         dtype: Convert floating-point weights to bf16, fp16 or fp32; empty: keep the trained dtype.
-        overwrite: Replace different content at the destination: changed files are replaced and files of the
-            earlier export (listed in its checksums.sha256) that are not in this one deleted; files no export
-            wrote there are never touched. Otherwise such a destination fails the step and is left untouched.
+        overwrite: Replace an earlier export at the destination: its files (listed in the checksums.sha256 it
+            wrote, whose first line names that export) are replaced, or deleted when not in this one. Files no
+            export wrote are never touched: one this export would write (a README.md, config.json or
+            checksums.sha256 of your own) fails the step, naming it, even with overwrite. Without overwrite any
+            different content fails the step and is left untouched.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_private: Create a missing hf:// repo as private (an existing repo keeps its visibility).
         run_name: The pipeline run's name for the model card; pass `dsl.PIPELINE_JOB_NAME_PLACEHOLDER`.

@@ -7,8 +7,10 @@
    (README.md) and `checksums.sha256` (sha256sum format, every other file).
 3. Publish with storage.publish_directory: resumable, verified by reading sizes and checksums back, a no-op
    when the destination already holds this content, refused when it holds other content (unless overwrite).
-   `checksums.sha256` is also the export's manifest: overwrite deletes only files the previous export's
-   manifest at the destination lists; files no export wrote there are left alone.
+   `checksums.sha256` is also the export's manifest, recognised by its first line (which names the run, task
+   and time of the export that wrote it): overwrite replaces or deletes only files an export's manifest at the
+   destination lists; files no export wrote there are left alone, and one in the way (a user's README.md,
+   config.json or own checksums.sha256) fails the export naming it, whatever overwrite says.
 
 Layout: format=merged or adapter puts that folder at the root; format=both puts the merged model at the root
 (transformers loads it as is) and the adapter in `adapter/` (never beside the merged weights: transformers
@@ -18,6 +20,7 @@ would treat a root adapter_config.json as a PEFT model and load the base instead
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -158,9 +161,11 @@ def export_model(
             task_name=task_name,
         )
         (stage / CARD).write_text(render_card(card))
-        hashes = _write_checksums(stage, _recorded(staged_from, run_dir, model_metadata), max_workers)
-        files = {path: {"size": h.size, "sha256": h.sha256} for path, h in hashes.items()}
-        log.info("staged %d files (%s) for %s", len(files), format, uri.shown)
+        identity = _identity(run_name, run_id, task_name, task_id)
+        hashes = _write_checksums(
+            stage, _recorded(staged_from, run_dir, model_metadata), identity, max_workers
+        )
+        log.info("staged %d files (%s) for %s", len(hashes), format, uri.shown)
         published = storage.publish_directory(
             stage,
             uri,
@@ -176,6 +181,9 @@ def export_model(
         shutil.rmtree(stage, ignore_errors=True)
         with contextlib.suppress(OSError):
             staging_root.rmdir()  # only when empty: another export task may be staging beside us
+    # From what was published: a destination already holding this content keeps its manifest, which names the
+    # export that wrote it.
+    files = {r.path: {"size": r.size, "sha256": r.sha256} for r in published.records}
     manifest_sha256 = files[CHECKSUMS]["sha256"]
     training = {"final_loss": model.final_loss, "min_loss": model.min_loss}
     metadata = ExportedModel(
@@ -352,10 +360,18 @@ def _replace_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _identity(run_name: str, run_id: str, task_name: str, task_id: str) -> str:
+    """Which export wrote a manifest: the first line of checksums.sha256 names its run, task and time."""
+    run = " ".join(part for part in (run_name, f"(id {run_id})" if run_id else "") if part) or "outside KFP"
+    task = task_name + (f" (id {task_id})" if task_id else "")
+    return f"run {run}, task {task}, at {datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
 def _write_checksums(
-    stage: Path, known: dict[str, storage.FileHash], max_workers: int
+    stage: Path, known: dict[str, storage.FileHash], identity: str, max_workers: int
 ) -> dict[str, storage.FileHash]:
-    """Write checksums.sha256 (sha256sum format); return every file's hash, itself included. A hash recorded
+    """Write checksums.sha256 (sha256sum format, its first line naming this export: `sha256sum -c` skips it, and
+    it tells an export's manifest from a user's); return every file's hash, itself included. A hash recorded
     after training is reused while the staged file still has its size and mtime; only the other files (ones the
     export wrote: converted weights, config edits, the model card; or ones changed since) are hashed."""
     paths = sorted(p for p in stage.rglob("*") if p.is_file())
@@ -368,7 +384,7 @@ def _write_checksums(
         log.info("hashed %d files the export wrote or that changed since training; reused %d recorded hashes",
                  len(fresh), len(reused))  # fmt: skip
     hashes = {p.relative_to(stage).as_posix(): h for p, h in (reused | fresh).items()}
-    (stage / CHECKSUMS).write_text("".join(f"{h.sha256}  {path}\n" for path, h in sorted(hashes.items())))
+    (stage / CHECKSUMS).write_text(storage.manifest_text({p: h.sha256 for p, h in hashes.items()}, identity))
     hashes[CHECKSUMS] = storage.hash_file(stage / CHECKSUMS)
     return dict(sorted(hashes.items()))
 

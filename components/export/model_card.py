@@ -109,7 +109,11 @@ def render_card(card: CardInputs) -> str:
         "",
         f"Weights dtype: {card.dtype or 'as trained'}. `checksums.sha256` lists every file's sha256",
     ]
-    lines += ["(`sha256sum -c checksums.sha256`).", "", "## Usage", "", "```python"]
+    lines += [
+        "(`sha256sum -c checksums.sha256`); its first line names the export that wrote these files, and a later",
+        "export replaces or deletes only the files it lists.",
+    ]
+    lines += ["", "## Usage", "", "```python"]
     adapter_folder = next((f for f, what in card.layout.items() if what.startswith("PEFT")), None)
     merged_folder = next((f for f, what in card.layout.items() if what.startswith("merged")), None)
     if merged_folder is not None:

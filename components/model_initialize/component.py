@@ -26,7 +26,9 @@ def model_initialize(
     `task_id`), verifies them (config.json parses, all weight shards present and complete, the model family's
     tokenizer present, sizes and sha256 where the source states them) and writes `original_repo_id.json` for
     torchtune. The copy is renamed into place only when complete; a rerun with unchanged source content skips the
-    transfer. Credentials come only from the environment: HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID /
+    transfer. A local folder's symlinks are followed only inside it: one pointing outside (a `LICENSE.txt` linked
+    to `/etc/passwd`, a folder elsewhere) fails the step naming it, before anything is copied. Credentials come
+    only from the environment: HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID /
     AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
 
     Args:

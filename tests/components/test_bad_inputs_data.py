@@ -372,6 +372,15 @@ DATASET_ROWS = [
         lambda s: {"source_uri": str(write(s, "train.jsonl", jsonl(GOOD))), "name": "a/b"},
         ["'a/b'", "without '/'"],
     ),
+    (
+        "symlink-to-another-folders-file",
+        lambda s: {
+            "source_uri": str(
+                linked_out(s / "data", "train.jsonl", write(s, "team-b/rows.jsonl", jsonl(GOOD)))
+            )
+        },
+        ["train.jsonl is a symlink to", "team-b/rows.jsonl", "outside the source folder", "cp -L"],
+    ),
 ]
 
 
@@ -433,6 +442,13 @@ def test_dataset_initialize_refuses_rows_by_their_tokens(tmp_path, workspace, ti
 
 
 # --- model-initialize -----------------------------------------------------------------------------------------
+
+
+def linked_out(folder: Path, name: str, target: Path) -> Path:
+    """`folder` holding `name`, a symlink to `target` outside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).symlink_to(target)
+    return folder
 
 
 def copy_model(tiny: Path, src: Path) -> Path:
@@ -526,6 +542,15 @@ MODEL_ROWS = [
         ["'../escape'", "without '/'"],
     ),
     ("unsupported-scheme", lambda t, s: {"source_uri": "gs://bucket/model"}, ["gs"]),
+    (
+        "license-symlink-outside",
+        lambda t, s: {
+            "source_uri": str(
+                linked_out(copy_model(t, s), "LICENSE.txt", write(s, "etc/passwd", "root:x:0:0"))
+            )
+        },
+        ["LICENSE.txt is a symlink to", "etc/passwd", "outside the source folder", "cp -L"],
+    ),
 ]
 
 

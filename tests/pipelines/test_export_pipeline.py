@@ -33,4 +33,6 @@ def test_export_in_a_local_pipeline(component_pipeline_run, tiny_llama):
     card = (destination / "README.md").read_text()
     assert PIPELINE_NAME in card  # the pipeline run's name, filled in by KFP
     assert "| LoRA rank |" in card and "| tokens_per_second |" in card
-    assert Path(destination / "checksums.sha256").read_text().count("\n") == len(files) - 1
+    header, *sums = Path(destination / "checksums.sha256").read_text().splitlines()
+    assert header.startswith("# kfp-finetune export: run ") and PIPELINE_NAME in header  # KFP's run name
+    assert len(sums) == len(files) - 1

@@ -13,6 +13,11 @@ AWS_SESSION_TOKEN), which pipelines fill from Kubernetes Secrets; a URI's own (a
 `user:pass@`) is shown only through `redact_uri`. Remote names that could land outside a destination are
 refused (HostileName) before anything is written.
 
+Local sources follow symlinks only inside the source folder: by default a link whose target resolves outside it
+(a model's `LICENSE.txt -> /etc/passwd`, a link to another team's data file or folder) is refused (LinkEscape,
+naming the link and where it points) when the folder is listed, and each file is checked again as it is read
+(`LocalRoot.open` / `LocalRoot.resolve`), so nothing outside the folder is read, copied, trained on or published.
+
 `list_files(uri)` returns a `Listing` whose files carry what the source states about their content (checksums,
 S3 ETag + LastModified, https validators; a local file's sha256), so `Listing.fingerprint` changes whenever the
 content does; `download(listing, paths, dest)` copies the chosen files and verifies them, fetching a damaged file
@@ -29,9 +34,16 @@ from .errors import DestinationConflict, HostileName, IntegrityError, SourceChan
 from .fetch import download, list_files
 from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
+from .links import LinkEscape, LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
 from .probe import probe_destination
-from .publish import PublishResult, publish_directory, refuse_root, require_credentials
+from .publish import (
+    PublishResult,
+    manifest_text,
+    publish_directory,
+    refuse_root,
+    require_credentials,
+)
 from .retry import is_transient, with_retries
 from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
 
@@ -42,7 +54,9 @@ __all__ = [
     "FileRecord",
     "HostileName",
     "IntegrityError",
+    "LinkEscape",
     "Listing",
+    "LocalRoot",
     "PublishResult",
     "RemoteFile",
     "SourceChanged",
@@ -55,6 +69,7 @@ __all__ = [
     "hub_truncation",
     "is_transient",
     "list_files",
+    "manifest_text",
     "parse_uri",
     "probe_destination",
     "publish_directory",

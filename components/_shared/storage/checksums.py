@@ -7,6 +7,7 @@ benchmark reads that count to prove each byte is hashed once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from kfp_finetune.components._shared.logs import get_logger
 
@@ -65,10 +67,17 @@ class FileHash:
         return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
 
 
-def hash_file(path: str | os.PathLike, *, all_digests: bool = False, chunk_size: int = 1 << 20) -> FileHash:
-    """Read `path` once: its sha256, size and mtime_ns (and MD5 + git blob id when small or `all_digests`)."""
+def hash_file(
+    path: str | os.PathLike,
+    *,
+    all_digests: bool = False,
+    chunk_size: int = 1 << 20,
+    opened: BinaryIO | None = None,
+) -> FileHash:
+    """Read `path` once: its sha256, size and mtime_ns (and MD5 + git blob id when small or `all_digests`).
+    `opened`: `path` already opened for reading (e.g. through a local source's link check): read from it."""
     path = Path(path)
-    stat = path.stat()
+    stat = os.fstat(opened.fileno()) if opened else path.stat()
     small = all_digests or stat.st_size <= SMALL_FILE
     digests = [hashlib.sha256()]
     if small:
@@ -76,7 +85,7 @@ def hash_file(path: str | os.PathLike, *, all_digests: bool = False, chunk_size:
         blob.update(f"blob {stat.st_size}\0".encode())
         digests += [hashlib.md5(usedforsecurity=False), blob]
     read = 0
-    with open(path, "rb") as f:
+    with contextlib.nullcontext(opened) if opened else open(path, "rb") as f:
         while block := f.read(chunk_size):
             read += len(block)
             for digest in digests:

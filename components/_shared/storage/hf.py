@@ -394,3 +394,18 @@ def put(
     _mapped(dest, lambda: with_retries(commit, what=f"commit to {uri.shown}"))
     for record in records:
         progress.file_done(record.size)
+
+
+def read_text(dest: Destination, rel: str) -> str:
+    """A small file of the repo at the head commit `existing` saw."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _mapped(dest, lambda: with_retries(
+            lambda: dest.api.hf_hub_download(
+                dest.uri.repo_id, _join(dest.uri.path.strip("/"), rel), repo_type="model", revision=dest.head,
+                local_dir=tmp,
+            ),
+            what=f"read {rel} from {dest.uri.shown}",
+        ))  # fmt: skip
+        return Path(path).read_text(errors="replace")

@@ -13,6 +13,7 @@ from kfp_finetune.components._shared.logs import get_logger
 
 from .checksums import hash_file
 from .errors import StorageError
+from .links import LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .parallel import run_parallel
@@ -26,6 +27,7 @@ WRITABLE = True
 ATOMIC_CHANGES = False
 OWNS_DESTINATION = False  # shared: overwrite removes only what an earlier manifest lists
 _PART_MARK = ".part-"  # `.<name>.part-<id>` while a file is being written
+_COPY_CHUNK = 8 << 20  # a source file is copied from the descriptor its link check opened, in large reads
 
 
 def _visible_files(root: Path) -> list[Path]:
@@ -47,21 +49,26 @@ def _stat_key(stat: os.stat_result) -> tuple[int, int, int, int, int]:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-def _checksum_sources(files: list[RemoteFile]) -> None:
-    """A plain folder states no checksum, so a local source's identity is its content: its sha256."""
+def _checksummer(root: LocalRoot):
+    """`Listing.describe` for a local source: a plain folder states no checksum, so a file's identity is its
+    content, its sha256, read through the root's link check like any read of the source."""
 
     def one(remote: RemoteFile) -> None:
-        key = _stat_key(os.stat(remote.source_path))
-        with _sha256_lock:
-            known = _sha256_of.get(key)
-        if known is None:
-            known = hash_file(remote.source_path).sha256
-            if _stat_key(os.stat(remote.source_path)) == key:  # not written to while it was read
-                with _sha256_lock:
-                    _sha256_of[key] = known
+        with root.open(Path(remote.source_path)) as source:
+            key = _stat_key(os.fstat(source.fileno()))
+            with _sha256_lock:
+                known = _sha256_of.get(key)
+            if known is None:
+                known = hash_file(remote.source_path, opened=source).sha256
+                if _stat_key(os.fstat(source.fileno())) == key:  # not written to while it was read
+                    with _sha256_lock:
+                        _sha256_of[key] = known
         remote.sha256, remote.size, remote.mtime_ns = known, key[2], key[3]
 
-    run_parallel(one, [f for f in files if f.sha256 is None], 8)
+    def describe(files: list[RemoteFile]) -> None:
+        run_parallel(one, [f for f in files if f.sha256 is None], 8)
+
+    return describe
 
 
 def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
@@ -69,11 +76,11 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
     if root.is_file():
         stat = root.stat()
         file = RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)
-        return Listing(uri, [file], describe=_checksum_sources)
+        return Listing(uri, [file], describe=_checksummer(LocalRoot(root, uri.shown)))
     if not root.is_dir():
         raise StorageError(f"{uri.shown}: no such file or directory.")
     files = []
-    for path in _visible_files(root):
+    for path in LocalRoot(root, uri.shown).visible_files():  # refuses links that lead outside the folder
         stat = path.stat()
         files.append(
             RemoteFile(path.relative_to(root).as_posix(), stat.st_size, str(path), mtime_ns=stat.st_mtime_ns)
@@ -83,15 +90,17 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
             f"{uri.shown} is an empty directory (hidden files are skipped): put the files there, or name the "
             "folder that holds them."
         )
-    return Listing(uri, files, describe=_checksum_sources)
+    return Listing(uri, files, describe=_checksummer(LocalRoot(root, uri.shown)))
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
     remote = listing.by_path()
     targets = {p: write_target(dest, p, key=remote[p].source_path, source=listing.uri.shown) for p in paths}
+    root = LocalRoot(Path(listing.uri.path), listing.uri.shown)
 
     def copy(rel: str) -> None:
-        shutil.copyfile(remote[rel].source_path, targets[rel])
+        with root.open(Path(remote[rel].source_path)) as source, open(targets[rel], "wb") as target:
+            shutil.copyfileobj(source, target, _COPY_CHUNK)
         progress.file_done()
 
     run_parallel(copy, paths, max_workers)

@@ -243,13 +243,14 @@ def test_s3_dataset_corrupt_or_truncated_is_refused_and_a_one_time_corruption_fe
     assert res.train_metadata["num_rows"] == 40
 
 
-def test_publish_read_back_of_other_bytes_fails_and_removes_the_completion_marker(s3, tmp_path):
+def test_publish_read_back_of_other_bytes_fails_and_leaves_no_completion_marker(s3, tmp_path):
     """What export does (publish_directory with its checksums file as the marker) when reading back finds other
-    content than was uploaded: an error naming the file, and no marker saying the copy is complete."""
+    content than was uploaded: an error naming the file, and no marker saying the copy is complete (the manifest
+    there is the incomplete one that keeps the files owned, with no checksum line in it)."""
     src = tmp_path / "export"
     (src / "adapter").mkdir(parents=True)
     (src / "adapter" / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 64)
-    (src / "checksums.sha256").write_text("…\n")
+    (src / "checksums.sha256").write_text(storage.manifest_text({}, "run r, task t, at now"))
     s3.proxy.corrupt_etag("store/out/adapter/adapter_model.safetensors")
     with pytest.raises(
         storage.StorageError, match=r"verification failed: adapter/adapter_model\.safetensors"
@@ -257,8 +258,9 @@ def test_publish_read_back_of_other_bytes_fails_and_removes_the_completion_marke
         storage.publish_directory(
             src, "s3://store/out", manifest="checksums.sha256", endpoint_url=s3.proxy.url
         )
-    keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket="store", Prefix="out/").get("Contents", [])]
-    assert "out/checksums.sha256" not in keys, keys
+    left = s3.client.get_object(Bucket="store", Key="out/checksums.sha256")["Body"].read().decode()
+    assert "(incomplete" in left.splitlines()[0] and "# owns: adapter/adapter_model.safetensors" in left
+    assert not [line for line in left.splitlines() if not line.startswith("#")], left
 
 
 @pytest.mark.slow
@@ -268,7 +270,7 @@ def test_export_to_s3_detects_a_read_back_of_other_bytes(finetuned, s3):
         storage.StorageError, match=r"verification failed: adapter/adapter_model\.safetensors"
     ):
         test_export.export(finetuned, "s3://store/exported", format="both", s3_endpoint_url=s3.proxy.url)
-    keys = [
-        o["Key"] for o in s3.client.list_objects_v2(Bucket="store", Prefix="exported/").get("Contents", [])
-    ]
-    assert keys and "exported/checksums.sha256" not in keys, keys  # nothing says the copy is complete
+    left = s3.client.get_object(Bucket="store", Key="exported/checksums.sha256")["Body"].read().decode()
+    # Nothing says the copy is complete: the manifest there is the incomplete one, with no checksum line.
+    assert "(incomplete" in left.splitlines()[0], left
+    assert not [line for line in left.splitlines() if not line.startswith("#")], left

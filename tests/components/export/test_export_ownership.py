@@ -7,7 +7,9 @@ Real files and boto3 against moto's S3 server; the exported model is a small sta
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +19,7 @@ import pytest
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.workspace import atomic_dir
+from kfp_finetune.components.export import export as export_module
 from kfp_finetune.components.export.export import ExportError, export_model
 from tests.support.sources import moto_s3, use_s3_credentials
 
@@ -218,3 +221,168 @@ def test_old_copies_of_an_interrupted_replace_are_removed_by_the_next_one(tmp_pa
         (tmp / "a").write_text("2")
     assert sorted(p.name for p in final.parent.iterdir()) == ["base"]
     assert (final / "a").read_text() == "2"
+
+
+# --- a manifest is ours only when an export wrote it ---------------------------------------------------------
+
+
+def users_folder() -> dict[str, bytes]:
+    """A user's model folder with the checksums file `sha256sum * > checksums.sha256` writes: no header line."""
+    files = {
+        "README.md": b"# our team's model\n",
+        "config.json": b'{"model_type": "mistral", "note": "the user\'s own"}',
+        "other-model/model.safetensors": b"another model's weights",
+        "other-model/config.json": b'{"model_type": "qwen2"}',
+    }
+    sums = "".join(f"{hashlib.sha256(body).hexdigest()}  {rel}\n" for rel, body in sorted(files.items()))
+    return {**files, "checksums.sha256": sums.encode()}
+
+
+def test_a_users_checksums_readme_config_and_other_model_survive_overwrite_byte_for_byte(tmp_path):
+    dest = tmp_path / "dest"
+    for rel, body in users_folder().items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(body)
+
+    with pytest.raises(storage.DestinationConflict) as refused:
+        export(model(tmp_path, 1), str(dest), overwrite=True)
+
+    message = str(refused.value)
+    assert "README.md" in message and "config.json" in message and "checksums.sha256" in message, message
+    assert "other-model" not in message and "never replaces" in message and "\n" not in message
+    assert tree(dest) == users_folder()
+
+
+def test_a_users_files_under_a_shared_s3_prefix_survive_overwrite_byte_for_byte(tmp_path, s3):
+    endpoint, client = s3
+    for rel, body in users_folder().items():
+        client.put_object(Bucket="models", Key=f"team/{rel}", Body=body)
+
+    with pytest.raises(storage.DestinationConflict, match=r"README\.md.*config\.json.*never replaces"):
+        export(model(tmp_path, 1), "s3://models/team", s3_endpoint_url=endpoint, overwrite=True)
+
+    assert s3_tree(client, "team") == users_folder()
+
+
+def test_a_users_checksums_file_alone_is_not_taken_for_an_exports_manifest(tmp_path):
+    """The user's checksums file lists files beside the export: none of them is ever deleted by an overwrite,
+    and the user's checksums file is not replaced either (the export names it and writes nothing)."""
+    dest = tmp_path / "dest"
+    users = {k: v for k, v in users_folder().items() if k.startswith("other-model/")}
+    for rel, body in users.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(body)
+    sums = "".join(f"{hashlib.sha256(b).hexdigest()}  {rel}\n" for rel, b in sorted(users.items()))
+    (dest / "checksums.sha256").write_text(sums)
+
+    with pytest.raises(storage.DestinationConflict, match=r"holds checksums\.sha256 with other content"):
+        export(model(tmp_path, 1), str(dest), overwrite=True)
+    assert tree(dest) == {**users, "checksums.sha256": sums.encode()}
+
+
+def test_the_manifest_names_its_export_and_sha256sum_checks_it(tmp_path):
+    dest = tmp_path / "dest"
+    res = export(
+        model(tmp_path, 1), str(dest), run_name="nightly", run_id="r-1", task_name="export", task_id="7"
+    )
+
+    first = (dest / "checksums.sha256").read_text().splitlines()[0]
+    assert first.startswith("# kfp-finetune export: run nightly (id r-1), task export (id 7), at 20"), first
+    check = subprocess.run(["sha256sum", "-c", "--strict", "checksums.sha256"], cwd=dest, capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert res.manifest_sha256 == hashlib.sha256((dest / "checksums.sha256").read_bytes()).hexdigest()
+
+
+def test_the_same_export_a_day_later_is_unchanged_and_keeps_the_first_exports_line(tmp_path, monkeypatch):
+    """Only the manifest's first line (its time) differs: the destination holds this content already, so
+    nothing is written and the manifest keeps naming the export that wrote the files."""
+    days = iter(
+        [
+            "run r (id 1), task export, at 2026-01-01T00:00:00Z",
+            "run r (id 1), task export, at 2026-01-02T00:00:00Z",
+        ]
+    )
+    monkeypatch.setattr(export_module, "_identity", lambda *args: next(days))
+    dest = tmp_path / "dest"
+    export(model(tmp_path, 1), str(dest))
+    before = tree(dest)
+
+    again = export(model(tmp_path, 1), str(dest))
+
+    assert again.state == "unchanged" and again.uploaded == [] and tree(dest) == before
+    assert "2026-01-01" in (dest / "checksums.sha256").read_text().splitlines()[0]
+    assert again.manifest_sha256 == hashlib.sha256(before["checksums.sha256"]).hexdigest()
+    assert again.files["checksums.sha256"]["sha256"] == again.manifest_sha256
+
+
+@pytest.mark.parametrize("scheme", ["local", "s3"])
+def test_an_export_killed_while_copying_leaves_its_files_owned_and_incomplete(
+    tmp_path, s3, monkeypatch, scheme
+):
+    """Killed after its content was written but before the finished manifest: the destination holds the
+    incomplete claim (`sha256sum -c` fails on it), and a different later export may still replace the files."""
+    endpoint, client = s3
+    module = storage.local if scheme == "local" else storage.s3
+    where = str(tmp_path / "dest") if scheme == "local" else "s3://models/team"
+    read = (lambda: tree(tmp_path / "dest")) if scheme == "local" else (lambda: s3_tree(client, "team"))
+    real_put, calls = module.put, []
+
+    def put_then_die(dest, src, records, remove, **kw):
+        real_put(dest, src, records, remove, **kw)
+        calls.append([r.path for r in records])
+        if any(r.path == "model.safetensors" for r in records):  # the content is there, the manifest is not
+            raise Killed
+
+    monkeypatch.setattr(module, "put", put_then_die)
+    with pytest.raises(Killed):
+        export(model(tmp_path, 1), where, s3_endpoint_url=endpoint)
+    monkeypatch.setattr(module, "put", real_put)
+
+    assert calls[0] == ["checksums.sha256"]  # the claim came first
+    left = read()
+    claim = left["checksums.sha256"].decode()
+    assert "(incomplete" in claim.splitlines()[0] and "# owns: tokenizer.model" in claim
+    if scheme == "local":
+        check = subprocess.run(
+            ["sha256sum", "-c", "checksums.sha256"], cwd=tmp_path / "dest", capture_output=True
+        )
+        assert check.returncode != 0
+
+    res = export(model(tmp_path, 2), where, s3_endpoint_url=endpoint, overwrite=True)
+    assert res.state == "replaced" and set(read()) == set(res.files)  # v1's tokenizer.model removed
+    assert "(incomplete" not in read()["checksums.sha256"].decode().splitlines()[0]
+
+
+def test_an_export_killed_while_copying_is_finished_by_a_plain_retry(tmp_path, monkeypatch):
+    """Its own incomplete manifest is no conflict: the retry (no overwrite) sends only what is missing."""
+    dest = tmp_path / "dest"
+    real_put = storage.local.put
+
+    def put_then_die(dest, src, records, remove, **kw):
+        real_put(dest, src, records, remove, **kw)
+        if any(r.path == "model.safetensors" for r in records):
+            raise Killed
+
+    monkeypatch.setattr(storage.local, "put", put_then_die)
+    with pytest.raises(Killed):
+        export(model(tmp_path, 1), str(dest))
+    monkeypatch.setattr(storage.local, "put", real_put)
+
+    res = export(model(tmp_path, 1), str(dest))
+    assert res.state == "resumed" and res.uploaded == ["checksums.sha256"]
+    check = subprocess.run(["sha256sum", "-c", "--strict", "checksums.sha256"], cwd=dest, capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_checksums_file_of_an_older_export_is_named_with_the_way_out(tmp_path):
+    dest = tmp_path / "dest"
+    export(model(tmp_path, 1), str(dest))
+    manifest = dest / "checksums.sha256"
+    manifest.write_text(
+        "".join(line + "\n" for line in manifest.read_text().splitlines()[1:])
+    )  # no first line
+
+    with pytest.raises(
+        storage.DestinationConflict, match="older kfp-finetune export's: delete that export's files"
+    ):
+        export(model(tmp_path, 2), str(dest), overwrite=True)
