@@ -15,8 +15,9 @@ from .uri import StorageUri
 class RemoteFile:
     """One file at the source. Checksums are the ones the source states (None when it states none); `stated` holds
     the other facts it states that change whenever the content does (S3: `etag`, multipart ones included, and
-    `last_modified`; https: `etag`, `last_modified`), so two versions of a file with the same size never look
-    alike. Local files get their sha256 from `Listing.settle` (a plain folder states nothing)."""
+    `last_modified`, and after `Listing.settle` the `version_id` and `checksum_*`; https: `etag`, `last_modified`),
+    so two versions of a file with the same size never look alike. Local files get their sha256 from
+    `Listing.settle` (a plain folder states nothing)."""
 
     path: str
     size: int | None

@@ -137,13 +137,8 @@ def _stated(obj: dict) -> dict[str, str]:
     return {k: v for k, v in stated.items() if v}
 
 
-_CHECKSUMS = (
-    "CRC32",
-    "CRC32C",
-    "CRC64NVME",
-    "SHA1",
-    "SHA256",
-)  # x-amz-checksum-* (HeadObject's Checksum<name>)
+# The x-amz-checksum-* S3 may keep for an object (HeadObject's Checksum<name>).
+_CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
 
 
 def _describer(client, uri: StorageUri, endpoint_url: str | None):
