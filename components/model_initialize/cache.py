@@ -5,10 +5,24 @@ unchanged base model copies 0 bytes.
     <cache>/models/.<name>-<fingerprint[:12]>.partial/ the fetch in progress (kept across killed attempts)
     <cache>/models/.<name>-<fingerprint[:12]>.lock     flock'ed while one run checks or fills the entry
 
-Entries are content-addressed (the listing's fingerprint), so a changed source makes a new entry and never
-replaces one another run may be training from. The workspace entry is made of hard links to the cache entry (same
-filesystem: 0 bytes copied); where links cannot be made (EXDEV: the cache is its own volume) the cache entry is
-used in place.
+Entries are content-addressed (the listing's fingerprint: what the source states about each file's content, e.g. an
+S3 ETag and LastModified, a hub commit and sha256, a local file's sha256), so a changed source makes a new entry
+and never replaces one another run may be training from. The workspace entry is made of hard links to the cache
+entry (same filesystem: 0 bytes copied); where links cannot be made (EXDEV: the cache is its own volume) the cache
+entry is used in place.
+
+Trust on reuse. A hit is verified against the sha256 its manifest records before it is linked (storage.damaged_files:
+a file is hashed again whenever its inode, size, mtime or ctime changed since it was last proven, so bytes changed
+in place are found even with the mtime set back); a damaged entry is discarded and filled again, and the step log
+says which file. Hard links share their inode, so every hit also changes ctime and the next hit hashes the entry
+again: one read of the model per run, a small fraction of fetching it.
+
+Read-only by mode, verified by content. Entry files are made mode 0444, so a step running as a non-root user cannot
+write through its workspace link into the shared entry (an editor or a tool that replaces a file by rename only
+breaks its own link). Mode bits do not stop root, and KFP steps often run as root: there the guarantee is the
+verification above — a write through a link damages at most the run that made it, and the next run finds the entry
+changed and refills it. We keep hard links rather than copies because no step writes into a base model folder
+(torchtune reads the base checkpoint and writes to the run folder); copies would cost a model's bytes per run.
 """
 
 from __future__ import annotations
@@ -52,6 +66,20 @@ def locked(entry: Path) -> Iterator[None]:
 def link_file(src: Path, dst: Path) -> None:
     """The one place the cache makes a hard link (tests make it fail with EXDEV to act as another volume)."""
     os.link(src, dst)
+
+
+def make_read_only(entry: Path) -> None:
+    """Files of a cache entry are 0444 (the workspace links share the mode); only files not so yet are changed."""
+    for path in entry.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o222:
+            path.chmod(0o444)
+
+
+def links_to(final: Path, entry: Path) -> bool:
+    """True when the workspace entry `final` is made of hard links to exactly the files of `entry`."""
+    files = sorted(p.relative_to(entry) for p in entry.rglob("*") if p.is_file())
+    linked = sorted(p.relative_to(final) for p in final.rglob("*") if p.is_file()) if final.is_dir() else []
+    return files == linked and all(os.path.samefile(entry / rel, final / rel) for rel in files)
 
 
 def link_or_use_in_place(entry: Path, final: Path) -> str:

@@ -177,14 +177,19 @@ def verify_model_dir(model_dir: Path, source: str) -> dict:
     }
 
 
-def _present_copy_matches(final: Path, fingerprint: str, repo_id: str) -> dict | None:
+def _present_copy_matches(final: Path, fingerprint: str, repo_id: str, max_workers: int) -> dict | None:
+    """The manifest of a complete copy of this source content at `final` whose files still hold the bytes it
+    records (hashed once per change of a file, storage.damaged_files); None when there is none or it is damaged."""
     manifest = read_manifest(final)
     if not manifest or manifest.get("fingerprint") != fingerprint or manifest.get("repo_id") != repo_id:
         return None
-    for record in manifest.get("files", []):
-        path = final / record["path"]
-        if not path.is_file() or path.stat().st_size != record["size"]:
-            return None
+    damaged = storage.damaged_files(final, manifest.get("files", []), max_workers=max_workers)
+    if damaged:
+        log.warning(
+            "%s: %s no longer hold the bytes its manifest records (changed in place): discarding the copy and "
+            "fetching it again", final, ", ".join(damaged),
+        )  # fmt: skip
+        return None
     return manifest
 
 
@@ -225,16 +230,19 @@ def initialize_model(
     if cache_path:
         entry = cache.cache_entry(cache_path, readable, fingerprint)
         with cache.locked(entry):
-            manifest = _present_copy_matches(entry, fingerprint, repo_id)
+            manifest = _present_copy_matches(entry, fingerprint, repo_id, max_workers)
             hit = manifest is not None
             if hit:
-                log.info("model cache hit: %s holds %s; fetching nothing", entry, where)
+                log.info("model cache hit: %s holds %s (verified); fetching nothing", entry, where)
             else:
                 log.info("model cache miss: fetching %s into %s", where, entry)
                 manifest = _fetch(entry, max_workers=max_workers, **fetch)
-        how = "already present" if _present_copy_matches(final, fingerprint, repo_id) else None
-        if how is None:
-            how = cache.link_or_use_in_place(entry, final)
+            cache.make_read_only(entry)
+            how = (
+                "already present"
+                if cache.links_to(final, entry)
+                else cache.link_or_use_in_place(entry, final)
+            )
         location = entry if how == "in place" else final
         cache_facts = {
             "hit": hit,
@@ -245,7 +253,7 @@ def initialize_model(
         }
         skipped = hit
     else:
-        manifest = _present_copy_matches(final, fingerprint, repo_id)
+        manifest = _present_copy_matches(final, fingerprint, repo_id, max_workers)
         skipped = manifest is not None
         if skipped:
             log.info(

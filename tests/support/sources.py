@@ -166,3 +166,34 @@ def https_server(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         yield SimpleNamespace(url=f"https://127.0.0.1:{server.server_address[1]}", requests=requests)
     finally:
         server.shutdown()
+
+
+def upload_multipart(client, folder: Path, bucket: str, prefix: str) -> None:
+    """Upload every file of `folder` under `prefix` as a multipart upload (one part: any size may be the last),
+    as tools do above their threshold: the ETag is `<md5 of the part MD5s>-1`, no MD5 of the content, and no
+    checksum is sent, so the store states none."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        key = f"{prefix}/{path.relative_to(folder).as_posix()}"
+        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        part = client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=path.read_bytes()
+        )
+        client.complete_multipart_upload(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+        )
+
+
+def damage_in_place(path: Path) -> None:
+    """Flip bytes in the middle, keep the size, set the mtime back: what bit rot or a careless in-place edit
+    through a hard link leaves (root writes through mode 0444)."""
+    stat = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(stat.st_size // 2)
+        byte = f.read(1)
+        f.seek(stat.st_size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns

@@ -18,15 +18,19 @@ Local sources follow symlinks only inside the source folder: by default a link w
 naming the link and where it points) when the folder is listed, and each file is checked again as it is read
 (`LocalRoot.open` / `LocalRoot.resolve`), so nothing outside the folder is read, copied, trained on or published.
 
-`list_files(uri)` returns a `Listing`; `download(listing, paths, dest)` copies the chosen files and verifies
-them, fetching a damaged file once more before an IntegrityError (fetch.py); `verify_hub_cache(listing)` does the
+`list_files(uri)` returns a `Listing` whose files carry what the source states about their content (checksums,
+S3 ETag + LastModified, https validators; a local file's sha256), so `Listing.fingerprint` changes whenever the
+content does; `download(listing, paths, dest)` copies the chosen files and verifies them, fetching a damaged file
+once more before an IntegrityError, pinning S3 reads to the listed ETag (SourceChanged otherwise) and keeping an
+earlier attempt's leftovers only when hashed again (fetch.py); `damaged_files(folder, records)` checks a reused
+copy against its manifest, hashing a file again only after it changed (checksums.py); `verify_hub_cache(listing)` does the
 same check for hub files the `datasets` library downloaded. `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py);
 `probe_destination(uri)` checks, before any work, that it could (probe.py). One
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
-from .checksums import FileHash, hash_file, hash_files
-from .errors import DestinationConflict, HostileName, IntegrityError, StorageError
+from .checksums import FileHash, damaged_files, hash_file, hash_files
+from .errors import DestinationConflict, HostileName, IntegrityError, SourceChanged, StorageError
 from .fetch import download, list_files
 from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
@@ -55,8 +59,10 @@ __all__ = [
     "LocalRoot",
     "PublishResult",
     "RemoteFile",
+    "SourceChanged",
     "StorageError",
     "StorageUri",
+    "damaged_files",
     "download",
     "hash_file",
     "hash_files",

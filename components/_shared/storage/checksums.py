@@ -7,12 +7,15 @@ benchmark reads that count to prove each byte is hashed once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from kfp_finetune.components._shared.logs import get_logger
 
@@ -64,10 +67,17 @@ class FileHash:
         return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
 
 
-def hash_file(path: str | os.PathLike, *, all_digests: bool = False, chunk_size: int = 1 << 20) -> FileHash:
-    """Read `path` once: its sha256, size and mtime_ns (and MD5 + git blob id when small or `all_digests`)."""
+def hash_file(
+    path: str | os.PathLike,
+    *,
+    all_digests: bool = False,
+    chunk_size: int = 1 << 20,
+    opened: BinaryIO | None = None,
+) -> FileHash:
+    """Read `path` once: its sha256, size and mtime_ns (and MD5 + git blob id when small or `all_digests`).
+    `opened`: `path` already opened for reading (e.g. through a local source's link check): read from it."""
     path = Path(path)
-    stat = path.stat()
+    stat = os.fstat(opened.fileno()) if opened else path.stat()
     small = all_digests or stat.st_size <= SMALL_FILE
     digests = [hashlib.sha256()]
     if small:
@@ -75,7 +85,7 @@ def hash_file(path: str | os.PathLike, *, all_digests: bool = False, chunk_size:
         blob.update(f"blob {stat.st_size}\0".encode())
         digests += [hashlib.md5(usedforsecurity=False), blob]
     read = 0
-    with open(path, "rb") as f:
+    with contextlib.nullcontext(opened) if opened else open(path, "rb") as f:
         while block := f.read(chunk_size):
             read += len(block)
             for digest in digests:
@@ -143,3 +153,51 @@ def same_content(local: Path, record: FileRecord, remote: RemoteFile) -> bool:
     return (
         remote.size == record.size and bool(stated) and all(value == compute() for value, compute in stated)
     )
+
+
+def _ledger(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}.verified.json"
+
+
+def _stat_key(stat: os.stat_result) -> list[int]:
+    # ctime too: a file rewritten in place with its size kept and its mtime set back (os.utime) changes only that.
+    return [stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def damaged_files(folder: Path, records: list[dict], *, max_workers: int = 8) -> list[str]:
+    """The manifest entries (`path`, `size`, `sha256`) that `folder` no longer holds: missing, resized, or other
+    bytes. A file is hashed only when its inode, size, mtime or ctime differ from the last time it was proven
+    (a small ledger beside the folder, `.<name>.verified.json`), so a reused copy is read once per change."""
+    ledger_path = _ledger(folder)
+    try:
+        ledger = json.loads(ledger_path.read_text())
+    except (OSError, ValueError):
+        ledger = {}
+    proven: dict[str, dict] = {}
+    to_hash: dict[Path, dict] = {}
+    damaged = []
+    for record in records:
+        path = folder / record["path"]
+        try:
+            stat = path.stat()
+        except OSError:
+            damaged.append(record["path"])
+            continue
+        if stat.st_size != record["size"]:
+            damaged.append(record["path"])
+        elif ledger.get(record["path"]) == {"sha256": record["sha256"], "stat": _stat_key(stat)}:
+            proven[record["path"]] = ledger[record["path"]]
+        else:
+            to_hash[path] = record
+    for path, taken in hash_files(list(to_hash), max_workers=max_workers).items():
+        record = to_hash[path]
+        if taken.sha256 == record["sha256"]:
+            proven[record["path"]] = {"sha256": taken.sha256, "stat": _stat_key(path.stat())}
+        else:
+            log.warning("%s holds other bytes than its manifest records (sha256 %s, recorded %s)", path,
+                        taken.sha256, record["sha256"])  # fmt: skip
+            damaged.append(record["path"])
+    tmp = ledger_path.parent / f"{ledger_path.name}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(proven, sort_keys=True))
+    os.replace(tmp, ledger_path)
+    return sorted(damaged)

@@ -17,3 +17,7 @@ class HostileName(StorageError):
 
 class IntegrityError(StorageError):
     """Bytes read do not match what their source states (size, sha256, MD5 ETag or git blob id)."""
+
+
+class SourceChanged(StorageError):
+    """A file changed at the source after it was listed: one attempt never mixes two versions of a source."""

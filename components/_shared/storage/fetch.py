@@ -4,6 +4,7 @@ anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -53,9 +54,11 @@ def download(
     by path. `dest` should be a folder the caller renames into place only when complete (workspace.partial_dir),
     so an interrupted or failed download never looks complete.
 
-    Resuming: files an earlier, interrupted attempt left in `dest` are kept when they are proven to hold the
-    listed content (a journal entry in `dest` whose size and mtime still match, else verify() against a checksum
-    the source states); anything else there is removed and fetched again. Each verified file is journaled.
+    Resuming: files an earlier, interrupted attempt left in `dest` are kept when they are proven, by hashing them
+    in this attempt, to hold the listed content (the sha256 the journal in `dest` recorded when that attempt
+    verified them, for the same source identity, or a checksum the source states); anything else there is removed
+    and fetched again. When the source changed since that attempt, nothing of it is kept. Each verified file is
+    journaled; every record returned was hashed in this attempt.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -63,12 +66,14 @@ def download(
     missing = [p for p in paths if p not in remote]
     if missing:
         raise StorageError(f"{listing.uri.shown}: not at the source: {', '.join(missing)}.")
+    listing.settle(paths)
     scheme = scheme_module(listing.uri)
     journal = Journal(dest / PARTIAL_JOURNAL)
     records = keep_verified(listing, paths, dest, journal, max_workers)
     if records:
         log.info(
-            "kept %d file(s), %s, verified by an earlier attempt in %s; fetching %d file(s)",
+            "kept %d file(s), %s, an earlier attempt left in %s (hashed again: they hold the listed content); "
+            "fetching %d file(s)",
             len(records), human(sum(r.size for r in records.values())), dest.name, len(paths) - len(records),
         )  # fmt: skip
     paths = [p for p in paths if p not in records]
@@ -94,7 +99,7 @@ def download(
         def check(rel: str, failed=failed) -> None:
             try:
                 records[rel] = verify(dest / rel, remote[rel], listing.uri.shown)
-                journal.add(records[rel], dest / rel, remote[rel])
+                journal.add(records[rel], remote[rel])
             except IntegrityError as exc:
                 failed[rel] = exc
 
@@ -111,15 +116,11 @@ def download(
     raise AssertionError("unreachable")
 
 
-def _identity(remote: RemoteFile) -> list:
-    """What the source says about a file: a journal entry counts only for this exact remote content."""
-    return [remote.size, remote.sha256, remote.md5, remote.git_blob_sha1, remote.mtime_ns]
-
-
 class Journal:
-    """What a download proved, one JSON line per verified file (path, size, sha256, mtime_ns, the remote's
-    identity), appended as files verify, so a resumed attempt need not hash them again. A torn last line (a kill
-    mid-write) is ignored."""
+    """What a download proved, one JSON line per verified file (path, size, sha256, the source's identity of it),
+    appended as files verify. A later attempt still hashes what it keeps: the journal says which sha256 a file
+    held when it matched the source (the only proof for a source that states no checksum), never that it still
+    does. A torn last line (a kill mid-write) is ignored."""
 
     def __init__(self, path: Path) -> None:
         self.path, self._lock = path, threading.Lock()
@@ -135,39 +136,61 @@ class Journal:
             except (ValueError, TypeError, KeyError):
                 continue
 
-    def proves(self, rel: str, local: Path, remote: RemoteFile) -> FileRecord | None:
-        entry, stat = self.entries.get(rel), local.stat()
+    def recorded_sha256(self, remote: RemoteFile) -> str | None:
+        """The sha256 an earlier attempt verified for exactly this remote content, if any."""
+        entry = self.entries.get(remote.path)
         if (
-            entry
-            and entry.get("remote") == _identity(remote)
-            and entry.get("size") == stat.st_size
-            and entry.get("mtime_ns") == stat.st_mtime_ns
-        ):
-            return FileRecord(rel, stat.st_size, entry["sha256"])
+            not remote.identified()
+        ):  # the same size may be another version: nothing ties the entry to this one
+            return None
+        if entry and entry.get("remote") == remote.identity() and isinstance(entry.get("sha256"), str):
+            return entry["sha256"]
         return None
 
-    def add(self, record: FileRecord, local: Path, remote: RemoteFile) -> None:
-        entry = {**record.as_dict(), "mtime_ns": local.stat().st_mtime_ns, "remote": _identity(remote)}
+    def changed(self, listing: Listing) -> list[str]:
+        """Listed files whose identity at the source differs from the one an earlier attempt journaled."""
+        remote = listing.by_path()
+        return sorted(
+            rel
+            for rel, entry in self.entries.items()
+            if rel in remote and entry.get("remote") != remote[rel].identity()
+        )
+
+    def add(self, record: FileRecord, remote: RemoteFile) -> None:
+        entry = {**record.as_dict(), "remote": remote.identity()}
         with self._lock, open(self.path, "a") as f:
             f.write(json.dumps(entry) + "\n")
         self.entries[record.path] = entry
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.entries.clear()
 
 
 def keep_verified(
     listing: Listing, paths: list[str], dest: Path, journal: Journal, max_workers: int
 ) -> dict[str, FileRecord]:
-    """The files in `dest` an earlier attempt left that provably hold the listed content. Everything else in
-    `dest` (a file cut off mid-write, a client's temp file, a file the source no longer lists) is removed;
-    scratch the storage modules keep there (names starting with SCRATCH_PREFIX) is left alone."""
+    """The files in `dest` an earlier attempt left that provably hold the listed content, each hashed now.
+    Everything else in `dest` (a file cut off mid-write, a client's temp file, a file the source no longer lists,
+    all of it when the source changed since) is removed; scratch the storage modules keep there (names starting
+    with SCRATCH_PREFIX) is left alone, unless the source changed."""
     remote, wanted = listing.by_path(), set(paths)
+    changed = journal.changed(listing)
+    if changed:
+        log.warning(
+            "%s changed at the source since an earlier attempt fetched it (%s%s): discarding that attempt's "
+            "files and fetching everything again",
+            listing.uri.shown, ", ".join(changed[:5]), ", …" if len(changed) > 5 else "",
+        )  # fmt: skip
+        journal.clear()
     for path in sorted(dest.rglob("*"), reverse=True):
         rel = path.relative_to(dest).as_posix()
-        if rel.split("/", 1)[0].startswith(SCRATCH_PREFIX):
+        if rel.split("/", 1)[0].startswith(SCRATCH_PREFIX) and not changed:
             continue
         if path.is_dir() and not path.is_symlink():
             if not any(path.iterdir()):
                 path.rmdir()
-        elif rel not in wanted or path.is_symlink():
+        elif changed or rel not in wanted or path.is_symlink():
             path.unlink()
     kept: dict[str, FileRecord] = {}
 
@@ -175,17 +198,17 @@ def keep_verified(
         local = write_target(dest, rel, key=remote[rel].source_path or rel, source=listing.uri.shown)
         if not local.is_file():
             return
-        if record := journal.proves(rel, local, remote[rel]):
-            kept[rel] = record
-            return
         r = remote[rel]
-        if r.sha256 or r.md5 or r.git_blob_sha1:  # a size alone proves nothing: fetch again
+        if not r.sha256 and (recorded := journal.recorded_sha256(r)):
+            r = dataclasses.replace(r, sha256=recorded)
+        if r.states_checksum():  # a size alone proves nothing: fetch again
             try:
                 kept[rel] = verify(local, r, listing.uri.shown)
-                journal.add(kept[rel], local, r)
                 return
             except IntegrityError as exc:
-                log.info("fetching again what an earlier attempt left: %s", exc)
+                log.info(
+                    "fetching again what an earlier attempt left (changed since it was verified): %s", exc
+                )
         local.unlink()
 
     run_parallel(check, paths, max_workers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +39,44 @@ def _visible_files(root: Path) -> list[Path]:
     ]
 
 
+# A local file's sha256 by (st_dev, st_ino, size, mtime_ns, ctime_ns): hashed once per process. ctime is in the key
+# because a file rewritten in place with its mtime set back (os.utime) keeps the other four.
+_sha256_of: dict[tuple[int, int, int, int, int], str] = {}
+_sha256_lock = threading.Lock()
+
+
+def _stat_key(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _checksummer(root: LocalRoot):
+    """`Listing.describe` for a local source: a plain folder states no checksum, so a file's identity is its
+    content, its sha256, read through the root's link check like any read of the source."""
+
+    def one(remote: RemoteFile) -> None:
+        with root.open(Path(remote.source_path)) as source:
+            key = _stat_key(os.fstat(source.fileno()))
+            with _sha256_lock:
+                known = _sha256_of.get(key)
+            if known is None:
+                known = hash_file(remote.source_path, opened=source).sha256
+                if _stat_key(os.fstat(source.fileno())) == key:  # not written to while it was read
+                    with _sha256_lock:
+                        _sha256_of[key] = known
+        remote.sha256, remote.size, remote.mtime_ns = known, key[2], key[3]
+
+    def describe(files: list[RemoteFile]) -> None:
+        run_parallel(one, [f for f in files if f.sha256 is None], 8)
+
+    return describe
+
+
 def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
     root = Path(uri.path)
     if root.is_file():
         stat = root.stat()
-        return Listing(uri, [RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)])
+        file = RemoteFile(root.name, stat.st_size, str(root), mtime_ns=stat.st_mtime_ns)
+        return Listing(uri, [file], describe=_checksummer(LocalRoot(root, uri.shown)))
     if not root.is_dir():
         raise StorageError(f"{uri.shown}: no such file or directory.")
     files = []
@@ -56,7 +90,7 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
             f"{uri.shown} is an empty directory (hidden files are skipped): put the files there, or name the "
             "folder that holds them."
         )
-    return Listing(uri, files)
+    return Listing(uri, files, describe=_checksummer(LocalRoot(root, uri.shown)))
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:

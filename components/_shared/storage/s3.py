@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 
-from .errors import IntegrityError, StorageError
+from .errors import IntegrityError, SourceChanged, StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .parallel import run_parallel
@@ -127,6 +128,53 @@ def _md5_etag(etag: str) -> str | None:
     return etag if len(etag) == 32 and "-" not in etag else None
 
 
+def _stated(obj: dict) -> dict[str, str]:
+    """What a listing states about an object's content besides its size: the ETag (a multipart one too: it is no
+    MD5, yet any re-upload changes it or at least LastModified) and LastModified."""
+    stated = {"etag": obj.get("ETag", "")}  # quoted, as If-Match wants it (RFC 9110 entity-tag)
+    if obj.get("LastModified"):
+        stated["last_modified"] = obj["LastModified"].isoformat()
+    return {k: v for k, v in stated.items() if v}
+
+
+# The x-amz-checksum-* S3 may keep for an object (HeadObject's Checksum<name>).
+_CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
+
+
+def _describer(client, uri: StorageUri, endpoint_url: str | None):
+    """`Listing.describe` for S3: one HEAD (ChecksumMode ENABLED) per chosen object adds what only a HEAD states —
+    the version id and the checksums S3 keeps for it. A SHA256 without a `-<parts>` suffix is of the whole
+    object: it becomes the file's sha256, so a copy (or a retry's leftover) is verified against it."""
+    described: set[str] = set()
+
+    def one(remote: RemoteFile) -> None:
+        key = remote.source_path
+        head = with_retries(
+            lambda: client.head_object(Bucket=uri.bucket, Key=key, ChecksumMode="ENABLED"),
+            what=f"read the metadata of s3 {key}",
+        )
+        if remote.stated.get("etag") not in (None, head.get("ETag")):
+            raise SourceChanged(
+                f"{uri.shown}: {remote.path} (key {key}) was replaced at the source after it was listed: run the "
+                "step again."
+            )
+        if head.get("VersionId") not in (None, "null"):
+            remote.stated["version_id"] = head["VersionId"]
+        for name in _CHECKSUMS:
+            if head.get(f"Checksum{name}"):
+                remote.stated[f"checksum_{name.lower()}"] = head[f"Checksum{name}"]
+        whole = head.get("ChecksumSHA256", "")
+        if whole and "-" not in whole:
+            remote.sha256 = base64.b64decode(whole).hex()
+        described.add(key)
+
+    def describe(files: list[RemoteFile]) -> None:
+        with _mapped(uri, endpoint_url):
+            run_parallel(one, [f for f in files if f.source_path not in described], FILE_WORKERS)
+
+    return describe
+
+
 def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> Listing:
     client = _client(endpoint_url)
     prefix = uri.path
@@ -146,14 +194,16 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
                     rel = key[len(dir_prefix) :]
                 else:
                     continue  # s3://b/data must not match s3://b/data2/x
-                files.append(RemoteFile(rel, obj["Size"], key, md5=_md5_etag(obj.get("ETag", ""))))
+                files.append(
+                    RemoteFile(rel, obj["Size"], key, md5=_md5_etag(obj.get("ETag", "")), stated=_stated(obj))
+                )
         return files
 
     with _mapped(uri, endpoint_url):
         files = with_retries(list_all, what=f"list {uri.shown}")
     if not files:
         raise StorageError(f"no objects under {_where(uri, endpoint_url)}.")
-    return Listing(uri, files, endpoint_url=endpoint_url)
+    return Listing(uri, files, endpoint_url=endpoint_url, describe=_describer(client, uri, endpoint_url))
 
 
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
@@ -163,9 +213,21 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
     targets = {p: write_target(dest, p, key=remote[p].source_path, source=uri.shown) for p in paths}
     files, parts = _concurrency(len(paths), max_workers)
     config = _transfer_config(parts)
+    # Every request for an object's bytes carries If-Match with the listed ETag: an object replaced after the
+    # listing answers 412 instead of other bytes (s3transfer's own If-Match pins only the parts to its HEAD).
+    listed_etags = {
+        remote[p].source_path: remote[p].stated["etag"] for p in paths if "etag" in remote[p].stated
+    }
+
+    def pin_to_listing(params: dict, **_) -> None:
+        if params.get("Key") in listed_etags:
+            params["IfMatch"] = listed_etags[params["Key"]]
+
+    for operation in ("HeadObject", "GetObject"):
+        client.meta.events.register(f"provide-client-params.s3.{operation}", pin_to_listing)
 
     def download(rel: str) -> None:
-        from botocore.exceptions import FlexibleChecksumError
+        from botocore.exceptions import ClientError, FlexibleChecksumError
 
         key = remote[rel].source_path
         try:
@@ -175,6 +237,13 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
             )
         except FlexibleChecksumError as exc:
             raise IntegrityError(f"{uri.shown}: {rel} (key {key}) is corrupt: {exc}.") from exc
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("412", "PreconditionFailed"):
+                raise
+            raise SourceChanged(
+                f"{uri.shown}: {rel} (key {key}) was replaced at the source after it was listed: run the step "
+                "again (it lists the source anew and fetches the new version whole)."
+            ) from exc
         progress.file_done()
 
     with _mapped(uri, listing.endpoint_url):
