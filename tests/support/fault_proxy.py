@@ -4,8 +4,10 @@ ones with a server error, as S3 does under load: 503 SlowDown with an S3 XML err
 
 It can also damage what a client reads, as a faulty disk, NIC or middlebox does: `corrupt(key)` flips bytes of the
 body of the next GET of an object (same length, headers untouched), `truncate(key)` answers it with the first half
-only and a matching Content-Length (a stream that ends early yet looks complete), and `corrupt_etag(key)` changes
-the ETag a HEAD of the object reports (a read-back that finds other bytes than were written).
+only and a matching Content-Length (a stream that ends early yet looks complete), `drop(key)` sends the headers
+and half the body of the next GET, then closes the connection (a connection lost mid-transfer), and
+`corrupt_etag(key)` changes the ETag a HEAD of the object reports (a read-back that finds other bytes than were
+written).
 
 `barrier(count, method, query)` measures how many requests a client really has in flight at once, without
 timing: every matching request is held until `count` are held together (then all go on and later ones pass),
@@ -60,6 +62,10 @@ class FaultProxy:
     def truncate(self, key: str, times: int = 1) -> None:
         """The next `times` GETs of `key` get the first half of the body, with a Content-Length that matches it."""
         self._arm("truncate", key, times)
+
+    def drop(self, key: str, times: int = 1) -> None:
+        """The next `times` GETs of `key` send the whole Content-Length, half the body, then close the connection."""
+        self._arm("drop", key, times)
 
     def corrupt_etag(self, key: str, times: int = 1) -> None:
         """The next `times` HEADs of `key` report an ETag of the same length with other digits."""
@@ -155,6 +161,14 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             data = response.read()
             kept = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP}
             upstream.close()
+            if (
+                response.status in (200, 206)
+                and self.command == "GET"
+                and proxy._take_damage("drop", self.path)
+            ):
+                self._reply(response.status, kept, data[: len(data) // 2])
+                self.close_connection = True
+                return
             if response.status in (200, 206):
                 kept, data = _damaged(proxy, self.command, self.path, kept, data)
             self._reply(response.status, kept, data)
