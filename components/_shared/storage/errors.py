@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.redact import redact_text
 
 
@@ -14,9 +14,9 @@ class StorageError(RuntimeError):
         super().__init__(redact_text(message))
 
 
-class CredentialsInParameter(ConfigError):
-    """A URI given as a parameter carries credentials (a presigned query, user:password@); the message says why
-    that is refused and how to pass them through a Secret."""
+class CredentialsInParameter(SettingError):
+    """A URI given as a parameter (`setting`, named as the pipeline user sets it) carries credentials (a presigned
+    query, user:password@); `problem` says why that is refused and how to pass them through a Secret."""
 
 
 class DestinationConflict(StorageError):

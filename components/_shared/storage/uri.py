@@ -134,4 +134,4 @@ def refuse_credentials(**parameters: str) -> None:
     for name, value in parameters.items():
         what = credentials_in(value)
         if what:
-            raise CredentialsInParameter(f"{name} {CREDENTIALS_IN_PARAMETER.format(what=what)}.")
+            raise CredentialsInParameter(name, f"{CREDENTIALS_IN_PARAMETER.format(what=what)}.")
