@@ -34,12 +34,18 @@ def redact_uri(uri: str) -> str:
     return f"{base}?{REDACTED}" if question else base
 
 
+def _redacted_url(match: re.Match) -> str:
+    # Punctuation that ends the sentence around a URL ("(… url); retry") is kept, not redacted with the query.
+    url = match[0].rstrip(").,;:!")
+    return redact_uri(url) + match[0][len(url) :]
+
+
 def redact_text(text: str) -> str:
     """`text` with every URL in it redacted as `redact_uri` does, and every signed URL's parameter outside one
     (`Signature=…` → `Signature=<redacted>`); the rest unchanged."""
     text = str(text)
     if "://" in text:
-        text = _URL_IN_TEXT.sub(lambda url: redact_uri(url[0]), text)
+        text = _URL_IN_TEXT.sub(_redacted_url, text)
     return _SIGNED_PARAMETER.sub(rf"\1={REDACTED}", text) if "=" in text else text
 
 
