@@ -31,13 +31,15 @@ _SLOW_DOWN = (
 
 class FaultProxy:
     """`with FaultProxy(upstream_url) as proxy:` point the client at `proxy.url`; `proxy.requests` lists
-    (method, path, status) in order; `fail_next(n)` answers the next n requests 503 SlowDown."""
+    (method, path, status) in order; `fail_next(n)` answers the next n requests (of `method`, when given) 503
+    SlowDown."""
 
     def __init__(self, upstream: str) -> None:
         parsed = urllib.parse.urlparse(upstream)
         self._upstream = (parsed.hostname, parsed.port)
         self.requests: list[tuple[str, str, int]] = []
         self._failures = 0
+        self._failing_method: str | None = None
         self._damage: dict[tuple[str, str], int] = {}  # (mode, key) -> how many more responses to damage
         self._lock = threading.Lock()
         self._barrier: dict | None = None
@@ -51,9 +53,9 @@ class FaultProxy:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def fail_next(self, count: int) -> None:
+    def fail_next(self, count: int, method: str | None = None) -> None:
         with self._lock:
-            self._failures = count
+            self._failures, self._failing_method = count, method
 
     def corrupt(self, key: str, times: int = 1) -> None:
         """The next `times` GETs of object `key` (bucket/key) get a body of the same length with flipped bytes."""
@@ -118,9 +120,9 @@ class FaultProxy:
                 return True
             return False
 
-    def _take_failure(self) -> bool:
+    def _take_failure(self, method: str) -> bool:
         with self._lock:
-            if self._failures:
+            if self._failures and self._failing_method in (None, method):
                 self._failures -= 1
                 return True
             return False
@@ -151,7 +153,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             proxy._hold(self.command, self.path)
-            if proxy._take_failure():
+            if proxy._take_failure(self.command):
                 self._reply(503, {"Content-Type": "application/xml"}, _SLOW_DOWN)
                 return
             upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
