@@ -85,3 +85,11 @@ def test_uris_without_credentials_pass(capsys, kfp_standin, value):
         + [a for k, v in {**REQUIRED, "data_uri": value}.items() for a in ("--param", f"{k}={v}")]
     )
     assert code == 0, capsys.readouterr().err
+
+
+def test_a_kfp_host_with_userinfo_is_not_echoed_when_it_cannot_be_reached(capsys):
+    code = main(["run", "finetune-pipeline", "--host", f"http://admin:{SECRET}@127.0.0.1:9"]
+                + [a for k, v in REQUIRED.items() for a in ("--param", f"{k}={v}")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "http://<redacted>@127.0.0.1:9" in err, err
+    assert SECRET not in err

@@ -206,3 +206,18 @@ def test_a_url_inside_json_is_redacted_and_the_json_stays_valid():
     """`redact_text` stops a URL at a quote, so a URL inside JSON (metadata, manifests) is redacted alone."""
     text = json.dumps({"source_uri": f"https://h/x.jsonl?sig={SECRET}", "rows": 3})
     assert json.loads(storage.redact_text(text)) == {"source_uri": "https://h/x.jsonl?<redacted>", "rows": 3}
+
+
+def test_a_retry_warning_is_redacted_before_it_is_cut_to_its_first_200_characters(log_lines, monkeypatch):
+    monkeypatch.setenv("KFP_FINETUNE_RETRY_DELAY", "0")
+    attempts = []
+
+    def flaky():
+        attempts.append(1)
+        if len(attempts) == 1:  # the 200th character falls inside the userinfo
+            raise ConnectionError("x" * 180 + f" http://AKIAPLANTED:{SECRET}@minio:9000/bucket")
+        return "ok"
+
+    assert storage.with_retries(flaky, what="list s3://bucket", attempts=2) == "ok"
+    assert len(log_lines) == 1 and "http://<redacted>@m" in log_lines[0], log_lines
+    assert SECRET[:6] not in log_lines[0]
