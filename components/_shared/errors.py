@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from kfp_finetune.components._shared.redact import redact_text
+
 EXIT_STATUS = 1
 
 
@@ -55,9 +57,10 @@ class ContractError(ConfigError):
 
 @contextmanager
 def usage_errors(*known: type[BaseException]) -> Iterator[None]:
-    """Inside a component body: an exception of a `known` class fails the step with only its message."""
+    """Inside a component body: an exception of a `known` class fails the step with only its message (a URL in
+    it redacted: it may quote a client's error)."""
     try:
         yield
     except known as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print(f"error: {redact_text(error)}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STATUS) from None

@@ -119,12 +119,14 @@ def dataset_initialize(
     from kfp_finetune.components._shared.contract import BaseModel
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components._shared.model_files import config_and_tokenizer
-    from kfp_finetune.components._shared.storage import StorageError
+    from kfp_finetune.components._shared.storage import StorageError, refuse_credentials
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
     from kfp_finetune.components.dataset_initialize.sources import held_out_fraction
 
-    # ValueError: bad parameters, URIs, splits and rows (DatasetValidationError) are all the user's to fix.
+    # ValueError: bad parameters, URIs (with credentials in them too), splits and rows (DatasetValidationError) are
+    # all the user's to fix.
     with usage_errors(StorageError, ValueError), ExitStack() as stack:
+        refuse_credentials(data_uri=source_uri, model_uri=base_model_uri, s3_endpoint_url=s3_endpoint_url)
         model_path = None
         if base_model is not None:
             relative = BaseModel.from_metadata(base_model.metadata, input_name="base_model").require(

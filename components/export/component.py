@@ -72,8 +72,13 @@ def export(
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
     from kfp_finetune.components._shared.errors import ContractError, usage_errors
-    from kfp_finetune.components._shared.storage import StorageError
+    from kfp_finetune.components._shared.storage import (
+        CredentialsInParameter,
+        StorageError,
+        refuse_credentials,
+    )
     from kfp_finetune.components.export.export import ExportError, run_component
 
-    with usage_errors(ExportError, StorageError, ContractError):
+    with usage_errors(ExportError, StorageError, ContractError, CredentialsInParameter):
+        refuse_credentials(export_destination=destination, s3_endpoint_url=s3_endpoint_url)
         run_component(**parameters)

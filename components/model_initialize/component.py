@@ -56,11 +56,12 @@ def model_initialize(
             is used in place from the cache.
     """
     from kfp_finetune.components._shared.errors import usage_errors
-    from kfp_finetune.components._shared.storage import StorageError
+    from kfp_finetune.components._shared.storage import StorageError, refuse_credentials
     from kfp_finetune.components.model_initialize.initialize import ModelVerificationError, initialize_model
 
-    # ValueError: an invalid source URI.
+    # ValueError: an invalid source URI, or one with credentials in it.
     with usage_errors(StorageError, ModelVerificationError, ValueError):
+        refuse_credentials(model_uri=source_uri, s3_endpoint_url=s3_endpoint_url)
         initialize_model(
             source_uri=source_uri,
             workspace_path=workspace_path,

@@ -58,9 +58,20 @@ class Secrets:
         )
 
 
-def _parsed(parameter: str, uri: str, problems: list[Problem]) -> storage.StorageUri | None:
+def _credentials(parameter: str, value: str) -> list[Problem]:
+    """A URI with credentials in it is refused before anything uses it (KFP has printed it in this step's log)."""
     try:
-        return storage.parse_uri(uri)
+        storage.refuse_credentials(**{parameter: value})
+    except storage.CredentialsInParameter as error:
+        return [Problem(parameter, error.problem)]
+    return []
+
+
+def _parsed(parameter: str, uri: str, problems: list[Problem]) -> storage.StorageUri | None:
+    refused = _credentials(parameter, uri)
+    problems += refused
+    try:
+        return None if refused else storage.parse_uri(uri)
     except ValueError as error:
         problems.append(Problem(parameter, str(error)))
         return None
@@ -176,6 +187,7 @@ def run_preflight(
     problems: list[Problem] = []
     given = {"export_destination": export_destination, "model_uri": model_uri, "data_uri": data_uri}
     uris = {name: u for name, value in given.items() if value and (u := _parsed(name, value, problems))}
+    problems += _credentials("s3_endpoint_url", s3_endpoint_url)
     settings_problems, check_model = check_settings(
         RunSettings({**(settings or {}), "tune_backend": tune_backend})
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 from kfp_finetune.commands import values
 from kfp_finetune.commands.values import UsageError
+from kfp_finetune.components._shared.redact import redact_text
 
 TOKEN_ENV = "KFP_TOKEN"
 HOST_ENVS = ("KFP_HOST", "KF_PIPELINES_ENDPOINT")
@@ -491,8 +492,8 @@ def run_command(args: argparse.Namespace, body) -> int:
         with tempfile.TemporaryDirectory(prefix="kfp-finetune-") as workdir, backend_errors(host_from(args)):
             return body(workdir)
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(error)}", file=sys.stderr)
         return 2
-    except BackendError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except BackendError as error:  # a server's or client's message may quote a URL with credentials
+        print(f"error: {redact_text(error)}", file=sys.stderr)
         return 1

@@ -4,6 +4,8 @@ A value becomes the type its parameter declares (the KFP parameter types): an in
 123, a string parameter keeps `0123`, a boolean takes true/false, a list or a struct is JSON or YAML flow
 (`[a, b]`, `{k: v}`). Where the type is not known (a torchtune override, a pipeline archive) the value is read as
 YAML 1.2 core: `0123` is 123, `1e-4` a float, `yes` a string (never YAML 1.1's octal, sexagesimal or yes/no).
+A URI value that carries credentials (a presigned query, `user:pass@`) is refused: KFP prints and stores every
+parameter.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kfp_finetune.components._shared.redact import CREDENTIALS_IN_PARAMETER, credentials_in
 
 # KFP parameter type -> how we describe it in errors.
 TYPES = {
@@ -144,9 +148,14 @@ def declared_types(spec: dict | None) -> dict[str, dict] | None:
 
 
 def typed_params(given: dict[str, Any], spec: dict | None, flag: str = "--param") -> dict[str, Any]:
-    """Check names against the pipeline's inputs (unknown, missing required) and type every value.
+    """Check names against the pipeline's inputs (unknown, missing required), type every value and refuse a URI
+    that carries credentials.
 
     Without a spec (an archive) values are read untyped."""
+    for name, value in given.items():
+        what = credentials_in(value) if isinstance(value, str) else None
+        if what:
+            raise UsageError(f"{flag} {name}: {name} {CREDENTIALS_IN_PARAMETER.format(what=what)}")
     declared = declared_types(spec)
     if declared is None:
         return {name: parse_value(name, value, None, flag) for name, value in given.items()}

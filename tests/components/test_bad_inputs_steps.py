@@ -367,6 +367,41 @@ CLI_ROWS = [
         2,
         ["distributed", "CPU"],
     ),
+    (
+        "run-local-presigned-data-uri",
+        [
+            "run-local",
+            "finetune-pipeline",
+            "--param",
+            "data_uri=https://127.0.0.1:9/t.jsonl?X-Amz-Signature=s",
+        ],
+        2,
+        [
+            "--param data_uri",
+            "carries credentials",
+            "KFP prints every pipeline parameter",
+            "Kubernetes Secret",
+        ],
+    ),
+    (
+        "run-endpoint-with-userinfo",
+        [
+            "run",
+            "finetune-pipeline",
+            "--host",
+            "http://127.0.0.1:9",
+            "--param",
+            "model_uri=hf://o/m",
+            "--param",
+            "data_uri=hf://o/d",
+            "--param",
+            "export_destination=s3://b/p",
+            "--param",
+            "s3_endpoint_url=https://key:secret@127.0.0.1:9",
+        ],
+        2,
+        ["--param s3_endpoint_url", "user:password@", "AWS_SECRET_ACCESS_KEY"],
+    ),
 ]
 
 

@@ -4,8 +4,10 @@ ones with a server error, as S3 does under load: 503 SlowDown with an S3 XML err
 
 It can also damage what a client reads, as a faulty disk, NIC or middlebox does: `corrupt(key)` flips bytes of the
 body of the next GET of an object (same length, headers untouched), `truncate(key)` answers it with the first half
-only and a matching Content-Length (a stream that ends early yet looks complete), and `corrupt_etag(key)` changes
-the ETag a HEAD of the object reports (a read-back that finds other bytes than were written).
+only and a matching Content-Length (a stream that ends early yet looks complete), `drop(key)` sends the headers
+and half the body of the next GET, then closes the connection (a connection lost mid-transfer), and
+`corrupt_etag(key)` changes the ETag a HEAD of the object reports (a read-back that finds other bytes than were
+written).
 
 `barrier(count, method, query)` measures how many requests a client really has in flight at once, without
 timing: every matching request is held until `count` are held together (then all go on and later ones pass),
@@ -29,13 +31,15 @@ _SLOW_DOWN = (
 
 class FaultProxy:
     """`with FaultProxy(upstream_url) as proxy:` point the client at `proxy.url`; `proxy.requests` lists
-    (method, path, status) in order; `fail_next(n)` answers the next n requests 503 SlowDown."""
+    (method, path, status) in order; `fail_next(n)` answers the next n requests (of `method`, when given) 503
+    SlowDown."""
 
     def __init__(self, upstream: str) -> None:
         parsed = urllib.parse.urlparse(upstream)
         self._upstream = (parsed.hostname, parsed.port)
         self.requests: list[tuple[str, str, int]] = []
         self._failures = 0
+        self._failing_method: str | None = None
         self._damage: dict[tuple[str, str], int] = {}  # (mode, key) -> how many more responses to damage
         self._lock = threading.Lock()
         self._barrier: dict | None = None
@@ -49,9 +53,9 @@ class FaultProxy:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def fail_next(self, count: int) -> None:
+    def fail_next(self, count: int, method: str | None = None) -> None:
         with self._lock:
-            self._failures = count
+            self._failures, self._failing_method = count, method
 
     def corrupt(self, key: str, times: int = 1) -> None:
         """The next `times` GETs of object `key` (bucket/key) get a body of the same length with flipped bytes."""
@@ -60,6 +64,10 @@ class FaultProxy:
     def truncate(self, key: str, times: int = 1) -> None:
         """The next `times` GETs of `key` get the first half of the body, with a Content-Length that matches it."""
         self._arm("truncate", key, times)
+
+    def drop(self, key: str, times: int = 1) -> None:
+        """The next `times` GETs of `key` send the whole Content-Length, half the body, then close the connection."""
+        self._arm("drop", key, times)
 
     def corrupt_etag(self, key: str, times: int = 1) -> None:
         """The next `times` HEADs of `key` report an ETag of the same length with other digits."""
@@ -112,9 +120,9 @@ class FaultProxy:
                 return True
             return False
 
-    def _take_failure(self) -> bool:
+    def _take_failure(self, method: str) -> bool:
         with self._lock:
-            if self._failures:
+            if self._failures and self._failing_method in (None, method):
                 self._failures -= 1
                 return True
             return False
@@ -145,7 +153,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             proxy._hold(self.command, self.path)
-            if proxy._take_failure():
+            if proxy._take_failure(self.command):
                 self._reply(503, {"Content-Type": "application/xml"}, _SLOW_DOWN)
                 return
             upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
@@ -155,6 +163,14 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             data = response.read()
             kept = {k: v for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP}
             upstream.close()
+            if (
+                response.status in (200, 206)
+                and self.command == "GET"
+                and proxy._take_damage("drop", self.path)
+            ):
+                self._reply(response.status, kept, data[: len(data) // 2])
+                self.close_connection = True
+                return
             if response.status in (200, 206):
                 kept, data = _damaged(proxy, self.command, self.path, kept, data)
             self._reply(response.status, kept, data)

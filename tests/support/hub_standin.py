@@ -27,7 +27,9 @@ Tokens: `add_token(token, account, role, orgs)` registers what `GET /api/whoami-
 body: `name`, `orgs[].roleInOrg`, `auth.accessToken.role` read / write / fineGrained with `fineGrained.scoped`);
 an unregistered or missing token gets 401 there, as on the hub. A "read" token is refused every write (403), as
 the hub refuses writes with a read token even to the account's own repos; other roles write as before.
-The stand-in offers no Xet storage: clients must run with HF_HUB_DISABLE_XET=1 (as `hub_env` sets).
+The stand-in offers no Xet storage, and production uses none either: components/_shared/storage/hf.py switches
+Xet off (HF_HUB_DISABLE_XET) for every process that imports it, so the tests run the path production runs
+(`hub_env` leaves the variable unset on purpose).
 `fail_once(<sha256>, mode)` applies the same faults to the PUT of that LFS object; `puts_of(sha256)` counts
 them.
 """

@@ -70,7 +70,8 @@ def write_fake_model(
 
 
 def hub_env(endpoint: str, tmp_path: Path, token: str | None = None) -> dict[str, str]:
-    """Environment for a process that talks to the hub stand-in: online, isolated caches, fast retries."""
+    """Environment for a process that talks to the hub stand-in: online, isolated caches, fast retries. Xet is
+    left to our code to switch off, as in production (storage/hf.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "AWS_"))}
     env.update(
         HF_ENDPOINT=endpoint,
@@ -78,7 +79,6 @@ def hub_env(endpoint: str, tmp_path: Path, token: str | None = None) -> dict[str
         HF_DATASETS_OFFLINE="0",
         HF_HOME=str(tmp_path / "hf_home"),
         HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_XET="1",
         KFP_FINETUNE_RETRY_DELAY="0.1",
         KFP_FINETUNE_PROGRESS_INTERVAL="0.2",
         PYTHONPATH=str(ROOT),

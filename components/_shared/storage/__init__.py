@@ -10,7 +10,8 @@ Supported forms (see SUPPORTED_FORMS):
 
 Credentials come only from the environment (HF_TOKEN, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 AWS_SESSION_TOKEN), which pipelines fill from Kubernetes Secrets; a URI's own (a presigned URL's query string,
-`user:pass@`) is shown only through `redact_uri`. Remote names that could land outside a destination are
+`user:pass@`) is shown only through `redact_uri` / `redact_text` (every StorageError message and log line) and
+is refused as a pipeline parameter (`refuse_credentials`). Remote names that could land outside a destination are
 refused (HostileName) before anything is written.
 
 Local sources follow symlinks only inside the source folder: by default a link whose target resolves outside it
@@ -29,8 +30,17 @@ same check for hub files the `datasets` library downloaded. `publish_directory(s
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
+from kfp_finetune.components._shared.redact import redact_text, redact_uri
+
 from .checksums import FileHash, damaged_files, hash_file, hash_files
-from .errors import DestinationConflict, HostileName, IntegrityError, SourceChanged, StorageError
+from .errors import (
+    CredentialsInParameter,
+    DestinationConflict,
+    HostileName,
+    IntegrityError,
+    SourceChanged,
+    StorageError,
+)
 from .fetch import download, list_files
 from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
@@ -45,10 +55,11 @@ from .publish import (
     require_credentials,
 )
 from .retry import is_transient, with_retries
-from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
+from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, refuse_credentials
 
 __all__ = [
     "SUPPORTED_FORMS",
+    "CredentialsInParameter",
     "DestinationConflict",
     "FileHash",
     "FileRecord",
@@ -73,7 +84,9 @@ __all__ = [
     "parse_uri",
     "probe_destination",
     "publish_directory",
+    "redact_text",
     "redact_uri",
+    "refuse_credentials",
     "refuse_root",
     "require_credentials",
     "verify_hub_cache",

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from kfp_finetune.components._shared.errors import SettingError
+from kfp_finetune.components._shared.redact import redact_text
+
 
 class StorageError(RuntimeError):
-    """A source could not be read or a destination written; the message names it and what to do."""
+    """A source could not be read or a destination written; the message names it and what to do. A URL in the
+    message (one a client's error named) is redacted: the message reaches step logs and the UI."""
+
+    def __init__(self, message: str):
+        super().__init__(redact_text(message))
+
+
+class CredentialsInParameter(SettingError):
+    """A URI given as a parameter (`setting`, named as the pipeline user sets it) carries credentials (a presigned
+    query, user:password@); `problem` says why that is refused and how to pass them through a Secret."""
 
 
 class DestinationConflict(StorageError):

@@ -1,10 +1,17 @@
-"""hf:// — Hugging Face Hub model and dataset repos (huggingface_hub; HF_TOKEN and HF_ENDPOINT from the env)."""
+"""hf:// — Hugging Face Hub model and dataset repos (huggingface_hub; HF_TOKEN and HF_ENDPOINT from the env).
+
+Transfers use the hub's HTTP and git-LFS protocol, never Xet: huggingface_hub >= 1 uploads every file through Xet
+whenever `hf_xet` is installed (it comes with it), a path no test here can run (Xet's CAS has no stand-in), so this
+module switches Xet off for the whole process (`HF_HUB_DISABLE_XET`) before anything uses the hub client, and the
+tests run that same path. The hub keeps serving and accepting Xet-backed repos over plain HTTP / LFS.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -27,6 +34,19 @@ WRITABLE = True
 ATOMIC_CHANGES = True  # one commit per put: atomic
 OWNS_DESTINATION = True  # the repo is ours: overwrite may remove any file in it; its root is fine
 _REPO_FILES = {".gitattributes"}  # the hub creates it with every repo: not a conflict, never deleted
+
+
+def _without_xet() -> None:
+    """Xet off for this process and its children: huggingface_hub reads HF_HUB_DISABLE_XET at import and then
+    looks at `constants.HF_HUB_DISABLE_XET` before each transfer, so a client imported earlier (by `datasets`)
+    is switched off too."""
+    os.environ["HF_HUB_DISABLE_XET"] = "1"
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        constants.HF_HUB_DISABLE_XET = True
+
+
+_without_xet()  # on import: storage is imported before any transfer (and any use of `datasets`) in a step
 
 
 def _token() -> str | bool:

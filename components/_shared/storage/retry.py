@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.redact import redact_text
 
 log = get_logger(__name__)
 
@@ -75,6 +76,11 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _first_line(exc: BaseException) -> str:
+    # Redacted before it is cut: a cut inside a URL's userinfo would leave nothing for the log's redaction to find.
+    return redact_text(str(exc)).splitlines()[0][:200] if str(exc) else ""
+
+
 def with_retries(
     action: Callable[[], T], *, what: str, attempts: int | None = None, base_delay: float | None = None
 ) -> T:
@@ -90,7 +96,7 @@ def with_retries(
                 raise
             log.warning(
                 "%s: transient error (%s: %s); retry %d/%d in %.1fs",
-                what, type(exc).__name__, str(exc).splitlines()[0][:200], attempt, attempts - 1, delay,
+                what, type(exc).__name__, _first_line(exc), attempt, attempts - 1, delay,
             )  # fmt: skip
             time.sleep(delay)
             delay *= 2

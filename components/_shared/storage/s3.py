@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.redact import redact_uri
 
 from .errors import IntegrityError, SourceChanged, StorageError
 from .listing import FileRecord, Listing, RemoteFile
 from .names import write_target
 from .parallel import run_parallel
 from .progress import Progress
-from .retry import with_retries
+from .retry import is_transient, status_code, with_retries
 from .uri import StorageUri
 
 log = get_logger(__name__)
@@ -79,15 +80,44 @@ def _client(endpoint_url: str | None):
     return boto3.session.Session().client("s3", endpoint_url=endpoint(endpoint_url), config=config)
 
 
-def _where(uri: StorageUri, endpoint_url: str | None) -> str:
-    return f"{uri.shown} (endpoint {endpoint(endpoint_url) or 'AWS default'})"
+def _where(uri: StorageUri, endpoint_url: str | None, key: str | None = None) -> str:
+    shown = f"s3://{uri.bucket}/{key}" if key else uri.shown
+    return f"{shown} (endpoint {redact_uri(endpoint(endpoint_url) or 'AWS default')})"
 
 
-def error(exc: BaseException, uri: StorageUri, endpoint_url: str | None) -> StorageError | None:
-    """Turn a boto3 error into a message that names the bucket / endpoint and says what to do."""
-    from botocore.exceptions import ClientError, NoCredentialsError
+def _gave_up(exc: BaseException, where: str) -> StorageError | None:
+    """Retries run out (botocore's, then ours): S3 kept answering an error status (`SlowDown` 503, 500,
+    throttling), or s3transfer kept losing the connection while reading an object (RetriesExceededError)."""
+    from boto3.exceptions import RetriesExceededError
+    from botocore.exceptions import ClientError
+    from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
 
-    where = _where(uri, endpoint_url)
+    if isinstance(exc, RetriesExceededError | TransferRetriesExceeded):
+        last = exc.last_exception
+        return StorageError(
+            f"reading {where} broke off on every attempt ({type(last).__name__}: {str(last).splitlines()[0]}): "
+            "the network or the S3 endpoint keeps dropping the connection; try again later."
+        )
+    if isinstance(exc, ClientError) and is_transient(exc):
+        status = f"HTTP {status_code(exc)}"
+        code = exc.response.get("Error", {}).get("Code", "")
+        answer = f"{code} ({status})" if code and not code.isdigit() else status
+        return StorageError(
+            f"S3 kept answering {answer} to {exc.operation_name} for {where} after every retry: the store is "
+            "overloaded or throttling; try again later."
+        )
+    return None
+
+
+def error(
+    exc: BaseException, uri: StorageUri, endpoint_url: str | None, key: str | None = None
+) -> StorageError | None:
+    """Turn a boto3 error into a message that names the bucket (and `key`) / endpoint and says what to do."""
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    where = _where(uri, endpoint_url, key)
+    if isinstance(exc, EndpointConnectionError):
+        return StorageError(f"cannot reach the S3 endpoint of {where} ({exc}): check s3_endpoint_url.")
     if isinstance(exc, NoCredentialsError):
         return StorageError(
             f"no S3 credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY."
@@ -105,21 +135,22 @@ def error(exc: BaseException, uri: StorageUri, endpoint_url: str | None) -> Stor
             return StorageError(f"access denied to {where}: the credentials lack s3:GetObject/ListBucket.")
         if code in ("NoSuchKey", "404", "NotFound"):
             return StorageError(f"no such object at {where}.")
-    return None
+    return _gave_up(exc, where)
 
 
 @contextlib.contextmanager
-def _mapped(uri: StorageUri, endpoint_url: str | None) -> Iterator[None]:
-    from boto3.exceptions import S3UploadFailedError
+def _mapped(uri: StorageUri, endpoint_url: str | None, key: str | None = None) -> Iterator[None]:
+    """boto3's errors inside as StorageErrors naming `uri` (and the object `key`, when one is in play)."""
+    from boto3.exceptions import RetriesExceededError, S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         yield
-    except (ClientError, BotoCoreError) as exc:
-        raise (error(exc, uri, endpoint_url) or exc) from exc
+    except (ClientError, BotoCoreError, RetriesExceededError) as exc:
+        raise (error(exc, uri, endpoint_url, key) or exc) from exc
     except S3UploadFailedError as exc:  # boto3's transfer manager wraps the ClientError
         cause = exc.__cause__ or exc.__context__
-        raise ((error(cause, uri, endpoint_url) if cause else None) or exc) from exc
+        raise ((error(cause, uri, endpoint_url, key) if cause else None) or exc) from exc
 
 
 def _md5_etag(etag: str) -> str | None:
@@ -231,10 +262,11 @@ def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, p
 
         key = remote[rel].source_path
         try:
-            with_retries(
-                lambda: client.download_file(uri.bucket, key, str(targets[rel]), Config=config),
-                what=f"download s3 {key}",
-            )
+            with _mapped(uri, listing.endpoint_url, key):
+                with_retries(
+                    lambda: client.download_file(uri.bucket, key, str(targets[rel]), Config=config),
+                    what=f"download s3 {key}",
+                )
         except FlexibleChecksumError as exc:
             raise IntegrityError(f"{uri.shown}: {rel} (key {key}) is corrupt: {exc}.") from exc
         except ClientError as exc:
@@ -360,12 +392,13 @@ def put(
         # The sha256 goes into the object's metadata: S3 states no whole-object sha256 for multipart uploads,
         # and it lets a rerun recognise content it already uploaded.
         extra = {"Metadata": {"sha256": record.sha256}}
-        with_retries(
-            lambda: client.upload_file(
-                str(src / record.path), uri.bucket, key, ExtraArgs=extra, Config=config
-            ),
-            what=f"upload s3 {key}",
-        )
+        with _mapped(uri, dest.endpoint_url, key):
+            with_retries(
+                lambda: client.upload_file(
+                    str(src / record.path), uri.bucket, key, ExtraArgs=extra, Config=config
+                ),
+                what=f"upload s3 {key}",
+            )
         progress.file_done(record.size)
 
     with _mapped(uri, dest.endpoint_url):

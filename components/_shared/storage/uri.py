@@ -1,16 +1,17 @@
-"""Storage URIs: parsing (one parser per scheme, in a table) and `redact_uri`, the only form a URI is shown in.
-
-Credentials never leave the environment: a URI's query string (a presigned URL's X-Amz-Signature) and userinfo
-(`user:pass@`) are replaced by `<redacted>` wherever a URI is logged, raised or recorded.
+"""Storage URIs: parsing (one parser per scheme, in a table); a URI is shown only through `redact_uri`
+(_shared/redact.py), and one given as a parameter with credentials in it is refused (`refuse_credentials`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from kfp_finetune.components._shared.redact import CREDENTIALS_IN_PARAMETER, credentials_in, redact_uri
+
+from .errors import CredentialsInParameter
 
 SUPPORTED_FORMS = (
     "hf://<org>/<repo>[/<path/in/repo>][@<revision>]",
@@ -18,17 +19,6 @@ SUPPORTED_FORMS = (
     "file:///<absolute/path> or /<absolute/path>",
     "https://<host>/<path/to/file> (a single file)",
 )
-
-REDACTED = "<redacted>"
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
-
-
-def redact_uri(uri: str) -> str:
-    """`uri` without secrets: `?<query>` becomes `?<redacted>`, `user:pass@` after the scheme `<redacted>@`."""
-    uri = str(uri)
-    base, question, _query = uri.partition("?")
-    base = _USERINFO.sub(rf"\1{REDACTED}@", base)
-    return f"{base}?{REDACTED}" if question else base
 
 
 @dataclass(frozen=True)
@@ -63,6 +53,8 @@ def _parse_hf(uri: str, rest: str) -> StorageUri:
     repo_type = None
     if len(parts) >= 3 and parts[0] in ("datasets", "models"):  # HfFileSystem's hf://datasets/<org>/<name>
         repo_type, parts = parts[0][:-1], parts[1:]
+    if "?" in rest:  # the hub reads no query; a token in one would only be echoed (the revision's name)
+        raise _invalid(uri, "hf:// takes no query string (the token comes from HF_TOKEN)")
     if len(parts) < 2 or (at and not revision) or any(p in (".", "..") for p in parts):
         raise _invalid(uri, "expected an <org>/<repo> and, after '@', a non-empty revision")
     return StorageUri(
@@ -134,3 +126,12 @@ def parse_uri(uri: str | StorageUri) -> StorageUri:
             uri, f"unknown scheme {scheme.lower()!r}{_SCHEME_FIXES.get(scheme.lower(), _COPY_FIRST)}"
         )
     return parser(uri, rest)
+
+
+def refuse_credentials(**parameters: str) -> None:
+    """Raise CredentialsInParameter when the value of a parameter (named as the pipeline user sets it, e.g.
+    `data_uri`) carries credentials; the first step of every pipeline checks its URIs so."""
+    for name, value in parameters.items():
+        what = credentials_in(value)
+        if what:
+            raise CredentialsInParameter(name, f"{CREDENTIALS_IN_PARAMETER.format(what=what)}.")
