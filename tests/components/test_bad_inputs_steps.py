@@ -1,4 +1,4 @@
-"""Bad inputs to torchtune-finetune, evaluate, export and the CLI (issue 16 item 7), one table row each.
+"""Bad inputs to torchtune-finetune, evaluate, export, gpu-counts and the CLI (issue 16 item 7), one table row each.
 
 Each row calls the plain-Python entry point (run_finetune, evaluate's run_component, export_model, the CLI's
 main()) and expects an error of a class the component's `usage_errors(...)` prints as one line, naming the
@@ -20,6 +20,7 @@ from kfp_finetune.components._shared.storage import StorageError
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.evaluate import evaluate
 from kfp_finetune.components.export.export import ExportError, export_model
+from kfp_finetune.components.gpu_counts.component import gpu_counts
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.components.torchtune_finetune.finetune import USAGE_ERRORS, ArtifactInput, run_finetune
 from tests.components.test_bad_inputs_data import assert_message
@@ -304,6 +305,34 @@ def test_export_refuses_a_model_artifact_of_another_shape(tmp_path, workspace):
         )
     assert_message(caught.value, ["model", "'merged_path'", "a string", "torchtune-finetune's model output"])
     assert entries(workspace) == set() and not output.metadata
+
+
+# --- gpu-counts -----------------------------------------------------------------------------------------------
+
+# (id, gpu-counts parameters, the one line on stderr)
+GPU_COUNTS_ROWS = [
+    (
+        "tune-gpus-negative",
+        {"tune_gpus_per_node": -1},
+        "error: tune_gpus_per_node must be 0 (CPU training) or more (got -1)",
+    ),
+    (
+        "eval-gpus-below-minus-one",
+        {"tune_gpus_per_node": 2, "eval_gpus": -3},
+        "error: eval_gpus must be -1 (one GPU when the fine-tune used GPUs) or 0 or more (got -3)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("params", "line"), [r[1:] for r in GPU_COUNTS_ROWS], ids=[r[0] for r in GPU_COUNTS_ROWS]
+)
+def test_gpu_counts_refuses(capsys, params, line):
+    """The component body, as KFP runs it: one `error:` line and exit status 1, no traceback."""
+    with pytest.raises(SystemExit) as ended:
+        gpu_counts.python_func(**params)
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.strip() == line
 
 
 # --- the CLI --------------------------------------------------------------------------------------------------
