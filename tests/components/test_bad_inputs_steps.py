@@ -390,6 +390,27 @@ CLI_ROWS = [
         2,
         ["data.xml", "unsupported type"],
     ),
+    *(
+        (
+            f"trainjob-{row_id}",
+            ["trainjob", "--dry-run", "--model-dir", "{model}", "--data", "{data}", *flags],
+            2,
+            fragments,
+        )  # fmt: skip
+        for row_id, flags, fragments in [
+            ("timeout-negative", ["--timeout", "-1"], ["--timeout", "0 (no limit) or more", "got -1"]),
+            ("gpus-negative", ["--gpus", "-1"], ["--gpus", "0 (CPU) or more", "got -1"]),
+            ("nodes-zero", ["--nodes", "0"], ["--nodes", "at least 1", "got 0"]),
+            ("namespace-not-a-name", ["--namespace", "Team_A"], ["--namespace", "'Team_A'", "lowercase"]),
+            ("runtime-not-a-name", ["--runtime", "my runtime"], ["--runtime", "'my runtime'", "253"]),
+            (
+                "pvc-not-a-name",
+                ["--workspace-pvc", "ws-"],
+                ["--workspace-pvc", "'ws-'", "starting and ending"],
+            ),
+            ("image-not-a-reference", ["--image", "Trainer:latest"], ["--image", "image reference", "lower"]),
+        ]
+    ),
     (
         "cpu-distributed",
         ["resolve-config", "--model-dir", "{model}", "--devices", "2", "--device", "cpu"],
