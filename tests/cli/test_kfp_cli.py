@@ -332,6 +332,40 @@ def test_kubeconfig_credentials_reach_kfp_through_the_service_proxy(tmp_path):
         assert "kube-token" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "fragments"),
+    [
+        ("Prepare Inputs", ["'Prepare Inputs' (pipelineInfo.name)", "lowercase", "name='prepare-inputs'"]),
+        ("prepare.inputs", ["'prepare.inputs'", "name='prepare-inputs'"]),
+        ("-prepare", ["'-prepare'", "starting with a letter or digit"]),
+        ("p" * 129, ["1-128 lowercase"]),
+    ],
+    ids=["spaces", "dot", "leading-dash", "too-long"],
+)
+def test_upload_checks_the_spec_name_first(capsys, kfp_standin, tmp_path, name, fragments):
+    """The server's 400 (test_kfp_cli_server.py) said before anything is sent, naming the fix; the spec is
+    not rewritten, so what KFP stores is the file given."""
+    documents = kb.load_package("prepare-inputs", tmp_path).documents
+    documents[0]["pipelineInfo"]["name"] = name
+    source = tmp_path / "mine.yaml"
+    source.write_text(yaml.safe_dump_all(documents))
+    code, _, err = cli(capsys, "upload", str(source), "--host", kfp_standin.url)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and all(f in err for f in fragments), err
+    assert kfp_standin.requests == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "longest"), [("--name", 128), ("--version-name", 127)], ids=["name", "version-name"]
+)
+def test_upload_checks_name_lengths_first(capsys, kfp_standin, flag, longest):
+    code, _, err = cli(
+        capsys, "upload", "prepare-inputs", flag, "n" * (longest + 1), "--host", kfp_standin.url
+    )
+    assert code == 2 and f"{flag} is {longest + 1} characters long; KFP takes at most {longest}" in err
+    assert kfp_standin.requests == []
+
+
 # --- schedule -----------------------------------------------------------------------------------------------
 
 
