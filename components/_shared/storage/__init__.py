@@ -16,7 +16,8 @@ refused (HostileName) before anything is written.
 `list_files(uri)` returns a `Listing`; `download(listing, paths, dest)` copies the chosen files and verifies
 them, fetching a damaged file once more before an IntegrityError (fetch.py); `verify_hub_cache(listing)` does the
 same check for hub files the `datasets` library downloaded. `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py);
-`probe_destination(uri)` checks, before any work, that it could (probe.py). One
+`probe_destination(uri)` checks, before any work, that it could, and `probe_source(uri)` that a source can be listed
+and read (probe.py). One
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
@@ -26,7 +27,7 @@ from .fetch import download, list_files
 from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
 from .listing import FileRecord, Listing, RemoteFile
-from .probe import probe_destination
+from .probe import probe_destination, probe_source
 from .publish import PublishResult, publish_directory, refuse_root, require_credentials
 from .retry import is_transient, with_retries
 from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, redact_uri
@@ -51,6 +52,7 @@ __all__ = [
     "list_files",
     "parse_uri",
     "probe_destination",
+    "probe_source",
     "publish_directory",
     "redact_uri",
     "refuse_root",

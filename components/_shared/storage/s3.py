@@ -156,6 +156,25 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
     return Listing(uri, files, endpoint_url=endpoint_url)
 
 
+def require_read(listing: Listing) -> None:
+    """The credentials may read the listed objects: a HEAD of the first one (s3:GetObject, which a listing,
+    s3:ListBucket, does not prove). Pre-flight's check of an s3:// source."""
+    from botocore.exceptions import ClientError
+
+    client = _client(listing.endpoint_url)
+    uri, key = listing.uri, listing.files[0].source_path
+    with _mapped(uri, listing.endpoint_url):
+        try:
+            with_retries(lambda: client.head_object(Bucket=uri.bucket, Key=key), what=f"read s3 {key}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code not in ("AccessDenied", "403", "Forbidden"):
+                raise
+            where = _where(uri, listing.endpoint_url)
+            raise StorageError(f"the S3 credentials may list {where} but not read its objects (HEAD {key}: "
+                               f"{code}): grant s3:GetObject on the prefix.") from exc  # fmt: skip
+
+
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
     client = _client(listing.endpoint_url)
     uri = listing.uri
