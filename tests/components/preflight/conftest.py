@@ -2,8 +2,8 @@
 a `models` bucket, and S3 users whose IAM policy moto enforces."""
 
 import json
-import uuid
 import urllib.request
+import uuid
 
 import boto3
 import pytest
