@@ -1,8 +1,12 @@
 """The probe verbs (pre-flight): can the environment's credentials write to a publish destination
 (`probe_destination`), and list and read a source (`probe_source`)? Checked before any download or training, so a
 wrong bucket, a read-only token or an unwritable folder fails a run in seconds instead of after hours. Each scheme
-module answers for itself (`probe`, `list_files`, and `require_read` where a listing does not prove read access);
-a probe leaves nothing behind."""
+module answers for itself (`probe`, `list_files`, and `require_read` where a listing does not prove read access).
+
+A probe leaves nothing behind, even when its pre-flight is killed between writing and deleting it: its name is
+unique and says when it was made (names.probe_name), and the next pre-flight at that destination first removes the
+probes older than names.PROBE_STALE_AFTER_SECONDS directly in the folder — exactly those names, never a user's
+file that merely starts alike, and never a probe another run's pre-flight is writing now."""
 
 from __future__ import annotations
 

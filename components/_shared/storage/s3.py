@@ -12,7 +12,7 @@ from kfp_finetune.components._shared.logs import get_logger
 
 from .errors import IntegrityError, StorageError
 from .listing import FileRecord, Listing, RemoteFile
-from .names import write_target
+from .names import PROBE_PREFIX, is_stale_probe, probe_name, write_target
 from .parallel import run_parallel
 from .progress import Progress
 from .retry import with_retries
@@ -232,17 +232,16 @@ def destination(
     return Destination(uri, endpoint_url, _client(endpoint_url))
 
 
-PROBE_NAME = ".kfp-finetune-probe-"  # + a random id: never an export's file name
-
-
 def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
-    """Write and delete a small object under the prefix: what an export needs (s3:PutObject, s3:DeleteObject)."""
-    import uuid
+    """Write and delete a small object under the prefix: what an export needs (s3:PutObject, s3:DeleteObject).
+    First removes the probes killed pre-flights left there (names.is_stale_probe)."""
+    import time
 
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = _client(endpoint_url)
-    key = f"{uri.path}/{PROBE_NAME}{uuid.uuid4().hex[:12]}"
+    _remove_stale_probes(client, uri)
+    key = f"{uri.path}/{probe_name(time.time())}"
     where = _where(uri, endpoint_url)
     try:
         with_retries(lambda: client.put_object(Bucket=uri.bucket, Key=key, Body=b"kfp-finetune pre-flight\n"),
@@ -257,8 +256,31 @@ def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
         with_retries(lambda: client.delete_object(Bucket=uri.bucket, Key=key), what=f"delete {key}")
     except (ClientError, BotoCoreError) as exc:
         # Writing is what an export needs; deleting only for overwrite. Say what was left behind.
-        log.warning("could write but not delete the probe object s3://%s/%s (%s): remove it by hand", uri.bucket,
-                    key, exc)  # fmt: skip
+        log.warning("could write but not delete the probe object s3://%s/%s (%s): the next pre-flight removes it, "
+                    "or remove it by hand", uri.bucket, key, exc)  # fmt: skip
+
+
+def _remove_stale_probes(client, uri: StorageUri) -> None:
+    """Delete the probe objects directly under the prefix that killed pre-flights left (older than
+    names.PROBE_STALE_AFTER_SECONDS by their name); no other object, however it is named. A listing or delete
+    that fails is only logged: the probe that follows reports what the credentials cannot do."""
+    import time
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    folder = f"{uri.path}/"
+    now = time.time()
+    try:
+        pages = with_retries(lambda: list(client.get_paginator("list_objects_v2").paginate(
+            Bucket=uri.bucket, Prefix=folder + PROBE_PREFIX, Delimiter="/")), what=f"list probes in {uri.shown}")  # fmt: skip
+        for key in (obj["Key"] for page in pages for obj in page.get("Contents", [])):
+            if is_stale_probe(key[len(folder) :], now):
+                with_retries(
+                    lambda key=key: client.delete_object(Bucket=uri.bucket, Key=key), what=f"delete {key}"
+                )
+                log.info("removed s3://%s/%s, the probe of a pre-flight that was killed", uri.bucket, key)
+    except (ClientError, BotoCoreError) as exc:
+        log.info("could not look for probes killed pre-flights left in %s (%s)", uri.shown, exc)
 
 
 def _key(dest: Destination, rel: str) -> str:
