@@ -412,6 +412,18 @@ CLI_ROWS = [
         ]
     ),
     (
+        "params-file-not-yaml",
+        ["run", "prepare-inputs", "--params-file", "{tmp}/broken.yaml", "--host", "http://127.0.0.1:9"],
+        2,
+        ["--params-file", "broken.yaml", "not valid YAML", "line 2, column 1"],
+    ),
+    (
+        "params-file-not-utf8",
+        ["run", "prepare-inputs", "--params-file", "{tmp}/latin1.yaml", "--host", "http://127.0.0.1:9"],
+        2,
+        ["--params-file", "latin1.yaml", "not UTF-8", "save it as UTF-8"],
+    ),
+    (
         "cpu-distributed",
         ["resolve-config", "--model-dir", "{model}", "--devices", "2", "--device", "cpu"],
         2,
@@ -426,6 +438,8 @@ CLI_ROWS = [
 def test_cli_refuses(tmp_path, tiny_llama, tiny_dataset, capsys, monkeypatch, argv, status, fragments):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.xml").write_text("<rows/>")
+    (tmp_path / "broken.yaml").write_text("data_uri: [/d\n")
+    (tmp_path / "latin1.yaml").write_bytes("data_uri: /données\n".encode("latin-1"))
     argv = [a.format(model=tiny_llama, tmp=tmp_path, data=tiny_dataset["train.jsonl"]) for a in argv]
     try:
         code = main(argv)
@@ -435,4 +449,8 @@ def test_cli_refuses(tmp_path, tiny_llama, tiny_dataset, capsys, monkeypatch, ar
     assert code == status
     assert "Traceback" not in err
     assert_message(RuntimeError(err), fragments)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.xml"]  # no run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "broken.yaml",
+        "data.xml",
+        "latin1.yaml",
+    ]  # no run folder
