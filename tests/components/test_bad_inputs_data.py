@@ -546,21 +546,21 @@ def test_model_initialize_refuses(tmp_path, workspace, tiny_llama, builder, frag
 
 # (id, cache_path given the test's folders (src, a read-only folder), message fragments)
 CACHE_PATH_ROWS = [
-    ("relative", lambda src, ro: "model-cache", ["cache_path", "absolute path", "'model-cache'"]),
+    ("relative", lambda src, ro: "model-cache", ["model_cache_path", "absolute path", "'model-cache'"]),
     (
         "a-file",
         lambda src, ro: str(write(src, "cache", "")),
-        ["cache_path", "is a file", "leave cache_path empty"],
+        ["model_cache_path", "is a file", "leave it empty for no cache"],
     ),
     (
         "under-a-file",
         lambda src, ro: str(write(src, "cache", "") / "models"),
-        ["cache_path", "is a file", "read-write volume"],
+        ["model_cache_path (model-initialize's cache_path)", "is a file", "read-write volume"],
     ),
     (
         "read-only",
         lambda src, ro: str(ro),
-        ["cache_path", str(Path("read-only")), "cannot be written", "read-write volume"],
+        ["model_cache_path", "read-only", "cannot be written", "read-write volume"],
     ),
 ]
 
