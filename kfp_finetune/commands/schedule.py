@@ -132,6 +132,25 @@ def check_cron(text: str) -> str:
     return expression
 
 
+def _check_end_reachable(start: str | None, end: str | None, interval: int | None) -> None:
+    """UsageError when `end` leaves no time for a run: it is past, or (an interval schedule) it comes before the
+    first run, which KFP's scheduler starts one interval after the start (periodic_schedule.go)."""
+    if not end:
+        return
+    now = datetime.datetime.now(datetime.timezone.utc)
+    until = datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
+    if until <= now:
+        raise kb.UsageError(f"--end {end} is in the past: the schedule would never start a run")
+    if interval:
+        begin = datetime.datetime.fromisoformat(start.replace("Z", "+00:00")) if start else now
+        first = begin + datetime.timedelta(seconds=interval)
+        if first > until:
+            raise kb.UsageError(
+                f"--end {end} comes before the first run ({first:%Y-%m-%dT%H:%M:%SZ}, one --interval-seconds "
+                "after the start): the schedule would never start a run"
+            )
+
+
 def check_schedule(args: argparse.Namespace) -> dict:
     """The trigger arguments of kfp.Client.create_recurring_run, validated."""
     if not 1 <= args.max_concurrency <= MAX_CONCURRENCY_LIMIT:
@@ -146,6 +165,7 @@ def check_schedule(args: argparse.Namespace) -> dict:
     start, end = kb.rfc3339(args.start, "--start"), kb.rfc3339(args.end, "--end")
     if start and end and end <= start:
         raise kb.UsageError(f"--end {end} is not after --start {start}")
+    _check_end_reachable(start, end, args.interval_seconds)
     return {
         "cron_expression": check_cron(args.cron) if args.cron else None,
         "interval_second": args.interval_seconds,

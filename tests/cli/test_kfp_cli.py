@@ -373,7 +373,7 @@ def test_schedule_cron_defaults_to_one_at_a_time_without_catchup(capsys, kfp_sta
     pipeline_id, version_id = upload(capsys, kfp_standin)
     code, out, err = cli(
         capsys, "schedule", "--pipeline", "finetune-pipeline", "--cron", "0 30 2 * * MON-FRI",
-        "--start", "2026-12-01T00:00:00", "--end", "2027-06-01T00:00:00+02:00", "--name", "nightly",
+        "--start", "2096-12-01T00:00:00", "--end", "2097-06-01T00:00:00+02:00", "--name", "nightly",
         "--host", kfp_standin.url, *[arg for p in FINETUNE_PARAMS for arg in ("--param", p)],
         "--param", "eval_gpus=1",
     )  # fmt: skip
@@ -384,8 +384,8 @@ def test_schedule_cron_defaults_to_one_at_a_time_without_catchup(capsys, kfp_sta
     assert body["trigger"] == {
         "cron_schedule": {
             "cron": "0 30 2 * * MON-FRI",
-            "start_time": "2026-12-01T00:00:00Z",
-            "end_time": "2027-05-31T22:00:00Z",
+            "start_time": "2096-12-01T00:00:00Z",
+            "end_time": "2097-05-31T22:00:00Z",
         }
     }
     assert body["max_concurrency"] == 1
@@ -509,6 +509,11 @@ def test_valid_crons_pass(cron):
         (["--interval-seconds", "1"], "at most one run a minute), got 1"),
         (["--cron", "@daily", "--start", "tomorrow"], "--start 'tomorrow': expected an ISO 8601 time"),
         (["--cron", "@daily", "--start", "2027-01-02", "--end", "2027-01-01"], "is not after --start"),
+        (["--cron", "@daily", "--end", "2020-01-01"], "--end 2020-01-01T00:00:00Z is in the past"),
+        (
+            ["--interval-seconds", "86400", "--start", "2090-01-01", "--end", "2090-01-01T12:00:00"],
+            "comes before the first run (2090-01-02T00:00:00Z",
+        ),
     ],
 )
 def test_bad_schedule_options(capsys, kfp_standin, argv, message):
