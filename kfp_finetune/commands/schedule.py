@@ -75,15 +75,25 @@ def _values(field: str, low: int, high: int, names: list[str] | None) -> tuple[s
     return values, star
 
 
-def _fields_problem(fields: list[str]) -> str | None:
-    """Why a six-field cron never fires, or fires more than once a minute; None when neither."""
-    (seconds, _), _, _, (days, any_day), (months, _), (weekdays, any_weekday) = (
+def _field_values(fields: list[str]) -> list[tuple[set[int], bool]]:
+    return [
         _values(field, low, high, names)
         for field, (_, low, high, names) in zip(fields, kb.CRON_FIELDS, strict=True)
-    )
+    ]
+
+
+def _too_often(fields: list[str]) -> str | None:
+    """Why a six-field cron starts more than one run a minute (several values in its seconds field), else None."""
+    seconds, _ = _field_values(fields)[0]
     if len(seconds) > 1:
         return (f"would start {len(seconds)} runs a minute (seconds field {fields[0]!r}): a schedule may start "
                 f"at most one a minute; put one second there, e.g. '0 {' '.join(fields[1:])}'")  # fmt: skip
+    return None
+
+
+def _never_fires(fields: list[str]) -> str | None:
+    """Why a six-field cron never fires (no date in robfig's five-year horizon matches its days), else None."""
+    _, _, _, (days, any_day), (months, _), (weekdays, any_weekday) = _field_values(fields)
     day = datetime.datetime.now(datetime.timezone.utc).date()
     for _ in range(_HORIZON_DAYS):
         by_date, by_weekday = day.day in days, (day.weekday() + 1) % 7 in weekdays
@@ -113,10 +123,11 @@ def check_cron(text: str) -> str:
     fields = text.split()
     if len(fields) == 5:
         try:
-            problem = _fields_problem(["0", *fields])
-        except ValueError:  # a field KFP would not parse: validate_cron says which
-            problem = None
-        if problem and "never fires" in problem:
+            meant = kb.validate_cron(" ".join(["0", *fields])).split(" ")
+        except kb.UsageError:  # not a cron even with seconds: validate_cron below says why
+            meant = None
+        problem = meant and _never_fires(meant)
+        if problem:
             raise kb.UsageError(
                 f"--cron {' '.join(fields)!r} {problem} (KFP's cron has 6 fields, seconds first)"
             )
@@ -126,7 +137,7 @@ def check_cron(text: str) -> str:
     elif expression.startswith("@"):
         problem = None  # the descriptors fire hourly at most
     else:
-        problem = _fields_problem(expression.split(" "))
+        problem = _too_often(expression.split(" ")) or _never_fires(expression.split(" "))
     if problem:
         raise kb.UsageError(f"--cron {expression!r} {problem}")
     return expression
