@@ -1,6 +1,8 @@
 import contextlib
 import logging
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -34,6 +36,26 @@ def workspace(tmp_path):
     path = tmp_path / "workspace"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder no file can be created in: mode 0o555, and immutable (`chattr +i`) where the tests run as root,
+    whom modes do not stop (as a read-only volume would). Skipped where root cannot make it immutable."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    as_root = os.geteuid() == 0
+    if as_root and not (
+        shutil.which("chattr")
+        and subprocess.run(["chattr", "+i", folder], capture_output=True).returncode == 0
+    ):
+        folder.chmod(0o755)
+        pytest.skip("running as root on a filesystem without immutable files: no folder is read-only to root")
+    yield folder
+    if as_root:
+        subprocess.run(["chattr", "-i", folder], check=True)
+    folder.chmod(0o755)
 
 
 @pytest.fixture(scope="session")

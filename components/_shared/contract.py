@@ -47,6 +47,13 @@ class ArtifactInput:
         return cls(dict(artifact.metadata), artifact.path) if artifact is not None else None
 
 
+def _empty(value: Any) -> bool:
+    """A key a step wrote without a value (None, "", blanks, [] or {}) connects nothing: as if it were missing."""
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or value == [] or value == {}
+
+
 @dataclass(kw_only=True)
 class _Metadata:
     """What every kind shares: reading and writing the flat metadata mapping, and the unknown keys."""
@@ -68,7 +75,7 @@ class _Metadata:
         hints = typing.get_type_hints(cls)
         names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
         for key in cls.REQUIRED:
-            if metadata.get(key) in (None, ""):
+            if _empty(metadata.get(key)):
                 raise cls.missing(key, input_name)
         values = {}
         for name in names:
@@ -89,7 +96,7 @@ class _Metadata:
     def require(self, key: str, *, input_name: str) -> Any:
         """The value of `key`; ContractError when it is missing or empty (a key only some readers need)."""
         value = getattr(self, key)
-        if value in (None, "", [], {}):
+        if _empty(value):
             raise self.missing(key, input_name)
         return value
 

@@ -27,8 +27,10 @@ def gpu_counts(tune_gpus_per_node: int = 1, eval_gpus: int = -1) -> NamedTuple(
     """
     from collections import namedtuple
 
+    from kfp_finetune.components._shared.errors import SettingError, usage_errors
     from kfp_finetune.components._shared.gpus import gpu_counts as counts
 
-    tune, evaluate = counts(tune_gpus_per_node, eval_gpus)
+    with usage_errors(SettingError):
+        tune, evaluate = counts(tune_gpus_per_node, eval_gpus)
     print(f"fine-tune nodes get {tune} GPU(s) each; evaluate gets {evaluate}", flush=True)
     return namedtuple("Outputs", ["tune_gpus", "eval_gpus"])(tune, evaluate)

@@ -31,15 +31,43 @@ import contextlib
 import errno
 import fcntl
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.workspace import atomic_dir
 
 log = get_logger(__name__)
 
 CACHE_AREA = "models"
+# How messages name the setting: the pipeline parameter, and the component argument it feeds.
+SETTING = "model_cache_path (model-initialize's cache_path)"
+
+
+def check_cache_path(cache_path: str) -> None:
+    """SettingError naming the pipelines' `model_cache_path` (which feeds `cache_path`) unless the cache's model
+    area can be written there: an absolute folder (made when missing) in which a file can be created, which is the
+    test a read-only mount, a file in its place or a missing permission cannot pass. Checked before the source is
+    listed."""
+    fix = (
+        "name a folder on a read-write volume that outlives runs (e.g. a PVC), or leave it empty for no cache"
+    )
+    if not os.path.isabs(cache_path):
+        raise SettingError(SETTING, f"must be an absolute path (got {cache_path!r}): {fix}")
+    area = Path(cache_path) / CACHE_AREA
+    existing = next(p for p in (area, *area.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise SettingError(SETTING, f"{cache_path}: {existing} is a file, not a folder: {fix}")
+    try:
+        area.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=area, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise SettingError(
+            SETTING, f"{cache_path} cannot be written ({exc.strerror or exc}): {fix}"
+        ) from None
 
 
 def cache_entry(cache_path: str | os.PathLike, name: str, fingerprint: str) -> Path:

@@ -208,6 +208,8 @@ def initialize_model(
     """Fetch the model at `source_uri` into `<workspace_path>/models/<name>-<task>/` (`<task>`: a hash of `task_id`,
     see names.instance_name) and describe it in `output_model`."""
     parsed = storage.parse_uri(source_uri)
+    if cache_path:
+        cache.check_cache_path(cache_path)
     # The cache is shared by runs: its entries are named by the source alone (and its content), never the task.
     readable = entry_name(name, parsed.repo_id or parsed.raw)
     name = entry_name(name, parsed.repo_id or parsed.raw, task_id)

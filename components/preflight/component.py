@@ -78,17 +78,18 @@ def preflight(
     AWS_SECRET_ACCESS_KEY for s3:// unless another credential source is configured); that the export
     destination is writable with them (s3://: a small probe object is written under the prefix and deleted;
     hf://: the hub says the token may write to the repo's namespace; a path: a file can be created in the
-    folder, or in its nearest existing parent); that gated or private hf:// model and dataset repos are
-    readable with the token; and, for tune_backend trainjob, that the TrainingRuntime or
+    folder, or in its nearest existing parent); that hf:// and s3:// model and dataset sources exist, hold files
+    and are readable with them (a gated repo's file metadata with the token; an S3 prefix's listing and one
+    object's metadata at the endpoint given); and, for tune_backend trainjob, that the TrainingRuntime or
     ClusterTrainingRuntime exists. Every problem found fails the step with one `error:` line listing them all,
     each naming the pipeline parameter and the fix. The step needs the same Secrets (and volumes) as the steps
     it checks for.
 
     Args:
         export_destination: Where the model will be exported (s3://, hf:// or a path); empty: not checked.
-        model_uri: The base model: an hf:// repo is checked for access with the token; its config.json and
+        model_uri: The base model: an hf:// repo or s3:// prefix is checked for access; its config.json and
             tokenizer files are fetched (no weights) and the run resolved; empty: not checked.
-        data_uri: The dataset; an hf:// repo is checked for access with the token; empty: not checked.
+        data_uri: The dataset; an hf:// repo or s3:// prefix is checked for access; empty: not checked.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_token_secret: Name of the Secret that gives HF_TOKEN (named in the fix when HF_TOKEN is missing).
         s3_secret: Name of the Secret that gives AWS_* (named in the fix when S3 credentials are missing).

@@ -11,8 +11,9 @@ listing them all (each names the pipeline parameter and the fix), so a user fixe
    destination; AWS_* for s3://, unless another credential source is configured);
 2. the export destination: the credentials may write there (storage.probe_destination: a probe object written
    and deleted on s3://, the token's rights on hf://, a file created and removed in a local folder);
-3. hf:// sources: a gated or private model or dataset repo is readable with the token (its listing, and one
-   file's metadata as a download starts);
+3. hf:// and s3:// sources (model_uri, data_uri): they exist, hold files and are readable with the credentials
+   in the environment (storage.probe_source: the listing, and one file's metadata where a listing does not prove
+   read access: a gated hub repo, an S3 object);
 4. the TrainingRuntime / ClusterTrainingRuntime exists (backend trainjob; the local backend needs none).
 """
 
@@ -105,17 +106,26 @@ def check_destination(parameter: str, uri: storage.StorageUri, endpoint_url: str
     return []
 
 
-def check_hub_source(
-    parameter: str, uri: storage.StorageUri, repo_type: str, secrets: Secrets
+# Sources checked where they are: the remote ones. A local path may be a volume mounted only into the initializers.
+REMOTE_SOURCES = ("hf", "s3")
+
+
+def check_source(
+    parameter: str, uri: storage.StorageUri, repo_type: str, secrets: Secrets, endpoint_url: str | None
 ) -> list[Problem]:
-    """A gated or private hf:// repo is readable with the token: listing it reads one file's metadata when it
-    is gated (the hub serves a gated repo's info to anyone and its files only to accepted tokens)."""
+    """A remote source exists, holds files and is readable with the credentials in the environment
+    (storage.probe_source): an hf:// repo's listing (one file's metadata when it is gated: the hub serves a gated
+    repo's info to anyone and its files only to accepted tokens); an s3:// prefix's listing and one object's
+    metadata, at the endpoint the parameters name."""
     try:
-        storage.list_files(uri, repo_type=repo_type)
+        listing = storage.probe_source(uri, repo_type=repo_type, endpoint_url=endpoint_url)
     except (storage.StorageError, ValueError) as error:
-        hint = "" if os.environ.get("HF_TOKEN") else f" ({secrets.hf_hint()})"
+        if uri.scheme == "s3":
+            hint = f" (credentials from the Secret named by s3_secret, {secrets.s3!r})"
+        else:
+            hint = "" if os.environ.get("HF_TOKEN") else f" ({secrets.hf_hint()})"
         return [Problem(parameter, f"{error}{hint}")]
-    log.info("%s: %s is readable", parameter, uri.shown)
+    log.info("%s: %s is readable (%d files)", parameter, uri.shown, len(listing.files))
     return []
 
 
@@ -200,9 +210,9 @@ def run_preflight(
         checks.append(("export_destination", "export_destination", lambda: check_destination(
             "export_destination", uris["export_destination"], s3_endpoint_url or None)))  # fmt: skip
     for name, repo_type in (("model_uri", "model"), ("data_uri", "dataset")):
-        if name in uris and uris[name].scheme == "hf":
-            checks.append((name, name, lambda name=name, repo_type=repo_type: check_hub_source(
-                name, uris[name], repo_type, secrets)))  # fmt: skip
+        if name in uris and uris[name].scheme in REMOTE_SOURCES:
+            checks.append((name, name, lambda name=name, repo_type=repo_type: check_source(
+                name, uris[name], repo_type, secrets, s3_endpoint_url or None)))  # fmt: skip
     if "model_uri" in uris:  # after the access check: a repo the token cannot read is not fetched from
         checks.append(("model", "model_uri", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster

@@ -8,6 +8,7 @@ The manifest on stdout is what `kubectl apply -f -` would get; notes (recipe, un
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -47,7 +48,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workspace-pvc", help="PVC holding the workspace, mounted in the node pods at the workspace path"
     )
-    parser.add_argument("--timeout", type=int, help="activeDeadlineSeconds of the TrainJob")
+    parser.add_argument(
+        "--timeout", type=int, default=0, help="activeDeadlineSeconds of the TrainJob; 0 (default): no limit"
+    )
+
+
+# Kubernetes' object-name rules (k8s.io/apimachinery/pkg/util/validation/validation.go): a namespace is a DNS-1123
+# label (IsDNS1123Label, at most 63), a ClusterTrainingRuntime or a PVC a DNS-1123 subdomain (IsDNS1123Subdomain,
+# at most 253). The API server would refuse the manifest with a 422 only once it is applied.
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL.pattern}(\.{_DNS1123_LABEL.pattern})*")
+# (flag, argument, form, longest, what the form allows)
+_NAME_FLAGS = (
+    ("--namespace", "namespace", _DNS1123_LABEL, 63, "lowercase letters, digits and '-'"),
+    ("--runtime", "runtime", _DNS1123_SUBDOMAIN, 253, "lowercase letters, digits, '-' and '.'"),
+    ("--workspace-pvc", "workspace_pvc", _DNS1123_SUBDOMAIN, 253, "lowercase letters, digits, '-' and '.'"),
+)
+
+
+def _problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags' values, each naming its flag and the fix (the manifest is built from them)."""
+    from kfp_finetune.components._shared.images import reference_problem
+
+    found = []
+    if args.gpus < 0:
+        found.append(f"--gpus must be 0 (CPU) or more (got {args.gpus})")
+    if args.nodes < 1:
+        found.append(f"--nodes must be at least 1 (got {args.nodes})")
+    if args.timeout < 0:
+        found.append(f"--timeout must be 0 (no limit) or more seconds (got {args.timeout})")
+    for flag, attribute, form, longest, allowed in _NAME_FLAGS:
+        value = getattr(args, attribute)
+        if value is not None and not (form.fullmatch(value) and len(value) <= longest):
+            found.append(
+                f"{flag} {value!r} is not a Kubernetes name: use at most {longest} {allowed}, starting and "
+                "ending with a letter or digit"
+            )
+    problem = reference_problem(args.image) if args.image is not None else None
+    if problem:
+        found.append(f"--image {problem}")
+    return found
 
 
 def _workspace(args: argparse.Namespace) -> Path:
@@ -65,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
     from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 
-    if args.gpus < 0 or args.nodes < 1:
-        print("error: --gpus must be 0 or more and --nodes at least 1", file=sys.stderr)
+    problems = _problems(args)
+    if problems:
+        print(f"error: {'; '.join(problems)}", file=sys.stderr)
         return 2
     try:
         name = (
@@ -103,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         runtime=args.runtime or ("torchtune" if args.gpus else "torchtune-cpu"),
         image=args.image,
-        timeout=args.timeout,
+        timeout=args.timeout or None,
         run_id=args.run_id,
         task_name=args.task,
         job_name=name,

@@ -127,17 +127,31 @@ def load_params_file(path: str) -> dict[str, Any]:
     """A YAML mapping of parameters: key -> the scalar's text as written (typed later, like a command-line value),
     or the list / mapping read as YAML 1.2 core."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
         as_text = yaml.load(text, Loader=yaml.BaseLoader) or {}  # every scalar as the text written
         loaded = load_yaml(text) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise UsageError(f"--params-file {path}: {error}") from None
+    except OSError as error:
+        raise UsageError(f"--params-file {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"--params-file {path}: not UTF-8 text (byte {error.start}): save it as UTF-8"
+        ) from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"--params-file {path}: not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(loaded, dict):
         raise UsageError(f"--params-file {path}: expected a mapping of parameter names to values")
     return {
         str(key): as_text[str(key)] if isinstance(as_text.get(str(key)), str) else value
         for key, value in loaded.items()
     }
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error on one line: where (line, column as an editor counts them) and what."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return " ".join(f"{where}{problem}".split())
 
 
 def declared_types(spec: dict | None) -> dict[str, dict] | None:

@@ -17,6 +17,7 @@ import yaml
 from kfp_finetune.cli import main
 from kfp_finetune.commands import kfp_backend as kb
 from kfp_finetune.commands.compile import COMPILE_ENV
+from tests.support import kfp_schedule
 from tests.support import kfp_standin as kfp_support
 from tests.support import kube_standin as kube_support
 
@@ -331,6 +332,40 @@ def test_kubeconfig_credentials_reach_kfp_through_the_service_proxy(tmp_path):
         assert "kube-token" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "fragments"),
+    [
+        ("Prepare Inputs", ["'Prepare Inputs' (pipelineInfo.name)", "lowercase", "name='prepare-inputs'"]),
+        ("prepare.inputs", ["'prepare.inputs'", "name='prepare-inputs'"]),
+        ("-prepare", ["'-prepare'", "starting with a letter or digit"]),
+        ("p" * 129, ["1-128 lowercase"]),
+    ],
+    ids=["spaces", "dot", "leading-dash", "too-long"],
+)
+def test_upload_checks_the_spec_name_first(capsys, kfp_standin, tmp_path, name, fragments):
+    """The server's 400 (test_kfp_cli_server.py) said before anything is sent, naming the fix; the spec is
+    not rewritten, so what KFP stores is the file given."""
+    documents = kb.load_package("prepare-inputs", tmp_path).documents
+    documents[0]["pipelineInfo"]["name"] = name
+    source = tmp_path / "mine.yaml"
+    source.write_text(yaml.safe_dump_all(documents))
+    code, _, err = cli(capsys, "upload", str(source), "--host", kfp_standin.url)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and all(f in err for f in fragments), err
+    assert kfp_standin.requests == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "longest"), [("--name", 128), ("--version-name", 127)], ids=["name", "version-name"]
+)
+def test_upload_checks_name_lengths_first(capsys, kfp_standin, flag, longest):
+    code, _, err = cli(
+        capsys, "upload", "prepare-inputs", flag, "n" * (longest + 1), "--host", kfp_standin.url
+    )
+    assert code == 2 and f"{flag} is {longest + 1} characters long; KFP takes at most {longest}" in err
+    assert kfp_standin.requests == []
+
+
 # --- schedule -----------------------------------------------------------------------------------------------
 
 
@@ -338,7 +373,7 @@ def test_schedule_cron_defaults_to_one_at_a_time_without_catchup(capsys, kfp_sta
     pipeline_id, version_id = upload(capsys, kfp_standin)
     code, out, err = cli(
         capsys, "schedule", "--pipeline", "finetune-pipeline", "--cron", "0 30 2 * * MON-FRI",
-        "--start", "2026-12-01T00:00:00", "--end", "2027-06-01T00:00:00+02:00", "--name", "nightly",
+        "--start", "2096-12-01T00:00:00", "--end", "2097-06-01T00:00:00+02:00", "--name", "nightly",
         "--host", kfp_standin.url, *[arg for p in FINETUNE_PARAMS for arg in ("--param", p)],
         "--param", "eval_gpus=1",
     )  # fmt: skip
@@ -349,8 +384,8 @@ def test_schedule_cron_defaults_to_one_at_a_time_without_catchup(capsys, kfp_sta
     assert body["trigger"] == {
         "cron_schedule": {
             "cron": "0 30 2 * * MON-FRI",
-            "start_time": "2026-12-01T00:00:00Z",
-            "end_time": "2027-05-31T22:00:00Z",
+            "start_time": "2096-12-01T00:00:00Z",
+            "end_time": "2097-05-31T22:00:00Z",
         }
     }
     assert body["max_concurrency"] == 1
@@ -403,6 +438,49 @@ def test_bad_cron_is_explained_before_anything_is_sent(capsys, kfp_standin, cron
     assert kfp_standin.requests == []
 
 
+# (cron, stderr fragment): the API server accepts each (robfig's `cron.Parse` checks fields one by one), so only
+# the command can refuse them; the stand-in's controller (robfig's `Next`) confirms what each would do.
+NEVER_OR_TOO_OFTEN = [
+    ("0 0 0 31 2 *", "never fires: no date in the next five years has day of month '31' in month '2'"),
+    ("0 0 31 2 *", "'0 0 31 2 *' never fires"),
+    ("0 0 0 30-31 2 *", "never fires"),
+    ("0 0 0 31 APR,JUN,SEP,NOV *", "never fires"),
+    ("@every 0s", "would start a run every second"),
+    ("@every 500ms", "would start a run every second"),
+    ("@every 30s", "would start a run every 30 s"),
+    ("* * * * * *", "would start 60 runs a minute (seconds field '*')"),
+    ("*/20 0 2 * * *", "would start 3 runs a minute"),
+]
+
+
+@pytest.mark.parametrize(("cron", "message"), NEVER_OR_TOO_OFTEN, ids=[c for c, _ in NEVER_OR_TOO_OFTEN])
+def test_schedules_that_never_fire_or_fire_too_often_are_refused(capsys, kfp_standin, cron, message):
+    six_fields = f"0 {cron}" if len(cron.split()) == 5 else cron
+    assert kfp_schedule.cron_problem(six_fields) is None  # the API server would take it
+    start = 1_767_225_600  # 2026-01-01T00:00:00Z
+    first = kfp_schedule.cron_after(six_fields, start)
+    if "never fires" in message:
+        assert first == kfp_schedule.MAX_EPOCH
+    else:
+        assert kfp_schedule.cron_after(six_fields, first) - first < 60
+    code, _, err = cli(
+        capsys, "schedule", "prepare-inputs", "--cron", cron, "--host", kfp_standin.url,
+        "--param", "data_uri=x", "--param", "model_uri=y",
+    )  # fmt: skip
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert kfp_standin.requests == []
+
+
+def test_a_leap_day_and_a_minutely_schedule_are_accepted():
+    from kfp_finetune.commands.schedule import check_cron
+
+    assert check_cron("0 0 0 29 2 *") == "0 0 0 29 2 *"  # fires in leap years, within robfig's five
+    assert check_cron("0 * * * * *") == "0 * * * * *"
+    assert check_cron("0 0 0 31 2 MON") == "0 0 0 31 2 MON"  # day 31 OR a Monday in February (robfig)
+    assert check_cron("@every 1m") == "@every 1m"
+
+
 def test_five_field_cron_suggests_the_six_field_form():
     with pytest.raises(kb.UsageError, match=r"Did you mean '0 0 2 \* \* \*'\?"):
         kb.validate_cron("0 2 * * *")
@@ -427,9 +505,15 @@ def test_valid_crons_pass(cron):
     ("argv", "message"),
     [
         (["--cron", "@daily", "--max-concurrency", "11"], "--max-concurrency must be 1-10"),
-        (["--interval-seconds", "0"], "--interval-seconds must be at least 1"),
+        (["--interval-seconds", "0"], "--interval-seconds must be at least 60"),
+        (["--interval-seconds", "1"], "at most one run a minute), got 1"),
         (["--cron", "@daily", "--start", "tomorrow"], "--start 'tomorrow': expected an ISO 8601 time"),
         (["--cron", "@daily", "--start", "2027-01-02", "--end", "2027-01-01"], "is not after --start"),
+        (["--cron", "@daily", "--end", "2020-01-01"], "--end 2020-01-01T00:00:00Z is in the past"),
+        (
+            ["--interval-seconds", "86400", "--start", "2090-01-01", "--end", "2090-01-01T12:00:00"],
+            "comes before the first run (2090-01-02T00:00:00Z",
+        ),
     ],
 )
 def test_bad_schedule_options(capsys, kfp_standin, argv, message):

@@ -14,6 +14,7 @@ import yaml
 
 from kfp_finetune.commands import kfp_backend as kb
 from kfp_finetune.commands import schedule, values
+from kfp_finetune.commands import upload as upload_command
 from tests.cli import test_kfp_cli as kfp_cli_tests
 from tests.cli.test_kfp_cli import FINETUNE_PARAMS, cli, seed_our_runtimes, upload
 from tests.support import kfp_standin as kfp_support
@@ -98,20 +99,58 @@ def test_uploaded_version_parameters_are_checked_by_the_server(capsys, kfp_stand
 # --- names: v2_template.go NewV2SpecTemplate, run_server.go createRun ---------------------------------------
 
 
-def test_upload_of_a_pipeline_with_an_invalid_name_is_refused_by_the_server(capsys, kfp_standin, tmp_path):
+@pytest.fixture
+def no_upload_name_check(monkeypatch):
+    """Upload names unchecked by the CLI, so only the server judges them."""
+    monkeypatch.setattr(upload_command, "check_names", lambda *args: None)
+
+
+def _renamed(tmp_path, name: str, file_name: str = "renamed.yaml"):
     documents = kb.load_package("prepare-inputs", tmp_path).documents
-    source = tmp_path / "bad.yaml"
-    documents[0]["pipelineInfo"]["name"] = "PREPARE_INPUTS"  # no lower-case letter or digit at all
+    documents[0]["pipelineInfo"]["name"] = name
+    source = tmp_path / file_name
     source.write_text(yaml.safe_dump_all(documents))
-    code, _, err = cli(capsys, "upload", str(source), "--host", kfp_standin.url)
+    return source
+
+
+# (spec name, the server's message): v2_template.go `NewV2SpecTemplate` (an unanchored regexp: one lower-case
+# letter or digit anywhere passes), then common/utils.go `ValidatePipelineName` (anchored, MLMD's rule).
+BAD_SPEC_NAMES = [
+    ("PREPARE_INPUTS", "name should consist of lower case alphanumeric characters"),
+    ("Prepare Inputs", "pipeline's name must contain only lowercase alphanumeric characters or '-'"),
+    ("prepare.inputs", "pipeline's name must contain only lowercase alphanumeric characters or '-'"),
+    ("-prepare-inputs", "must start with alphanumeric characters"),
+    ("p" * 129, "pipeline's name must contain no more than 128 characters"),
+]
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_SPEC_NAMES, ids=[n[:20] for n, _ in BAD_SPEC_NAMES])
+def test_upload_of_a_pipeline_with_an_invalid_name_is_refused_by_the_server(
+    capsys, kfp_standin, tmp_path, no_upload_name_check, name, message
+):
+    source = _renamed(tmp_path, name)
+    code, _, err = cli(capsys, "upload", str(source), "--name", "prepare-inputs", "--host", kfp_standin.url)
     assert code == 1
-    assert "KFP answered 400" in err and "name should consist of lower case alphanumeric characters" in err
+    assert "KFP answered 400" in err and message in err
     assert "error_details" not in err  # the upload server's api.Error body: its error_message is shown
-    # Upstream's regexp is unanchored: a name with one lower-case letter passes, so the stand-in takes it too.
-    documents[0]["pipelineInfo"]["name"] = "Prepare Inputs"
-    source.write_text(yaml.safe_dump_all(documents))
-    code, _, err = cli(capsys, "upload", str(source), "--host", kfp_standin.url)
-    assert code == 0, err
+    assert kfp_standin.pipelines == {}
+    # A new version of an existing pipeline meets the same checks (resource_manager.go CreatePipelineVersion).
+    client = kfp.Client(host=kfp_standin.url)
+    pipeline = client.upload_pipeline(
+        str(_renamed(tmp_path, "prepare-inputs", "good.yaml")), pipeline_name="prepare-inputs"
+    )
+    with pytest.raises(kfp_server_api.ApiException) as refused:
+        client.upload_pipeline_version(str(source), "v2", pipeline_id=pipeline.pipeline_id)
+    assert refused.value.status == 400 and message in refused.value.body
+
+
+def test_a_run_of_an_inline_spec_meets_only_the_first_name_check(kfp_standin, tmp_path):
+    """Never stricter than upstream: createRun builds the template (NewV2SpecTemplate) but never calls
+    ValidatePipelineName, so a run of a spec named "Prepare Inputs" is taken."""
+    client = kfp.Client(host=kfp_standin.url)
+    source = _renamed(tmp_path, "Prepare Inputs")
+    run = client.create_run_from_pipeline_package(str(source), arguments=PREP_VALUES, run_name="r1")
+    assert run.run_id in kfp_standin.runs
 
 
 def test_run_names_and_experiments_as_upstream():

@@ -1,4 +1,4 @@
-"""Bad inputs to torchtune-finetune, evaluate, export and the CLI (issue 16 item 7), one table row each.
+"""Bad inputs to torchtune-finetune, evaluate, export, gpu-counts and the CLI (issue 16 item 7), one table row each.
 
 Each row calls the plain-Python entry point (run_finetune, evaluate's run_component, export_model, the CLI's
 main()) and expects an error of a class the component's `usage_errors(...)` prints as one line, naming the
@@ -20,6 +20,7 @@ from kfp_finetune.components._shared.storage import StorageError
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.evaluate import evaluate
 from kfp_finetune.components.export.export import ExportError, export_model
+from kfp_finetune.components.gpu_counts.component import gpu_counts
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.components.torchtune_finetune.finetune import USAGE_ERRORS, ArtifactInput, run_finetune
 from tests.components.test_bad_inputs_data import assert_message
@@ -306,6 +307,34 @@ def test_export_refuses_a_model_artifact_of_another_shape(tmp_path, workspace):
     assert entries(workspace) == set() and not output.metadata
 
 
+# --- gpu-counts -----------------------------------------------------------------------------------------------
+
+# (id, gpu-counts parameters, the one line on stderr)
+GPU_COUNTS_ROWS = [
+    (
+        "tune-gpus-negative",
+        {"tune_gpus_per_node": -1},
+        "error: tune_gpus_per_node must be 0 (CPU training) or more (got -1)",
+    ),
+    (
+        "eval-gpus-below-minus-one",
+        {"tune_gpus_per_node": 2, "eval_gpus": -3},
+        "error: eval_gpus must be -1 (one GPU when the fine-tune used GPUs) or 0 or more (got -3)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("params", "line"), [r[1:] for r in GPU_COUNTS_ROWS], ids=[r[0] for r in GPU_COUNTS_ROWS]
+)
+def test_gpu_counts_refuses(capsys, params, line):
+    """The component body, as KFP runs it: one `error:` line and exit status 1, no traceback."""
+    with pytest.raises(SystemExit) as ended:
+        gpu_counts.python_func(**params)
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.strip() == line
+
+
 # --- the CLI --------------------------------------------------------------------------------------------------
 
 # (id, arguments after `kfp-finetune` ({model} and {tmp} are filled in), exit status, stderr fragments)
@@ -361,6 +390,39 @@ CLI_ROWS = [
         2,
         ["data.xml", "unsupported type"],
     ),
+    *(
+        (
+            f"trainjob-{row_id}",
+            ["trainjob", "--dry-run", "--model-dir", "{model}", "--data", "{data}", *flags],
+            2,
+            fragments,
+        )  # fmt: skip
+        for row_id, flags, fragments in [
+            ("timeout-negative", ["--timeout", "-1"], ["--timeout", "0 (no limit) or more", "got -1"]),
+            ("gpus-negative", ["--gpus", "-1"], ["--gpus", "0 (CPU) or more", "got -1"]),
+            ("nodes-zero", ["--nodes", "0"], ["--nodes", "at least 1", "got 0"]),
+            ("namespace-not-a-name", ["--namespace", "Team_A"], ["--namespace", "'Team_A'", "lowercase"]),
+            ("runtime-not-a-name", ["--runtime", "my runtime"], ["--runtime", "'my runtime'", "253"]),
+            (
+                "pvc-not-a-name",
+                ["--workspace-pvc", "ws-"],
+                ["--workspace-pvc", "'ws-'", "starting and ending"],
+            ),
+            ("image-not-a-reference", ["--image", "Trainer:latest"], ["--image", "image reference", "lower"]),
+        ]
+    ),
+    (
+        "params-file-not-yaml",
+        ["run", "prepare-inputs", "--params-file", "{tmp}/broken.yaml", "--host", "http://127.0.0.1:9"],
+        2,
+        ["--params-file", "broken.yaml", "not valid YAML", "line 2, column 1"],
+    ),
+    (
+        "params-file-not-utf8",
+        ["run", "prepare-inputs", "--params-file", "{tmp}/latin1.yaml", "--host", "http://127.0.0.1:9"],
+        2,
+        ["--params-file", "latin1.yaml", "not UTF-8", "save it as UTF-8"],
+    ),
     (
         "cpu-distributed",
         ["resolve-config", "--model-dir", "{model}", "--devices", "2", "--device", "cpu"],
@@ -411,6 +473,8 @@ CLI_ROWS = [
 def test_cli_refuses(tmp_path, tiny_llama, tiny_dataset, capsys, monkeypatch, argv, status, fragments):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.xml").write_text("<rows/>")
+    (tmp_path / "broken.yaml").write_text("data_uri: [/d\n")
+    (tmp_path / "latin1.yaml").write_bytes("data_uri: /données\n".encode("latin-1"))
     argv = [a.format(model=tiny_llama, tmp=tmp_path, data=tiny_dataset["train.jsonl"]) for a in argv]
     try:
         code = main(argv)
@@ -420,4 +484,8 @@ def test_cli_refuses(tmp_path, tiny_llama, tiny_dataset, capsys, monkeypatch, ar
     assert code == status
     assert "Traceback" not in err
     assert_message(RuntimeError(err), fragments)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.xml"]  # no run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "broken.yaml",
+        "data.xml",
+        "latin1.yaml",
+    ]  # no run folder

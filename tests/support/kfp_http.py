@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.kfp_validation import pipeline_spec_problem
+from tests.support.kfp_validation import pipeline_spec_problem, upload_name_problem
 
 
 @dataclass
@@ -100,8 +100,9 @@ def uploaded_spec(filename: str, content: bytes) -> Any:
         raise ApiError(
             400, "InvalidInputError: the file is not a compiled KFP v2 pipeline (pipelineInfo, root)"
         )
-    problem = pipeline_spec_problem(documents[0])
-    if problem:  # template/v2_template.go `NewV2SpecTemplate`, answered 400 by the upload server
+    # template/v2_template.go `NewV2SpecTemplate`, then common/utils.go `ValidatePipelineName`: both 400
+    problem = pipeline_spec_problem(documents[0]) or upload_name_problem(documents[0])
+    if problem:
         raise ApiError(400, problem)
     if len(documents) == 1:
         return documents[0]

@@ -29,7 +29,8 @@ Served (JSON in and out, grpc-gateway style errors ``{"error", "code", "message"
   * ``POST /apis/v2beta1/recurringruns/{id}:enable`` and ``:disable``
 
 Validation follows the API server (tests/support/kfp_validation.py names the upstream file of each rule): uploads
-must be v2 pipeline specs with a valid name; a run or recurring run needs exactly one of ``pipeline_spec`` and
+must be v2 pipeline specs whose name passes both of the server's checks (the spec's, and MLMD's: lowercase letters,
+digits and '-', at most 128); a run or recurring run needs exactly one of ``pipeline_spec`` and
 ``pipeline_version_reference``, a display name, and runtime parameters that match the pipeline's inputs (missing,
 unknown, wrong kind: 400); no experiment means the "Default" experiment (multi-user mode needs one);
 ``max_concurrency`` 1-10; a cron robfig/cron v1 parses (6 fields, or 5 without day of week); an interval >= 1;
@@ -296,9 +297,9 @@ class KfpStandin(RecurringRuns):
             raise ApiError(
                 400, "InvalidInputError: a namespace is required to upload a pipeline in multi-user mode"
             )
+        spec = uploaded_spec(filename, content)  # the spec's checks come before the store's duplicate check
         if any(p["name"] == name and p.get("namespace", "") == namespace for p in self.pipelines.values()):
             raise ApiError(409, f"AlreadyExistsError: a pipeline named {name} already exists")
-        spec = uploaded_spec(filename, content)
         pipeline = {
             "pipeline_id": str(uuid.uuid4()),
             "name": name,
@@ -316,13 +317,13 @@ class KfpStandin(RecurringRuns):
         filename, content = uploaded_file(request)
         pipeline = self._pipeline(request.param("pipelineid") or "")
         name = request.param("name") or request.param("display_name") or filename
+        spec = uploaded_spec(filename, content)
         if any(
             v["name"] == name for v in self.versions.values() if v["pipeline_id"] == pipeline["pipeline_id"]
         ):
             raise ApiError(
                 409, f"AlreadyExistsError: pipeline {pipeline['name']} already has a version named {name}"
             )
-        spec = uploaded_spec(filename, content)
         return public(
             self._add_version(
                 pipeline["pipeline_id"], name, request.param("description") or "", spec, content

@@ -109,6 +109,29 @@ def pipeline_spec_problem(spec: dict) -> str | None:
     return None
 
 
+# apiserver/common/utils.go `ValidatePipelineName` ("Validates a pipeline name to match MLMD requirements", pattern
+# `^[a-z0-9][a-z0-9-]{0,127}$`: anchored, no dots, no upper case), the second check of a spec's pipelineInfo.name:
+# resource/resource_manager.go `CreatePipelineAndPipelineVersion` and `CreatePipelineVersion` apply it after
+# NewV2SpecTemplate, so it holds for uploads only (a run with an inline spec meets only the first), and the
+# upload server answers its InvalidInputError 400 with the error's external message.
+_MLMD_PIPELINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
+
+
+def upload_name_problem(spec: dict) -> str | None:
+    """What `ValidatePipelineName` refuses in an uploaded spec's pipelineInfo.name, else None."""
+    name = (spec.get("pipelineInfo") or {}).get("name") or ""
+    if not name:
+        return "pipeline's name cannot be empty"
+    if len(name) > 128:
+        return "pipeline's name must contain no more than 128 characters"
+    if not _MLMD_PIPELINE_NAME.fullmatch(name):
+        return (
+            "pipeline's name must contain only lowercase alphanumeric characters or '-' and must start with "
+            "alphanumeric characters"
+        )
+    return None
+
+
 # --- cron: github.com/robfig/cron v1.2.0 `cron.Parse` (apiserver/server/api_converter.go `toModelJob`) ----------
 # The v1 default parser: Second | Minute | Hour | Dom | Month | DowOptional | Descriptor, so 6 fields, or 5 with
 # the day of week left out (a 5-field crontab line is read with every field shifted by one place).

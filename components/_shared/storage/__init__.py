@@ -26,7 +26,8 @@ once more before an IntegrityError, pinning S3 reads to the listed ETag (SourceC
 earlier attempt's leftovers only when hashed again (fetch.py); `damaged_files(folder, records)` checks a reused
 copy against its manifest, hashing a file again only after it changed (checksums.py); `verify_hub_cache(listing)` does the
 same check for hub files the `datasets` library downloaded. `publish_directory(src, uri)` makes a destination hold exactly a folder (publish.py);
-`probe_destination(uri)` checks, before any work, that it could (probe.py). One
+`probe_destination(uri)` checks, before any work, that it could, and `probe_source(uri)` that a source can be listed
+and read (probe.py). One
 module per scheme (hf, s3, local, https; registered in schemes.py) does the transfers.
 """
 
@@ -46,7 +47,7 @@ from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
 from .links import LinkEscape, LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
-from .probe import probe_destination
+from .probe import probe_destination, probe_source
 from .publish import (
     PublishResult,
     manifest_text,
@@ -83,6 +84,7 @@ __all__ = [
     "manifest_text",
     "parse_uri",
     "probe_destination",
+    "probe_source",
     "publish_directory",
     "redact_text",
     "redact_uri",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -15,7 +16,7 @@ from .checksums import hash_file
 from .errors import StorageError
 from .links import LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
-from .names import write_target
+from .names import is_stale_probe, probe_name, write_target
 from .parallel import run_parallel
 from .progress import Progress
 from .uri import StorageUri
@@ -130,23 +131,46 @@ def require_credentials(uri: StorageUri) -> None:
 def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
     """The folder (or its nearest existing parent, where the export would create it) takes a file: one is
     created and removed there, which is the only test a read-only mount, a missing permission or a full quota
-    cannot fool."""
-    import tempfile
+    cannot fool. First removes the probes killed pre-flights left there (names.is_stale_probe)."""
+    import time
 
     path = Path(uri.path)
     existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
     if not existing.is_dir():
         what = "is a file" if existing == path else f"lies under {existing}, which is a file"
         raise StorageError(f"destination {uri.shown} {what}, not a folder: name a folder.")
+    _remove_stale_probes(existing)
+    probe_file = existing / probe_name(time.time())
     try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".kfp-finetune-probe-"):
-            pass
+        probe_file.open("x").close()
+        probe_file.unlink()
     except OSError as exc:
         where = "" if existing == path else f" (the export would create it in {existing})"
         raise StorageError(
             f"cannot write to {uri.shown}{where}: {exc.strerror or exc}. Mount a writable volume there, or "
             "choose another destination."
         ) from exc
+
+
+def _remove_stale_probes(folder: Path) -> None:
+    """Delete the probe files directly in `folder` that killed pre-flights left (older than
+    names.PROBE_STALE_AFTER_SECONDS by their name); no other file, however it is named. A folder that cannot be
+    read or changed is only logged: the probe that follows reports it."""
+    import time
+
+    now = time.time()
+    try:
+        stale = [
+            e.path
+            for e in os.scandir(folder)
+            if e.is_file(follow_symlinks=False) and is_stale_probe(e.name, now)
+        ]
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):  # another pre-flight removed it first
+                os.unlink(path)
+                log.info("removed %s, the probe of a pre-flight that was killed", path)
+    except OSError as exc:
+        log.info("could not look for probes killed pre-flights left in %s (%s)", folder, exc.strerror or exc)
 
 
 def destination(

@@ -14,7 +14,7 @@ from kfp_finetune.components._shared.redact import redact_uri
 
 from .errors import IntegrityError, SourceChanged, StorageError
 from .listing import FileRecord, Listing, RemoteFile
-from .names import write_target
+from .names import PROBE_PREFIX, is_stale_probe, probe_name, write_target
 from .parallel import run_parallel
 from .progress import Progress
 from .retry import is_transient, status_code, with_retries
@@ -237,6 +237,25 @@ def list_files(uri: StorageUri, *, repo_type: str, endpoint_url: str | None) -> 
     return Listing(uri, files, endpoint_url=endpoint_url, describe=_describer(client, uri, endpoint_url))
 
 
+def require_read(listing: Listing) -> None:
+    """The credentials may read the listed objects: a HEAD of the first one (s3:GetObject, which a listing,
+    s3:ListBucket, does not prove). Pre-flight's check of an s3:// source."""
+    from botocore.exceptions import ClientError
+
+    client = _client(listing.endpoint_url)
+    uri, key = listing.uri, listing.files[0].source_path
+    with _mapped(uri, listing.endpoint_url):
+        try:
+            with_retries(lambda: client.head_object(Bucket=uri.bucket, Key=key), what=f"read s3 {key}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code not in ("AccessDenied", "403", "Forbidden"):
+                raise
+            where = _where(uri, listing.endpoint_url)
+            raise StorageError(f"the S3 credentials may list {where} but not read its objects (HEAD {key}: "
+                               f"{code}): grant s3:GetObject on the prefix.") from exc  # fmt: skip
+
+
 def fetch(listing: Listing, paths: list[str], dest: Path, *, max_workers: int, progress: Progress) -> None:
     client = _client(listing.endpoint_url)
     uri = listing.uri
@@ -314,17 +333,16 @@ def destination(
     return Destination(uri, endpoint_url, _client(endpoint_url))
 
 
-PROBE_NAME = ".kfp-finetune-probe-"  # + a random id: never an export's file name
-
-
 def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
-    """Write and delete a small object under the prefix: what an export needs (s3:PutObject, s3:DeleteObject)."""
-    import uuid
+    """Write and delete a small object under the prefix: what an export needs (s3:PutObject, s3:DeleteObject).
+    First removes the probes killed pre-flights left there (names.is_stale_probe)."""
+    import time
 
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = _client(endpoint_url)
-    key = f"{uri.path}/{PROBE_NAME}{uuid.uuid4().hex[:12]}"
+    _remove_stale_probes(client, uri)
+    key = f"{uri.path}/{probe_name(time.time())}"
     where = _where(uri, endpoint_url)
     try:
         with_retries(lambda: client.put_object(Bucket=uri.bucket, Key=key, Body=b"kfp-finetune pre-flight\n"),
@@ -339,8 +357,31 @@ def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
         with_retries(lambda: client.delete_object(Bucket=uri.bucket, Key=key), what=f"delete {key}")
     except (ClientError, BotoCoreError) as exc:
         # Writing is what an export needs; deleting only for overwrite. Say what was left behind.
-        log.warning("could write but not delete the probe object s3://%s/%s (%s): remove it by hand", uri.bucket,
-                    key, exc)  # fmt: skip
+        log.warning("could write but not delete the probe object s3://%s/%s (%s): the next pre-flight removes it, "
+                    "or remove it by hand", uri.bucket, key, exc)  # fmt: skip
+
+
+def _remove_stale_probes(client, uri: StorageUri) -> None:
+    """Delete the probe objects directly under the prefix that killed pre-flights left (older than
+    names.PROBE_STALE_AFTER_SECONDS by their name); no other object, however it is named. A listing or delete
+    that fails is only logged: the probe that follows reports what the credentials cannot do."""
+    import time
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    folder = f"{uri.path}/"
+    now = time.time()
+    try:
+        pages = with_retries(lambda: list(client.get_paginator("list_objects_v2").paginate(
+            Bucket=uri.bucket, Prefix=folder + PROBE_PREFIX, Delimiter="/")), what=f"list probes in {uri.shown}")  # fmt: skip
+        for key in (obj["Key"] for page in pages for obj in page.get("Contents", [])):
+            if is_stale_probe(key[len(folder) :], now):
+                with_retries(
+                    lambda key=key: client.delete_object(Bucket=uri.bucket, Key=key), what=f"delete {key}"
+                )
+                log.info("removed s3://%s/%s, the probe of a pre-flight that was killed", uri.bucket, key)
+    except (ClientError, BotoCoreError) as exc:
+        log.info("could not look for probes killed pre-flights left in %s (%s)", uri.shown, exc)
 
 
 def _key(dest: Destination, rel: str) -> str:

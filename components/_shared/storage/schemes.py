@@ -5,6 +5,8 @@ its name. Each scheme module provides:
     fetch(listing, paths, dest, *, max_workers, progress)      writes each file through names.write_target
     COUNTS_FILES_ON_DISK                                       True when its client has no per-file callback
     WRITABLE                                                   False: not a publish destination
+    require_read(listing)  (optional)                          reads one file's metadata where a listing does
+                                                               not prove read access (s3: GetObject)
 and, when WRITABLE:
     ATOMIC_CHANGES                                             True: one put is applied whole (a commit)
     OWNS_DESTINATION                                           True: every file there is ours (a hub repo);

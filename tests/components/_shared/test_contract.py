@@ -87,6 +87,24 @@ def test_a_missing_key_names_the_input_and_the_output_to_connect():
         ExportedModel.from_metadata({"format": "merged"}, input_name="exported")
 
 
+@pytest.mark.parametrize("empty", ["", "   ", [], {}, None])
+def test_an_empty_required_key_is_a_missing_one(empty):
+    """A producer that wrote a required key without a value (a user's step, a failed write) connects nothing:
+    the same error as a missing key, not a path of "" that reads the workspace root."""
+    with pytest.raises(
+        ContractError, match="base_model artifact has no workspace_path .* model-initialize's"
+    ):
+        BaseModel.from_metadata({"workspace_path": empty, "repo_id": "org/m"}, input_name="base_model")
+    with pytest.raises(
+        ContractError, match="exported artifact has no destination .* export's exported output"
+    ):
+        ExportedModel.from_metadata({"destination": empty, "format": "merged"}, input_name="exported")
+    if empty == []:  # a list key read only by some steps: their `require` says the same
+        split = DatasetSplit.from_metadata({"data_files": empty}, input_name="eval_data")
+        with pytest.raises(ContractError, match="eval_data artifact has no data_files"):
+            split.require("data_files", input_name="eval_data")
+
+
 def test_a_key_of_the_wrong_type_names_the_input_the_key_and_the_output():
     with pytest.raises(ContractError) as raised:
         DatasetSplit.from_metadata({"data_files": "datasets/d/train/part-0.parquet"}, input_name="train_data")

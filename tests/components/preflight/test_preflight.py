@@ -13,11 +13,9 @@ import pytest
 from kfp_finetune.components.preflight.preflight import PreflightError, run_preflight
 from tests.pipelines.test_fail_fast import _run_until_a_step_fails
 from tests.support import kube_standin as standin
-from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_standin import HubStandin
 from tests.support.sources import (
     hub_env,
-    moto_s3,
     result,
     run_python,
     use_s3_credentials,
@@ -34,15 +32,6 @@ def _problems(error: PreflightError) -> str:
 
 
 # --- s3:// against moto's S3 server -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    use_s3_credentials(monkeypatch)
-    monkeypatch.setenv("KFP_FINETUNE_RETRY_DELAY", "0.05")
-    with moto_s3() as endpoint, FaultProxy(endpoint) as proxy:
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="models")
-        yield proxy
 
 
 def test_a_writable_bucket_passes_and_keeps_no_probe_object(s3):
@@ -292,7 +281,10 @@ def test_an_s3_model_is_resolved_from_its_config_and_tokenizer_alone(s3, tiny_ll
     bucket = boto3.client("s3", endpoint_url=s3.url)
     for path in (p for p in tiny_llama.rglob("*") if p.is_file()):
         bucket.upload_file(str(path), "models", f"base/tiny/{path.relative_to(tiny_llama).as_posix()}")
-    assert run_preflight(model_uri="s3://models/base/tiny", s3_endpoint_url=s3.url, **LOCAL) == ["model"]
+    assert run_preflight(model_uri="s3://models/base/tiny", s3_endpoint_url=s3.url, **LOCAL) == [
+        "model_uri",
+        "model",
+    ]
     fetched = {p.split("?")[0] for m, p, status in s3.requests if m == "GET" and status == 200}
     assert (
         "/models/base/tiny/config.json" in fetched and "/models/base/tiny/original/tokenizer.model" in fetched
