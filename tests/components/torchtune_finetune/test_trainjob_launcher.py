@@ -216,12 +216,13 @@ def test_crash_is_reported_after_one_attempt_with_the_reason_and_last_lines(kube
     ]
 
 
-@pytest.mark.parametrize("cleanup, deleted", [("on-success", False), ("always", True)])
+@pytest.mark.parametrize("cleanup, deleted", [("on-success", True), ("always", True), ("never", False)])
 def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_fix(
     kube, user_log, cleanup, deleted
 ):
     """A user's runtime without the fail-fast policy (like the upstream ones): the container restarts in place
-    (10s back-off, then again up to 7 times). The launcher stops at the first crash instead of waiting it out."""
+    (10s back-off, then again up to 7 times). The launcher stops at the first crash instead of waiting it out,
+    and deletes the TrainJob unless the policy is `never`: kept, it would train again, unobserved."""
     kube.add_runtime("users-runtime")
     lines = ["Step 1 | loss:2.0", "RuntimeError: CUDA error"]
     kube.scenario(None, Scenario.failure(exit_code=3, log_lines=lines, restart_backoff_scale=1.0))

@@ -120,8 +120,12 @@ def with_secret_env(job: dict, secret: str) -> dict:
     ],
     ids=["image", "secret", "unschedulable"],
 )
-def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(kube, scenario, job, expected):
-    """With a grace period of 0 the first sight of the problem fails the step: long before the timeout."""
+def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(
+    kube, user_log, scenario, job, expected
+):
+    """With a grace period of 0 the first sight of the problem fails the step: long before the timeout. The
+    TrainJob is deleted under the default cleanup policy (kept, it would hold its nodes, and start training
+    unobserved once it could), after its reason, pod status and events are in the step log."""
     kube.scenario(None, scenario)
     run = base.launcher(kube, job, start_failure_grace=0, unschedulable_grace=0, timeout=20)
     with pytest.raises(TrainJobFailed) as raised:
@@ -130,8 +134,25 @@ def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(kube, scen
     for snippet in expected:
         assert snippet in message
     assert message.count("cannot start") == 1 and message.count("Fix:") == 1  # one line, not one per rank
-    assert kube.trainjob(NAME) is not None  # cleanup policy on-success keeps a failed TrainJob
+    assert raised.value.result.deleted
+    assert kube.trainjob(NAME) is None and not kube.pods(NAME)
+    text = user_log.text
+    deleted_at = text.index(f"deleted TrainJob {NAME} ({expected[0]} (cleanup policy 'on-success'))")
+    # Written before the deletion: the reason, each pod's status, the events.
+    assert -1 < text.index(f"TrainJob {NAME} declared failed: {expected[0]}") < deleted_at
+    assert -1 < text.index("(rank 0): Pending") < deleted_at
+    assert -1 < text.index("  event ") < deleted_at
+
+
+def test_a_trainjob_that_cannot_start_is_kept_only_under_cleanup_never(kube, user_log):
+    kube.scenario(None, Scenario(missing_secrets=("hf-token",)))
+    job = with_secret_env(base.manifest(), "hf-token")
+    with pytest.raises(TrainJobFailed, match='secret "hf-token" not found') as raised:
+        base.launcher(kube, job, start_failure_grace=0, cleanup="never", timeout=20).run()
+    assert not raised.value.result.deleted and kube.trainjob(NAME) is not None
     assert not kube.requests_for("DELETE", "trainjobs")
+    assert f"kept TrainJob {NAME} (cleanup policy 'never')" in user_log.text
+    assert f"`kubectl delete trainjob -n team-a {NAME}` frees its nodes now" in user_log.text
 
 
 def test_a_problem_is_tolerated_for_its_grace_period(kube):
@@ -139,14 +160,6 @@ def test_a_problem_is_tolerated_for_its_grace_period(kube):
     kube.scenario(None, Scenario(unpullable_image=True))
     with pytest.raises(TrainJobTimeout):
         base.launcher(kube, start_failure_grace=600, unschedulable_grace=0, timeout=0.5).run()
-
-
-def test_cleanup_always_deletes_a_trainjob_whose_pods_cannot_start(kube):
-    kube.scenario(None, Scenario(missing_secrets=("hf-token",)))
-    job = with_secret_env(base.manifest(), "hf-token")
-    with pytest.raises(TrainJobFailed, match='secret "hf-token" not found'):
-        base.launcher(kube, job, start_failure_grace=0, cleanup="always", timeout=20).run()
-    assert kube.trainjob(NAME) is None
 
 
 def test_the_standin_shows_what_the_kubelet_shows(kube):

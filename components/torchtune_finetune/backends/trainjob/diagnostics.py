@@ -198,8 +198,6 @@ def report_pending(
         log: Where the warnings go.
         shown_events: Uids of the events already logged (updated).
     """
-    from kubernetes.client.exceptions import ApiException
-
     log.warning(
         "TrainJob %s: node pods still Pending after %.1fs (%s)",
         name,
@@ -208,7 +206,29 @@ def report_pending(
     )
     for line in waiting_lines(pods):
         log.warning("  %s", line)
-    for involved in [name, *(p["metadata"]["name"] for p in pods)]:
+    log_events(core, namespace, name, pods, api=api, log=log, shown_events=shown_events)
+
+
+def node_job_name(trainjob: str) -> str:
+    """The `node` Job JobSet creates for a TrainJob: `<jobset>-<replicatedJob>-<index>` (jobset
+    pkg/controllers/jobset_controller.go, placement.GenJobName), one Job whose pods are the ranks."""
+    return f"{trainjob}-{NODE}-0"
+
+
+def log_events(
+    core: Any,
+    namespace: str,
+    name: str,
+    pods: list[dict],
+    *,
+    api: Callable[..., Any],
+    log: Any,
+    shown_events: set[str],
+) -> None:
+    """Log the events not yet shown of TrainJob `name`, its `node` Job (pods it could not create) and `pods`."""
+    from kubernetes.client.exceptions import ApiException
+
+    for involved in [name, node_job_name(name), *(p["metadata"]["name"] for p in pods)]:
         try:
             events = api(
                 core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={involved}"
@@ -223,6 +243,50 @@ def report_pending(
             log.warning(
                 "  event %s %s: %s: %s", event.involved_object.kind, involved, event.reason, event.message
             )
+
+
+def pod_status_lines(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per node pod: phase, an unscheduled pod's reason, and each container's state."""
+    lines = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        rank = (pod["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?")
+        parts = [status.get("phase") or "Unknown"]
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                parts.append(f"not scheduled: {cond.get('reason')} {cond.get('message', '')}".rstrip())
+        for container in status.get("containerStatuses") or []:
+            states = [*(container.get("state") or {}).items()]
+            states += [(f"last {kind}", d) for kind, d in (container.get("lastState") or {}).items()]
+            for kind, detail in states:
+                words = " ".join(
+                    str(detail[key])
+                    for key in ("reason", "exitCode", "message")
+                    if detail.get(key) is not None
+                )
+                parts.append(f"container {container.get('name')} {kind} {words}".rstrip())
+        lines.append(f"pod {pod['metadata']['name']} (rank {rank}): " + "; ".join(parts))
+    return lines
+
+
+def log_post_mortem(
+    core: Any,
+    namespace: str,
+    name: str,
+    pods: list[dict],
+    reason: str,
+    *,
+    api: Callable[..., Any],
+    log: Any,
+    shown_events: set[str],
+) -> None:
+    """Before a TrainJob that did not end by itself is deleted: why, its pods' status and its events (the pods
+    and, after an hour, the events are gone with it)."""
+    log.error("TrainJob %s declared failed: %s", name, reason)
+    lines = pod_status_lines(pods) or ["no node pods"]
+    for line in lines:
+        log.error("  %s", line)
+    log_events(core, namespace, name, pods, api=api, log=log, shown_events=shown_events)
 
 
 # Trainers restarted in place ---------------------------------------------------------------------------------
