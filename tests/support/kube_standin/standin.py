@@ -296,6 +296,24 @@ class KubeStandin:
 
         return sorted(pods, key=rank)
 
+    def running_trainjobs(self, namespace: str | None = None) -> dict[str, str]:
+        """TrainJobs that still run or wait to: name -> why (no terminal condition, or node pods Pending /
+        Running that are not being deleted). A Complete or Failed TrainJob whose pods ended is not running."""
+        running = {}
+        for job in self.trainjobs(namespace):
+            name = job["metadata"]["name"]
+            live = [
+                p["metadata"]["name"]
+                for p in self.pods(name, namespace)
+                if p["status"].get("phase") in ("Pending", "Running")
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            if live:
+                running[name] = f"pods {', '.join(live)} are Pending or Running"
+            elif not has_terminal_condition(job):
+                running[name] = "it has no Complete or Failed condition"
+        return running
+
     def events(self, namespace: str | None = None) -> list[dict]:
         """Stored core/v1 Events in the namespace."""
         return self._store.list_objects("events", namespace or self.namespace)
@@ -391,11 +409,17 @@ class KubeStandin:
         method: str | None = None,
         path_contains: str | None = None,
         retry_after: int | None = None,
+        committed: bool = False,
     ) -> None:
-        """The next ``count`` matching requests get a ``kind: Status`` error (500/503/429 …) and no effect."""
+        """The next ``count`` matching requests get a ``kind: Status`` error (500/503/429/504 …) and no effect.
+
+        ``committed``: only writes (POST, DELETE) match, and each takes effect before the error is answered, as
+        when the apiserver's request timeout answers 504 "may still be processing the request" while the handler
+        goes on (staging/src/k8s.io/apiserver/pkg/server/filters/timeout.go) or etcd commits a write whose
+        response is lost. A client that retries then meets the write's result (409 on create, 404 on delete)."""
         with self._store.cond:
             self._api.faults.append(
-                Fault(count, status, method and method.upper(), path_contains, retry_after)
+                Fault(count, status, method and method.upper(), path_contains, retry_after, committed)
             )
 
     def drop_watch_after(self, events: int, *, times: int = 1, abrupt: bool = False) -> None:
