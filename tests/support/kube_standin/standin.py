@@ -422,6 +422,11 @@ class KubeStandin:
                 Fault(count, status, method and method.upper(), path_contains, retry_after, committed)
             )
 
+    def clear_faults(self) -> None:
+        """Forget the faults ``fail_next`` injected that have not been used up."""
+        with self._store.cond:
+            self._api.faults.clear()
+
     def drop_watch_after(self, events: int, *, times: int = 1, abrupt: bool = False) -> None:
         """The next ``times`` watch connections are closed by the server after ``events`` events.
 
