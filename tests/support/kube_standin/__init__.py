@@ -29,8 +29,9 @@ Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` bod
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
 version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from an older resourceVersion get 410
 Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log follows end early), seeded objects via
-``add_object`` (the retry/attach case), pods that cannot start (``Scenario.unpullable_image`` /
-``missing_secrets`` / ``stuck_pending``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
+``add_object`` (the retry/attach case), pods that cannot start (an image not in the registry list, ``images=`` /
+``push_image``; a Secret the env needs that was not added; ``Scenario.stuck_pending``, unschedulable until
+``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
 (not POST) on 429/503 carrying Retry-After.
 
 Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
@@ -59,8 +60,7 @@ Known deviations from a real API server:
     terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
-    preemption (``DisruptionTarget``) is not simulated; other ranks of a failed job are shown terminated (143)
-    rather than deleted.
+    preemption (``DisruptionTarget``) is not simulated.
   * Only the ``node`` replicated job gets pods; other replicated jobs of a runtime (initializers) are reported as
     succeeded in ``jobsStatus``. ``trainer.command == ["tune", "run"]`` is not rewritten the way the Trainer's
     torchtune path does (no ``PET_*`` env is injected then, as upstream).

@@ -22,6 +22,7 @@ from ._common import COMPLETION_INDEX_ANNOTATION, KINDS, PLURAL_OF_KIND, TRAINER
 from ._controller import Controller
 from ._rbac import Authorization, RbacAuthorizer
 from ._schema import default_crd_dir, load_schemas
+from ._startup import DEFAULT_IMAGES, normalize_image
 from ._store import Store
 from ._typed_schema import typed_model_validators
 from ._types import RecordedRequest, Scenario
@@ -37,6 +38,8 @@ class KubeStandin:
         crd_dir: Directory of the Trainer CRDs to validate against; default :func:`default_crd_dir`. Without
             one, TrainJobs are validated with the ``kubeflow-trainer-api`` typed models (_typed_schema.py).
         default_scenario: Scenario for TrainJobs without their own (default: ``Scenario()`` = quick success).
+        images: The image references its registry holds (default ``_startup.DEFAULT_IMAGES``): a node container
+            with any other image waits in ``ImagePullBackOff`` until :meth:`push_image` adds it.
 
     Use as a context manager (or call :meth:`start` / :meth:`stop`).
     """
@@ -48,12 +51,14 @@ class KubeStandin:
         token: str = "standin-token",
         crd_dir: str | Path | None = None,
         default_scenario: Scenario | None = None,
+        images: tuple[str, ...] = DEFAULT_IMAGES,
     ) -> None:
         self.namespace = namespace
         self.token = token
         crd_dir = Path(crd_dir) if crd_dir else default_crd_dir()
         schemas = load_schemas(crd_dir.resolve()) if crd_dir else typed_model_validators()
         self._store = Store()
+        self._store.registry = {normalize_image(image) for image in images}
         self._controller = Controller(self._store, default_scenario or Scenario())
         self._api = ApiServer(self._store, self._controller, schemas, token)
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -129,7 +134,9 @@ class KubeStandin:
 
         Kinds: ``TrainingRuntime``, ``ClusterTrainingRuntime``, ``TrainJob``, ``Pod``, ``Event``,
         ``PersistentVolumeClaim`` (node pods mounting a ReadWriteOnce claim that a running pod on another node
-        uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster). A TrainJob is
+        uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster), ``Secret`` (as ``kubectl create
+        secret`` makes it: node containers whose env needs it and waited in ``CreateContainerConfigError`` start). A
+        TrainJob is
         checked and defaulted against its CRD schema or typed model (ValueError if invalid). A seeded TrainJob (the retry/attach
         case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
         has a terminal condition; its ``activeDeadlineSeconds`` counts from its ``creationTimestamp``. Namespaced
@@ -421,6 +428,20 @@ class KubeStandin:
             self._api.faults.append(
                 Fault(count, status, method and method.upper(), path_contains, retry_after, committed)
             )
+
+    def push_image(self, reference: str) -> None:
+        """The image appears in the registry: pods waiting in ``ImagePullBackOff`` for it start (the kubelet retries
+        the pull at its next pod sync)."""
+        with self._store.cond:
+            self._store.registry.add(normalize_image(reference))
+            self._store.cond.notify_all()
+
+    def free_node(self) -> None:
+        """A node with room appears (an autoscaler added one, another workload ended): unschedulable pods are
+        scheduled and go on to start, as kube-scheduler retries them on node and pod-delete events."""
+        with self._store.cond:
+            self._store.freed_nodes += 1
+            self._store.cond.notify_all()
 
     def clear_faults(self) -> None:
         """Forget the faults ``fail_next`` injected that have not been used up."""
