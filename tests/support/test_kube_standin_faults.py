@@ -4,6 +4,8 @@ ranks of a failed Job torn down."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -128,3 +130,64 @@ def test_a_failed_job_deletes_its_other_ranks_pods(kube_standin, custom):
     assert kept["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1"
     assert kept["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
     assert kube_standin.running_trainjobs() == {}
+
+
+def events_of(kube, involved: str) -> list[tuple[str, str, str]]:
+    """The events about `involved`, once its controller recorded one (it acts in its own thread)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = [
+            (e["type"], e["reason"], e["message"])
+            for e in kube.events()
+            if e["involvedObject"]["name"] == involved
+        ]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "resources, error",
+    [
+        (
+            {"requests": {"memory": "32Gi"}},
+            'spec.containers[0].resources.requests[memory]: Invalid value: "32Gi": must be less than or equal to '
+            "memory limit of 16Gi",
+        ),
+        (
+            {"requests": {"example.com/fpga": "1"}},
+            "spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources",
+        ),
+    ],
+    ids=["request-above-limit", "extended-resource-without-limit"],
+)
+def test_an_invalid_pod_spec_leaves_only_a_failed_create_event(kube_standin, custom, resources, error):
+    """The runtime's limits merged with the TrainJob's requests make pods the API server rejects: the Job records
+    FailedCreate and retries for ever; no pod, no condition anywhere."""
+    kube_standin.add_runtime("limited", resources={"limits": {"memory": "16Gi"}})
+    body = trainjob("invalid", resourcesPerNode=resources)
+    body["spec"]["runtimeRef"]["name"] = "limited"
+    create(custom, body)
+    ((kind, reason, message),) = events_of(kube_standin, "invalid-node-0")
+    assert (kind, reason) == ("Warning", "FailedCreate")
+    assert message.startswith('Error creating: Pod "invalid-node-0-0-') and message.endswith(
+        f"is invalid: {error}"
+    )
+    assert kube_standin.pods("invalid") == [] and kube_standin.jobset("invalid") is not None
+    assert not kube_standin.trainjob("invalid")["status"].get("conditions")
+
+
+def test_a_jobset_the_trainer_cannot_create_leaves_only_a_trainjob_event(kube_standin, custom):
+    kube_standin.scenario(
+        "no-jobset", Scenario(resources_creation_error='admission webhook "vjobset" denied it')
+    )
+    create(custom, trainjob("no-jobset"))
+    assert events_of(kube_standin, "no-jobset") == [
+        (
+            "Warning",
+            "TrainJobResourcesCreationFailed",
+            'TrainJob resources reconciliation failed: admission webhook "vjobset" denied it',
+        )
+    ]
+    assert kube_standin.jobset("no-jobset") is None and kube_standin.pods("no-jobset") == []
+    assert not kube_standin.trainjob("no-jobset")["status"].get("conditions")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import subprocess
 import threading
 import time
@@ -21,6 +22,7 @@ from ._jobpolicy import (
     restart_count,
     restarts_exceed_limit,
 )
+from ._podcreate import RESOURCES_CREATION_FAILED, failed_create_message, pod_spec_errors
 from ._startup import start_failure
 from ._store import Store
 from ._types import Scenario
@@ -120,14 +122,13 @@ class Controller:
             if (old := store.find("jobsets", namespace, name)) is not None:
                 self._adopt_jobset(namespace, name, old)
                 return
-            store.put("jobsets", new_jobset(job), "ADDED")
-            pods = [self._create_pod(job, template, rank, scenario) for rank in range(num_nodes)]
+            pods = self._create_workload(job, template, num_nodes, scenario)
             freed = store.freed_nodes  # a node freed from now on can take the unschedulable pods
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1))
         wait = self._waiter(job, run)
 
         attach_blocked = self._attach_volumes(namespace, pods)
-        if attach_blocked or (scenario.stay_pending and not unschedulable_event(scenario)):
+        if not pods or attach_blocked or (scenario.stay_pending and not unschedulable_event(scenario)):
             outcome = wait(float("inf"))
         else:
             outcome = wait(scenario.pending_seconds) or self._wait_until_startable(
@@ -164,6 +165,21 @@ class Controller:
         counts = {"succeeded": 1} if outcome == "succeeded" else {"failed": 1}
         store.update("jobsets", namespace, name, lambda js: jobset_finished(js, condition))
         self._set_status(namespace, name, [condition], build_jobs_status(runtime, **counts))
+
+    def _create_workload(self, job: dict, template: dict, num_nodes: int, scenario: Scenario) -> list[str]:
+        """The JobSet and the node pods; none when the Trainer cannot create the JobSet or the API server rejects
+        the pods (_podcreate.py: Warning events are all that shows, the controllers retry for ever)."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        if scenario.resources_creation_error:
+            message = f"TrainJob resources reconciliation failed: {scenario.resources_creation_error}"
+            self.store.record_event(namespace, "TrainJob", name, RESOURCES_CREATION_FAILED, message)
+            return []
+        self.store.put("jobsets", new_jobset(job), "ADDED")
+        if errors := pod_spec_errors(template.get("spec", {})):
+            message = failed_create_message(f"{name}-node-0-0-{secrets.token_hex(3)[:5]}", errors)
+            self.store.record_event(namespace, "Job", f"{name}-node-0", "FailedCreate", message)
+            return []
+        return [self._create_pod(job, template, rank, scenario) for rank in range(num_nodes)]
 
     def _start_failure(self, namespace: str, spec: dict) -> tuple[dict, list[dict]] | None:
         """Whether the kubelet can start the node container now (_startup.py): the image in the registry, the

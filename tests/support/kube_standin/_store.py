@@ -179,7 +179,7 @@ class Store:
                 "creationTimestamp": now,
             },
             "involvedObject": {
-                "apiVersion": TRAINER_API_VERSION if kind == "TrainJob" else "v1",
+                "apiVersion": {"TrainJob": TRAINER_API_VERSION, "Job": "batch/v1"}.get(kind, "v1"),
                 "kind": kind,
                 "name": name,
                 "namespace": namespace,

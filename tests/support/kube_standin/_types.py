@@ -37,6 +37,9 @@ class Scenario:
         waiting_reason: Container waiting reason shown while Pending (e.g. ``"ImagePullBackOff"``); default
             ``ContainerCreating`` (or none while unschedulable).
         waiting_message: Message for ``waiting_reason``.
+        resources_creation_error: The Trainer cannot create the JobSet (e.g. a JobSet webhook's denial): a Warning
+            ``TrainJobResourcesCreationFailed`` event on the TrainJob with this error, no JobSet, no pods, no
+            condition (_podcreate.py).
         failure_reason: TrainJob ``Failed`` condition reason (JobSet's reasons: ``FailedJobs``, ...).
         failure_message: TrainJob ``Failed`` condition message.
         exit_code: Exit code of the failing container.
@@ -56,6 +59,7 @@ class Scenario:
     pending_events: tuple[dict, ...] | list[dict] = ()
     waiting_reason: str | None = None
     waiting_message: str = ""
+    resources_creation_error: str = ""
     failure_reason: str = "FailedJobs"
     failure_message: str = JOBSET_FAILED_MESSAGE
     exit_code: int = 1
