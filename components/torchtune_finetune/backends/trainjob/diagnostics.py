@@ -48,8 +48,9 @@ class StartProblem:
     """Why one node pod does not start.
 
     Attributes:
-        kind: "image", "config" or "unschedulable".
-        pod: Pod name.
+        kind: "image", "config", "unschedulable", or (creation.py) "create" (the node pods are rejected) and
+            "resources" (the Trainer cannot create the JobSet).
+        pod: Pod name (for "create" the Job's, for "resources" the TrainJob's).
         reason: The kubelet's waiting reason or the scheduler's condition reason.
         message: Their message.
         image: The node container's image.
@@ -79,6 +80,18 @@ class StartProblem:
                 else "fix the container's env, volumes or securityContext that the message names"
             )
             return f"pod {self.pod}: container {NODE} cannot be configured ({self.reason}: {self.message}). Fix: {fix}."
+        if self.kind == "create":
+            return (
+                f"Job {self.pod}: its pods cannot be created ({self.reason}: {self.message}). Fix: what the API "
+                "server or admission policy names: requests above the runtime's limits, GPUs without an equal limit, "
+                "a ResourceQuota or a Pod Security level; fix the step's resources or the runtime."
+            )
+        if self.kind == "resources":
+            return (
+                f"TrainJob {self.pod}: the Trainer cannot create its JobSet ({self.reason}: {self.message}). Fix: "
+                f"what the message names in the TrainJob's settings or its runtime (kubectl describe trainjob -n "
+                f"{namespace} {self.pod})."
+            )
         return (
             f"pod {self.pod}: no node can run it ({self.reason}: {self.message}). Fix: request fewer GPUs or "
             "less memory per node (or more nodes with less each), fix the nodeSelector / tolerations, or add "
@@ -122,7 +135,7 @@ class StartWatch:
     """Remembers since when each (pod, kind) problem has persisted and answers those past their grace period.
 
     Args:
-        start_failure_grace: Seconds an image-pull or container-config error may persist.
+        start_failure_grace: Seconds an image-pull, container-config or creation error may persist.
         unschedulable_grace: Seconds a pod may stay unschedulable.
     """
 
@@ -131,14 +144,16 @@ class StartWatch:
         start_failure_grace: float = DEFAULT_START_FAILURE_GRACE,
         unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
     ) -> None:
-        self.grace = {"image": start_failure_grace, "config": start_failure_grace}
+        self.grace = {kind: start_failure_grace for kind in ("image", "config", "create", "resources")}
         self.grace["unschedulable"] = unschedulable_grace
         self._since: dict[tuple[str, str], float] = {}
 
-    def overdue(self, pods: Iterable[Mapping[str, Any]], now: float) -> list[StartProblem]:
-        """The problems seen now that were first seen at least their grace period ago (by our clock: pod
-        timestamps come from other machines' clocks)."""
-        problems = start_problems(pods)
+    def overdue(
+        self, pods: Iterable[Mapping[str, Any]], now: float, also: Iterable[StartProblem] = ()
+    ) -> list[StartProblem]:
+        """The problems seen now (in `pods`, and `also` those read from events) that were first seen at least their
+        grace period ago (by our clock: pod timestamps come from other machines' clocks)."""
+        problems = [*start_problems(pods), *also]
         current = {(p.pod, p.kind) for p in problems}
         self._since = {key: t for key, t in self._since.items() if key in current}
         for key in current:
@@ -162,9 +177,13 @@ def waiting_lines(pods: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def start_failure_message(problems: list[StartProblem], namespace: str, name: str) -> tuple[str, str]:
     """(reason, message) for the step's error: the first problem's kind decides the reason."""
-    reason = {"image": "ImagePullFailed", "config": "ContainerConfigError", "unschedulable": "Unschedulable"}[
-        problems[0].kind
-    ]
+    reason = {
+        "image": "ImagePullFailed",
+        "config": "ContainerConfigError",
+        "unschedulable": "Unschedulable",
+        "create": "PodCreationFailed",
+        "resources": "ResourcesCreationFailed",
+    }[problems[0].kind]
     seen: set[str] = set()
     lines = []
     for problem in problems:
