@@ -19,6 +19,7 @@ ignored.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics im
     StartProblem,
     node_job_name,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import api_message
 
 POD_CREATION_FAILED = "FailedCreate"
 RESOURCES_CREATION_FAILED = "TrainJobResourcesCreationFailed"
@@ -54,6 +56,39 @@ def creation_problems(
         if latest is not None:
             problems.append(StartProblem(kind, involved, reason, latest[1]))
     return problems
+
+
+class CreationWatch:
+    """The creation failures of one TrainJob, read at most every `interval` seconds while fewer node pods exist
+    than it asks for (`expected_pods`); a Role without `list events` stops the reads, said once."""
+
+    def __init__(self, core: Any, namespace: str, *, expected_pods: int, interval: float, log: Any) -> None:
+        self.core, self.namespace, self.expected_pods = core, namespace, expected_pods
+        self.interval, self.log = interval, log
+        self._problems: list[StartProblem] = []
+        self._next_read = 0.0
+
+    def problems(
+        self, trainjob: dict | None, node_pods: int, *, api: Callable[..., Any]
+    ) -> list[StartProblem]:
+        from kubernetes.client.exceptions import ApiException
+
+        if trainjob is None or node_pods >= self.expected_pods:
+            self._problems = []
+            return []
+        now = time.monotonic()
+        if now >= self._next_read:
+            self._next_read = now + self.interval
+            try:
+                self._problems = creation_problems(self.core, self.namespace, trainjob, api=api)
+            except ApiException as error:  # diagnostics only: the timeout still ends the wait
+                self.log.warning(
+                    "cannot read the events of TrainJob %s: %s",
+                    trainjob["metadata"]["name"],
+                    api_message(error),
+                )
+                self._next_read = float("inf")
+        return self._problems
 
 
 def _parse(stamp: str | None) -> datetime | None:

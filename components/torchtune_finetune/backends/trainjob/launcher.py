@@ -39,7 +39,7 @@ from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
-from kfp_finetune.components.torchtune_finetune.backends.trainjob.creation import creation_problems
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.creation import CreationWatch
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import (
     CANCEL_DELETE_RETRY_SECONDS,
     DELETE_RETRY_SECONDS,
@@ -50,7 +50,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion impor
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
-    StartProblem,
     StartWatch,
     log_post_mortem,
     report_pending,
@@ -160,11 +159,14 @@ class TrainJobLauncher:
         self.handle_signals = handle_signals
         self.log_drain_timeout = log_drain_timeout
         self.delete_retry_seconds = delete_retry_seconds
-        self.event_poll_interval = event_poll_interval
-        self._expected_pods = int((self.manifest["spec"].get("trainer") or {}).get("numNodes") or 1)
-        self._creation: list[StartProblem] = []
-        self._next_event_poll = 0.0
         self.log = get_logger("kfp_finetune.trainjob")
+        self._creation_watch = CreationWatch(
+            self.core,
+            self.namespace,
+            expected_pods=int((self.manifest["spec"].get("trainer") or {}).get("numNodes") or 1),
+            interval=event_poll_interval,
+            log=self.log,
+        )
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -343,9 +345,9 @@ class TrainJobLauncher:
                 ) from error
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
-            stuck = self._start_watch.overdue(
-                self._node_pods(), time.monotonic(), self._creation_failures(job)
-            )
+            pods = self._node_pods()
+            not_created = self._creation_watch.problems(job, len(pods), api=self._api)
+            stuck = self._start_watch.overdue(pods, time.monotonic(), not_created)
             if state or restarts or stuck or diverged:
                 break
             if seen and job is None:
@@ -401,24 +403,6 @@ class TrainJobLauncher:
                 job, "Failed", created, start_failure_message(stuck, self.namespace, self.name)
             )
         return self._finish(job, state, created)
-
-    def _creation_failures(self, job: dict | None) -> list[StartProblem]:
-        """Why node pods are not created (creation.py), read from events at most every `event_poll_interval`
-        while fewer node pods exist than the TrainJob asks for."""
-        from kubernetes.client.exceptions import ApiException
-
-        if job is None or len(self._node_pods()) >= self._expected_pods:
-            self._creation = []
-            return []
-        now = time.monotonic()
-        if now >= self._next_event_poll:
-            self._next_event_poll = now + self.event_poll_interval
-            try:
-                self._creation = creation_problems(self.core, self.namespace, job, api=self._api)
-            except ApiException as error:  # diagnostics only: the timeout still ends the wait
-                self.log.warning("cannot read events of TrainJob %s: %s", self.name, api_message(error))
-                self._next_event_poll = float("inf")
-        return self._creation
 
     def _on_diverged(self, diverged: LossDiverged) -> None:
         """From the log thread: the loss became NaN or infinite."""
