@@ -94,7 +94,8 @@ class TrainJobLauncher:
         api_client: A `kubernetes.client.ApiClient` (see `_shared.kube.load_api_client`).
         namespace: Namespace to create in when the manifest has none.
         timeout: Seconds to wait for the end before deleting the TrainJob and failing (None: no limit).
-        cleanup: "on-success" (delete successful TrainJobs, keep failed ones), "always" or "never".
+        cleanup: "on-success" (delete successful TrainJobs and those we stop; keep ones that failed by themselves),
+            "always" or "never".
         total_steps: Expected number of steps, for progress lines with an ETA.
         pending_warning_after: Seconds pods may stay Pending before we log why (repeated at each multiple).
         start_failure_grace: Seconds an image-pull or container-config error of a node pod may persist before
