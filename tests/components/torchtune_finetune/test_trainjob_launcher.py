@@ -63,26 +63,8 @@ def launcher_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(("watch-", "pods-", "log-"))]
 
 
-# TrainJobs a test launched with cleanup policy "never": the only ones that may run on after their step.
-KEPT_ON_PURPOSE: set[str] = set()
-
-
-def outliving_trainjobs(kube: KubeStandin) -> dict[str, str]:
-    """TrainJobs of ours (a launcher asked to create them: same name and labels) still running or waiting to run
-    after the step ended, unless launched with cleanup policy "never"."""
-    ours = {}
-    for request in kube.requests_for("POST", "trainjobs"):
-        meta = (request.body or {}).get("metadata") or {}
-        stored = kube.trainjob(meta.get("name", ""))
-        if stored and stored["metadata"].get("labels") == meta.get("labels"):
-            ours[meta["name"]] = stored
-    running = kube.running_trainjobs()
-    return {name: running[name] for name in ours if name in running and name not in KEPT_ON_PURPOSE}
-
-
 @pytest.fixture
 def kube():
-    KEPT_ON_PURPOSE.clear()
     with KubeStandin(namespace="team-a") as standin:
         standin.add_object(yaml.safe_load((REPO / "runtimes" / "torchtune-cpu.yaml").read_text()))
         yield standin
@@ -91,7 +73,7 @@ def kube():
         leftover = launcher_threads()
         assert not leftover, f"launcher threads still running after run() returned: {leftover}"
         # No TrainJob outlives its step: training nobody follows would hold GPUs and write into the workspace.
-        outliving = outliving_trainjobs(standin)
+        outliving = standin.outliving_trainjobs()
         assert not outliving, f"TrainJobs still running after the step ended: {outliving}"
 
 
@@ -127,10 +109,7 @@ def launcher(kube: KubeStandin, job: dict | None = None, sleeps: Sleeps | None =
         backoff=Backoff(initial=0.01, maximum=0.05, sleep=sleeps if sleeps is not None else Sleeps()),
     )
     settings.update(options)
-    job = job or manifest()
-    if settings.get("cleanup") == "never":
-        KEPT_ON_PURPOSE.add(job["metadata"]["name"])
-    return TrainJobLauncher(job, kube.api_client(), **settings)
+    return TrainJobLauncher(job or manifest(), kube.api_client(), **settings)
 
 
 def watch_requests(kube: KubeStandin, resource: str) -> list:

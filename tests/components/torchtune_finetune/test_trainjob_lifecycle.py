@@ -148,7 +148,8 @@ def test_a_trainjob_that_cannot_start_is_kept_only_under_cleanup_never(kube, use
     job = with_secret_env(base.manifest(), "hf-token")
     with pytest.raises(TrainJobFailed, match='secret "hf-token" not found') as raised:
         base.launcher(kube, job, start_failure_grace=0, cleanup="never", timeout=20).run()
-    assert not raised.value.result.deleted and kube.trainjob(NAME) is not None
+    assert not raised.value.result.deleted
+    assert kube.trainjob(NAME)["metadata"]["annotations"]["kfp-finetune.io/cleanup-policy"] == "never"
     assert not kube.requests_for("DELETE", "trainjobs")
     assert f"kept TrainJob {NAME} (cleanup policy 'never')" in user_log.text
     assert f"`kubectl delete trainjob -n team-a {NAME}` frees its nodes now" in user_log.text

@@ -94,7 +94,11 @@ __all__ = [
 
 @pytest.fixture
 def kube_standin() -> Iterator[KubeStandin]:
-    """A started stand-in (namespace ``team-a``) with ClusterTrainingRuntime ``torch-distributed`` seeded."""
+    """A started stand-in (namespace ``team-a``) with ClusterTrainingRuntime ``torch-distributed`` seeded.
+
+    At the end no TrainJob a launcher created may still run, unless launched with cleanup policy ``never``."""
     with KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torch-distributed")
         yield kube
+        outliving = kube.outliving_trainjobs()
+        assert not outliving, f"TrainJobs still running after their step ended: {outliving}"

@@ -28,6 +28,11 @@ from ._typed_schema import typed_model_validators
 from ._types import RecordedRequest, Scenario
 from ._workload import ExecuteConfig, condition_true, has_terminal_condition
 
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+CLEANUP_POLICY_ANNOTATION = (
+    "kfp-finetune.io/cleanup-policy"  # the launcher's: "never" keeps a TrainJob on purpose
+)
+
 
 class KubeStandin:
     """An in-process Kubernetes API server on 127.0.0.1 with a simulated Trainer/JobSet controller.
@@ -320,6 +325,29 @@ class KubeStandin:
             elif not has_terminal_condition(job):
                 running[name] = "it has no Complete or Failed condition"
         return running
+
+    def outliving_trainjobs(self, namespace: str | None = None) -> dict[str, str]:
+        """TrainJobs a kfp-finetune launcher asked to create (a POST of that name whose labels the stored one
+        carries, managed-by ``kfp-finetune``) that still run or wait to, unless annotated with cleanup policy
+        ``never``: what no step may leave behind (name -> why)."""
+        running = self.running_trainjobs(namespace)
+        outliving = {}
+        for request in self.requests_for("POST", "trainjobs"):
+            meta = (request.body or {}).get("metadata") or {}
+            stored = self.trainjob(meta.get("name", ""), namespace)
+            if not stored or stored["metadata"]["name"] not in running:
+                continue
+            labels, annotations = (
+                stored["metadata"].get("labels") or {},
+                stored["metadata"].get("annotations") or {},
+            )
+            if (
+                labels == meta.get("labels")
+                and labels.get(MANAGED_BY_LABEL) == "kfp-finetune"
+                and annotations.get(CLEANUP_POLICY_ANNOTATION) != "never"
+            ):
+                outliving[stored["metadata"]["name"]] = running[stored["metadata"]["name"]]
+        return outliving
 
     def events(self, namespace: str | None = None) -> list[dict]:
         """Stored core/v1 Events in the namespace."""

@@ -83,6 +83,8 @@ from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+# Tells whoever finds the TrainJob (kubectl describe) whether it may outlive its step: only under "never".
+ANNOTATION_CLEANUP_POLICY = "kfp-finetune.io/cleanup-policy"
 THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
 
 
@@ -145,6 +147,7 @@ class TrainJobLauncher:
         if not self.namespace:
             raise ValueError("no namespace: set it in the manifest or pass namespace=")
         metadata["namespace"] = self.namespace
+        metadata.setdefault("annotations", {})[ANNOTATION_CLEANUP_POLICY] = cleanup
         self.name = metadata["name"]
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
