@@ -21,7 +21,7 @@ Served (anything else answers 404 like an unknown path):
   * ``/apis/jobset.x-k8s.io/v1alpha2``: jobsets (namespaced get/list/watch), one per started TrainJob, named after it
     and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
-    timestamps, limitBytes), events (namespaced list/watch).
+    timestamps, limitBytes), events (namespaced list/watch), secrets (namespaced get/list/watch).
   * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
     e.g. ``metadata.name`` or ``involvedObject.name``) on list and watch.
 
@@ -61,6 +61,10 @@ Known deviations from a real API server:
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
     preemption (``DisruptionTarget``) is not simulated.
+  * Secrets are seeded (``add_object``), not created through the API, and hold no data the kubelet reads. The
+    controllers' retries are not repeated as events: one ``FailedCreate`` / ``TrainJobResourcesCreationFailed``
+    event (count 1) stands for the series a cluster aggregates. Pod validation covers resource requests and
+    limits only.
   * Only the ``node`` replicated job gets pods; other replicated jobs of a runtime (initializers) are reported as
     succeeded in ``jobsStatus``. ``trainer.command == ["tune", "run"]`` is not rewritten the way the Trainer's
     torchtune path does (no ``PET_*`` env is injected then, as upstream).
