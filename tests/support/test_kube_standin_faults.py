@@ -4,6 +4,7 @@ ranks of a failed Job torn down."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -191,3 +192,18 @@ def test_a_jobset_the_trainer_cannot_create_leaves_only_a_trainjob_event(kube_st
     ]
     assert kube_standin.jobset("no-jobset") is None and kube_standin.pods("no-jobset") == []
     assert not kube_standin.trainjob("no-jobset")["status"].get("conditions")
+
+
+def test_execute_mode_deletes_the_other_ranks_once_one_fails(kube_standin, custom):
+    """Real processes: rank 1 exits 3 while rank 0 would run for a minute; rank 0 is stopped and its pod deleted
+    (the Job controller's deleteActivePods), rank 1's failed pod is kept."""
+    kube_standin.add_runtime("local-never", command=["/bin/false"], restart_policy="Never", backoff_limit=0)
+    kube_standin.execute(job="ranks")
+    script = "import os, sys, time; sys.exit(3) if os.environ['PET_NODE_RANK'] == '1' else time.sleep(60)"
+    body = trainjob("ranks", numNodes=2, command=[sys.executable, "-c"], args=[script])
+    body["spec"]["runtimeRef"]["name"] = "local-never"
+    create(custom, body)
+    kube_standin.wait_for_trainjob("ranks", condition="Failed", timeout=20)
+    (kept,) = kube_standin.pods("ranks")
+    assert kept["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1"
+    assert kept["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3

@@ -430,9 +430,8 @@ class Controller:
                     continue
                 reader.join(timeout=5)  # the whole log is in before the pod turns terminal
                 exit_code = exit_codes[pod_name] = 128 - code if code < 0 else code
-                if (
-                    failed
-                ):  # an active pod of the failed Job: the Job controller deleted it (deleteActivePods)
+                # An active pod of the failed Job: the Job controller deletes it (deleteActivePods).
+                if failed:
                     self._delete_pod(namespace, pod_name)
                     continue
                 reason = "Completed" if exit_code == 0 else "Error"

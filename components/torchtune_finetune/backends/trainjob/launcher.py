@@ -12,7 +12,8 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
   and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
-  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py). A runtime
+  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py), and so do
+  node pods that are never created, seen only in Warning events (creation.py). A runtime
   that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
 - A NaN or infinite loss in the rank-0 log: fail at once with the step and the usual fixes (TrainJobDiverged),
   ending like any failed TrainJob (the cleanup policy decides whether it is kept).
