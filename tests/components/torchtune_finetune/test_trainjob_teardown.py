@@ -12,6 +12,7 @@ import pytest
 
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobCancelled,
+    TrainJobFailed,
     TrainJobTimeout,
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
@@ -123,3 +124,18 @@ def test_a_cancelled_step_says_deleted_only_when_the_api_did(kube, user_log, com
     assert (kube.trainjob(NAME) is None) == committed
     if not committed:
         delete_by_hand(kube)
+
+
+def test_a_trainjob_that_cannot_start_and_cannot_be_deleted_says_so_in_the_error(kube, user_log):
+    kube.scenario(None, Scenario.stuck_pending())
+    kube.fail_next(10_000, status=503, method="DELETE")
+    with pytest.raises(TrainJobFailed) as raised:
+        base.launcher(kube, unschedulable_grace=0, timeout=20, delete_retry_seconds=0.1).run()
+    message = str(raised.value)
+    assert "failed: Unschedulable:" in message
+    assert message.rstrip().endswith(
+        f"TrainJob NOT deleted ({UNAVAILABLE}): it may still be running; `kubectl delete trainjob -n team-a "
+        f"{NAME}` frees its nodes"
+    )
+    assert not raised.value.result.deleted
+    delete_by_hand(kube)

@@ -528,14 +528,13 @@ class TrainJobLauncher:
                     log=self.log,
                     shown_events=self._shown_events,
                 )
+            deletion = None
             if self.cleanup == "always":
-                result.deleted = self._delete(reason="cleanup policy 'always'").confirmed
+                deletion = self._delete(reason="cleanup policy 'always'")
             elif ended and self.cleanup == "on-success":
                 # Not ended by itself: kept, it would hold its nodes (and a pending one would start training
                 # unobserved once it can); its log, pod status and events are in the step log already.
-                result.deleted = self._delete(
-                    reason=f"{result.reason} (cleanup policy 'on-success')"
-                ).confirmed
+                deletion = self._delete(reason=f"{result.reason} (cleanup policy 'on-success')")
             elif ended:
                 self.log.warning(
                     "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; %s now",
@@ -543,12 +542,15 @@ class TrainJobLauncher:
                     self.cleanup,
                     kubectl_delete(self.namespace, self.name),
                 )
+            result.deleted = deletion is not None and deletion.confirmed
             if diverged:
                 raise TrainJobDiverged(diverged, result)
             text = [
                 f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
             ]
             text += [f"  {line}" for line in terminations]
+            if deletion is not None and not deletion.confirmed:
+                text.append(f"  TrainJob {deletion.words(self.namespace, self.name)}")
             raise TrainJobFailed("\n".join(text) + self._rank0_log.tail_text(), result)
         self.log.info("TrainJob %s completed in %.0fs", self.name, result.wall_time)
         if self.cleanup in ("on-success", "always"):
