@@ -31,8 +31,8 @@ version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from a
 Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log follows end early), seeded objects via
 ``add_object`` (the retry/attach case), pods that cannot start (an image not in the registry list, ``images=`` /
 ``push_image``; a Secret the env needs that was not added; ``Scenario.stuck_pending``, unschedulable until
-``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
-(not POST) on 429/503 carrying Retry-After.
+``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``). Note that urllib3
+under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
 
 Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
 documents (runtimes/rbac.yaml), else 403 Forbidden; ``authorizations`` lists each request's verb, group, resource,

@@ -185,8 +185,8 @@ class Controller:
         """Whether the kubelet can start the node container now (_startup.py): the image in the registry, the
         Secrets its env needs in the namespace."""
         with self.store.cond:
-            secrets = {s["metadata"]["name"] for s in self.store.list_objects("secrets", namespace)}
-            return start_failure(spec, registry=self.store.registry, secrets=secrets)
+            present = {s["metadata"]["name"] for s in self.store.list_objects("secrets", namespace)}
+            return start_failure(spec, registry=self.store.registry, secrets=present)
 
     def _wait_until_startable(
         self, namespace: str, pods: list[str], scenario: Scenario, wait: Wait, freed: int
@@ -289,13 +289,16 @@ class Controller:
                 event.get("message", ""),
                 event.get("type", "Warning"),
             )
-        scheduled = pod["spec"].get("nodeName")
-        for event in (
-            blocked[1] if blocked and scheduled else []
-        ):  # the kubelet of the node the pod was scheduled to
-            self.store.record_event(
-                namespace, "Pod", pod_name, event["reason"], event["message"], event.get("type", "Warning")
-            )
+        if blocked and pod["spec"].get("nodeName"):  # the kubelet of the node the pod was scheduled to
+            for event in blocked[1]:
+                self.store.record_event(
+                    namespace,
+                    "Pod",
+                    pod_name,
+                    event["reason"],
+                    event["message"],
+                    event.get("type", "Warning"),
+                )
         return pod_name
 
     def _simulate_run(

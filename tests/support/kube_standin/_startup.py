@@ -76,8 +76,8 @@ def start_failure(
     """The node container's waiting state and the kubelet's events when it cannot be started, else None.
 
     ``registry``: the normalized image references that can be pulled; ``secrets``: the names of the Secrets in
-    the pod's namespace. A missing Secret is found before the image is pulled only if the image is present; the kubelet pulls first
-    (EnsureImageExists, then generateContainerConfig), so an unpullable image wins."""
+    the pod's namespace. A missing Secret is found before the image is pulled only if the image is present; the
+    kubelet pulls first (EnsureImageExists, then generateContainerConfig), so an unpullable image wins."""
     container = _node_container(spec)
     if container is None:
         return None

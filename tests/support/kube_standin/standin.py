@@ -141,9 +141,8 @@ class KubeStandin:
         ``PersistentVolumeClaim`` (node pods mounting a ReadWriteOnce claim that a running pod on another node
         uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster), ``Secret`` (as ``kubectl create
         secret`` makes it: node containers whose env needs it and waited in ``CreateContainerConfigError`` start). A
-        TrainJob is
-        checked and defaulted against its CRD schema or typed model (ValueError if invalid). A seeded TrainJob (the retry/attach
-        case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
+        TrainJob is checked and defaulted against its CRD schema or typed model (ValueError if invalid). A seeded
+        TrainJob (the retry/attach case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
         has a terminal condition; its ``activeDeadlineSeconds`` counts from its ``creationTimestamp``. Namespaced
         objects without a namespace get the stand-in's namespace. Returns the stored object (with
         resourceVersion, uid, creationTimestamp).
