@@ -210,7 +210,7 @@ TABLE: tuple[Parameter, ...] = (
        "torchtune_finetune.gpu_memory_gib", "preflight.tune_gpu_memory_gib"),
     _p("tune_timeout_seconds", int, 86400, "The TrainJob is deleted and the step fails after this long; 0: no limit.",
        "torchtune_finetune.timeout_seconds", "preflight.tune_timeout_seconds"),
-    _p("tune_cleanup_policy", str, "on-success", "on-success (keep failed TrainJobs), always or never.",
+    _p("tune_cleanup_policy", str, "on-success", "on-success (keep TrainJobs that failed by themselves; delete those the step stopped), always or never.",
        "torchtune_finetune.cleanup_policy", "preflight.tune_cleanup_policy"),
     _p("tune_trainer_image", str, "",
        "Container image of the TrainJob's node pods, e.g. ghcr.io/org/trainer:1.0; empty: the runtime's image.",

@@ -153,7 +153,8 @@ def preflight(
         tune_gpu_memory_gib: Memory of one training GPU for the throughput defaults; -1: from the node
             selector's GPU product, else 80.
         tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
-        tune_cleanup_policy: on-success (keep failed TrainJobs), always or never.
+        tune_cleanup_policy: on-success (keep TrainJobs that failed by themselves; delete those the step
+            stopped), always or never.
         tune_trainer_image: Container image of the TrainJob's node pods, e.g. ghcr.io/org/trainer:1.0; empty:
             the runtime's image.
         eval_max_samples: Held-out rows evaluated; 0: all.

@@ -161,7 +161,8 @@ def torchtune_finetune(
         gpu_memory_gib: Memory of one training GPU, for the activation checkpointing and micro-batch defaults; -1:
             from the GPU product (nvidia.com/gpu.product) this task's node selector or affinity names, else 80.
         timeout_seconds: The TrainJob is deleted and this step fails after this long; 0: no limit.
-        cleanup_policy: Delete the TrainJob on-success (keep failed ones for debugging), always, or never.
+        cleanup_policy: Delete the TrainJob on-success (keep one that failed by itself, for debugging; one the
+            step stopped, e.g. pods that could not start, is deleted), always, or never.
         trainer_image: Container image for the TrainJob's node pods; empty: the runtime's image.
         run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the run folder and TrainJob).
         task_name: Readable part of the run folder's and TrainJob's name.

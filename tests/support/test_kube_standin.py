@@ -483,7 +483,10 @@ def test_runtime_without_restart_policy_restarts_the_trainer_in_place_then_delet
     assert {(s.last_state.terminated.exit_code, s.last_state.terminated.reason) for s in looping} == {
         (3, "Error")
     }
-    assert all(s.state.terminated is None for s in statuses)  # never a terminal state: the pod stays Running
+    # Never a terminal state while it loops (the pod stays Running); the Job controller's delete stops it (SIGTERM).
+    running = [p.status.container_statuses[0] for _, p in history if not p.metadata.deletion_timestamp]
+    assert all(s.state.terminated is None for s in running if s)
+    assert statuses[-1].state.terminated.exit_code == 143
     assert statuses[-1].restart_count == 6 and history[-1][0] == "DELETED"
     assert kube_standin.pods("crash") == [] and kube_standin.trainjob("crash")["status"]["conditions"][0][
         "type"

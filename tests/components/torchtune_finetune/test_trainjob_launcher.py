@@ -72,6 +72,9 @@ def kube():
         # them, not because the server went away. A leftover one would log into whatever runs next.
         leftover = launcher_threads()
         assert not leftover, f"launcher threads still running after run() returned: {leftover}"
+        # No TrainJob outlives its step: training nobody follows would hold GPUs and write into the workspace.
+        outliving = standin.outliving_trainjobs()
+        assert not outliving, f"TrainJobs still running after the step ended: {outliving}"
 
 
 class Sleeps(list):
@@ -216,12 +219,13 @@ def test_crash_is_reported_after_one_attempt_with_the_reason_and_last_lines(kube
     ]
 
 
-@pytest.mark.parametrize("cleanup, deleted", [("on-success", False), ("always", True)])
+@pytest.mark.parametrize("cleanup, deleted", [("on-success", True), ("always", True), ("never", False)])
 def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_fix(
     kube, user_log, cleanup, deleted
 ):
     """A user's runtime without the fail-fast policy (like the upstream ones): the container restarts in place
-    (10s back-off, then again up to 7 times). The launcher stops at the first crash instead of waiting it out."""
+    (10s back-off, then again up to 7 times). The launcher stops at the first crash instead of waiting it out,
+    and deletes the TrainJob unless the policy is `never`: kept, it would train again, unobserved."""
     kube.add_runtime("users-runtime")
     lines = ["Step 1 | loss:2.0", "RuntimeError: CUDA error"]
     kube.scenario(None, Scenario.failure(exit_code=3, log_lines=lines, restart_backoff_scale=1.0))
@@ -293,12 +297,14 @@ def test_failure_shows_only_the_last_50_lines(kube):
 
 
 def test_failing_other_rank_is_reported(kube):
+    """Rank 1 fails; the Job controller deletes the failed Job's other pods (rank 0 is stopped, not kept)."""
     job = manifest(num_nodes=2)
     kube.scenario(None, Scenario.failure(failed_rank=1, exit_code=3))
     with pytest.raises(TrainJobFailed) as raised:
         launcher(kube, job).run()
-    text = str(raised.value)
-    assert "(rank 1): Error (exit code 3)" in text and "(rank 0): Error (exit code 143)" in text
+    assert "(rank 1): Error (exit code 3)" in str(raised.value)
+    (kept,) = kube.pods(NAME)
+    assert kept["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1"
 
 
 # --- pending, timeout, suspension ----------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def with_secret_env(job: dict, secret: str) -> dict:
     "scenario, job, expected",
     [
         (
-            Scenario(unpullable_image=True),
+            Scenario(),  # the image is not in the stand-in's registry
             base.manifest(image="registry.example.com/team/trainer:nope"),
             [
                 "ImagePullFailed",
@@ -100,7 +100,7 @@ def with_secret_env(job: dict, secret: str) -> dict:
             ],
         ),
         (
-            Scenario(missing_secrets=("hf-token",)),
+            Scenario(),  # no Secret hf-token was created
             with_secret_env(base.manifest(), "hf-token"),
             [
                 "ContainerConfigError",
@@ -120,8 +120,12 @@ def with_secret_env(job: dict, secret: str) -> dict:
     ],
     ids=["image", "secret", "unschedulable"],
 )
-def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(kube, scenario, job, expected):
-    """With a grace period of 0 the first sight of the problem fails the step: long before the timeout."""
+def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(
+    kube, user_log, scenario, job, expected
+):
+    """With a grace period of 0 the first sight of the problem fails the step: long before the timeout. The
+    TrainJob is deleted under the default cleanup policy (kept, it would hold its nodes, and start training
+    unobserved once it could), after its reason, pod status and events are in the step log."""
     kube.scenario(None, scenario)
     run = base.launcher(kube, job, start_failure_grace=0, unschedulable_grace=0, timeout=20)
     with pytest.raises(TrainJobFailed) as raised:
@@ -130,27 +134,88 @@ def test_pods_that_cannot_start_fail_fast_with_the_reason_and_the_fix(kube, scen
     for snippet in expected:
         assert snippet in message
     assert message.count("cannot start") == 1 and message.count("Fix:") == 1  # one line, not one per rank
-    assert kube.trainjob(NAME) is not None  # cleanup policy on-success keeps a failed TrainJob
-    assert not kube.requests_for("DELETE", "trainjobs")
+    assert raised.value.result.deleted
+    assert kube.trainjob(NAME) is None and not kube.pods(NAME)
+    text = user_log.text
+    deleted_at = text.index(f"deleted TrainJob {NAME} ({expected[0]} (cleanup policy 'on-success'))")
+    # Written before the deletion: the reason, each pod's status, the events.
+    assert -1 < text.index(f"TrainJob {NAME} declared failed: {expected[0]}") < deleted_at
+    assert -1 < text.index("(rank 0): Pending") < deleted_at
+    assert -1 < text.index("  event ") < deleted_at
 
 
-def test_a_problem_is_tolerated_for_its_grace_period(kube):
-    """An image problem with a 10-minute grace period does not fail the step: the timeout does."""
-    kube.scenario(None, Scenario(unpullable_image=True))
-    with pytest.raises(TrainJobTimeout):
-        base.launcher(kube, start_failure_grace=600, unschedulable_grace=0, timeout=0.5).run()
-
-
-def test_cleanup_always_deletes_a_trainjob_whose_pods_cannot_start(kube):
-    kube.scenario(None, Scenario(missing_secrets=("hf-token",)))
+def test_a_trainjob_that_cannot_start_is_kept_only_under_cleanup_never(kube, user_log):
     job = with_secret_env(base.manifest(), "hf-token")
-    with pytest.raises(TrainJobFailed, match='secret "hf-token" not found'):
-        base.launcher(kube, job, start_failure_grace=0, cleanup="always", timeout=20).run()
-    assert kube.trainjob(NAME) is None
+    with pytest.raises(TrainJobFailed, match='secret "hf-token" not found') as raised:
+        base.launcher(kube, job, start_failure_grace=0, cleanup="never", timeout=20).run()
+    assert not raised.value.result.deleted
+    assert kube.trainjob(NAME)["metadata"]["annotations"]["kfp-finetune.io/cleanup-policy"] == "never"
+    assert not kube.requests_for("DELETE", "trainjobs")
+    assert f"kept TrainJob {NAME} (cleanup policy 'never')" in user_log.text
+    assert f"`kubectl delete trainjob -n team-a {NAME}` frees its nodes now" in user_log.text
+
+
+UNKNOWN_IMAGE = "registry.example.com/team/trainer:nope"
+HF_TOKEN_SECRET = {
+    "apiVersion": "v1",
+    "kind": "Secret",
+    "metadata": {"name": "hf-token"},
+    "data": {"token": "aGY="},
+}
+
+
+@pytest.mark.parametrize(
+    "scenario, job, own_grace, other_grace",
+    [
+        (Scenario(), base.manifest(image=UNKNOWN_IMAGE), "start_failure_grace", "unschedulable_grace"),
+        (
+            Scenario(),
+            with_secret_env(base.manifest(), "hf-token"),
+            "start_failure_grace",
+            "unschedulable_grace",
+        ),
+        (Scenario.stuck_pending(), base.manifest(), "unschedulable_grace", "start_failure_grace"),
+    ],
+    ids=["image", "secret", "unschedulable"],
+)
+def test_each_problem_is_given_its_own_grace_period(kube, scenario, job, own_grace, other_grace):
+    """The image-pull / container-config grace and the unschedulable grace are apart: with its own grace long and
+    the other one 0 a problem is waited on until the timeout; with its own grace 0 it fails the step at once."""
+    kube.scenario(None, scenario)
+    with pytest.raises(TrainJobTimeout):
+        base.launcher(kube, job, timeout=0.5, **{own_grace: 600, other_grace: 0}).run()
+    with pytest.raises(TrainJobFailed, match="cannot start"):
+        base.launcher(kube, job, timeout=20, **{own_grace: 0, other_grace: 600}).run()
+
+
+@pytest.mark.parametrize(
+    "scenario, job, remedy",
+    [
+        (Scenario.stuck_pending(), base.manifest(), lambda kube: kube.free_node()),
+        (
+            Scenario(),
+            with_secret_env(base.manifest(), "hf-token"),
+            lambda kube: kube.add_object(HF_TOKEN_SECRET),
+        ),
+        (Scenario(), base.manifest(image=UNKNOWN_IMAGE), lambda kube: kube.push_image(UNKNOWN_IMAGE)),
+    ],
+    ids=["node-frees-up", "secret-created", "image-pushed"],
+)
+def test_a_kept_trainjob_starts_training_unobserved_once_it_can(kube, scenario, job, remedy):
+    """Why a TrainJob declared failed is deleted by default: kept (cleanup never), it trains as soon as a node frees
+    up, the Secret is created (the printed fix) or the image pushed: the scheduler and the kubelet retry for ever."""
+    kube.scenario(None, scenario)
+    with pytest.raises(TrainJobFailed, match="cannot start"):
+        base.launcher(
+            kube, job, start_failure_grace=0, unschedulable_grace=0, cleanup="never", timeout=20
+        ).run()
+    remedy(kube)
+    kube.wait_for_trainjob(NAME, condition="Complete")
+    (pod,) = kube.pods(NAME)
+    assert "Step 3 | loss:1.9500" in kube.pod_log(pod["metadata"]["name"])
 
 
 def test_the_standin_shows_what_the_kubelet_shows(kube):
-    kube.scenario(None, Scenario(unpullable_image=True))
     kube.add_object(base.manifest(image="example.com/nope:1"))
     pod = kube.wait_for_pod(NAME, lambda p: True)
     node = pod["status"]["containerStatuses"][0]

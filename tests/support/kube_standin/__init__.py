@@ -21,7 +21,7 @@ Served (anything else answers 404 like an unknown path):
   * ``/apis/jobset.x-k8s.io/v1alpha2``: jobsets (namespaced get/list/watch), one per started TrainJob, named after it
     and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
-    timestamps, limitBytes), events (namespaced list/watch).
+    timestamps, limitBytes), events (namespaced list/watch), secrets (namespaced get/list/watch).
   * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
     e.g. ``metadata.name`` or ``involvedObject.name``) on list and watch.
 
@@ -29,9 +29,10 @@ Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` bod
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
 version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from an older resourceVersion get 410
 Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log follows end early), seeded objects via
-``add_object`` (the retry/attach case), pods that cannot start (``Scenario.unpullable_image`` /
-``missing_secrets`` / ``stuck_pending``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
-(not POST) on 429/503 carrying Retry-After.
+``add_object`` (the retry/attach case), pods that cannot start (an image not in the registry list, ``images=`` /
+``push_image``; a Secret the env needs that was not added; ``Scenario.stuck_pending``, unschedulable until
+``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``). Note that urllib3
+under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
 
 Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
 documents (runtimes/rbac.yaml), else 403 Forbidden; ``authorizations`` lists each request's verb, group, resource,
@@ -59,8 +60,11 @@ Known deviations from a real API server:
     terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
-    preemption (``DisruptionTarget``) is not simulated; other ranks of a failed job are shown terminated (143)
-    rather than deleted.
+    preemption (``DisruptionTarget``) is not simulated.
+  * Secrets are seeded (``add_object``), not created through the API, and hold no data the kubelet reads. The
+    controllers' retries are not repeated as events: one ``FailedCreate`` / ``TrainJobResourcesCreationFailed``
+    event (count 1) stands for the series a cluster aggregates. Pod validation covers resource requests and
+    limits only.
   * Only the ``node`` replicated job gets pods; other replicated jobs of a runtime (initializers) are reported as
     succeeded in ``jobsStatus``. ``trainer.command == ["tune", "run"]`` is not rewritten the way the Trainer's
     torchtune path does (no ``PET_*`` env is injected then, as upstream).
@@ -94,7 +98,11 @@ __all__ = [
 
 @pytest.fixture
 def kube_standin() -> Iterator[KubeStandin]:
-    """A started stand-in (namespace ``team-a``) with ClusterTrainingRuntime ``torch-distributed`` seeded."""
+    """A started stand-in (namespace ``team-a``) with ClusterTrainingRuntime ``torch-distributed`` seeded.
+
+    At the end no TrainJob a launcher created may still run, unless launched with cleanup policy ``never``."""
     with KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torch-distributed")
         yield kube
+        outliving = kube.outliving_trainjobs()
+        assert not outliving, f"TrainJobs still running after their step ended: {outliving}"

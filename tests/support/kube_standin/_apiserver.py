@@ -40,7 +40,11 @@ _FAULT_MESSAGES = {
     429: "Too many requests, please try again later.",
     500: "Internal error occurred: injected by kube-standin",
     503: "the server is currently unable to handle the request",
+    # apimachinery pkg/api/errors NewTimeoutError, as the apiserver's request timeout answers
+    # (staging/src/k8s.io/apiserver/pkg/server/filters/timeout.go): the handler goes on and its write may commit.
+    504: "the server was unable to return a response in the time allotted, but may still be processing the request",
 }
+WRITE_METHODS = ("POST", "DELETE")
 _NOT_ALLOWED = "the server does not allow this method on the requested resource"
 
 # A response: (status, JSON payload, or a callable that streams the body itself once the lock is released).
@@ -54,6 +58,13 @@ class Fault:
     method: str | None
     path_contains: str | None
     retry_after: int | None
+    committed: bool = False  # the request takes effect, then the error is answered (writes only)
+
+
+@dataclasses.dataclass(frozen=True)
+class InjectedFault:
+    error: ApiError
+    committed: bool
 
 
 class ApiServer:
@@ -86,13 +97,16 @@ class ApiServer:
 
         return BoundHandler
 
-    def injected_fault(self, method: str, path: str) -> ApiError | None:
+    def injected_fault(self, method: str, path: str) -> InjectedFault | None:
         with self.store.cond:
             fault = next(
                 (
                     f
                     for f in self.faults
-                    if f.count > 0 and f.method in (None, method) and (f.path_contains or "") in path
+                    if f.count > 0
+                    and f.method in (None, method)
+                    and (f.path_contains or "") in path
+                    and (not f.committed or method in WRITE_METHODS)
                 ),
                 None,
             )
@@ -100,12 +114,13 @@ class ApiServer:
                 return None
             fault.count -= 1
         retry = fault.retry_after
-        return ApiError(
+        error = ApiError(
             fault.status,
             _FAULT_MESSAGES.get(fault.status, "injected by kube-standin"),
             details={"retryAfterSeconds": retry} if retry is not None else None,
             headers={"Retry-After": str(retry)} if retry is not None else None,
         )
+        return InjectedFault(error, fault.committed)
 
     def create(self, route: Route, body: Any, query: dict[str, str]) -> dict:
         if route.plural != "trainjobs" or route.namespace is None or route.name:
@@ -183,8 +198,9 @@ class ApiServer:
     ) -> Response:
         if authorization != f"Bearer {self.token}":
             raise ApiError(401, "Unauthorized")
-        if fault := self.injected_fault(method, path):
-            raise fault
+        fault = self.injected_fault(method, path)
+        if fault is not None and not fault.committed:
+            raise fault.error
         self.authorize(method, path, query)
         route = parse_route(path)
         if (
@@ -193,10 +209,11 @@ class ApiServer:
             or (not KINDS[route.plural][2] and route.namespace is not None)
         ):
             raise ApiError(404, "the server could not find the requested resource", details={})
-        if method == "POST":
-            return 201, self.create(route, body, query), None
-        if method == "DELETE":
-            return 200, self.delete(route, body, query), None
+        if method in WRITE_METHODS:
+            done = self.create(route, body, query) if method == "POST" else self.delete(route, body, query)
+            if fault is not None:  # committed: the client hears only the error
+                raise fault.error
+            return (201 if method == "POST" else 200), done, None
         if method != "GET":
             raise ApiError(405, _NOT_ALLOWED)
         if route.subresource == "log":

@@ -40,6 +40,7 @@ KINDS = {  # plural -> (api group ("" = core), kind, namespaced)
     "pods": ("", "Pod", True),
     "events": ("", "Event", True),
     "persistentvolumeclaims": ("", "PersistentVolumeClaim", True),
+    "secrets": ("", "Secret", True),
 }
 PLURAL_OF_KIND = {kind: plural for plural, (_, kind, _) in KINDS.items()}
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 
 from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
+from ._gc import mark_terminating
 from ._jobpolicy import (
     BACKOFF_LIMIT_EXCEEDED,
     JobPolicy,
@@ -20,6 +22,7 @@ from ._jobpolicy import (
     restart_count,
     restarts_exceed_limit,
 )
+from ._podcreate import RESOURCES_CREATION_FAILED, failed_create_message, pod_spec_errors
 from ._startup import start_failure
 from ._store import Store
 from ._types import Scenario
@@ -31,6 +34,7 @@ from ._workload import (
     kill_processes,
     local_command,
     mark_running,
+    mark_scheduled,
     mark_terminated,
     multi_attach_error,
     new_condition,
@@ -38,6 +42,7 @@ from ._workload import (
     new_pod,
     node_pod_template,
     node_replicated_job,
+    unschedulable_event,
 )
 
 # What ended a phase of a job's life: None (the phase ran out), "cancel" (deleted / stand-in stopped),
@@ -117,15 +122,18 @@ class Controller:
             if (old := store.find("jobsets", namespace, name)) is not None:
                 self._adopt_jobset(namespace, name, old)
                 return
-            store.put("jobsets", new_jobset(job), "ADDED")
-            pods = [self._create_pod(job, template, rank, scenario) for rank in range(num_nodes)]
+            pods = self._create_workload(job, template, num_nodes, scenario)
+            freed = store.freed_nodes  # a node freed from now on can take the unschedulable pods
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1))
         wait = self._waiter(job, run)
 
         attach_blocked = self._attach_volumes(namespace, pods)
-        cannot_start = start_failure(template.get("spec", {}), scenario) is not None
-        stay_pending = scenario.stay_pending or attach_blocked or cannot_start
-        outcome = wait(float("inf") if stay_pending else scenario.pending_seconds)
+        if not pods or attach_blocked or (scenario.stay_pending and not unschedulable_event(scenario)):
+            outcome = wait(float("inf"))
+        else:
+            outcome = wait(scenario.pending_seconds) or self._wait_until_startable(
+                namespace, pods, scenario, wait, freed
+            )
         if outcome is None:
             for pod in pods:
                 store.update("pods", namespace, pod, mark_running)
@@ -157,6 +165,61 @@ class Controller:
         counts = {"succeeded": 1} if outcome == "succeeded" else {"failed": 1}
         store.update("jobsets", namespace, name, lambda js: jobset_finished(js, condition))
         self._set_status(namespace, name, [condition], build_jobs_status(runtime, **counts))
+
+    def _create_workload(self, job: dict, template: dict, num_nodes: int, scenario: Scenario) -> list[str]:
+        """The JobSet and the node pods; none when the Trainer cannot create the JobSet or the API server rejects
+        the pods (_podcreate.py: Warning events are all that shows, the controllers retry for ever)."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        if scenario.resources_creation_error:
+            message = f"TrainJob resources reconciliation failed: {scenario.resources_creation_error}"
+            self.store.record_event(namespace, "TrainJob", name, RESOURCES_CREATION_FAILED, message)
+            return []
+        self.store.put("jobsets", new_jobset(job), "ADDED")
+        if errors := pod_spec_errors(template.get("spec", {})):
+            message = failed_create_message(f"{name}-node-0-0-{secrets.token_hex(3)[:5]}", errors)
+            self.store.record_event(namespace, "Job", f"{name}-node-0", "FailedCreate", message)
+            return []
+        return [self._create_pod(job, template, rank, scenario) for rank in range(num_nodes)]
+
+    def _start_failure(self, namespace: str, spec: dict) -> tuple[dict, list[dict]] | None:
+        """Whether the kubelet can start the node container now (_startup.py): the image in the registry, the
+        Secrets its env needs in the namespace."""
+        with self.store.cond:
+            present = {s["metadata"]["name"] for s in self.store.list_objects("secrets", namespace)}
+            return start_failure(spec, registry=self.store.registry, secrets=present)
+
+    def _wait_until_startable(
+        self, namespace: str, pods: list[str], scenario: Scenario, wait: Wait, freed: int
+    ) -> Outcome:
+        """Pods wait until they can start, as the cluster retries for ever: unschedulable ones until a node frees
+        up (kube-scheduler pkg/scheduler/backend/queue/scheduling_queue.go moves unschedulable pods back to the
+        active queue on node add/update and assigned-pod delete events), then the kubelet retries a failed pull or
+        a missing Secret at each pod sync (pkg/kubelet/pod_workers.go) until the image or the Secret is there."""
+        store = self.store
+        if unschedulable_event(scenario):
+            while store.freed_nodes == freed:
+                if outcome := wait(0.02):
+                    return outcome
+            for rank, pod in enumerate(pods):
+                found = store.find("pods", namespace, pod)
+                if found is None:
+                    continue
+                blocked = self._start_failure(namespace, found["spec"])
+                store.update(
+                    "pods", namespace, pod, lambda p, r=rank, b=blocked: mark_scheduled(p, r, scenario, b)
+                )
+                for event in blocked[1] if blocked else []:
+                    store.record_event(
+                        namespace, "Pod", pod, event["reason"], event["message"], event.get("type", "Warning")
+                    )
+        while any(
+            (found := store.find("pods", namespace, pod)) is not None
+            and self._start_failure(namespace, found["spec"])
+            for pod in pods
+        ):
+            if outcome := wait(0.02):
+                return outcome
+        return None
 
     def _adopt_jobset(self, namespace: str, name: str, jobset: dict) -> None:
         """A JobSet of that name still exists (an earlier TrainJob's, not yet garbage-collected): the Trainer v2.3
@@ -210,7 +273,8 @@ class Controller:
 
     def _create_pod(self, job: dict, template: dict, rank: int, scenario: Scenario) -> str:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        pod = self.store.put("pods", new_pod(job, template, rank, scenario), "ADDED")
+        blocked = self._start_failure(namespace, template.get("spec", {}))
+        pod = self.store.put("pods", new_pod(job, template, rank, scenario, blocked), "ADDED")
         pod_name = pod["metadata"]["name"]
         for event in scenario.pending_events:
             kind = event.get("kind", "Pod")
@@ -225,11 +289,16 @@ class Controller:
                 event.get("message", ""),
                 event.get("type", "Warning"),
             )
-        blocked = start_failure(pod["spec"], scenario) if pod["spec"].get("nodeName") else None
-        for event in blocked[1] if blocked else []:  # the kubelet of the node the pod was scheduled to
-            self.store.record_event(
-                namespace, "Pod", pod_name, event["reason"], event["message"], event.get("type", "Warning")
-            )
+        if blocked and pod["spec"].get("nodeName"):  # the kubelet of the node the pod was scheduled to
+            for event in blocked[1]:
+                self.store.record_event(
+                    namespace,
+                    "Pod",
+                    pod_name,
+                    event["reason"],
+                    event["message"],
+                    event.get("type", "Warning"),
+                )
         return pod_name
 
     def _simulate_run(
@@ -304,10 +373,8 @@ class Controller:
                 continue
             else:
                 ended = BACKOFF_LIMIT_EXCEEDED
-            others = [p for p in pods if p != crashed]
-            for pod in others:  # SIGTERM: the other ranks are torn down
-                self.store.update("pods", namespace, pod, lambda p: mark_terminated(p, 143, "Error"))
-            self._fail_node_job(job, ended, delete=[])
+            # The failed pod is kept (restartPolicy Never); the other ranks are active pods of a failed Job.
+            self._fail_node_job(job, ended, delete=[p for p in pods if p != crashed])
             return "failed"
 
     def _fail_node_job(self, job: dict, ended: tuple[str, str], delete: list[str]) -> None:
@@ -316,9 +383,19 @@ class Controller:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         self.store.record_event(namespace, "Job", f"{name}-node-0", *ended, "Warning")
         for pod in delete:
-            found = self.store.find("pods", namespace, pod)
-            if found:
-                self.store.put("pods", found, "DELETED")
+            self._delete_pod(namespace, pod)
+
+    def _delete_pod(self, namespace: str, pod: str) -> None:
+        """A graceful pod delete by a controller: deletionTimestamp, the kubelet stops the container (SIGTERM:
+        exit code 143), then the pod is removed (pkg/registry/core/pod/strategy.go, kubelet killPod)."""
+
+        def stop(p: dict) -> None:
+            mark_terminating(p)
+            mark_terminated(p, 143, "Error")
+
+        with self.store.cond:
+            if (stopped := self.store.update("pods", namespace, pod, stop)) is not None:
+                self.store.put("pods", stopped, "DELETED")
 
     def _run_processes(
         self, namespace: str, pods: list[str], config: ExecuteConfig, run: JobRun, wait: Wait
@@ -348,6 +425,7 @@ class Controller:
             reader.start()
             readers.append((pod_name, process, reader))
         exit_codes: dict[str, int] = {}
+        failed = False
         while len(exit_codes) < len(readers):
             for pod_name, process, reader in readers:
                 code = 127 if process is None else process.poll()
@@ -355,12 +433,17 @@ class Controller:
                     continue
                 reader.join(timeout=5)  # the whole log is in before the pod turns terminal
                 exit_code = exit_codes[pod_name] = 128 - code if code < 0 else code
+                # An active pod of the failed Job: the Job controller deletes it (deleteActivePods).
+                if failed:
+                    self._delete_pod(namespace, pod_name)
+                    continue
                 reason = "Completed" if exit_code == 0 else "Error"
                 self.store.update(
                     "pods", namespace, pod_name, lambda p, c=exit_code, r=reason: mark_terminated(p, c, r)
                 )
                 if exit_code != 0:
-                    kill_processes(run.processes)  # JobSet fails the whole set on one failed job
+                    failed = True
+                    kill_processes(run.processes)  # the Job fails, its other pods are deleted
             if len(exit_codes) < len(readers) and (outcome := wait(0.02)):
                 return outcome
         return "succeeded" if not any(exit_codes.values()) else "failed"

@@ -1,9 +1,44 @@
 """Node containers the kubelet cannot start: an image it cannot pull, a Secret the container's env needs that
-does not exist. What the pod status and the events then show, as the kubelet writes them."""
+does not exist. What the pod status and the events then show, as the kubelet writes them.
+
+The kubelet keeps retrying both (pkg/kubelet/pod_workers.go re-syncs the pod with back-off): once the image is
+in the registry or the Secret exists, the container starts. Images: only those in the stand-in's registry list
+can be pulled (``KubeStandin(images=...)``, ``push_image``); references are compared the way the container
+runtime resolves them (distribution/reference ParseNormalizedNamed: ``docker.io`` and ``library/`` implied,
+``:latest`` when no tag or digest is given).
+"""
 
 from __future__ import annotations
 
-from ._types import Scenario
+from collections.abc import Collection
+
+from kfp_finetune import __version__
+from kfp_finetune.components._shared import images
+
+DOCKER_HUB = "docker.io"
+#: What the stand-in's registry holds unless a test says otherwise: the project's images (as published and as
+#: configured for this process) and the torch image ``KubeStandin.add_runtime`` uses.
+DEFAULT_IMAGES = (
+    f"ghcr.io/kfp-finetune/kfp-finetune-trainer:{__version__}",
+    f"ghcr.io/kfp-finetune/kfp-finetune-component:{__version__}",
+    images.TRAINER_IMAGE,
+    images.COMPONENT_IMAGE,
+    "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime",
+)
+
+
+def normalize_image(reference: str) -> str:
+    """The fully qualified reference a container runtime pulls (``busybox`` -> ``docker.io/library/busybox:latest``)."""
+    name, digest = reference.split("@", 1) if "@" in reference else (reference, "")
+    first, _, rest = name.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        first, rest = DOCKER_HUB, name
+    if first == DOCKER_HUB and "/" not in rest:
+        rest = f"library/{rest}"
+    if not digest and ":" not in rest.rsplit("/", 1)[-1]:
+        rest += ":latest"
+    return f"{first}/{rest}" + (f"@{digest}" if digest else "")
+
 
 #: kubelet pkg/kubelet/images/image_manager.go (EnsureImageExists): a failed pull records a ``Failed`` event
 #: ``Failed to pull image "<image>": <CRI error>`` and the container waits in ``ErrImagePull``; the next sync
@@ -35,16 +70,19 @@ def referenced_secrets(container: dict) -> list[str]:
     return names
 
 
-def start_failure(spec: dict, scenario: Scenario) -> tuple[dict, list[dict]] | None:
+def start_failure(
+    spec: dict, *, registry: Collection[str], secrets: Collection[str]
+) -> tuple[dict, list[dict]] | None:
     """The node container's waiting state and the kubelet's events when it cannot be started, else None.
 
-    A missing Secret is found before the image is pulled only if the image is present; the kubelet pulls first
-    (EnsureImageExists, then generateContainerConfig), so an unpullable image wins."""
+    ``registry``: the normalized image references that can be pulled; ``secrets``: the names of the Secrets in
+    the pod's namespace. A missing Secret is found before the image is pulled only if the image is present; the
+    kubelet pulls first (EnsureImageExists, then generateContainerConfig), so an unpullable image wins."""
     container = _node_container(spec)
     if container is None:
         return None
     image = container.get("image", "")
-    if scenario.unpullable_image:
+    if normalize_image(image) not in registry:
         error = PULL_ERROR.format(image=image)
         back_off = f'Back-off pulling image "{image}"'
         waiting = {"reason": "ImagePullBackOff", "message": back_off}
@@ -56,7 +94,7 @@ def start_failure(spec: dict, scenario: Scenario) -> tuple[dict, list[dict]] | N
             {"reason": "Failed", "message": "Error: ImagePullBackOff"},
         ]
         return waiting, events
-    missing = [name for name in referenced_secrets(container) if name in scenario.missing_secrets]
+    missing = [name for name in referenced_secrets(container) if name not in secrets]
     if missing:
         # kuberuntime_container.go: generateContainerConfig fails -> waiting CreateContainerConfigError with the
         # error's message; the secret manager's NotFound reads `secret "<name>" not found`.

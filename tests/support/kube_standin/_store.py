@@ -54,6 +54,8 @@ class Store:
         self.bookmark_requests = 0  # bumped by a test: watches that allow bookmarks send one
         self.stopping = False
         self.log_cuts = 0  # bumped by KubeStandin.end_log_streams: open log streams end
+        self.registry: set[str] = set()  # normalized image references the kubelet can pull
+        self.freed_nodes = 0  # bumped by KubeStandin.free_node: unschedulable pods get a node
         self._rv = itertools.count(self.current_rv + 1)  # one global, increasing resourceVersion
 
     def put(self, plural: str, obj: dict, event_type: str) -> dict:
@@ -177,7 +179,7 @@ class Store:
                 "creationTimestamp": now,
             },
             "involvedObject": {
-                "apiVersion": TRAINER_API_VERSION if kind == "TrainJob" else "v1",
+                "apiVersion": {"TrainJob": TRAINER_API_VERSION, "Job": "batch/v1"}.get(kind, "v1"),
                 "kind": kind,
                 "name": name,
                 "namespace": namespace,

@@ -29,24 +29,23 @@ class Scenario:
         log_lines: Lines rank 0 writes to its log while running.
         line_interval: Seconds between log lines.
         pending_seconds: Slow start: how long pods stay Pending before running.
-        stay_pending: Never leave Pending (stuck scheduling / image pulls); the TrainJob gets no terminal condition
-            unless ``spec.activeDeadlineSeconds`` expires.
+        stay_pending: Stay Pending: with a ``FailedScheduling`` pending event until ``KubeStandin.free_node``, else
+            for good; the TrainJob gets no terminal condition unless ``spec.activeDeadlineSeconds`` expires.
         pending_events: Events recorded while Pending, as dicts ``{"reason", "message", "type"}`` (type defaults
             to Warning); each is recorded for every pod, or once for the TrainJob if the dict has
             ``"kind": "TrainJob"``. A ``FailedScheduling`` event also makes the pods' PodScheduled condition False.
         waiting_reason: Container waiting reason shown while Pending (e.g. ``"ImagePullBackOff"``); default
             ``ContainerCreating`` (or none while unschedulable).
         waiting_message: Message for ``waiting_reason``.
+        resources_creation_error: The Trainer cannot create the JobSet (e.g. a JobSet webhook's denial): a Warning
+            ``TrainJobResourcesCreationFailed`` event on the TrainJob with this error, no JobSet, no pods, no
+            condition (_podcreate.py).
         failure_reason: TrainJob ``Failed`` condition reason (JobSet's reasons: ``FailedJobs``, ...).
         failure_message: TrainJob ``Failed`` condition message.
         exit_code: Exit code of the failing container.
         oom_killed: The failing container terminates with reason ``OOMKilled`` and exit code 137.
-        failed_rank: Which rank fails (the other ranks are terminated with exit code 143).
+        failed_rank: Which rank fails (the Job controller deletes the other ranks' pods once the Job failed).
         execute: Run the node command as local subprocesses (see :meth:`KubeStandin.execute`).
-        unpullable_image: The node container's image cannot be pulled: it waits in ``ImagePullBackOff`` with the
-            kubelet's ``Failed``/``BackOff`` events (``_startup.py``) and never starts.
-        missing_secrets: Secrets that do not exist: a node container whose ``env``/``envFrom`` needs one waits in
-            ``CreateContainerConfigError`` (``secret "<name>" not found``) and never starts.
         restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
             controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
             ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
@@ -60,6 +59,7 @@ class Scenario:
     pending_events: tuple[dict, ...] | list[dict] = ()
     waiting_reason: str | None = None
     waiting_message: str = ""
+    resources_creation_error: str = ""
     failure_reason: str = "FailedJobs"
     failure_message: str = JOBSET_FAILED_MESSAGE
     exit_code: int = 1
@@ -67,8 +67,6 @@ class Scenario:
     failed_rank: int = 0
     execute: bool = False
     restart_backoff_scale: float = 0.001
-    unpullable_image: bool = False
-    missing_secrets: tuple[str, ...] | list[str] = ()
 
     @classmethod
     def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:

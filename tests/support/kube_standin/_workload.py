@@ -18,7 +18,6 @@ from typing import Any
 
 from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
 from ._jobpolicy import JOBSET_DEFAULT_RESTART_POLICY, node_job_policy
-from ._startup import start_failure
 from ._types import Scenario
 
 
@@ -352,8 +351,11 @@ def kill_processes(processes: list[subprocess.Popen]) -> None:
                 os.killpg(process.pid, signal.SIGTERM)
 
 
-def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
-    """Pod ``rank`` of the ``node`` replicated job, Pending, as JobSet + the Job controller + the scheduler make it."""
+def new_pod(
+    job: dict, template: dict, rank: int, scenario: Scenario, blocked: tuple[dict, list[dict]] | None
+) -> dict:
+    """Pod ``rank`` of the ``node`` replicated job, Pending, as JobSet + the Job controller + the scheduler make it
+    (``blocked``: the node container's waiting state when the kubelet cannot start it, _startup.py)."""
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     pod_name = f"{name}-node-0-{rank}-{secrets.token_hex(3)[:5]}"
     spec = copy.deepcopy(template.get("spec", {}))
@@ -379,23 +381,7 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
         subdomain=name,
         restartPolicy=spec.get("restartPolicy") or JOBSET_DEFAULT_RESTART_POLICY,
     )
-    unschedulable = next((e for e in scenario.pending_events if e.get("reason") == "FailedScheduling"), None)
-    waiting = {"reason": scenario.waiting_reason or "ContainerCreating"}
-    if scenario.waiting_message:
-        waiting["message"] = scenario.waiting_message
-    blocked = start_failure(spec, scenario)
-    container_statuses = [
-        {
-            "name": c["name"],
-            "image": c.get("image", ""),
-            "imageID": "",
-            "ready": False,
-            "restartCount": 0,
-            "started": False,
-            "state": {"waiting": blocked[0] if blocked and c.get("name") == "node" else waiting},
-        }
-        for c in spec.get("containers", [])
-    ]
+    unschedulable = unschedulable_event(scenario)
     scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": utc_now()}
     if unschedulable:
         scheduled.update(status="False", reason="Unschedulable", message=unschedulable["message"])
@@ -428,9 +414,38 @@ def new_pod(job: dict, template: dict, rank: int, scenario: Scenario) -> dict:
         },
     }
     if not unschedulable:
-        pod["spec"]["nodeName"] = required_node(spec) or f"standin-node-{rank}"
-        pod["status"]["containerStatuses"] = container_statuses
+        mark_scheduled(pod, rank, scenario, blocked)
     return pod
+
+
+def unschedulable_event(scenario: Scenario) -> dict | None:
+    """The scenario's ``FailedScheduling`` event: its pods wait for a node (``KubeStandin.free_node``)."""
+    return next((e for e in scenario.pending_events if e.get("reason") == "FailedScheduling"), None)
+
+
+def mark_scheduled(pod: dict, rank: int, scenario: Scenario, blocked: tuple[dict, list[dict]] | None) -> None:
+    """Bound to a node, its containers waiting (``blocked``: the kubelet cannot start the node container)."""
+    spec = pod["spec"]
+    spec["nodeName"] = required_node(spec) or f"standin-node-{rank}"
+    for condition in pod["status"]["conditions"]:
+        if condition["type"] == "PodScheduled":
+            condition.clear()
+            condition.update(type="PodScheduled", status="True", lastTransitionTime=utc_now())
+    waiting = {"reason": scenario.waiting_reason or "ContainerCreating"}
+    if scenario.waiting_message:
+        waiting["message"] = scenario.waiting_message
+    pod["status"]["containerStatuses"] = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {"waiting": blocked[0] if blocked and c.get("name") == "node" else waiting},
+        }
+        for c in spec.get("containers", [])
+    ]
 
 
 def required_node(spec: dict) -> str | None:

@@ -22,10 +22,16 @@ from ._common import COMPLETION_INDEX_ANNOTATION, KINDS, PLURAL_OF_KIND, TRAINER
 from ._controller import Controller
 from ._rbac import Authorization, RbacAuthorizer
 from ._schema import default_crd_dir, load_schemas
+from ._startup import DEFAULT_IMAGES, normalize_image
 from ._store import Store
 from ._typed_schema import typed_model_validators
 from ._types import RecordedRequest, Scenario
 from ._workload import ExecuteConfig, condition_true, has_terminal_condition
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+CLEANUP_POLICY_ANNOTATION = (
+    "kfp-finetune.io/cleanup-policy"  # the launcher's: "never" keeps a TrainJob on purpose
+)
 
 
 class KubeStandin:
@@ -37,6 +43,8 @@ class KubeStandin:
         crd_dir: Directory of the Trainer CRDs to validate against; default :func:`default_crd_dir`. Without
             one, TrainJobs are validated with the ``kubeflow-trainer-api`` typed models (_typed_schema.py).
         default_scenario: Scenario for TrainJobs without their own (default: ``Scenario()`` = quick success).
+        images: The image references its registry holds (default ``_startup.DEFAULT_IMAGES``): a node container
+            with any other image waits in ``ImagePullBackOff`` until :meth:`push_image` adds it.
 
     Use as a context manager (or call :meth:`start` / :meth:`stop`).
     """
@@ -48,12 +56,14 @@ class KubeStandin:
         token: str = "standin-token",
         crd_dir: str | Path | None = None,
         default_scenario: Scenario | None = None,
+        images: tuple[str, ...] = DEFAULT_IMAGES,
     ) -> None:
         self.namespace = namespace
         self.token = token
         crd_dir = Path(crd_dir) if crd_dir else default_crd_dir()
         schemas = load_schemas(crd_dir.resolve()) if crd_dir else typed_model_validators()
         self._store = Store()
+        self._store.registry = {normalize_image(image) for image in images}
         self._controller = Controller(self._store, default_scenario or Scenario())
         self._api = ApiServer(self._store, self._controller, schemas, token)
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -129,9 +139,10 @@ class KubeStandin:
 
         Kinds: ``TrainingRuntime``, ``ClusterTrainingRuntime``, ``TrainJob``, ``Pod``, ``Event``,
         ``PersistentVolumeClaim`` (node pods mounting a ReadWriteOnce claim that a running pod on another node
-        uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster). A TrainJob is
-        checked and defaulted against its CRD schema or typed model (ValueError if invalid). A seeded TrainJob (the retry/attach
-        case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
+        uses never start: ``FailedAttachVolume`` / Multi-Attach, as on a cluster), ``Secret`` (as ``kubectl create
+        secret`` makes it: node containers whose env needs it and waited in ``CreateContainerConfigError`` start). A
+        TrainJob is checked and defaulted against its CRD schema or typed model (ValueError if invalid). A seeded
+        TrainJob (the retry/attach case) is driven by the controller with ``scenario`` (or its registered/default scenario) unless it already
         has a terminal condition; its ``activeDeadlineSeconds`` counts from its ``creationTimestamp``. Namespaced
         objects without a namespace get the stand-in's namespace. Returns the stored object (with
         resourceVersion, uid, creationTimestamp).
@@ -296,6 +307,47 @@ class KubeStandin:
 
         return sorted(pods, key=rank)
 
+    def running_trainjobs(self, namespace: str | None = None) -> dict[str, str]:
+        """TrainJobs that still run or wait to: name -> why (no terminal condition, or node pods Pending /
+        Running that are not being deleted). A Complete or Failed TrainJob whose pods ended is not running."""
+        running = {}
+        for job in self.trainjobs(namespace):
+            name = job["metadata"]["name"]
+            live = [
+                p["metadata"]["name"]
+                for p in self.pods(name, namespace)
+                if p["status"].get("phase") in ("Pending", "Running")
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            if live:
+                running[name] = f"pods {', '.join(live)} are Pending or Running"
+            elif not has_terminal_condition(job):
+                running[name] = "it has no Complete or Failed condition"
+        return running
+
+    def outliving_trainjobs(self, namespace: str | None = None) -> dict[str, str]:
+        """TrainJobs a kfp-finetune launcher asked to create (a POST of that name whose labels the stored one
+        carries, managed-by ``kfp-finetune``) that still run or wait to, unless annotated with cleanup policy
+        ``never``: what no step may leave behind (name -> why)."""
+        running = self.running_trainjobs(namespace)
+        outliving = {}
+        for request in self.requests_for("POST", "trainjobs"):
+            meta = (request.body or {}).get("metadata") or {}
+            stored = self.trainjob(meta.get("name", ""), namespace)
+            if not stored or stored["metadata"]["name"] not in running:
+                continue
+            labels, annotations = (
+                stored["metadata"].get("labels") or {},
+                stored["metadata"].get("annotations") or {},
+            )
+            if (
+                labels == meta.get("labels")
+                and labels.get(MANAGED_BY_LABEL) == "kfp-finetune"
+                and annotations.get(CLEANUP_POLICY_ANNOTATION) != "never"
+            ):
+                outliving[stored["metadata"]["name"]] = running[stored["metadata"]["name"]]
+        return outliving
+
     def events(self, namespace: str | None = None) -> list[dict]:
         """Stored core/v1 Events in the namespace."""
         return self._store.list_objects("events", namespace or self.namespace)
@@ -391,12 +443,37 @@ class KubeStandin:
         method: str | None = None,
         path_contains: str | None = None,
         retry_after: int | None = None,
+        committed: bool = False,
     ) -> None:
-        """The next ``count`` matching requests get a ``kind: Status`` error (500/503/429 …) and no effect."""
+        """The next ``count`` matching requests get a ``kind: Status`` error (500/503/429/504 …) and no effect.
+
+        ``committed``: only writes (POST, DELETE) match, and each takes effect before the error is answered, as
+        when the apiserver's request timeout answers 504 "may still be processing the request" while the handler
+        goes on (staging/src/k8s.io/apiserver/pkg/server/filters/timeout.go) or etcd commits a write whose
+        response is lost. A client that retries then meets the write's result (409 on create, 404 on delete)."""
         with self._store.cond:
             self._api.faults.append(
-                Fault(count, status, method and method.upper(), path_contains, retry_after)
+                Fault(count, status, method and method.upper(), path_contains, retry_after, committed)
             )
+
+    def push_image(self, reference: str) -> None:
+        """The image appears in the registry: pods waiting in ``ImagePullBackOff`` for it start (the kubelet retries
+        the pull at its next pod sync)."""
+        with self._store.cond:
+            self._store.registry.add(normalize_image(reference))
+            self._store.cond.notify_all()
+
+    def free_node(self) -> None:
+        """A node with room appears (an autoscaler added one, another workload ended): unschedulable pods are
+        scheduled and go on to start, as kube-scheduler retries them on node and pod-delete events."""
+        with self._store.cond:
+            self._store.freed_nodes += 1
+            self._store.cond.notify_all()
+
+    def clear_faults(self) -> None:
+        """Forget the faults ``fail_next`` injected that have not been used up."""
+        with self._store.cond:
+            self._api.faults.clear()
 
     def drop_watch_after(self, events: int, *, times: int = 1, abrupt: bool = False) -> None:
         """The next ``times`` watch connections are closed by the server after ``events`` events.

@@ -6,7 +6,8 @@ Public face over small modules:
 - placement.py: node pods next to a ReadWriteOnce workspace;
 - permissions.py: the reads made before creating (does the runtime exist);
 - launcher.py: create_or_attach → follow → finish, with pod_logs.py (the rank-0 log), diagnostics.py (pods that
-  cannot start or restart in place), gone.py (waiting for a replaced TrainJob to go) and errors.py;
+  cannot start or restart in place), creation.py (pods never created), deletion.py (a DELETE retried and
+  reported as the API answered), gone.py (waiting for a replaced TrainJob to go) and errors.py;
 - backend.py: `TrainJobBackend`, the `run(resolved)` of the backend interface.
 """
 

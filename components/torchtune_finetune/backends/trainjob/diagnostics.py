@@ -48,8 +48,9 @@ class StartProblem:
     """Why one node pod does not start.
 
     Attributes:
-        kind: "image", "config" or "unschedulable".
-        pod: Pod name.
+        kind: "image", "config", "unschedulable", or (creation.py) "create" (the node pods are rejected) and
+            "resources" (the Trainer cannot create the JobSet).
+        pod: Pod name (for "create" the Job's, for "resources" the TrainJob's).
         reason: The kubelet's waiting reason or the scheduler's condition reason.
         message: Their message.
         image: The node container's image.
@@ -79,6 +80,18 @@ class StartProblem:
                 else "fix the container's env, volumes or securityContext that the message names"
             )
             return f"pod {self.pod}: container {NODE} cannot be configured ({self.reason}: {self.message}). Fix: {fix}."
+        if self.kind == "create":
+            return (
+                f"Job {self.pod}: its pods cannot be created ({self.reason}: {self.message}). Fix: what the API "
+                "server or admission policy names: requests above the runtime's limits, GPUs without an equal limit, "
+                "a ResourceQuota or a Pod Security level; fix the step's resources or the runtime."
+            )
+        if self.kind == "resources":
+            return (
+                f"TrainJob {self.pod}: the Trainer cannot create its JobSet ({self.reason}: {self.message}). Fix: "
+                f"what the message names in the TrainJob's settings or its runtime (kubectl describe trainjob -n "
+                f"{namespace} {self.pod})."
+            )
         return (
             f"pod {self.pod}: no node can run it ({self.reason}: {self.message}). Fix: request fewer GPUs or "
             "less memory per node (or more nodes with less each), fix the nodeSelector / tolerations, or add "
@@ -122,7 +135,7 @@ class StartWatch:
     """Remembers since when each (pod, kind) problem has persisted and answers those past their grace period.
 
     Args:
-        start_failure_grace: Seconds an image-pull or container-config error may persist.
+        start_failure_grace: Seconds an image-pull, container-config or creation error may persist.
         unschedulable_grace: Seconds a pod may stay unschedulable.
     """
 
@@ -131,14 +144,16 @@ class StartWatch:
         start_failure_grace: float = DEFAULT_START_FAILURE_GRACE,
         unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
     ) -> None:
-        self.grace = {"image": start_failure_grace, "config": start_failure_grace}
+        self.grace = {kind: start_failure_grace for kind in ("image", "config", "create", "resources")}
         self.grace["unschedulable"] = unschedulable_grace
         self._since: dict[tuple[str, str], float] = {}
 
-    def overdue(self, pods: Iterable[Mapping[str, Any]], now: float) -> list[StartProblem]:
-        """The problems seen now that were first seen at least their grace period ago (by our clock: pod
-        timestamps come from other machines' clocks)."""
-        problems = start_problems(pods)
+    def overdue(
+        self, pods: Iterable[Mapping[str, Any]], now: float, also: Iterable[StartProblem] = ()
+    ) -> list[StartProblem]:
+        """The problems seen now (in `pods`, and `also` those read from events) that were first seen at least their
+        grace period ago (by our clock: pod timestamps come from other machines' clocks)."""
+        problems = [*start_problems(pods), *also]
         current = {(p.pod, p.kind) for p in problems}
         self._since = {key: t for key, t in self._since.items() if key in current}
         for key in current:
@@ -162,9 +177,13 @@ def waiting_lines(pods: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def start_failure_message(problems: list[StartProblem], namespace: str, name: str) -> tuple[str, str]:
     """(reason, message) for the step's error: the first problem's kind decides the reason."""
-    reason = {"image": "ImagePullFailed", "config": "ContainerConfigError", "unschedulable": "Unschedulable"}[
-        problems[0].kind
-    ]
+    reason = {
+        "image": "ImagePullFailed",
+        "config": "ContainerConfigError",
+        "unschedulable": "Unschedulable",
+        "create": "PodCreationFailed",
+        "resources": "ResourcesCreationFailed",
+    }[problems[0].kind]
     seen: set[str] = set()
     lines = []
     for problem in problems:
@@ -198,8 +217,6 @@ def report_pending(
         log: Where the warnings go.
         shown_events: Uids of the events already logged (updated).
     """
-    from kubernetes.client.exceptions import ApiException
-
     log.warning(
         "TrainJob %s: node pods still Pending after %.1fs (%s)",
         name,
@@ -208,7 +225,29 @@ def report_pending(
     )
     for line in waiting_lines(pods):
         log.warning("  %s", line)
-    for involved in [name, *(p["metadata"]["name"] for p in pods)]:
+    log_events(core, namespace, name, pods, api=api, log=log, shown_events=shown_events)
+
+
+def node_job_name(trainjob: str) -> str:
+    """The `node` Job JobSet creates for a TrainJob: `<jobset>-<replicatedJob>-<index>` (jobset
+    pkg/controllers/jobset_controller.go, placement.GenJobName), one Job whose pods are the ranks."""
+    return f"{trainjob}-{NODE}-0"
+
+
+def log_events(
+    core: Any,
+    namespace: str,
+    name: str,
+    pods: list[dict],
+    *,
+    api: Callable[..., Any],
+    log: Any,
+    shown_events: set[str],
+) -> None:
+    """Log the events not yet shown of TrainJob `name`, its `node` Job (pods it could not create) and `pods`."""
+    from kubernetes.client.exceptions import ApiException
+
+    for involved in [name, node_job_name(name), *(p["metadata"]["name"] for p in pods)]:
         try:
             events = api(
                 core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={involved}"
@@ -223,6 +262,50 @@ def report_pending(
             log.warning(
                 "  event %s %s: %s: %s", event.involved_object.kind, involved, event.reason, event.message
             )
+
+
+def pod_status_lines(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per node pod: phase, an unscheduled pod's reason, and each container's state."""
+    lines = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        rank = (pod["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, "?")
+        parts = [status.get("phase") or "Unknown"]
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                parts.append(f"not scheduled: {cond.get('reason')} {cond.get('message', '')}".rstrip())
+        for container in status.get("containerStatuses") or []:
+            states = [*(container.get("state") or {}).items()]
+            states += [(f"last {kind}", d) for kind, d in (container.get("lastState") or {}).items()]
+            for kind, detail in states:
+                words = " ".join(
+                    str(detail[key])
+                    for key in ("reason", "exitCode", "message")
+                    if detail.get(key) is not None
+                )
+                parts.append(f"container {container.get('name')} {kind} {words}".rstrip())
+        lines.append(f"pod {pod['metadata']['name']} (rank {rank}): " + "; ".join(parts))
+    return lines
+
+
+def log_post_mortem(
+    core: Any,
+    namespace: str,
+    name: str,
+    pods: list[dict],
+    reason: str,
+    *,
+    api: Callable[..., Any],
+    log: Any,
+    shown_events: set[str],
+) -> None:
+    """Before a TrainJob that did not end by itself is deleted: why, its pods' status and its events (the pods
+    and, after an hour, the events are gone with it)."""
+    log.error("TrainJob %s declared failed: %s", name, reason)
+    lines = pod_status_lines(pods) or ["no node pods"]
+    for line in lines:
+        log.error("  %s", line)
+    log_events(core, namespace, name, pods, api=api, log=log, shown_events=shown_events)
 
 
 # Trainers restarted in place ---------------------------------------------------------------------------------

@@ -36,11 +36,12 @@ class TrainJobDiverged(TrainJobFailed):
 
 
 class TrainJobTimeout(TrainJobError):
-    """The TrainJob did not finish in time (and was deleted)."""
+    """The TrainJob did not finish in time; the message says whether the API confirmed its deletion."""
 
 
 class TrainJobCancelled(TrainJobError):
-    """We were asked to stop (SIGTERM/SIGINT) and deleted the TrainJob."""
+    """We were asked to stop (SIGTERM/SIGINT) and deleted the TrainJob; the message says whether the API
+    confirmed it."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)

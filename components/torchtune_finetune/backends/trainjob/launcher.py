@@ -12,12 +12,17 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
   and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
-  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py). A runtime
+  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py), and so do
+  node pods that are never created, seen only in Warning events (creation.py). A runtime
   that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
 - A NaN or infinite loss in the rank-0 log: fail at once with the step and the usual fixes (TrainJobDiverged),
   ending like any failed TrainJob (the cleanup policy decides whether it is kept).
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
-  decides (default: delete successful TrainJobs, keep failed ones for debugging).
+  decides (default: delete successful TrainJobs, keep failed ones for debugging). A TrainJob we declare failed
+  while it has not ended (pods that cannot start, a trainer restarting in place, a diverged loss) would hold its
+  nodes, and start training unobserved once a node frees up or a missing Secret appears: it is deleted unless the
+  policy is "never", after its reason, pod status and events are in the step log.
+- A DELETE is retried (deletion.py); the step log and the final line say "deleted" only when the API said so.
 """
 
 from __future__ import annotations
@@ -35,10 +40,19 @@ from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.creation import CreationWatch
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import (
+    CANCEL_DELETE_RETRY_SECONDS,
+    DELETE_RETRY_SECONDS,
+    Deletion,
+    delete_trainjob,
+    kubectl_delete,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
     StartWatch,
+    log_post_mortem,
     report_pending,
     restarted_node_containers,
     restarting_message,
@@ -70,6 +84,8 @@ from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+# Tells whoever finds the TrainJob (kubectl describe) whether it may outlive its step: only under "never".
+ANNOTATION_CLEANUP_POLICY = "kfp-finetune.io/cleanup-policy"
 THREAD_STOP_TIMEOUT = 5.0  # seconds run() waits for its watch and log threads once it is done
 
 
@@ -81,7 +97,8 @@ class TrainJobLauncher:
         api_client: A `kubernetes.client.ApiClient` (see `_shared.kube.load_api_client`).
         namespace: Namespace to create in when the manifest has none.
         timeout: Seconds to wait for the end before deleting the TrainJob and failing (None: no limit).
-        cleanup: "on-success" (delete successful TrainJobs, keep failed ones), "always" or "never".
+        cleanup: "on-success" (delete successful TrainJobs and those we stop; keep ones that failed by themselves),
+            "always" or "never".
         total_steps: Expected number of steps, for progress lines with an ETA.
         pending_warning_after: Seconds pods may stay Pending before we log why (repeated at each multiple).
         start_failure_grace: Seconds an image-pull or container-config error of a node pod may persist before
@@ -94,6 +111,10 @@ class TrainJobLauncher:
         backoff: Retry/backoff for API calls (injectable so tests don't sleep).
         handle_signals: Install SIGTERM/SIGINT handlers that delete the TrainJob (main thread only).
         log_drain_timeout: After the end, how long to wait for the log stream to finish.
+        event_poll_interval: While fewer node pods exist than asked for, how often to read the events that say
+            why they are not created (creation.py); such a failure gets `start_failure_grace`.
+        delete_retry_seconds: Back-off time spent retrying a failed DELETE of the TrainJob (after a signal at most
+            `deletion.CANCEL_DELETE_RETRY_SECONDS`).
     """
 
     def __init__(
@@ -114,6 +135,8 @@ class TrainJobLauncher:
         backoff: Backoff | None = None,
         handle_signals: bool = True,
         log_drain_timeout: float = 30.0,
+        event_poll_interval: float = 30.0,
+        delete_retry_seconds: float = DELETE_RETRY_SECONDS,
     ) -> None:
         from kubernetes import client
 
@@ -125,6 +148,7 @@ class TrainJobLauncher:
         if not self.namespace:
             raise ValueError("no namespace: set it in the manifest or pass namespace=")
         metadata["namespace"] = self.namespace
+        metadata.setdefault("annotations", {})[ANNOTATION_CLEANUP_POLICY] = cleanup
         self.name = metadata["name"]
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -139,7 +163,15 @@ class TrainJobLauncher:
         self.backoff = backoff or Backoff()
         self.handle_signals = handle_signals
         self.log_drain_timeout = log_drain_timeout
+        self.delete_retry_seconds = delete_retry_seconds
         self.log = get_logger("kfp_finetune.trainjob")
+        self._creation_watch = CreationWatch(
+            self.core,
+            self.namespace,
+            expected_pods=int((self.manifest["spec"].get("trainer") or {}).get("numNodes") or 1),
+            interval=event_poll_interval,
+            log=self.log,
+        )
 
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -181,9 +213,13 @@ class TrainJobLauncher:
                     signals.restore()  # a second signal now ends us the default way
                     name = signal_name(interrupt.signum)
                     self.log.warning("received %s: deleting TrainJob %s", name, self.name)
-                    self._delete(reason=f"{name} received")
+                    deletion = self._delete(
+                        reason=f"{name} received",
+                        retry_seconds=min(self.delete_retry_seconds, CANCEL_DELETE_RETRY_SECONDS),
+                    )
                     raise TrainJobCancelled(
-                        f"cancelled by {name}: TrainJob {self.namespace}/{self.name} deleted",
+                        f"cancelled by {name}: TrainJob {self.namespace}/{self.name} "
+                        f"{deletion.words(self.namespace, self.name)}",
                         interrupt.signum,
                     ) from None
         finally:
@@ -307,13 +343,16 @@ class TrainJobLauncher:
             if error is not None:  # a watch or the log stream hit a non-transient error (e.g. RBAC)
                 self._stop.set()
                 # Nobody would watch it any more, and a KFP retry would start over anyway.
-                self._delete(reason="lost track of it")
+                deletion = self._delete(reason="lost track of it")
                 raise TrainJobError(
-                    f"lost track of TrainJob {self.namespace}/{self.name} (deleted it): {error}"
+                    f"lost track of TrainJob {self.namespace}/{self.name} "
+                    f"({deletion.words(self.namespace, self.name)}): {error}"
                 ) from error
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
-            stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
+            pods = self._node_pods()
+            not_created = self._creation_watch.problems(job, len(pods), api=self._api)
+            stuck = self._start_watch.overdue(pods, time.monotonic(), not_created)
             if state or restarts or stuck or diverged:
                 break
             if seen and job is None:
@@ -322,11 +361,11 @@ class TrainJobLauncher:
             elapsed = time.monotonic() - self._started
             if self.timeout is not None and elapsed > self.timeout:
                 self.log.error("TrainJob %s did not finish within %ss: deleting it", self.name, self.timeout)
-                self._delete(reason="timeout")
+                deletion = self._delete(reason="timeout")
                 self._stop.set()
                 raise TrainJobTimeout(
                     f"TrainJob {self.namespace}/{self.name} did not finish within {self.timeout:g}s "
-                    f"(deleted).{self._rank0_log.tail_text()}"
+                    f"({deletion.words(self.namespace, self.name)}).{self._rank0_log.tail_text()}"
                 )
             if condition(job, "Suspended"):  # e.g. queued by Kueue: no pods until it is admitted
                 if not reported_suspended:
@@ -477,52 +516,57 @@ class TrainJobLauncher:
             terminations = termination_summary(self._node_pods())
             if not result.log_lines:
                 self._rank0_log.fetch_tail(self._api)
-            if self.cleanup == "always":
-                result.deleted = self._delete(reason="cleanup policy 'always'")
-            elif diverged and self.cleanup == "on-success":
-                # Still running: kept, it would only burn its GPUs; its log and metrics are in the step already.
-                result.deleted = self._delete(reason="the loss diverged (cleanup policy 'on-success')")
-            elif ended:
-                self.log.warning(
-                    "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; "
-                    "`kubectl delete trainjob -n %s %s` frees its nodes now",
-                    self.name,
-                    self.cleanup,
+            if ended and not diverged:
+                # What a deleted TrainJob no longer shows (its pods go with it) goes into the step log first.
+                log_post_mortem(
+                    self.core,
                     self.namespace,
                     self.name,
+                    self._node_pods(),
+                    f"{result.reason}: {result.message}",
+                    api=self._api,
+                    log=self.log,
+                    shown_events=self._shown_events,
                 )
+            deletion = None
+            if self.cleanup == "always":
+                deletion = self._delete(reason="cleanup policy 'always'")
+            elif ended and self.cleanup == "on-success":
+                # Not ended by itself: kept, it would hold its nodes (and a pending one would start training
+                # unobserved once it can); its log, pod status and events are in the step log already.
+                deletion = self._delete(reason=f"{result.reason} (cleanup policy 'on-success')")
+            elif ended:
+                self.log.warning(
+                    "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; %s now",
+                    self.name,
+                    self.cleanup,
+                    kubectl_delete(self.namespace, self.name),
+                )
+            result.deleted = deletion is not None and deletion.confirmed
             if diverged:
                 raise TrainJobDiverged(diverged, result)
             text = [
                 f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
             ]
             text += [f"  {line}" for line in terminations]
+            if deletion is not None and not deletion.confirmed:
+                text.append(f"  TrainJob {deletion.words(self.namespace, self.name)}")
             raise TrainJobFailed("\n".join(text) + self._rank0_log.tail_text(), result)
         self.log.info("TrainJob %s completed in %.0fs", self.name, result.wall_time)
         if self.cleanup in ("on-success", "always"):
-            result.deleted = self._delete(reason=f"cleanup policy {self.cleanup!r}")
+            result.deleted = self._delete(reason=f"cleanup policy {self.cleanup!r}").confirmed
         return result
 
-    def _delete(self, *, reason: str) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._api(
-                self.custom.delete_namespaced_custom_object,
-                tj.GROUP,
-                tj.VERSION,
-                self.namespace,
-                tj.PLURAL,
-                self.name,
-                propagation_policy="Background",
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            self.log.error("could not delete TrainJob %s (%s): %s", self.name, reason, api_message(error))
-            return False
-        self.log.info("deleted TrainJob %s (%s)", self.name, reason)
-        return True
+    def _delete(self, *, reason: str, retry_seconds: float | None = None) -> Deletion:
+        return delete_trainjob(
+            self.custom,
+            self.namespace,
+            self.name,
+            reason=reason,
+            backoff=self.backoff,
+            retry_seconds=self.delete_retry_seconds if retry_seconds is None else retry_seconds,
+            log=self.log,
+        )
 
 
 def launch_trainjob(manifest: Mapping[str, Any], api_client: Any, **options: Any) -> TrainJobResult:
