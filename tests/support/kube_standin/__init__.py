@@ -22,6 +22,8 @@ Served (anything else answers 404 like an unknown path):
     and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
     timestamps, limitBytes), events (namespaced list/watch).
+  * ``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`` (create): the caller's RBAC decision for the
+    attributes asked about, allowed to everyone as ``system:basic-user`` grants it.
   * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
     e.g. ``metadata.name`` or ``involvedObject.name``) on list and watch.
 

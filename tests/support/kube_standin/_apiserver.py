@@ -30,7 +30,13 @@ from ._common import (
 from ._controller import Controller
 from ._gc import GarbageCollector
 from ._http import Handler
-from ._rbac import Authorization, RbacAuthorizer, request_attributes
+from ._rbac import (
+    ACCESS_REVIEW_PATH,
+    Authorization,
+    RbacAuthorizer,
+    request_attributes,
+    self_subject_access_review,
+)
 from ._schema import SchemaValidator
 from ._store import Store, WatchEvent
 from ._typed_schema import TypedModelValidator
@@ -185,6 +191,11 @@ class ApiServer:
             raise ApiError(401, "Unauthorized")
         if fault := self.injected_fault(method, path):
             raise fault
+        if path.rstrip("/") == ACCESS_REVIEW_PATH:  # allowed for everyone (system:basic-user), not recorded
+            if method != "POST":
+                raise ApiError(405, _NOT_ALLOWED)
+            with self.store.cond:
+                return 201, self_subject_access_review(self.rbac, body), None
         self.authorize(method, path, query)
         route = parse_route(path)
         if (

@@ -22,6 +22,7 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -35,6 +36,7 @@ from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.access import LOG, check_permissions
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -149,7 +151,9 @@ class TrainJobLauncher:
         self._trainjob: dict | None = None
         self._trainjob_seen = False
         self._pods: dict[str, dict] = {}
-        self._thread_error: BaseException | None = None
+        self._missing_permissions: set = (
+            set()
+        )  # what the ServiceAccount may not do (access.py); we do without
         self._diverged: LossDiverged | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
@@ -171,6 +175,14 @@ class TrainJobLauncher:
 
     def run(self) -> TrainJobResult:
         """Create (or attach), wait for the end, clean up, and return the result or raise a TrainJobError."""
+        # Asked before anything exists, and before the clock of the timeout starts.
+        self._missing_permissions = check_permissions(
+            self.custom.api_client,
+            self.namespace,
+            backoff=self.backoff,
+            on_retry=self._on_retry,
+            log=self.log,
+        )
         self._started = time.monotonic()
         try:
             with StopSignals(raise_interrupted, enabled=self.handle_signals) as signals:
@@ -283,13 +295,15 @@ class TrainJobLauncher:
     def _follow(self, created: bool) -> TrainJobResult:
         threads = [
             threading.Thread(
-                target=self._guard(self._watch_trainjob), name=f"watch-{self.name}", daemon=True
+                target=self._keep_watching, args=("trainjob", self._watch_trainjob), name=f"watch-{self.name}"
             ),
-            threading.Thread(target=self._guard(self._watch_pods), name=f"pods-{self.name}", daemon=True),
+            threading.Thread(
+                target=self._keep_watching, args=("pods", self._watch_pods), name=f"pods-{self.name}"
+            ),
         ]
-        log_thread = threading.Thread(
-            target=self._guard(self._rank0_log.follow), name=f"log-{self.name}", daemon=True
-        )
+        log_thread = threading.Thread(target=self._follow_log, name=f"log-{self.name}")
+        for thread in (*threads, log_thread):
+            thread.daemon = True
         self._threads = [*threads, log_thread]
         # Made before the threads start, so that _stop_threads always stops them.
         self._watches = {"trainjob": self._new_watch(), "pods": self._new_watch()}
@@ -302,15 +316,7 @@ class TrainJobLauncher:
             self._changed.wait(self.tick)
             self._changed.clear()
             with self._lock:
-                error, job, seen = self._thread_error, self._trainjob, self._trainjob_seen
-                diverged = self._diverged
-            if error is not None:  # a watch or the log stream hit a non-transient error (e.g. RBAC)
-                self._stop.set()
-                # Nobody would watch it any more, and a KFP retry would start over anyway.
-                self._delete(reason="lost track of it")
-                raise TrainJobError(
-                    f"lost track of TrainJob {self.namespace}/{self.name} (deleted it): {error}"
-                ) from error
+                job, seen, diverged = self._trainjob, self._trainjob_seen, self._diverged
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
             stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
@@ -377,16 +383,46 @@ class TrainJobLauncher:
             self._diverged = self._diverged or LossDiverged(diverged.step, diverged.loss, where)
         self._changed.set()
 
-    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except Exception as error:  # reported to the main thread, which fails clearly
-                with self._lock:
-                    self._thread_error = self._thread_error or error
-                self._changed.set()
+    def _follow_log(self) -> None:
+        """The log thread: an error it cannot retry ends the log, never the training (still watched)."""
+        if LOG in self._missing_permissions:
+            return
+        try:
+            self._rank0_log.follow()
+        except Exception as error:
+            if not self._stop.is_set():
+                self.log.warning(
+                    "stopped following the rank-0 log of TrainJob %s (%s); the TrainJob goes on and is still "
+                    "watched: `kubectl logs -n %s -l %s=%s -c %s` shows its log",
+                    self.name,
+                    _why(error),
+                    self.namespace,
+                    LABEL_JOBSET,
+                    self.name,
+                    tj.NODE,
+                )
 
-        return run
+    def _keep_watching(self, key: str, follow: Callable[[], None]) -> None:
+        """A watch thread: an error the watch cannot retry (a 403 once a Role changed, a bad answer) is said and the
+        collection re-listed after a back-off; it never ends the training. The timeout still applies."""
+        delays = dataclasses.replace(self.backoff, attempts=1_000_000).delays()
+        while not self._stop.is_set():
+            try:
+                follow()
+                return
+            except Exception as error:
+                if self._stop.is_set():
+                    return
+                delay = next(delays)
+                self.log.warning(
+                    "watching the %s of TrainJob %s failed (%s); re-listing in %.1fs (the TrainJob is left running)",
+                    "node pods" if key == "pods" else "object",
+                    self.name,
+                    _why(error),
+                    delay,
+                )
+                self._watches[key].resource_version = None
+                self._stop.wait(delay)
 
     def _new_watch(self) -> Watch:
         return Watch(
@@ -523,6 +559,15 @@ class TrainJobLauncher:
             return False
         self.log.info("deleted TrainJob %s (%s)", self.name, reason)
         return True
+
+
+def _why(error: BaseException) -> str:
+    """An API error's status message, else the exception's own text."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(error, ApiException):
+        return f"{error.status}: {api_message(error)}"
+    return f"{type(error).__name__}: {error}"
 
 
 def launch_trainjob(manifest: Mapping[str, Any], api_client: Any, **options: Any) -> TrainJobResult:

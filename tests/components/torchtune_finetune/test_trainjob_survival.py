@@ -1,0 +1,90 @@
+"""What the launcher does when it cannot do everything: permissions checked before anything is created, and watch
+or log threads that fail degrade (say why, re-list, stop following the log) instead of deleting training."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
+from tests.components.torchtune_finetune import test_trainjob_launcher as base
+from tests.components.torchtune_finetune.test_trainjob_lifecycle import Running
+from tests.support.kube_standin import Scenario
+
+NAME = base.NAME
+kube = base.kube
+user_log = base.user_log
+ACCOUNT = "team-a:pipeline-runner"
+
+
+def rbac_documents(without: tuple[str, str] | None = None) -> list[dict]:
+    """runtimes/rbac.yaml bound in team-a, less one (resource, verb) grant."""
+    text = (
+        (base.REPO / "runtimes" / "rbac.yaml").read_text().replace("namespace: kubeflow", "namespace: team-a")
+    )
+    documents = [doc for doc in yaml.safe_load_all(text) if doc]
+    for doc in documents:
+        for rule in doc.get("rules", []):
+            if without and without[0] in rule["resources"]:
+                rule["verbs"] = [v for v in rule["verbs"] if v != without[1]]
+    return documents
+
+
+def test_a_role_without_pods_log_runs_the_training_without_its_log(kube, user_log):
+    """Today's fault: the log stream's 403 made the launcher delete a healthy TrainJob 0.1 s after creating it."""
+    kube.enforce_rbac(rbac_documents(without=("pods/log", "get")), service_account=ACCOUNT)
+    kube.scenario(None, Scenario.success(["Step 1 | loss:1.0", "Step 2 | loss:0.9"]))
+    result = base.launcher(kube, cleanup="never").run()
+    assert result.status == "Complete" and result.created
+    assert not kube.requests_for("DELETE", "trainjobs")
+    assert not [r for r in kube.requests if r.subresource == "log"]  # not even tried
+    assert "may not get pods/log in namespace team-a: the rank-0 log is not streamed" in user_log.text
+    assert "lost track" not in user_log.text
+
+
+@pytest.mark.parametrize(
+    ("resource", "verb", "named"),
+    [
+        ("trainjobs", "delete", "delete trainjobs (trainer.kubeflow.org)"),
+        ("pods", "watch", "watch pods"),
+        ("trainjobs", "create", "create trainjobs (trainer.kubeflow.org)"),
+    ],
+)
+def test_a_permission_the_launcher_cannot_do_without_stops_it_before_anything_is_created(
+    kube, resource, verb, named
+):
+    kube.enforce_rbac(rbac_documents(without=(resource, verb)), service_account=ACCOUNT)
+    with pytest.raises(
+        TrainJobError, match=re.escape(f"may not {named} in namespace team-a: nothing was created")
+    ) as raised:
+        base.launcher(kube).run()
+    assert "runtimes/rbac.yaml" in str(raised.value)
+    assert not kube.requests_for("POST", "trainjobs") and not kube.trainjobs()
+    assert isinstance(raised.value, ValueError)  # a ConfigError: the step prints it as one line
+
+
+def test_a_log_stream_error_stops_the_log_not_the_training(kube, user_log):
+    lines = [f"Step {i} | loss:1.0" for i in range(1, 31)]
+    kube.scenario(None, Scenario.success(lines, line_interval=0.05))
+    running = Running(base.launcher(kube, cleanup="never"))
+    kube.wait_for_request("GET", "pods", where=lambda r: r.subresource == "log" and r.status == 200)
+    kube.fail_next(1, status=403, method="GET", path_contains="/log")  # the reconnect is refused
+    kube.end_log_streams()
+    result = running.result()
+    assert result.status == "Complete"
+    assert not kube.requests_for("DELETE", "trainjobs")
+    assert "stopped following the rank-0 log of TrainJob" in user_log.text
+    assert "403" in user_log.text and "kubectl logs -n team-a" in user_log.text
+
+
+def test_a_watch_error_is_said_and_relisted_never_deleting(kube, user_log):
+    kube.scenario(None, Scenario.success([f"l{i}" for i in range(60)], line_interval=0.05))
+    running = Running(base.launcher(kube, cleanup="never"))
+    kube.wait_for_request("GET", "trainjobs", where=lambda r: r.query.get("watch", "").lower() == "true")
+    # The watch is re-opened each second (watch_timeout=1): the next one gets a 400, which no retry mends.
+    kube.fail_next(1, status=400, method="GET", path_contains="/trainjobs")
+    result = running.result()
+    assert result.status == "Complete" and not kube.requests_for("DELETE", "trainjobs")
+    assert "watching the object of TrainJob" in user_log.text and "re-listing in" in user_log.text
