@@ -88,3 +88,30 @@ def test_a_watch_error_is_said_and_relisted_never_deleting(kube, user_log):
     result = running.result()
     assert result.status == "Complete" and not kube.requests_for("DELETE", "trainjobs")
     assert "watching the object of TrainJob" in user_log.text and "re-listing in" in user_log.text
+
+
+def test_a_retry_waits_for_its_own_terminating_trainjob_then_creates(kube, user_log):
+    """An earlier attempt's TrainJob, deleted in the foreground, is still readable (deletionTimestamp) while its
+    JobSet and pods go: the retry must not attach to it (it would fail "deleted by someone else")."""
+    from kubernetes import client
+
+    kube.add_object(
+        base.manifest(), scenario=Scenario.success([f"old {i}" for i in range(200)], line_interval=0.05)
+    )
+    kube.wait_for_pod(NAME, lambda pod: pod["status"]["phase"] == "Running")
+    kube.hold_garbage_collection()
+    client.CustomObjectsApi(kube.api_client()).delete_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", "team-a", "trainjobs", NAME, propagation_policy="Foreground"
+    )
+    assert kube.trainjob(NAME)["metadata"]["deletionTimestamp"]
+    kube.scenario(NAME, Scenario.success(["new run"]))
+    running = Running(base.launcher(kube))
+    kube.wait_for_request("GET", "trainjobs", where=lambda r: r.name == NAME)  # after the 409
+    kube.wait_for_request("GET", "jobsets")  # waiting for what is left of it
+    assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [409]
+    while kube.collect_garbage():
+        pass
+    result = running.result()
+    assert result.status == "Complete" and result.created and result.log_lines == ["new run"]
+    assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [409, 201]
+    assert "is being deleted: waiting for it to be gone, then creating" in user_log.text

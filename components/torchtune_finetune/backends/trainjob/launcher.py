@@ -261,6 +261,14 @@ class TrainJobLauncher:
                 self.name,
             )
             require_ours(self.manifest, existing)
+            if existing["metadata"].get("deletionTimestamp"):
+                # An earlier attempt's, being deleted (Foreground, or finalizers): attached, we would only see it go.
+                self.log.info(
+                    "TrainJob %s of this run and task is being deleted: waiting for it to be gone, then creating",
+                    self.name,
+                )
+                self._wait_gone()
+                continue
             if terminal_state(existing) != "Failed":
                 self.log.info(
                     "TrainJob %s/%s already exists for this run and task: attaching to it instead of "
