@@ -717,3 +717,22 @@ def test_typed_model_validation_defaults_and_accepts_a_full_trainjob():
     )
     for name in ("Upper", "a" * 64, "1starts-with-digit", "has.dot"):
         assert typed_model_validators()["trainjobs"].validate(trainjob(name)) != [], name
+
+
+def test_a_lagging_pod_watch_delivers_late_while_a_list_is_fresh(kube_standin, core, custom):
+    rv = core.list_namespaced_pod(NS).metadata.resource_version
+    kube_standin.delay_watch_events("pods", 3600)
+    create(custom, trainjob("lag"))
+    kube_standin.wait_for_trainjob("lag", condition="Complete")
+    pods = [p.metadata.name for p in core.list_namespaced_pod(NS).items]
+    assert pods  # the list is current
+    late = core.list_namespaced_pod(
+        NS, watch=True, resource_version=rv, timeout_seconds=1, _preload_content=False
+    )
+    assert events_of(late) == []  # nothing delivered yet
+    kube_standin.delay_watch_events("pods", 0)
+    caught_up = core.list_namespaced_pod(
+        NS, watch=True, resource_version=rv, timeout_seconds=1, _preload_content=False
+    )
+    events = events_of(caught_up)
+    assert [e["type"] for e in events][0] == "ADDED" and events[-1]["object"]["metadata"]["name"] in pods

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError, TrainJobFailed
 from tests.components.torchtune_finetune import test_trainjob_launcher as base
 from tests.components.torchtune_finetune.test_trainjob_lifecycle import Running
 from tests.support.kube_standin import Scenario
@@ -115,3 +115,17 @@ def test_a_retry_waits_for_its_own_terminating_trainjob_then_creates(kube, user_
     assert result.status == "Complete" and result.created and result.log_lines == ["new run"]
     assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [409, 201]
     assert "is being deleted: waiting for it to be gone, then creating" in user_log.text
+
+
+def test_a_failed_rank_is_read_from_a_fresh_pod_list_when_the_pod_watch_lags(kube):
+    """The TrainJob's Failed condition can arrive before the pod watch shows the OOMKilled pod (seen once on a
+    cluster as a failure reported without its reason): the report reads a fresh list of the pods."""
+    kube.delay_watch_events("pods", 3600)
+    kube.scenario(
+        None, Scenario.oom(log_lines=["Step 1 | loss:2.0", "torch.OutOfMemoryError: CUDA out of memory"])
+    )
+    with pytest.raises(TrainJobFailed) as raised:
+        base.launcher(kube).run()
+    message = str(raised.value)
+    assert "(rank 0): OOMKilled (exit code 137)" in message
+    assert "CUDA out of memory" in message  # the tail, read from the pod the list named

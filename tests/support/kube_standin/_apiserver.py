@@ -81,6 +81,7 @@ class ApiServer:
         self.faults: list[Fault] = []
         self.watch_drops: list[tuple[int, bool]] = []  # (events before the drop, abrupt)
         self.watch_expiries: list[bool] = []  # as_http_error
+        self.watch_delays: dict[str, float] = {}  # plural -> seconds its watch events are delivered late
         self.rbac: RbacAuthorizer | None = None  # None: the token's user may do anything
         self.authorizations: list[Authorization] = []
 
@@ -249,6 +250,8 @@ class ApiServer:
                 position = store.current_rv
             else:
                 initial, position = [], int(since)
+            for event in initial:  # what exists when the watch opens is sent at once
+                event.at = float("-inf")
             bookmarks_asked = store.bookmark_requests
         group, kind, _ = KINDS[route.plural]
 
@@ -289,12 +292,16 @@ class ApiServer:
                         bookmarks_asked = store.bookmark_requests
                         if now >= next_bookmark:
                             next_bookmark = next_bookmark_time(now)
-                    if not pending:
+                    # A lagging watch (delay_watch_events) sends, in order, only what happened `lag` ago.
+                    lag = self.watch_delays.get(route.plural, 0.0)
+                    due = next((i for i, e in enumerate(pending) if e.at > now - lag), len(pending))
+                    if not due:
                         if store.stopping or (end and time.monotonic() >= end):
                             break
                         store.cond.wait(0.1 if end is None else max(0.0, min(0.1, end - time.monotonic())))
                         continue
-                for event in pending:
+                    ready, pending = pending[:due], pending[due:]
+                for event in ready:
                     if drop is not None and sent >= drop[0]:
                         if drop[1]:
                             handler.cut_connection()
@@ -303,7 +310,6 @@ class ApiServer:
                         return
                     handler.chunk(json.dumps({"type": event.type, "object": event.obj}).encode() + b"\n")
                     sent += 1
-                pending = []
             handler.end_chunked()
 
         return stream

@@ -32,6 +32,7 @@ class WatchEvent:
     namespace: str | None
     type: str
     obj: dict
+    at: float = dataclasses.field(default_factory=time.monotonic)  # when it happened (watch delivery delays)
 
 
 class Store:

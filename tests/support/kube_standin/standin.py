@@ -416,6 +416,15 @@ class KubeStandin:
         with self._store.cond:
             self._api.watch_expiries.extend([as_http_error] * times)
 
+    def delay_watch_events(self, plural: str, seconds: float) -> None:
+        """Watches of ``plural`` (e.g. ``"pods"``) deliver each event ``seconds`` after it happened, in order, while
+        lists answer at once: the apiserver's watch cache trails etcd (apiserver pkg/storage/cacher: events reach
+        watchers through the cache and each watcher's buffer), and a client's informer trails its watch, so a
+        watch-fed view can lag what a fresh list returns. Applies to watches open now and later."""
+        with self._store.cond:
+            self._api.watch_delays[plural] = seconds
+            self._store.cond.notify_all()
+
     def send_bookmarks(self) -> None:
         """Every open watch that was asked with ``allowWatchBookmarks=true`` sends a BOOKMARK event now: an object of
         the watched kind with only ``metadata.resourceVersion`` (the newest, also past events its selectors filter

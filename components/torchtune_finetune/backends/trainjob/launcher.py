@@ -26,12 +26,12 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry
-from kfp_finetune.components._shared.kube_watch import LISTED, Watch
+from kfp_finetune.components._shared.kube_watch import LISTED, Watch, raw_json
 from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
@@ -478,10 +478,23 @@ class TrainJobLauncher:
 
     def _node_pods(self) -> list[dict]:
         with self._lock:
-            pods = list(self._pods.values())
-        return sorted(
-            pods, key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, 0))
-        )
+            return by_rank(self._pods.values())
+
+    def _listed_node_pods(self) -> list[dict]:
+        """The node pods as a fresh list shows them. The watch-fed view can trail the TrainJob's Failed condition
+        (the watch cache and our watch deliver late), and a failed rank's reason and exit code must not be missed."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            listing = self._api(
+                raw_json(self.core.list_namespaced_pod),
+                self.namespace,
+                label_selector=f"{LABEL_JOBSET}={self.name},{LABEL_REPLICATED_JOB}={tj.NODE}",
+            )
+        except ApiException as error:
+            self.log.warning("cannot list the node pods (%s); reporting what the watch showed", _why(error))
+            return self._node_pods()
+        return by_rank(listing.get("items") or [])
 
     def _ended(self) -> bool:
         with self._lock:
@@ -518,9 +531,10 @@ class TrainJobLauncher:
             message=terminal.get("message") or "",
         )
         if state == "Failed":
-            terminations = termination_summary(self._node_pods())
+            pods = self._listed_node_pods()
+            terminations = termination_summary(pods)
             if not result.log_lines:
-                self._rank0_log.fetch_tail(self._api)
+                self._rank0_log.fetch_tail(self._api, pods)
             if self.cleanup == "always":
                 result.deleted = self._delete(reason="cleanup policy 'always'")
             elif diverged and self.cleanup == "on-success":
@@ -567,6 +581,11 @@ class TrainJobLauncher:
             return False
         self.log.info("deleted TrainJob %s (%s)", self.name, reason)
         return True
+
+
+def by_rank(pods: Iterable[dict]) -> list[dict]:
+    """Node pods in rank order (their completion index)."""
+    return sorted(pods, key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, 0)))
 
 
 def _why(error: BaseException) -> str:
