@@ -736,3 +736,35 @@ def test_a_lagging_pod_watch_delivers_late_while_a_list_is_fresh(kube_standin, c
     )
     events = events_of(caught_up)
     assert [e["type"] for e in events][0] == "ADDED" and events[-1]["object"]["metadata"]["name"] in pods
+
+
+def test_field_selectors_are_limited_to_what_the_real_server_supports(kube_standin, core, custom):
+    create(custom, trainjob("fields"))
+    kube_standin.wait_for_trainjob("fields", condition="Complete")
+    (pod,) = core.list_namespaced_pod(
+        NS, field_selector="status.phase=Succeeded,spec.restartPolicy!=Always"
+    ).items
+    assert core.list_namespaced_pod(NS, field_selector=f"spec.nodeName={pod.spec.node_name}").items
+    assert core.list_namespaced_event(NS, field_selector="source=kubelet,type=Normal").items
+    assert core.list_namespaced_event(NS, field_selector=f"involvedObject.uid={pod.metadata.uid}").items
+    with pytest.raises(ApiException) as raised:
+        core.list_namespaced_pod(NS, field_selector="status.hostIP=127.0.0.1")
+    assert raised.value.status == 400
+    assert json.loads(raised.value.body)["message"] == "field label not supported: status.hostIP"
+    with pytest.raises(ApiException) as raised:
+        core.list_namespaced_pod(
+            NS, field_selector="spec.containers.name=node", watch=True, _preload_content=False
+        )
+    assert raised.value.status == 400
+    for selector in ("spec.suspend=false", "status.conditions=x"):
+        with pytest.raises(ApiException) as raised:
+            custom.list_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", field_selector=selector
+            )
+        assert raised.value.status == 400
+        assert json.loads(raised.value.body)["message"] == (
+            f'"{selector.split("=")[0]}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+        )
+    assert custom.list_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", field_selector="metadata.name=fields"
+    )["items"]

@@ -24,8 +24,10 @@ Served (anything else answers 404 like an unknown path):
     timestamps, limitBytes), events (namespaced list/watch).
   * ``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`` (create): the caller's RBAC decision for the
     attributes asked about, allowed to everyone as ``system:basic-user`` grants it.
-  * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
-    e.g. ``metadata.name`` or ``involvedObject.name``) on list and watch.
+  * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, !=) on list and watch,
+    limited to the fields the real server selects by (``_common.SELECTABLE_FIELDS``: pods ``spec.nodeName``,
+    ``status.phase`` …, events ``involvedObject.*``, ``reason``, ``source``, ``type`` …, custom resources only
+    ``metadata.name`` / ``metadata.namespace``); any other field answers 400 with the server's message.
 
 Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` body, optional Retry-After),
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
