@@ -768,3 +768,55 @@ def test_field_selectors_are_limited_to_what_the_real_server_supports(kube_stand
     assert custom.list_namespaced_custom_object(
         TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", field_selector="metadata.name=fields"
     )["items"]
+
+
+def runtime_with_jobs(name: str, *jobs: tuple[str, str, bool]) -> dict:
+    """A ClusterTrainingRuntime with replicated jobs (name, container, labelled as the trainer's ancestor)."""
+    replicated = [
+        {
+            "name": job,
+            "template": {
+                "metadata": {
+                    "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"} if trainer else {}
+                },
+                "spec": {
+                    "template": {"spec": {"containers": [{"name": container, "image": "runtime/image"}]}}
+                },
+            },
+        }
+        for job, container, trainer in jobs
+    ]
+    return {
+        "apiVersion": TRAINER_API_VERSION,
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": replicated}},
+        },
+    }
+
+
+def test_the_trainer_job_is_found_by_the_ancestor_label_not_by_its_name(kube_standin, custom):
+    kube_standin.add_object(
+        runtime_with_jobs(
+            "labelled", ("dataset-initializer", "dataset-initializer", False), ("trainer", "node", True)
+        )
+    )
+    trainer = {"image": "team/trainer:1", "numNodes": 2}
+    create(custom, trainjob("labelled", runtimeRef={"name": "labelled"}, trainer=trainer))
+    kube_standin.wait_for_trainjob("labelled", condition="Complete")
+    pods = kube_standin.pods("labelled")
+    assert len(pods) == 2  # numNodes applies to the labelled job
+    for pod in pods:
+        (node,) = pod["spec"]["containers"]
+        assert (node["name"], node["image"]) == ("node", "team/trainer:1")
+        assert {"name": "PET_NNODES", "value": "2"} in node["env"]
+
+    # A job named "node" without the label is not the trainer's: the TrainJob's trainer settings apply nowhere.
+    kube_standin.add_object(runtime_with_jobs("unlabelled", ("node", "node", False)))
+    create(custom, trainjob("unlabelled", runtimeRef={"name": "unlabelled"}, trainer=trainer))
+    kube_standin.wait_for_trainjob("unlabelled", condition="Complete")
+    (pod,) = kube_standin.pods("unlabelled")
+    assert pod["spec"]["containers"][0]["image"] == "runtime/image"
+    assert "PET_NNODES" not in json.dumps(pod["spec"])
