@@ -820,3 +820,43 @@ def test_the_trainer_job_is_found_by_the_ancestor_label_not_by_its_name(kube_sta
     (pod,) = kube_standin.pods("unlabelled")
     assert pod["spec"]["containers"][0]["image"] == "runtime/image"
     assert "PET_NNODES" not in json.dumps(pod["spec"])
+
+
+IGNORE_DISRUPTIONS = {
+    "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+}
+
+
+@pytest.mark.parametrize(("policy", "outcome"), [(IGNORE_DISRUPTIONS, "Complete"), (None, "Failed")])
+def test_a_lost_node_fails_its_pod_and_the_job_replaces_it_as_the_pod_failure_policy_says(
+    kube_standin, custom, policy, outcome
+):
+    kube_standin.add_runtime("fail-fast", restart_policy="Never", backoff_limit=0, pod_failure_policy=policy)
+    lines = ["Step 1 | loss:1.0", "Step 2 | loss:0.9", "Step 3 | loss:0.8"]
+    kube_standin.scenario("lost", Scenario.success(lines, lost_node_after_lines=2))
+    rv = custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs")["metadata"][
+        "resourceVersion"
+    ]
+    create(custom, trainjob("lost", runtimeRef={"name": "fail-fast"}))
+    job = kube_standin.wait_for_trainjob("lost", condition=outcome)
+    history = client.CoreV1Api(kube_standin.api_client()).list_namespaced_pod(
+        NS, watch=True, resource_version=rv, timeout_seconds=1, _preload_content=False
+    )
+    disrupted = [
+        e["object"]
+        for e in events_of(history)
+        if any(c["type"] == "DisruptionTarget" for c in e["object"]["status"].get("conditions") or [])
+    ]
+    assert disrupted and disrupted[0]["status"]["phase"] == "Failed"
+    (condition,) = [c for c in disrupted[0]["status"]["conditions"] if c["type"] == "DisruptionTarget"]
+    assert (condition["reason"], condition["message"]) == ("DeletionByPodGC", "PodGC: node no longer exists")
+    pods = kube_standin.pods("lost")
+    if (
+        outcome == "Complete"
+    ):  # replaced (not counted against backoffLimit 0): the trainer ran again, to the end
+        (pod,) = pods
+        assert pod["metadata"]["uid"] != disrupted[0]["metadata"]["uid"]
+        assert kube_standin.pod_log(pod["metadata"]["name"]).splitlines() == lines
+    else:  # counted: the Job fails at once
+        assert job["status"]["conditions"][0]["type"] == "Failed"
+        assert [p["metadata"]["uid"] for p in pods] == [disrupted[0]["metadata"]["uid"]]

@@ -63,7 +63,7 @@ Known deviations from a real API server:
     terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
-    preemption (``DisruptionTarget``) is not simulated; other ranks of a failed job are shown terminated (143)
+    a lost node (``Scenario.lost_node_after_lines``, _disruption.py) is simulated, preemption and drains are not; other ranks of a failed job are shown terminated (143)
     rather than deleted.
   * Only the ``node`` replicated job gets pods; other replicated jobs of a runtime (initializers) are reported as
     succeeded in ``jobsStatus``. ``trainer.command == ["tune", "run"]`` is not rewritten the way the Trainer's

@@ -47,6 +47,10 @@ class Scenario:
             kubelet's ``Failed``/``BackOff`` events (``_startup.py``) and never starts.
         missing_secrets: Secrets that do not exist: a node container whose ``env``/``envFrom`` needs one waits in
             ``CreateContainerConfigError`` (``secret "<name>" not found``) and never starts.
+        lost_node_after_lines: After this many rank-0 log lines, the node of ``lost_node_rank`` is lost (None: never):
+            its pod gets a ``DisruptionTarget`` condition and fails, and the Job controller applies the runtime's
+            podFailurePolicy (``_disruption.py``): ``Ignore`` replaces the pod (the trainer starts over, once).
+        lost_node_rank: Which rank's node is lost.
         restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
             controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
             ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
@@ -67,6 +71,8 @@ class Scenario:
     failed_rank: int = 0
     execute: bool = False
     restart_backoff_scale: float = 0.001
+    lost_node_after_lines: int | None = None
+    lost_node_rank: int = 0
     unpullable_image: bool = False
     missing_secrets: tuple[str, ...] | list[str] = ()
 
