@@ -4,6 +4,7 @@ or log threads that fail degrade (say why, re-list, stop following the log) inst
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import yaml
@@ -129,3 +130,35 @@ def test_a_failed_rank_is_read_from_a_fresh_pod_list_when_the_pod_watch_lags(kub
     message = str(raised.value)
     assert "(rank 0): OOMKilled (exit code 137)" in message
     assert "CUDA out of memory" in message  # the tail, read from the pod the list named
+
+
+def wait_for_text(log, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.text:
+        assert time.monotonic() < deadline, f"{text!r} not in the step log after {timeout}s:\n{log.text}"
+        time.sleep(0.02)
+
+
+def test_a_lost_node_and_its_replacement_pod_are_said_while_the_trainjob_runs(kube, user_log):
+    """runtimes/torchtune-cpu.yaml ignores DisruptionTarget: the Job replaces the pod and the trainer starts over.
+    Both are in the step log at once (from the pod watch), not after the TrainJob ended or timed out."""
+    lines = [f"Step {i} | loss:1.0" for i in range(1, 61)]
+    kube.scenario(None, Scenario.success(lines, line_interval=0.05, lost_node_after_lines=2))
+    running = Running(base.launcher(kube, cleanup="never"))
+    wait_for_text(user_log, "runs in a new pod")
+    assert kube.trainjob(NAME)["status"].get("conditions") in (None, [])  # said while it still trains
+    assert "(rank 0) is disrupted: DeletionByPodGC: PodGC: node no longer exists" in user_log.text
+    result = running.result()
+    assert result.status == "Complete"
+    assert "rank-0 pod restarted as" in user_log.text and result.log_lines[-1] == lines[-1]
+
+
+def test_a_lost_node_the_runtime_does_not_ignore_fails_naming_the_disruption(kube):
+    kube.add_runtime("no-ignore", restart_policy="Never", backoff_limit=0)
+    job = base.manifest()
+    job["spec"]["runtimeRef"]["name"] = "no-ignore"
+    kube.scenario(None, Scenario.success(["Step 1 | loss:1.0", "Step 2 | loss:0.9"], lost_node_after_lines=1))
+    with pytest.raises(
+        TrainJobFailed, match=r"\(rank 0\): disrupted \(DeletionByPodGC: PodGC: node no longer exists\)"
+    ):
+        base.launcher(kube, job).run()

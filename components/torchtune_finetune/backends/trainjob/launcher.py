@@ -47,6 +47,10 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics im
     start_failure_message,
     termination_summary,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.disruptions import (
+    PodChanges,
+    disruption_summary,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobCancelled,
     TrainJobDiverged,
@@ -157,6 +161,7 @@ class TrainJobLauncher:
         self._diverged: LossDiverged | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
+        self._pod_changes = PodChanges()
         self._rank0_log = RankZeroLog(
             self.core,
             self.namespace,
@@ -325,6 +330,8 @@ class TrainJobLauncher:
             self._changed.clear()
             with self._lock:
                 job, seen, diverged = self._trainjob, self._trainjob_seen, self._diverged
+            for change in self._pod_changes.news(self._node_pods()):
+                self.log.warning("TrainJob %s: %s", self.name, change)
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
             stuck = self._start_watch.overdue(self._node_pods(), time.monotonic())
@@ -532,7 +539,7 @@ class TrainJobLauncher:
         )
         if state == "Failed":
             pods = self._listed_node_pods()
-            terminations = termination_summary(pods)
+            terminations = termination_summary(pods) + disruption_summary(pods)
             if not result.log_lines:
                 self._rank0_log.fetch_tail(self._api, pods)
             if self.cleanup == "always":
