@@ -18,15 +18,23 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
   ending like any failed TrainJob (the cleanup policy decides whether it is kept).
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
   decides (default: delete successful TrainJobs, keep failed ones for debugging).
+- SIGKILL (OOM, node loss) leaves no handler: the lease the launcher renews on the shared workspace lapses and the
+  node pods stop training (lease.py); a KFP retry of the step that comes in time attaches and renews it.
+- Degrade, never delete, when following fails: a watch error is said and the collection re-listed, a log error ends
+  the log; permissions are asked before anything is created (access.py). Lost nodes and replaced pods are said
+  as the pod watch shows them (disruptions.py); a failure is reported from a fresh list of the pods.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
@@ -63,6 +71,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions im
     check_runtime,
     require_ours,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import POD_NAME_ENV
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import (
     LABEL_COMPLETION_INDEX,
     RankZeroLog,
@@ -72,6 +81,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import 
     condition,
     terminal_state,
 )
+from kfp_finetune.components.torchtune_finetune.lease import DEFAULT_LEASE_SECONDS, LeaseRenewer
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
@@ -100,6 +110,9 @@ class TrainJobLauncher:
         backoff: Retry/backoff for API calls (injectable so tests don't sleep).
         handle_signals: Install SIGTERM/SIGINT handlers that delete the TrainJob (main thread only).
         log_drain_timeout: After the end, how long to wait for the log stream to finish.
+        lease_path: The lease file the node pods watch (`lease.py`: `<run folder>/launcher.lease` on the shared
+            workspace); None: no lease (the TrainJob trains on if this step is killed).
+        lease_duration: Seconds without a renewal after which the node pods stop training.
     """
 
     def __init__(
@@ -120,6 +133,8 @@ class TrainJobLauncher:
         backoff: Backoff | None = None,
         handle_signals: bool = True,
         log_drain_timeout: float = 30.0,
+        lease_path: Path | None = None,
+        lease_duration: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         from kubernetes import client
 
@@ -145,6 +160,7 @@ class TrainJobLauncher:
         self.backoff = backoff or Backoff()
         self.handle_signals = handle_signals
         self.log_drain_timeout = log_drain_timeout
+        self.lease_path, self.lease_duration = lease_path, lease_duration
         self.log = get_logger("kfp_finetune.trainjob")
 
         self._lock = threading.Lock()
@@ -189,6 +205,7 @@ class TrainJobLauncher:
             log=self.log,
         )
         self._started = time.monotonic()
+        lease = self._hold_lease()
         try:
             with StopSignals(raise_interrupted, enabled=self.handle_signals) as signals:
                 try:
@@ -206,6 +223,17 @@ class TrainJobLauncher:
         finally:
             self._stop.set()
             self._stop_threads()
+            if lease is not None:
+                lease.release()
+
+    def _hold_lease(self) -> LeaseRenewer | None:
+        """Written before the TrainJob is created or attached to, renewed until run() returns (lease.py)."""
+        if self.lease_path is None:
+            return None
+        holder = os.environ.get(POD_NAME_ENV) or socket.gethostname()
+        lease = LeaseRenewer(self.lease_path, holder, self.lease_duration, self.log)
+        lease.start()
+        return lease
 
     def _stop_threads(self) -> None:
         """Cut the open streams and wait for the watch and log threads: nothing of this run may run on
