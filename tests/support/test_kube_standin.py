@@ -860,3 +860,64 @@ def test_a_lost_node_fails_its_pod_and_the_job_replaces_it_as_the_pod_failure_po
     else:  # counted: the Job fails at once
         assert job["status"]["conditions"][0]["type"] == "Failed"
         assert [p["metadata"]["uid"] for p in pods] == [disrupted[0]["metadata"]["uid"]]
+
+
+def owned_by(*pods: dict) -> list[dict]:
+    return [
+        {"apiVersion": "v1", "kind": "Pod", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+        for p in pods
+    ]
+
+
+def test_the_garbage_collector_deletes_a_trainjob_once_all_its_owner_pods_are_gone(kube_standin, custom):
+    first, second = (
+        kube_standin.add_running_pod("step-1", "node-a"),
+        kube_standin.add_running_pod("step-2", "node-b"),
+    )
+    kube_standin.scenario("owned", Scenario.success(["x"] * 1000, line_interval=0.05))
+    body = trainjob("owned")
+    body["metadata"]["ownerReferences"] = owned_by(first)
+    create(custom, body)
+    kube_standin.wait_for_pod("owned", lambda p: p["status"]["phase"] == "Running")
+    patched = custom.patch_namespaced_custom_object(
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        NS,
+        "trainjobs",
+        "owned",
+        {
+            "metadata": {
+                "ownerReferences": owned_by(first, second),
+                "resourceVersion": get(custom, "owned")["metadata"]["resourceVersion"],
+            }
+        },
+    )
+    assert [r["name"] for r in patched["metadata"]["ownerReferences"]] == ["step-1", "step-2"]
+    kube_standin.delete_pod("step-1")
+    assert kube_standin.trainjob("owned") is not None  # one owner is left
+    kube_standin.delete_pod("step-2")
+    assert kube_standin.trainjob("owned") is None and kube_standin.pods("owned") == []
+
+
+def test_an_owner_in_another_namespace_counts_as_absent_and_bad_owner_patches_are_refused(
+    kube_standin, custom
+):
+    elsewhere = kube_standin.add_running_pod("step", "node-a", namespace="pipelines")
+    body = trainjob("cross")
+    body["metadata"]["ownerReferences"] = owned_by(elsewhere)
+    create(custom, body)
+    assert kube_standin.trainjob("cross") is None  # collected at once: ownerReferences are namespace-local
+
+    create(custom, trainjob("plain"))
+    for patch, status in (
+        ({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "x"}]}}, 422),
+        ({"metadata": {"labels": {"a": "b"}, "resourceVersion": "1"}}, 409),
+        ({"spec": {"suspend": True}}, 405),
+    ):
+        with pytest.raises(ApiException) as raised:
+            custom.patch_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", "plain", patch
+            )
+        assert raised.value.status == status, patch
+    meta = get(custom, "plain")["metadata"]
+    assert "ownerReferences" not in meta and "a" not in (meta.get("labels") or {})

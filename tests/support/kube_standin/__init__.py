@@ -37,6 +37,10 @@ Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log fol
 ``missing_secrets`` / ``stuck_pending``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
 (not POST) on 429/503 carrying Retry-After.
 
+Owners: TrainJobs may carry ownerReferences (validated as the API server does); when ``delete_pod`` removes a
+pod (eviction, node loss, a deleted workflow) or a TrainJob names an owner absent from its namespace, the garbage
+collector deletes the TrainJobs whose owners are all gone (_owners.py, _gc.py).
+
 Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
 documents (runtimes/rbac.yaml), else 403 Forbidden; ``authorizations`` lists each request's verb, group, resource,
 subresource and namespace with the decision. The Trainer webhook's denials (_admission.py) answer 403 with the
@@ -55,7 +59,8 @@ Known deviations from a real API server:
   * Unknown fields are always rejected with 422 (a real server answers 400 "strict decoding error" with
     ``fieldValidation=Strict``, and otherwise drops them with a warning). Non-nullable nulls are pruned.
   * CEL rules are evaluated for the rule shapes the Trainer CRDs use; transition rules (``oldSelf``) are skipped.
-  * No PATCH/PUT (405): status and suspension are driven only by the simulated controller; a suspended TrainJob
+  * No PUT, and PATCH only as a JSON merge patch of a TrainJob's metadata (ownerReferences, labels, annotations;
+    anything else 405): status and suspension are driven only by the simulated controller; a suspended TrainJob
     only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored); the watch history
     is compacted only when a test asks (the real watch cache keeps a bounded window); ``events.k8s.io`` is not
     served. RBAC: no aggregated ClusterRoles, no non-resource URLs, no impersonation.

@@ -30,6 +30,7 @@ from ._common import (
 from ._controller import Controller
 from ._gc import GarbageCollector
 from ._http import Handler
+from ._owners import json_merge_patch, owner_reference_errors
 from ._rbac import (
     ACCESS_REVIEW_PATH,
     Authorization,
@@ -48,6 +49,7 @@ _FAULT_MESSAGES = {
     503: "the server is currently unable to handle the request",
 }
 _NOT_ALLOWED = "the server does not allow this method on the requested resource"
+PATCHABLE_METADATA = {"ownerReferences", "labels", "annotations", "resourceVersion"}
 
 # A response: (status, JSON payload, or a callable that streams the body itself once the lock is released).
 Response = tuple[int, Any, Callable[[Handler], None] | None]
@@ -139,6 +141,7 @@ class ApiServer:
         name = meta.get("name", "") if isinstance(meta, dict) else ""
         # The API server's order: schema validation (with defaulting), admission webhooks, then storage.
         errors = self.schemas["trainjobs"].validate(body)
+        errors += owner_reference_errors(meta if isinstance(meta, dict) else {})
         if errors:
             raise invalid("TrainJob", name, errors)
         admit_trainjob(body, self.store.runtime_of(body))
@@ -156,6 +159,36 @@ class ApiServer:
                 return body
             stored = copy.deepcopy(self.store.put("trainjobs", body, "ADDED"))
         self.controller.start(stored)
+        self.gc.delete_orphans(route.namespace, self.controller.cancel)  # an owner that does not exist here
+        return stored
+
+    def patch(self, route: Route, body: Any) -> dict:
+        """A JSON merge patch of a TrainJob's metadata (_owners.py); ``metadata.resourceVersion`` in the patch is a
+        precondition (409 Conflict when stale), as for any update."""
+        if route.plural != "trainjobs" or route.name is None or route.namespace is None:
+            raise ApiError(405, _NOT_ALLOWED)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        meta_patch = body.get("metadata") or {}
+        if set(body) - {"metadata"} or set(meta_patch) - PATCHABLE_METADATA:
+            raise ApiError(405, "kube-standin serves PATCH of TrainJob metadata only (a known deviation)")
+        with self.store.cond:
+            job = self.store.get(route)
+            wanted = meta_patch.get("resourceVersion")
+            if wanted and wanted != job["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on trainjobs.{TRAINER_GROUP} "{route.name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    reason="Conflict",
+                    details={"name": route.name, "group": TRAINER_GROUP, "kind": "trainjobs"},
+                )
+            patched = json_merge_patch(job, body)
+            if errors := owner_reference_errors(patched["metadata"]):
+                raise invalid("TrainJob", route.name, errors)
+            patched["metadata"]["generation"] = job["metadata"]["generation"]  # metadata changes keep it
+            stored = copy.deepcopy(self.store.put("trainjobs", patched, "MODIFIED"))
+        self.gc.delete_orphans(route.namespace, self.controller.cancel)
         return stored
 
     def delete(self, route: Route, body: Any, query: dict[str, str]) -> dict:
@@ -209,6 +242,8 @@ class ApiServer:
             return 201, self.create(route, body, query), None
         if method == "DELETE":
             return 200, self.delete(route, body, query), None
+        if method == "PATCH":
+            return 200, self.patch(route, body), None
         if method != "GET":
             raise ApiError(405, _NOT_ALLOWED)
         if route.subresource == "log":

@@ -449,6 +449,17 @@ class KubeStandin:
         removed). Returns what it did, or None when nothing was pending."""
         return self._api.gc.collect()
 
+    def delete_pod(self, name: str, namespace: str | None = None) -> None:
+        """The pod is deleted and gone (evicted, its node lost and PodGC done, or its workflow deleted); then the
+        garbage collector deletes the TrainJobs it owned alone (_owners.py, at once unless collection is held)."""
+        namespace = namespace or self.namespace
+        with self._store.cond:
+            pod = self._store.find("pods", namespace, name)
+            if pod is None:
+                raise KeyError(f"no pod {namespace}/{name}")
+            self._store.put("pods", pod, "DELETED")
+        self._api.gc.delete_orphans(namespace, self._controller.cancel)
+
     def jobset(self, name: str, namespace: str | None = None) -> dict | None:
         """The stored JobSet (``jobset.x-k8s.io/v1alpha2``, named after its TrainJob), or None."""
         return self._store.find("jobsets", namespace or self.namespace, name)
