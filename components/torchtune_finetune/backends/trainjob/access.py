@@ -60,6 +60,12 @@ LAUNCHER_PERMISSIONS = (
     Permission("list", "", "pods"),
     Permission("watch", "", "pods"),
     Permission("get", "jobset.x-k8s.io", "jobsets"),
+    Permission(
+        "patch",
+        tj.GROUP,
+        tj.PLURAL,
+        without="a retry cannot add its pod as an owner of the TrainJob it attaches to",
+    ),
     Permission("get", "", "pods", without="a rank-0 log stream that ends cannot tell a finished pod"),
     LOG,
     Permission("list", "", "events", without="pods that do not start are reported without their events"),

@@ -67,6 +67,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import 
     TrainJobTimeout,
     api_message,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.owner import add_owner, step_pod_reference
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
     check_runtime,
     require_ours,
@@ -268,6 +269,9 @@ class TrainJobLauncher:
             on_retry=self._on_retry,
             log=self.log,
         )
+        owner = step_pod_reference(self.core, self.namespace, api=self._api, log=self.log)
+        if owner is not None:
+            self.manifest["metadata"]["ownerReferences"] = [owner]
         for _ in range(2):  # a second round after replacing a failed TrainJob of ours
             try:
                 self._api(
@@ -303,6 +307,8 @@ class TrainJobLauncher:
                 self._wait_gone()
                 continue
             if terminal_state(existing) != "Failed":
+                if owner is not None:
+                    add_owner(self.custom, existing, owner, api=self._api, log=self.log)
                 self.log.info(
                     "TrainJob %s/%s already exists for this run and task: attaching to it instead of "
                     "starting a second training",
