@@ -9,7 +9,7 @@ workflow is garbage-collected, so an ownerReference alone would not stop the tra
 - The launcher writes `launcher.lease` (holder, sequence, duration) before it creates or attaches, bumps the
   sequence every `duration / 10` seconds, and marks it released when it returns (however it returns: a TrainJob it
   keeps on purpose, `tune_cleanup_policy=never`, is left alone).
-- Each node pod's entrypoint forks a watchdog beside `tune run` when it finds an unreleased lease: when the sequence
+- Each node pod's entrypoint starts a watchdog process beside `tune run` when it finds an unreleased lease: when the sequence
   has not changed for `duration` seconds by its own clock (no clock skew between machines), it says so in the node
   log and stops the trainer (SIGTERM, SIGKILL after a grace period). The pod fails, the runtime's podFailurePolicy
   fails the TrainJob, and its nodes are free.
@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -117,21 +118,21 @@ class LeaseRenewer:
 
 
 def guard_with_lease(run_dir: Path, *, poll: float | None = None) -> None:
-    """In a node pod, before it becomes `tune run`: fork a watchdog that stops this process when the step's lease
-    on the TrainJob lapses. Does nothing without an unreleased lease (a local run, an older launcher)."""
+    """In a node pod, before it becomes `tune run`: start a watchdog process that stops this process when the step's
+    lease on the TrainJob lapses. Does nothing without an unreleased lease (a local run, an older launcher).
+
+    The watchdog is a fresh interpreter (not a fork: torch's threads may hold locks) in the same process group, so
+    whatever ends the pod's processes ends it too."""
     path = run_dir / LEASE_FILE
     lease = read_lease(path)
     if lease is None or lease.released:
         return
-    trainer = os.getpid()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if os.fork():
-        return  # the trainer goes on (and execs tune)
-    try:
-        watch_lease(path, trainer, poll=poll or min(10.0, lease.duration / 20))
-    finally:
-        os._exit(0)
+    poll = poll or min(10.0, lease.duration / 20)
+    subprocess.Popen(
+        [sys.executable, "-m", __name__, str(path), str(os.getpid()), str(poll)],
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+    )
 
 
 def watch_lease(
@@ -164,6 +165,13 @@ def watch_lease(
             return
 
 
+def main(argv: list[str]) -> int:
+    """The watchdog process: `python -m ...lease <lease file> <trainer pid> <poll seconds>`."""
+    path, trainer, poll = Path(argv[0]), int(argv[1]), float(argv[2])
+    watch_lease(path, trainer, poll=poll)
+    return 0
+
+
 def stop(pid: int) -> None:
     """SIGTERM, then SIGKILL after the grace period if the process is still there."""
     with contextlib.suppress(ProcessLookupError):
@@ -174,3 +182,7 @@ def stop(pid: int) -> None:
     if os.getppid() == pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
