@@ -145,3 +145,25 @@ def test_a_sigkilled_step_leaves_no_trainjob_training(kube, tmp_path, killed):
             launcher.kill()
     assert job["status"]["conditions"][0]["reason"] == "FailedJobs"
     assert "stopped renewing its lease" in kube.pod_log(pod["metadata"]["name"])
+
+
+def test_the_node_entrypoint_stops_tune_run_when_the_lease_lapses(tiny_llama, tiny_dataset, tmp_path):
+    """The real node command (entrypoint: checks, then `tune run`) under a lease nobody renews: the watchdog it
+    starts stops the training and says why in the node log."""
+    from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
+    from kfp_finetune.components.torchtune_finetune.entrypoint import MODULE
+
+    run = resolve_run(
+        TorchtuneConfig(method="lora", device="cpu", epochs=50), tiny_llama, tiny_dataset["train.jsonl"],
+        tmp_path / "run",
+    )  # fmt: skip
+    write_lease(Path(run.yaml_path).parent / LEASE_FILE, Lease("step-pod-1", 1, duration=1.0))
+    node = subprocess.run(
+        [sys.executable, "-m", MODULE, *tune_command(run.recipe, run.yaml_path)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert node.returncode != 0
+    assert "stopped renewing its lease" in node.stderr
+    assert not list(Path(run.yaml_path).parent.glob("epoch_*")), "training was stopped before its first epoch"
