@@ -34,7 +34,9 @@ Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` bod
 version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from an older resourceVersion get 410
 Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log follows end early), seeded objects via
 ``add_object`` (the retry/attach case), pods that cannot start (``Scenario.unpullable_image`` /
-``missing_secrets`` / ``stuck_pending``). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
+``missing_secrets`` / ``stuck_pending``), ``delay_watch_events`` (a watch that trails the lists), a lost node
+(``Scenario.lost_node_after_lines``), ``delete_pod`` (a step pod evicted or gone: the TrainJobs it owned are
+collected). Note that urllib3 under the kubernetes client by itself retries GET/DELETE
 (not POST) on 429/503 carrying Retry-After.
 
 Owners: TrainJobs may carry ownerReferences (validated as the API server does); when ``delete_pod`` removes a
