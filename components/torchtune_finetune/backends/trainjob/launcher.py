@@ -494,7 +494,9 @@ class TrainJobLauncher:
                 obj = None if event.type == "DELETED" else event.object or {}
             with self._lock:
                 self._trainjob = obj
-                self._trainjob_seen = self._trainjob_seen or obj is not None
+                # The watch answered. We created or attached to the TrainJob, so an answer without it means it
+                # was deleted, even before our first list (a TrainJob deleted then would be awaited for ever).
+                self._trainjob_seen = True
             self._changed.set()
             if self._stop.is_set():
                 return
