@@ -36,9 +36,10 @@ def test_deleting_the_step_pod_deletes_its_trainjob(kube, monkeypatch):
 def test_a_trainjob_in_another_namespace_than_the_step_pod_is_not_owned_by_it(kube, monkeypatch, user_log):
     kube.add_running_pod("step-pod", "node-a", namespace="pipelines")
     monkeypatch.setenv(placement.POD_NAME_ENV, "step-pod")
-    result = base.launcher(kube, cleanup="never").run()
+    result = base.launcher(kube).run()
     assert result.status == "Complete"  # not collected at once, as a cross-namespace owner would make it
-    assert "ownerReferences" not in kube.trainjob(NAME)["metadata"]
+    created = kube.requests_for("POST", "trainjobs")[0].body
+    assert "ownerReferences" not in created["metadata"]
     assert (
         "is not in namespace team-a, where the TrainJob goes, and owner references cannot cross"
         in user_log.text
@@ -63,3 +64,12 @@ def test_a_retry_that_attaches_becomes_an_owner_so_the_killed_attempts_pod_can_g
     result = running.result()
     assert result.status == "Complete" and not result.created
     assert "this step's pod step-pod-2 now owns TrainJob" in user_log.text
+
+
+def test_under_cleanup_policy_never_the_trainjob_is_not_owned_by_the_step_pod(kube, monkeypatch):
+    kube.add_running_pod("step-pod", "node-a")
+    monkeypatch.setenv(placement.POD_NAME_ENV, "step-pod")
+    assert base.launcher(kube, cleanup="never").run().status == "Complete"
+    kube.delete_pod("step-pod")
+    job = kube.trainjob(NAME)
+    assert job is not None and "ownerReferences" not in job["metadata"]  # kept, as the policy says

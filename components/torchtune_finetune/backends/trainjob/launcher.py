@@ -269,7 +269,12 @@ class TrainJobLauncher:
             on_retry=self._on_retry,
             log=self.log,
         )
-        owner = step_pod_reference(self.core, self.namespace, api=self._api, log=self.log)
+        # Under cleanup policy "never" the TrainJob is the user's to delete: no owner would take it with the pod.
+        owner = (
+            None
+            if self.cleanup == "never"
+            else step_pod_reference(self.core, self.namespace, api=self._api, log=self.log)
+        )
         if owner is not None:
             self.manifest["metadata"]["ownerReferences"] = [owner]
         for _ in range(2):  # a second round after replacing a failed TrainJob of ours

@@ -12,6 +12,7 @@ the lease (lease.py), which covers a step whose process dies while its pod objec
   log says so; the lease still stops that TrainJob if the step is killed.
 - No `controller` and no `blockOwnerDeletion`: nothing else manages the TrainJob through this reference, and
   blockOwnerDeletion would need `update` on pods/finalizers (OwnerReferencesPermissionEnforcement).
+- Not under cleanup policy "never": such a TrainJob is the user's to delete.
 - A KFP retry attaching to the TrainJob adds its own pod as a second owner (merge PATCH with the resourceVersion as a
   precondition), so deleting the killed attempt's pod does not delete the training the retry now follows.
 """
