@@ -88,7 +88,7 @@ def test_a_watch_error_is_said_and_relisted_never_deleting(kube, user_log):
     kube.fail_next(1, status=400, method="GET", path_contains="/trainjobs")
     result = running.result()
     assert result.status == "Complete" and not kube.requests_for("DELETE", "trainjobs")
-    assert "watching the object of TrainJob" in user_log.text and "re-listing in" in user_log.text
+    assert f"watching TrainJob {NAME} failed (400" in user_log.text and "re-listing in" in user_log.text
 
 
 def test_a_retry_waits_for_its_own_terminating_trainjob_then_creates(kube, user_log):

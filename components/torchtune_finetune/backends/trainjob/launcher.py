@@ -27,19 +27,18 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
 from kfp_finetune.components._shared.kube import Backoff, call_with_retry
-from kfp_finetune.components._shared.kube_watch import LISTED, Watch, raw_json
+from kfp_finetune.components._shared.kube_watch import LISTED, Watch
 from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
@@ -67,6 +66,12 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import 
     TrainJobTimeout,
     api_message,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.following import (
+    by_rank,
+    follow_log,
+    keep_watching,
+    listed_pods,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.owner import add_owner, step_pod_reference
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
     check_runtime,
@@ -74,7 +79,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions im
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import POD_NAME_ENV
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import (
-    LABEL_COMPLETION_INDEX,
     RankZeroLog,
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import (
@@ -438,45 +442,16 @@ class TrainJobLauncher:
         self._changed.set()
 
     def _follow_log(self) -> None:
-        """The log thread: an error it cannot retry ends the log, never the training (still watched)."""
-        if LOG in self._missing_permissions:
-            return
-        try:
-            self._rank0_log.follow()
-        except Exception as error:
-            if not self._stop.is_set():
-                self.log.warning(
-                    "stopped following the rank-0 log of TrainJob %s (%s); the TrainJob goes on and is still "
-                    "watched: `kubectl logs -n %s -l %s=%s -c %s` shows its log",
-                    self.name,
-                    _why(error),
-                    self.namespace,
-                    LABEL_JOBSET,
-                    self.name,
-                    tj.NODE,
-                )
+        if LOG not in self._missing_permissions:
+            where, selector = f"TrainJob {self.name}", f"{LABEL_JOBSET}={self.name}"
+            kubectl = f"kubectl logs -n {self.namespace} -l {selector} -c {tj.NODE}"
+            follow_log(self._rank0_log.follow, stop=self._stop, log=self.log, where=where, kubectl=kubectl)
 
     def _keep_watching(self, key: str, follow: Callable[[], None]) -> None:
-        """A watch thread: an error the watch cannot retry (a 403 once a Role changed, a bad answer) is said and the
-        collection re-listed after a back-off; it never ends the training. The timeout still applies."""
-        delays = dataclasses.replace(self.backoff, attempts=1_000_000).delays()
-        while not self._stop.is_set():
-            try:
-                follow()
-                return
-            except Exception as error:
-                if self._stop.is_set():
-                    return
-                delay = next(delays)
-                self.log.warning(
-                    "watching the %s of TrainJob %s failed (%s); re-listing in %.1fs (the TrainJob is left running)",
-                    "node pods" if key == "pods" else "object",
-                    self.name,
-                    _why(error),
-                    delay,
-                )
-                self._watches[key].resource_version = None
-                self._stop.wait(delay)
+        what = f"the node pods of TrainJob {self.name}" if key == "pods" else f"TrainJob {self.name}"
+        keep_watching(
+            follow, self._watches[key], what=what, stop=self._stop, backoff=self.backoff, log=self.log
+        )
 
     def _new_watch(self) -> Watch:
         return Watch(
@@ -529,20 +504,11 @@ class TrainJobLauncher:
             return by_rank(self._pods.values())
 
     def _listed_node_pods(self) -> list[dict]:
-        """The node pods as a fresh list shows them. The watch-fed view can trail the TrainJob's Failed condition
-        (the watch cache and our watch deliver late), and a failed rank's reason and exit code must not be missed."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            listing = self._api(
-                raw_json(self.core.list_namespaced_pod),
-                self.namespace,
-                label_selector=f"{LABEL_JOBSET}={self.name},{LABEL_REPLICATED_JOB}={tj.NODE}",
-            )
-        except ApiException as error:
-            self.log.warning("cannot list the node pods (%s); reporting what the watch showed", _why(error))
-            return self._node_pods()
-        return by_rank(listing.get("items") or [])
+        """Fresh, not from the pod watch, which can trail the TrainJob's Failed condition (following.py)."""
+        selector = f"{LABEL_JOBSET}={self.name},{LABEL_REPLICATED_JOB}={tj.NODE}"
+        return listed_pods(
+            self.core, self.namespace, selector, api=self._api, log=self.log, watched=self._node_pods()
+        )
 
     def _ended(self) -> bool:
         with self._lock:
@@ -629,20 +595,6 @@ class TrainJobLauncher:
             return False
         self.log.info("deleted TrainJob %s (%s)", self.name, reason)
         return True
-
-
-def by_rank(pods: Iterable[dict]) -> list[dict]:
-    """Node pods in rank order (their completion index)."""
-    return sorted(pods, key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, 0)))
-
-
-def _why(error: BaseException) -> str:
-    """An API error's status message, else the exception's own text."""
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(error, ApiException):
-        return f"{error.status}: {api_message(error)}"
-    return f"{type(error).__name__}: {error}"
 
 
 def launch_trainjob(manifest: Mapping[str, Any], api_client: Any, **options: Any) -> TrainJobResult:
