@@ -53,6 +53,7 @@ def note_device(run_dir: Path) -> None:
 def main(argv: list[str]) -> int:
     from kfp_finetune.components._shared.errors import ConfigError
     from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
+    from kfp_finetune.components.torchtune_finetune.lease import guard_with_lease
 
     if not argv or argv[0] != "tune":
         raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>")
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> int:
     print(f"{PREFIX}config {path.name} checked (torchtune validation, prompts fit max_seq_len)", flush=True)
     if rank == "0":
         note_device(path.parent)
+    guard_with_lease(path.parent)  # the training stops if the step that launched it is gone (lease.py)
     beside = Path(sys.executable).parent / "tune"  # this interpreter's environment first (a venv, the image)
     tune = str(beside) if beside.exists() else shutil.which("tune") or "tune"
     os.execv(tune, [tune, *argv[1:]])

@@ -51,6 +51,27 @@ def forbidden(call, *args, **kwargs) -> dict:
 # --- RBAC ---------------------------------------------------------------------------------------------------------
 
 
+def review(api, verb: str, resource: str, subresource: str = "", group: str = "") -> bool:
+    attributes = client.V1ResourceAttributes(
+        namespace=NS, verb=verb, group=group, resource=resource, subresource=subresource or None
+    )
+    body = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes)
+    )
+    return client.AuthorizationV1Api(api).create_self_subject_access_review(body).status.allowed
+
+
+def test_self_subject_access_reviews_answer_what_a_request_would_meet(kube_standin):
+    api = kube_standin.api_client()
+    assert review(api, "delete", "trainjobs", group=TRAINER_GROUP)  # no RBAC enforced: anything goes
+    kube_standin.enforce_rbac(ROLES, service_account=f"{NS}:launcher")
+    assert review(api, "get", "pods", "log") and review(api, "list", "trainjobs", group=TRAINER_GROUP)
+    assert not review(api, "watch", "pods") and not review(api, "delete", "trainjobs", group=TRAINER_GROUP)
+    assert not review(api, "list", "trainjobs")  # the core group grants nothing here
+    # Any authenticated user may ask (system:basic-user); the review itself is not an authorization decision.
+    assert all(a.attributes.resource != "selfsubjectaccessreviews" for a in kube_standin.authorizations)
+
+
 def test_rbac_forbids_what_no_binding_grants_with_the_apiservers_message(kube_standin):
     assert kube_standin.enforce_rbac(ROLES, service_account=f"{NS}:launcher") == USER.split('"')[1]
     api = kube_standin.api_client()

@@ -409,7 +409,7 @@ def test_watch_bookmarks_are_not_taken_for_objects(kube):
 
 def test_5xx_and_429_bursts_are_retried_with_backoff(kube, user_log):
     sleeps = Sleeps()
-    kube.fail_next(3, status=503, method="POST")
+    kube.fail_next(3, status=503, method="POST", path_contains="/trainjobs")
     # No Retry-After header: urllib3 itself would retry a 429 that carries one.
     kube.fail_next(2, status=429, method="GET", path_contains="/trainjobs")
     result = launcher(kube, sleeps=sleeps).run()

@@ -22,8 +22,12 @@ Served (anything else answers 404 like an unknown path):
     and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
     timestamps, limitBytes), events (namespaced list/watch), secrets (namespaced get/list/watch).
-  * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, != on any dotted field,
-    e.g. ``metadata.name`` or ``involvedObject.name``) on list and watch.
+  * ``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`` (create): the caller's RBAC decision for the
+    attributes asked about, allowed to everyone as ``system:basic-user`` grants it.
+  * ``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (=, ==, !=) on list and watch,
+    limited to the fields the real server selects by (``_common.SELECTABLE_FIELDS``: pods ``spec.nodeName``,
+    ``status.phase`` …, events ``involvedObject.*``, ``reason``, ``source``, ``type`` …, custom resources only
+    ``metadata.name`` / ``metadata.namespace``); any other field answers 400 with the server's message.
 
 Faults (see the methods): ``fail_next`` (N x 5xx/429 with a ``kind: Status`` body, optional Retry-After),
 ``drop_watch_after`` (clean or abrupt end of the next watch), ``expire_next_watch`` (410 "too old resource
@@ -31,8 +35,14 @@ version", as an ERROR event or as HTTP 410), ``compact_history`` (watches from a
 Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log follows end early), seeded objects via
 ``add_object`` (the retry/attach case), pods that cannot start (an image not in the registry list, ``images=`` /
 ``push_image``; a Secret the env needs that was not added; ``Scenario.stuck_pending``, unschedulable until
-``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``). Note that urllib3
-under the kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
+``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``),
+``delay_watch_events`` (a watch that trails the lists), a lost node (``Scenario.lost_node_after_lines``),
+``delete_pod`` (a step pod evicted or gone: the TrainJobs it owned are collected). Note that urllib3 under the
+kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
+
+Owners: TrainJobs may carry ownerReferences (validated as the API server does); when ``delete_pod`` removes a
+pod (eviction, node loss, a deleted workflow) or a TrainJob names an owner absent from its namespace, the garbage
+collector deletes the TrainJobs whose owners are all gone (_owners.py, _gc.py).
 
 Authorization: ``enforce_rbac(documents, service_account="ns:name")`` makes every request need a grant from RBAC
 documents (runtimes/rbac.yaml), else 403 Forbidden; ``authorizations`` lists each request's verb, group, resource,
@@ -52,7 +62,8 @@ Known deviations from a real API server:
   * Unknown fields are always rejected with 422 (a real server answers 400 "strict decoding error" with
     ``fieldValidation=Strict``, and otherwise drops them with a warning). Non-nullable nulls are pruned.
   * CEL rules are evaluated for the rule shapes the Trainer CRDs use; transition rules (``oldSelf``) are skipped.
-  * No PATCH/PUT (405): status and suspension are driven only by the simulated controller; a suspended TrainJob
+  * No PUT, and PATCH only as a JSON merge patch of a TrainJob's metadata (ownerReferences, labels, annotations;
+    anything else 405): status and suspension are driven only by the simulated controller; a suspended TrainJob
     only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored); the watch history
     is compacted only when a test asks (the real watch cache keeps a bounded window); ``events.k8s.io`` is not
     served. RBAC: no aggregated ClusterRoles, no non-resource URLs, no impersonation.
@@ -60,7 +71,7 @@ Known deviations from a real API server:
     terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
     runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
-    preemption (``DisruptionTarget``) is not simulated.
+    a lost node (``Scenario.lost_node_after_lines``, _disruption.py) is simulated; preemption and drains are not.
   * Secrets are seeded (``add_object``), not created through the API, and hold no data the kubelet reads. The
     controllers' retries are not repeated as events: one ``FailedCreate`` / ``TrainJobResourcesCreationFailed``
     event (count 1) stands for the series a cluster aggregates. Pod validation covers resource requests and

@@ -30,7 +30,14 @@ from ._common import (
 from ._controller import Controller
 from ._gc import GarbageCollector
 from ._http import Handler
-from ._rbac import Authorization, RbacAuthorizer, request_attributes
+from ._owners import json_merge_patch, owner_reference_errors
+from ._rbac import (
+    ACCESS_REVIEW_PATH,
+    Authorization,
+    RbacAuthorizer,
+    request_attributes,
+    self_subject_access_review,
+)
 from ._schema import SchemaValidator
 from ._store import Store, WatchEvent
 from ._typed_schema import TypedModelValidator
@@ -46,6 +53,7 @@ _FAULT_MESSAGES = {
 }
 WRITE_METHODS = ("POST", "DELETE")
 _NOT_ALLOWED = "the server does not allow this method on the requested resource"
+PATCHABLE_METADATA = {"ownerReferences", "labels", "annotations", "resourceVersion"}
 
 # A response: (status, JSON payload, or a callable that streams the body itself once the lock is released).
 Response = tuple[int, Any, Callable[[Handler], None] | None]
@@ -86,6 +94,7 @@ class ApiServer:
         self.faults: list[Fault] = []
         self.watch_drops: list[tuple[int, bool]] = []  # (events before the drop, abrupt)
         self.watch_expiries: list[bool] = []  # as_http_error
+        self.watch_delays: dict[str, float] = {}  # plural -> seconds its watch events are delivered late
         self.rbac: RbacAuthorizer | None = None  # None: the token's user may do anything
         self.authorizations: list[Authorization] = []
 
@@ -147,6 +156,7 @@ class ApiServer:
         name = meta.get("name", "") if isinstance(meta, dict) else ""
         # The API server's order: schema validation (with defaulting), admission webhooks, then storage.
         errors = self.schemas["trainjobs"].validate(body)
+        errors += owner_reference_errors(meta if isinstance(meta, dict) else {})
         if errors:
             raise invalid("TrainJob", name, errors)
         admit_trainjob(body, self.store.runtime_of(body))
@@ -164,6 +174,36 @@ class ApiServer:
                 return body
             stored = copy.deepcopy(self.store.put("trainjobs", body, "ADDED"))
         self.controller.start(stored)
+        self.gc.delete_orphans(route.namespace, self.controller.cancel)  # an owner that does not exist here
+        return stored
+
+    def patch(self, route: Route, body: Any) -> dict:
+        """A JSON merge patch of a TrainJob's metadata (_owners.py); ``metadata.resourceVersion`` in the patch is a
+        precondition (409 Conflict when stale), as for any update."""
+        if route.plural != "trainjobs" or route.name is None or route.namespace is None:
+            raise ApiError(405, _NOT_ALLOWED)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        meta_patch = body.get("metadata") or {}
+        if set(body) - {"metadata"} or set(meta_patch) - PATCHABLE_METADATA:
+            raise ApiError(405, "kube-standin serves PATCH of TrainJob metadata only (a known deviation)")
+        with self.store.cond:
+            job = self.store.get(route)
+            wanted = meta_patch.get("resourceVersion")
+            if wanted and wanted != job["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on trainjobs.{TRAINER_GROUP} "{route.name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    reason="Conflict",
+                    details={"name": route.name, "group": TRAINER_GROUP, "kind": "trainjobs"},
+                )
+            patched = json_merge_patch(job, body)
+            if errors := owner_reference_errors(patched["metadata"]):
+                raise invalid("TrainJob", route.name, errors)
+            patched["metadata"]["generation"] = job["metadata"]["generation"]  # metadata changes keep it
+            stored = copy.deepcopy(self.store.put("trainjobs", patched, "MODIFIED"))
+        self.gc.delete_orphans(route.namespace, self.controller.cancel)
         return stored
 
     def delete(self, route: Route, body: Any, query: dict[str, str]) -> dict:
@@ -201,6 +241,11 @@ class ApiServer:
         fault = self.injected_fault(method, path)
         if fault is not None and not fault.committed:
             raise fault.error
+        if path.rstrip("/") == ACCESS_REVIEW_PATH:  # allowed for everyone (system:basic-user), not recorded
+            if method != "POST":
+                raise ApiError(405, _NOT_ALLOWED)
+            with self.store.cond:
+                return 201, self_subject_access_review(self.rbac, body), None
         self.authorize(method, path, query)
         route = parse_route(path)
         if (
@@ -210,10 +255,12 @@ class ApiServer:
         ):
             raise ApiError(404, "the server could not find the requested resource", details={})
         if method in WRITE_METHODS:
-            done = self.create(route, body, query) if method == "POST" else self.delete(route, body, query)
+            done = {"POST": self.create, "DELETE": self.delete}[method](route, body, query)
             if fault is not None:  # committed: the client hears only the error
                 raise fault.error
             return (201 if method == "POST" else 200), done, None
+        if method == "PATCH":
+            return 200, self.patch(route, body), None
         if method != "GET":
             raise ApiError(405, _NOT_ALLOWED)
         if route.subresource == "log":
@@ -255,6 +302,8 @@ class ApiServer:
                 position = store.current_rv
             else:
                 initial, position = [], int(since)
+            for event in initial:  # what exists when the watch opens is sent at once
+                event.at = float("-inf")
             bookmarks_asked = store.bookmark_requests
         group, kind, _ = KINDS[route.plural]
 
@@ -295,12 +344,16 @@ class ApiServer:
                         bookmarks_asked = store.bookmark_requests
                         if now >= next_bookmark:
                             next_bookmark = next_bookmark_time(now)
-                    if not pending:
+                    # A lagging watch (delay_watch_events) sends, in order, only what happened `lag` ago.
+                    lag = self.watch_delays.get(route.plural, 0.0)
+                    due = next((i for i, e in enumerate(pending) if e.at > now - lag), len(pending))
+                    if not due:
                         if store.stopping or (end and time.monotonic() >= end):
                             break
                         store.cond.wait(0.1 if end is None else max(0.0, min(0.1, end - time.monotonic())))
                         continue
-                for event in pending:
+                    ready, pending = pending[:due], pending[due:]
+                for event in ready:
                     if drop is not None and sent >= drop[0]:
                         if drop[1]:
                             handler.cut_connection()
@@ -309,7 +362,6 @@ class ApiServer:
                         return
                     handler.chunk(json.dumps({"type": event.type, "object": event.obj}).encode() + b"\n")
                     sent += 1
-                pending = []
             handler.end_chunked()
 
         return stream

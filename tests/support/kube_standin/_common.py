@@ -185,8 +185,64 @@ def parse_label_selector(selector: str) -> Callable[[dict], bool]:
     return lambda obj: all(term(obj.get("metadata", {}).get("labels") or {}) for term in terms)
 
 
-def parse_field_selector(selector: str) -> Callable[[dict], bool]:
-    """A predicate for ``fieldSelector`` (``=``, ``==``, ``!=``) on any dotted field, e.g. ``involvedObject.name``."""
+# The fields each resource can be selected by, as the API server converts field labels: every kind has
+# metadata.name / metadata.namespace (generic registry ObjectMetaFieldsSet); pods add pkg/registry/core/pod/
+# strategy.go PodToSelectableFields, events pkg/registry/core/event/strategy.go ToSelectableFields ("source" is
+# source.component). Custom resources (apiextensions-apiserver pkg/registry/customresource) and the other core
+# kinds served here have only the metadata ones.
+_METADATA_FIELDS = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace"}
+SELECTABLE_FIELDS = {
+    "pods": {
+        **_METADATA_FIELDS,
+        **{
+            f: f
+            for f in (
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.nominatedNodeName",
+            )
+        },
+    },
+    "events": {
+        **_METADATA_FIELDS,
+        **{
+            f"involvedObject.{f}": f"involvedObject.{f}"
+            for f in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+        },
+        "reason": "reason",
+        "reportingComponent": "reportingComponent",
+        "source": "source.component",
+        "type": "type",
+    },
+}
+
+
+def unsupported_field(plural: str, field: str) -> ApiError:
+    """400 for a field label the resource cannot be selected by, with the API server's words: core kinds
+    (pkg/apis/core/v1 conversion: "field label not supported"), custom resources (customresource strategy)."""
+    if KINDS[plural][0]:
+        return ApiError(
+            400, f'"{field}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+        )
+    return ApiError(400, f"field label not supported: {field}")
+
+
+def _field_text(value: Any) -> str:
+    """A field's value as a field selector compares it (booleans as "true"/"false", absent as "")."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "" if value is None else str(value)
+
+
+def parse_field_selector(selector: str, plural: str) -> Callable[[dict], bool]:
+    """A predicate for ``fieldSelector`` (``=``, ``==``, ``!=``) on the fields ``plural`` supports
+    (``SELECTABLE_FIELDS``); any other field answers 400 as on a real server."""
+    selectable = SELECTABLE_FIELDS.get(plural, _METADATA_FIELDS)
     terms = []
     for raw in selector.split(","):
         if not raw.strip():
@@ -195,7 +251,11 @@ def parse_field_selector(selector: str) -> Callable[[dict], bool]:
         if not match:
             raise ApiError(400, f'invalid selector: "{selector}"; can\'t understand "{raw}"')
         field, op, value = match.groups()
+        if field not in selectable:
+            raise unsupported_field(plural, field)
         terms.append(
-            lambda obj, f=field, o=op, v=value: (str(lookup_field(obj, f) or "") == v) == (o != "!=")
+            lambda obj, f=selectable[field], o=op, v=value: (
+                (_field_text(lookup_field(obj, f)) == v) == (o != "!=")
+            )
         )
     return lambda obj: all(term(obj) for term in terms)

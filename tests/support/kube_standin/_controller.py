@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
+from ._disruption import mark_disrupted
 from ._gc import mark_terminating
 from ._jobpolicy import (
     BACKOFF_LIMIT_EXCEEDED,
@@ -310,13 +311,25 @@ class Controller:
         namespace = job["metadata"]["namespace"]
         failed = scenario.outcome == "fail"
         pod_failures = 0  # failed pods the Job controller counted (restartPolicy Never)
+        node_lost_at = scenario.lost_node_after_lines  # once: None after it happened
         for rank, pod in enumerate(pods[1:], start=1):
             self.store.append_log(namespace, pod, f"node rank {rank} started\n")
         while True:
-            for line in scenario.log_lines:
+            replaced = False
+            for index, line in enumerate(scenario.log_lines, start=1):
                 self.store.append_log(namespace, pods[0], line.rstrip("\n") + "\n")
                 if outcome := wait(scenario.line_interval):
                     return outcome
+                if index == node_lost_at:
+                    node_lost_at = None
+                    if (
+                        outcome := self._lose_node(job, pods, template, scenario, policy, wait)
+                    ) != "replaced":
+                        return outcome
+                    replaced = True
+                    break
+            if replaced:
+                continue
             if not failed:
                 for pod in pods:
                     self.store.update("pods", namespace, pod, lambda p: mark_terminated(p, 0, "Completed"))
@@ -376,6 +389,29 @@ class Controller:
             # The failed pod is kept (restartPolicy Never); the other ranks are active pods of a failed Job.
             self._fail_node_job(job, ended, delete=[p for p in pods if p != crashed])
             return "failed"
+
+    def _lose_node(
+        self, job: dict, pods: list[str], template: dict, scenario: Scenario, policy: JobPolicy, wait: Wait
+    ) -> Outcome:
+        """The node of ``scenario.lost_node_rank`` is lost (_disruption.py): "replaced" when the Job replaced its
+        pod (the trainer starts over), else how the job ended."""
+        namespace, rank = job["metadata"]["namespace"], scenario.lost_node_rank
+        lost = self.store.update("pods", namespace, pods[rank], mark_disrupted)
+        action, message = match_pod_failure_policy(policy, lost or {}) or ("Count", "")
+        if action == "FailJob" or (action == "Count" and policy.backoff_limit == 0):
+            ended = ("PodFailurePolicy", message) if action == "FailJob" else BACKOFF_LIMIT_EXCEEDED
+            for pod in pods:
+                if pod != pods[rank]:
+                    self.store.update("pods", namespace, pod, lambda p: mark_terminated(p, 143, "Error"))
+            self._fail_node_job(job, ended, delete=[])
+            return "failed"
+        if outcome := wait(crash_loop_delay(1, scenario.restart_backoff_scale)):
+            return outcome
+        if gone := self.store.find("pods", namespace, pods[rank]):  # PodGC deletes it
+            self.store.put("pods", gone, "DELETED")
+        pods[rank] = self._create_pod(job, template, rank, dataclasses.replace(scenario, pending_events=()))
+        self.store.update("pods", namespace, pods[rank], mark_running)
+        return "replaced"
 
     def _fail_node_job(self, job: dict, ended: tuple[str, str], delete: list[str]) -> None:
         """The Job controller fails the ``node`` Job: a Warning event with its reason, then deletes active pods

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
+from ._owners import orphans
 from ._store import Store
 from ._workload import mark_deleting
 
@@ -62,6 +63,25 @@ class GarbageCollector:
             if not self.held:
                 self.collect_all()
             return answer
+
+    def delete_orphans(self, namespace: str, cancel: Callable[[str, str], None]) -> None:
+        """Delete (Background) every TrainJob of ``namespace`` whose owners are all gone (_owners.py); a step of its
+        own while collection is held."""
+        for job in orphans(self.store, namespace):
+            name = job["metadata"]["name"]
+
+            def delete(job: dict = job, name: str = name) -> None:
+                if (current := self.store.find("trainjobs", namespace, name)) is None:
+                    return
+                if current["metadata"].get("uid") == job["metadata"]["uid"]:
+                    cancel(namespace, name)
+                    self.delete_trainjob(current, "Background")
+
+            if self.held:
+                with self._lock:
+                    self._steps.append((f"TrainJob {name} deleted: its owners are gone", delete))
+            else:
+                delete()
 
     def collect(self) -> str | None:
         """Run the next pending step; its description, or None when nothing is pending."""

@@ -150,3 +150,40 @@ def _rule_allows(rule: dict, attrs: RequestAttributes) -> bool:
         )
         and (not names or attrs.name in names)
     )
+
+
+ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def self_subject_access_review(rbac: RbacAuthorizer | None, body: object) -> dict:
+    """What POST selfsubjectaccessreviews answers: the review with ``status.allowed`` for the caller.
+
+    Every authenticated user may create one (the bootstrap ClusterRole ``system:basic-user``, plugin/pkg/auth/
+    authorizer/rbac/bootstrappolicy/policy.go), so it is never forbidden. pkg/registry/authorization/
+    selfsubjectaccessreview/rest.go: exactly one of ``resourceAttributes`` / ``nonResourceAttributes`` (422
+    otherwise), the decision of the same authorizer a request would meet, ``denied`` never set by RBAC.
+    """
+    spec = (body or {}).get("spec") if isinstance(body, dict) else None
+    attrs = (spec or {}).get("resourceAttributes")
+    if not isinstance(attrs, dict) or (spec or {}).get("nonResourceAttributes"):
+        raise ApiError(
+            422,
+            'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: spec.resourceAttributes: Invalid value: '
+            '"null": exactly one of nonResourceAttributes or resourceAttributes must be specified',
+        )
+    request = RequestAttributes(
+        verb=attrs.get("verb", ""),
+        group=attrs.get("group", ""),
+        resource=attrs.get("resource", ""),
+        subresource=attrs.get("subresource", ""),
+        namespace=attrs.get("namespace", ""),
+        name=attrs.get("name", ""),
+    )
+    allowed = rbac is None or rbac.allows(request)
+    return {
+        "kind": "SelfSubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": None},
+        "spec": spec,
+        "status": {"allowed": allowed},
+    }

@@ -32,6 +32,7 @@ class WatchEvent:
     namespace: str | None
     type: str
     obj: dict
+    at: float = dataclasses.field(default_factory=time.monotonic)  # when it happened (watch delivery delays)
 
 
 class Store:
@@ -121,7 +122,7 @@ class Store:
     def selector(self, route: Route, query: dict[str, str]) -> Callable[[str, str | None, dict], bool]:
         """Matches (plural, namespace, object) against the route and the label/field selectors of the query."""
         labels = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""), route.plural)
         return lambda plural, namespace, obj: (
             plural == route.plural
             and (route.namespace is None or namespace == route.namespace)

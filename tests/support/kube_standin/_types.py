@@ -46,6 +46,10 @@ class Scenario:
         oom_killed: The failing container terminates with reason ``OOMKilled`` and exit code 137.
         failed_rank: Which rank fails (the Job controller deletes the other ranks' pods once the Job failed).
         execute: Run the node command as local subprocesses (see :meth:`KubeStandin.execute`).
+        lost_node_after_lines: After this many rank-0 log lines, the node of ``lost_node_rank`` is lost (None: never):
+            its pod gets a ``DisruptionTarget`` condition and fails, and the Job controller applies the runtime's
+            podFailurePolicy (``_disruption.py``): ``Ignore`` replaces the pod (the trainer starts over, once).
+        lost_node_rank: Which rank's node is lost.
         restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
             controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
             ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
@@ -67,6 +71,8 @@ class Scenario:
     failed_rank: int = 0
     execute: bool = False
     restart_backoff_scale: float = 0.001
+    lost_node_after_lines: int | None = None
+    lost_node_rank: int = 0
 
     @classmethod
     def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:

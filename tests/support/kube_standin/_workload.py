@@ -132,7 +132,7 @@ def build_jobs_status(runtime: dict, **counts: int) -> list[dict]:
             "failed": 0,
             "suspended": 0,
         }
-        entry.update(counts if replicated["name"] == "node" else {"succeeded": 1})
+        entry.update(counts if replicated is node_replicated_job(runtime) else {"succeeded": 1})
         statuses.append(entry)
     return statuses
 
@@ -221,10 +221,27 @@ def mark_deleting(job: dict) -> None:
     job["metadata"]["finalizers"] = ["foregroundDeletion"]
 
 
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+ANCESTOR_TRAINER = "trainer"
+
+
+def is_trainer_job(replicated_job: dict) -> bool:
+    """Whether a replicated job is the trainer's: the Trainer v2.3 finds it by the ancestor label, not by its name
+    (pkg/runtime/core/trainingruntime.go: numNodes applies to the job labelled ``trainjob-ancestor-step:
+    trainer``; the torch plugin's FindContainerByPodSetAncestorContainerName(AncestorTrainer, "node") takes the
+    ``node`` container of that pod set for trainer.image/command/args/env/resourcesPerNode and PET_*)."""
+    labels = (replicated_job.get("template", {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(ANCESTOR_LABEL) == ANCESTOR_TRAINER
+
+
 def node_replicated_job(runtime: dict) -> dict:
-    """The runtime's ``node`` replicated job (else its first)."""
+    """The replicated job the stand-in runs pods for: the trainer's (by the ancestor label), else one named
+    ``node``, else the first (a runtime without a trainer job: the TrainJob's trainer settings apply nowhere)."""
     replicated_jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
-    return next((r for r in replicated_jobs if r["name"] == "node"), replicated_jobs[0])
+    return next(
+        (r for r in replicated_jobs if is_trainer_job(r)),
+        next((r for r in replicated_jobs if r["name"] == "node"), replicated_jobs[0]),
+    )
 
 
 def node_pod_template(job: dict, runtime: dict) -> tuple[dict, int, str]:
@@ -247,13 +264,15 @@ def node_pod_template(job: dict, runtime: dict) -> tuple[dict, int, str]:
                 template = merge_patch(
                     template, patched.get("template", {}).get("spec", {}).get("template", {})
                 )
-    trainer = job["spec"].get("trainer") or {}
+    trainer = (job["spec"].get("trainer") or {}) if is_trainer_job(replicated) else {}
     policy = runtime["spec"].get("mlPolicy", {})
     num_nodes = trainer.get("numNodes") or policy.get("numNodes") or 1
+    if not is_trainer_job(replicated):  # mlPolicy.numNodes counts the trainer's pods only; else the Job's own
+        num_nodes = replicated["template"].get("spec", {}).get("parallelism") or 1
     nproc = str(trainer.get("numProcPerNode") or policy.get("torch", {}).get("numProcPerNode") or "auto")
     containers = template.setdefault("spec", {}).setdefault("containers", [])
     node = next((c for c in containers if c["name"] == "node"), None)
-    if node is not None:
+    if node is not None and is_trainer_job(replicated):
         for key in ("image", "command", "args"):
             if trainer.get(key):
                 node[key] = copy.deepcopy(trainer[key])

@@ -493,6 +493,15 @@ class KubeStandin:
         with self._store.cond:
             self._api.watch_expiries.extend([as_http_error] * times)
 
+    def delay_watch_events(self, plural: str, seconds: float) -> None:
+        """Watches of ``plural`` (e.g. ``"pods"``) deliver each event ``seconds`` after it happened, in order, while
+        lists answer at once: the apiserver's watch cache trails etcd (apiserver pkg/storage/cacher: events reach
+        watchers through the cache and each watcher's buffer), and a client's informer trails its watch, so a
+        watch-fed view can lag what a fresh list returns. Applies to watches open now and later."""
+        with self._store.cond:
+            self._api.watch_delays[plural] = seconds
+            self._store.cond.notify_all()
+
     def send_bookmarks(self) -> None:
         """Every open watch that was asked with ``allowWatchBookmarks=true`` sends a BOOKMARK event now: an object of
         the watched kind with only ``metadata.resourceVersion`` (the newest, also past events its selectors filter
@@ -516,6 +525,17 @@ class KubeStandin:
         """Run the next pending deletion step (JobSet deleted + pods terminating; pods removed; a Foreground owner
         removed). Returns what it did, or None when nothing was pending."""
         return self._api.gc.collect()
+
+    def delete_pod(self, name: str, namespace: str | None = None) -> None:
+        """The pod is deleted and gone (evicted, its node lost and PodGC done, or its workflow deleted); then the
+        garbage collector deletes the TrainJobs it owned alone (_owners.py, at once unless collection is held)."""
+        namespace = namespace or self.namespace
+        with self._store.cond:
+            pod = self._store.find("pods", namespace, name)
+            if pod is None:
+                raise KeyError(f"no pod {namespace}/{name}")
+            self._store.put("pods", pod, "DELETED")
+        self._api.gc.delete_orphans(namespace, self._controller.cancel)
 
     def jobset(self, name: str, namespace: str | None = None) -> dict | None:
         """The stored JobSet (``jobset.x-k8s.io/v1alpha2``, named after its TrainJob), or None."""

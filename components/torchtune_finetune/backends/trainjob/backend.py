@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -20,6 +21,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
     unmounted_paths,
 )
 from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
+from kfp_finetune.components.torchtune_finetune.lease import LEASE_FILE
 
 
 @dataclasses.dataclass
@@ -119,5 +121,6 @@ class TrainJobBackend:
             timeout=self.timeout,
             cleanup=self.cleanup,
             total_steps=total_steps,
+            lease_path=Path(resolved.yaml_path).parent / LEASE_FILE,
         )
         return TrainingOutcome({"trainjob.yaml": yaml.safe_dump(manifest, sort_keys=False)})

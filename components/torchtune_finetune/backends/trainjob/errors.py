@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from kfp_finetune.components._shared.errors import ConfigError
+
 if TYPE_CHECKING:
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import TrainJobResult
     from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
@@ -58,3 +60,7 @@ def api_message(error: Any) -> str:
         return json.loads(error.body)["message"]
     except (TypeError, ValueError, KeyError):
         return f"{error.status} {error.reason}"
+
+
+class TrainJobForbidden(TrainJobError, ConfigError):
+    """The step's ServiceAccount lacks a permission the launcher needs; found before anything was created."""

@@ -23,14 +23,22 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
   nodes, and start training unobserved once a node frees up or a missing Secret appears: it is deleted unless the
   policy is "never", after its reason, pod status and events are in the step log.
 - A DELETE is retried (deletion.py); the step log and the final line say "deleted" only when the API said so.
+- SIGKILL (OOM, node loss) leaves no handler: the lease the launcher renews on the shared workspace lapses and the
+  node pods stop training (lease.py); a KFP retry of the step that comes in time attaches and renews it.
+- Degrade, never delete, when following fails: a watch error is said and the collection re-listed, a log error ends
+  the log; permissions are asked before anything is created (access.py). Lost nodes and replaced pods are said
+  as the pod watch shows them (disruptions.py); a failure is reported from a fresh list of the pods.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
@@ -48,6 +56,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion impor
     delete_trainjob,
     kubectl_delete,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.access import LOG, check_permissions
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -59,6 +68,10 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics im
     start_failure_message,
     termination_summary,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.disruptions import (
+    PodChanges,
+    disruption_summary,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobCancelled,
     TrainJobDiverged,
@@ -67,12 +80,19 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import 
     TrainJobTimeout,
     api_message,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.following import (
+    by_rank,
+    follow_log,
+    keep_watching,
+    listed_pods,
+)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.owner import add_owner, step_pod_reference
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
     check_runtime,
     require_ours,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import POD_NAME_ENV
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import (
-    LABEL_COMPLETION_INDEX,
     RankZeroLog,
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import (
@@ -80,6 +100,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import 
     condition,
     terminal_state,
 )
+from kfp_finetune.components.torchtune_finetune.lease import DEFAULT_LEASE_SECONDS, LeaseRenewer
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
 
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
@@ -115,6 +136,9 @@ class TrainJobLauncher:
             why they are not created (creation.py); such a failure gets `start_failure_grace`.
         delete_retry_seconds: Back-off time spent retrying a failed DELETE of the TrainJob (after a signal at most
             `deletion.CANCEL_DELETE_RETRY_SECONDS`).
+        lease_path: The lease file the node pods watch (`lease.py`: `<run folder>/launcher.lease` on the shared
+            workspace); None: no lease (the TrainJob trains on if this step is killed).
+        lease_duration: Seconds without a renewal after which the node pods stop training.
     """
 
     def __init__(
@@ -137,6 +161,8 @@ class TrainJobLauncher:
         log_drain_timeout: float = 30.0,
         event_poll_interval: float = 30.0,
         delete_retry_seconds: float = DELETE_RETRY_SECONDS,
+        lease_path: Path | None = None,
+        lease_duration: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         from kubernetes import client
 
@@ -164,6 +190,7 @@ class TrainJobLauncher:
         self.handle_signals = handle_signals
         self.log_drain_timeout = log_drain_timeout
         self.delete_retry_seconds = delete_retry_seconds
+        self.lease_path, self.lease_duration = lease_path, lease_duration
         self.log = get_logger("kfp_finetune.trainjob")
         self._creation_watch = CreationWatch(
             self.core,
@@ -181,10 +208,13 @@ class TrainJobLauncher:
         self._trainjob: dict | None = None
         self._trainjob_seen = False
         self._pods: dict[str, dict] = {}
-        self._thread_error: BaseException | None = None
+        self._missing_permissions: set = (
+            set()
+        )  # what the ServiceAccount may not do (access.py); we do without
         self._diverged: LossDiverged | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
+        self._pod_changes = PodChanges()
         self._rank0_log = RankZeroLog(
             self.core,
             self.namespace,
@@ -203,7 +233,16 @@ class TrainJobLauncher:
 
     def run(self) -> TrainJobResult:
         """Create (or attach), wait for the end, clean up, and return the result or raise a TrainJobError."""
+        # Asked before anything exists, and before the clock of the timeout starts.
+        self._missing_permissions = check_permissions(
+            self.custom.api_client,
+            self.namespace,
+            backoff=self.backoff,
+            on_retry=self._on_retry,
+            log=self.log,
+        )
         self._started = time.monotonic()
+        lease = self._hold_lease()
         try:
             with StopSignals(raise_interrupted, enabled=self.handle_signals) as signals:
                 try:
@@ -225,6 +264,17 @@ class TrainJobLauncher:
         finally:
             self._stop.set()
             self._stop_threads()
+            if lease is not None:
+                lease.release()
+
+    def _hold_lease(self) -> LeaseRenewer | None:
+        """Written before the TrainJob is created or attached to, renewed until run() returns (lease.py)."""
+        if self.lease_path is None:
+            return None
+        holder = os.environ.get(POD_NAME_ENV) or socket.gethostname()
+        lease = LeaseRenewer(self.lease_path, holder, self.lease_duration, self.log)
+        lease.start()
+        return lease
 
     def _stop_threads(self) -> None:
         """Cut the open streams and wait for the watch and log threads: nothing of this run may run on
@@ -259,6 +309,14 @@ class TrainJobLauncher:
             on_retry=self._on_retry,
             log=self.log,
         )
+        # Under cleanup policy "never" the TrainJob is the user's to delete: no owner would take it with the pod.
+        owner = (
+            None
+            if self.cleanup == "never"
+            else step_pod_reference(self.core, self.namespace, api=self._api, log=self.log)
+        )
+        if owner is not None:
+            self.manifest["metadata"]["ownerReferences"] = [owner]
         for _ in range(2):  # a second round after replacing a failed TrainJob of ours
             try:
                 self._api(
@@ -285,7 +343,17 @@ class TrainJobLauncher:
                 self.name,
             )
             require_ours(self.manifest, existing)
+            if existing["metadata"].get("deletionTimestamp"):
+                # An earlier attempt's, being deleted (Foreground, or finalizers): attached, we would only see it go.
+                self.log.info(
+                    "TrainJob %s of this run and task is being deleted: waiting for it to be gone, then creating",
+                    self.name,
+                )
+                self._wait_gone()
+                continue
             if terminal_state(existing) != "Failed":
+                if owner is not None:
+                    add_owner(self.custom, existing, owner, api=self._api, log=self.log)
                 self.log.info(
                     "TrainJob %s/%s already exists for this run and task: attaching to it instead of "
                     "starting a second training",
@@ -294,7 +362,12 @@ class TrainJobLauncher:
                 )
                 return False
             self.log.info("TrainJob %s of this run and task failed before: replacing it", self.name)
-            self._delete(reason="replacing a failed attempt")
+            deletion = self._delete(reason="replacing a failed attempt")
+            if not deletion.confirmed:
+                raise TrainJobError(
+                    f"an earlier attempt's failed TrainJob {self.namespace}/{self.name} is in the way and "
+                    f"{deletion.words(self.namespace, self.name)}; run the step again once it is gone"
+                )
             self._wait_gone()
         raise TrainJobError(f"TrainJob {self.namespace}/{self.name} keeps coming back; giving up")
 
@@ -319,13 +392,15 @@ class TrainJobLauncher:
     def _follow(self, created: bool) -> TrainJobResult:
         threads = [
             threading.Thread(
-                target=self._guard(self._watch_trainjob), name=f"watch-{self.name}", daemon=True
+                target=self._keep_watching, args=("trainjob", self._watch_trainjob), name=f"watch-{self.name}"
             ),
-            threading.Thread(target=self._guard(self._watch_pods), name=f"pods-{self.name}", daemon=True),
+            threading.Thread(
+                target=self._keep_watching, args=("pods", self._watch_pods), name=f"pods-{self.name}"
+            ),
         ]
-        log_thread = threading.Thread(
-            target=self._guard(self._rank0_log.follow), name=f"log-{self.name}", daemon=True
-        )
+        log_thread = threading.Thread(target=self._follow_log, name=f"log-{self.name}")
+        for thread in (*threads, log_thread):
+            thread.daemon = True
         self._threads = [*threads, log_thread]
         # Made before the threads start, so that _stop_threads always stops them.
         self._watches = {"trainjob": self._new_watch(), "pods": self._new_watch()}
@@ -338,16 +413,9 @@ class TrainJobLauncher:
             self._changed.wait(self.tick)
             self._changed.clear()
             with self._lock:
-                error, job, seen = self._thread_error, self._trainjob, self._trainjob_seen
-                diverged = self._diverged
-            if error is not None:  # a watch or the log stream hit a non-transient error (e.g. RBAC)
-                self._stop.set()
-                # Nobody would watch it any more, and a KFP retry would start over anyway.
-                deletion = self._delete(reason="lost track of it")
-                raise TrainJobError(
-                    f"lost track of TrainJob {self.namespace}/{self.name} "
-                    f"({deletion.words(self.namespace, self.name)}): {error}"
-                ) from error
+                job, seen, diverged = self._trainjob, self._trainjob_seen, self._diverged
+            for change in self._pod_changes.news(self._node_pods()):
+                self.log.warning("TrainJob %s: %s", self.name, change)
             state = terminal_state(job)
             restarts = restarted_node_containers(self._node_pods())
             pods = self._node_pods()
@@ -416,16 +484,17 @@ class TrainJobLauncher:
             self._diverged = self._diverged or LossDiverged(diverged.step, diverged.loss, where)
         self._changed.set()
 
-    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except Exception as error:  # reported to the main thread, which fails clearly
-                with self._lock:
-                    self._thread_error = self._thread_error or error
-                self._changed.set()
+    def _follow_log(self) -> None:
+        if LOG not in self._missing_permissions:
+            where, selector = f"TrainJob {self.name}", f"{LABEL_JOBSET}={self.name}"
+            kubectl = f"kubectl logs -n {self.namespace} -l {selector} -c {tj.NODE}"
+            follow_log(self._rank0_log.follow, stop=self._stop, log=self.log, where=where, kubectl=kubectl)
 
-        return run
+    def _keep_watching(self, key: str, follow: Callable[[], None]) -> None:
+        what = f"the node pods of TrainJob {self.name}" if key == "pods" else f"TrainJob {self.name}"
+        keep_watching(
+            follow, self._watches[key], what=what, stop=self._stop, backoff=self.backoff, log=self.log
+        )
 
     def _new_watch(self) -> Watch:
         return Watch(
@@ -448,7 +517,9 @@ class TrainJobLauncher:
                 obj = None if event.type == "DELETED" else event.object or {}
             with self._lock:
                 self._trainjob = obj
-                self._trainjob_seen = self._trainjob_seen or obj is not None
+                # The watch answered. We created or attached to the TrainJob, so an answer without it means it
+                # was deleted, even before our first list (a TrainJob deleted then would be awaited for ever).
+                self._trainjob_seen = True
             self._changed.set()
             if self._stop.is_set():
                 return
@@ -473,9 +544,13 @@ class TrainJobLauncher:
 
     def _node_pods(self) -> list[dict]:
         with self._lock:
-            pods = list(self._pods.values())
-        return sorted(
-            pods, key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_COMPLETION_INDEX, 0))
+            return by_rank(self._pods.values())
+
+    def _listed_node_pods(self) -> list[dict]:
+        """Fresh, not from the pod watch, which can trail the TrainJob's Failed condition (following.py)."""
+        selector = f"{LABEL_JOBSET}={self.name},{LABEL_REPLICATED_JOB}={tj.NODE}"
+        return listed_pods(
+            self.core, self.namespace, selector, api=self._api, log=self.log, watched=self._node_pods()
         )
 
     def _ended(self) -> bool:
@@ -513,9 +588,10 @@ class TrainJobLauncher:
             message=terminal.get("message") or "",
         )
         if state == "Failed":
-            terminations = termination_summary(self._node_pods())
+            pods = self._listed_node_pods()
+            terminations = termination_summary(pods) + disruption_summary(pods)
             if not result.log_lines:
-                self._rank0_log.fetch_tail(self._api)
+                self._rank0_log.fetch_tail(self._api, pods)
             if ended and not diverged:
                 # What a deleted TrainJob no longer shows (its pods go with it) goes into the step log first.
                 log_post_mortem(

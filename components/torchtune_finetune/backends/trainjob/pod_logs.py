@@ -212,11 +212,12 @@ class RankZeroLog:
             return ""
         return f"\nLast {len(tail)} log lines of the rank-0 node:\n" + "\n".join(f"  {line}" for line in tail)
 
-    def fetch_tail(self, api: Callable[..., Any]) -> None:
-        """The last lines of rank 0 when we never got to stream them (e.g. attached after the end)."""
+    def fetch_tail(self, api: Callable[..., Any], pods: list[dict]) -> None:
+        """The last lines of rank 0 when we never got to stream them (e.g. attached after the end); `pods`: the
+        node pods as listed now."""
         from kubernetes.client.exceptions import ApiException
 
-        pod = rank0_pod(self._node_pods())
+        pod = rank0_pod(pods)
         if pod is None:
             return
         with contextlib.suppress(ApiException):
