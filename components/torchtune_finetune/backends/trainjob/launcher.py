@@ -48,6 +48,7 @@ from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.access import LOG, check_permissions
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.creation import CreationWatch
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import (
     CANCEL_DELETE_RETRY_SECONDS,
@@ -56,7 +57,6 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion impor
     delete_trainjob,
     kubectl_delete,
 )
-from kfp_finetune.components.torchtune_finetune.backends.trainjob.access import LOG, check_permissions
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
