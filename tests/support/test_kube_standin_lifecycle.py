@@ -129,6 +129,8 @@ def test_the_trainer_job_is_found_by_the_ancestor_label_not_by_its_name(kube_sta
         )
     )
     trainer = {"image": "team/trainer:1", "numNodes": 2}
+    for image in ("team/trainer:1", "runtime/image"):
+        kube_standin.push_image(image)
     create(custom, trainjob("labelled", runtimeRef={"name": "labelled"}, trainer=trainer))
     kube_standin.wait_for_trainjob("labelled", condition="Complete")
     pods = kube_standin.pods("labelled")
