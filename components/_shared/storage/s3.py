@@ -180,10 +180,11 @@ def _describer(client, uri: StorageUri, endpoint_url: str | None):
 
     def one(remote: RemoteFile) -> None:
         key = remote.source_path
-        head = with_retries(
-            lambda: client.head_object(Bucket=uri.bucket, Key=key, ChecksumMode="ENABLED"),
-            what=f"read the metadata of s3 {key}",
-        )
+        with _mapped(uri, endpoint_url, key):
+            head = with_retries(
+                lambda: client.head_object(Bucket=uri.bucket, Key=key, ChecksumMode="ENABLED"),
+                what=f"read the metadata of s3 {key}",
+            )
         if remote.stated.get("etag") not in (None, head.get("ETag")):
             raise SourceChanged(
                 f"{uri.shown}: {remote.path} (key {key}) was replaced at the source after it was listed: run the "
@@ -200,8 +201,7 @@ def _describer(client, uri: StorageUri, endpoint_url: str | None):
         described.add(key)
 
     def describe(files: list[RemoteFile]) -> None:
-        with _mapped(uri, endpoint_url):
-            run_parallel(one, [f for f in files if f.source_path not in described], FILE_WORKERS)
+        run_parallel(one, [f for f in files if f.source_path not in described], FILE_WORKERS)
 
     return describe
 

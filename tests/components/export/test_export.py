@@ -19,6 +19,7 @@ import boto3
 import pytest
 
 from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.storage import publish
 from kfp_finetune.components.export.export import ExportError, export_model
 from tests.support.hub_standin import HubStandin
 from tests.support.sources import ROOT, hub_env, moto_s3, result, run_python, use_s3_credentials
@@ -208,11 +209,19 @@ def test_conflicting_path_is_refused_then_overwritten(finetuned, tmp_path):
     assert json.loads((dest / "config.json").read_text())["torch_dtype"] == "float16"
 
 
+def killed_manifest(finished: str) -> str:
+    """The manifest an export writes before copying anything (publish.py): its first line marked incomplete,
+    then the files it claims, no checksums."""
+    first, *lines = finished.splitlines()
+    claims = "".join(f"{publish._CLAIM}{line.split('  ', 1)[1]}\n" for line in lines if "  " in line)
+    return f"{first}{publish._INCOMPLETE}\n{claims}"
+
+
 def test_interrupted_copy_to_a_path_is_completed(finetuned, tmp_path):
     dest = tmp_path / "tuned"
     first, _ = export(finetuned, dest, format="adapter")
-    # What a killed copy leaves: some files, a half-written temp file, no checksums.sha256 (written last).
-    (dest / "checksums.sha256").unlink()
+    # What a killed copy leaves: some files, a half-written temp file, its incomplete manifest (written first).
+    (dest / "checksums.sha256").write_text(killed_manifest((dest / "checksums.sha256").read_text()))
     weights = dest / "adapter_model.safetensors"
     (dest / ".adapter_model.safetensors.part-dead1234").write_bytes(weights.read_bytes()[:100])
     weights.unlink()
@@ -316,10 +325,13 @@ def test_s3_export_verified_rerun_conflict_and_overwrite(finetuned, s3):
 def test_s3_interrupted_upload_is_completed(finetuned, s3):
     endpoint, client = s3
     first, _ = export(finetuned, "s3://models/tiny/v2", format="merged", s3_endpoint_url=endpoint)
-    # What a killed upload leaves: some objects, and no checksums.sha256 (always uploaded last).
-    client.delete_object(Bucket="models", Key="tiny/v2/checksums.sha256")
+    # What a killed upload leaves: some objects, and its incomplete manifest (uploaded first).
+    finished = client.get_object(Bucket="models", Key="tiny/v2/checksums.sha256")["Body"].read().decode()
+    client.put_object(
+        Bucket="models", Key="tiny/v2/checksums.sha256", Body=killed_manifest(finished).encode()
+    )
     client.delete_object(Bucket="models", Key="tiny/v2/model-00001-of-00001.safetensors")
-    kept = s3_tree(client, "tiny/v2")
+    kept = {key: body for key, body in s3_tree(client, "tiny/v2").items() if key != "checksums.sha256"}
 
     res, _ = export(finetuned, "s3://models/tiny/v2", format="merged", s3_endpoint_url=endpoint)
     assert res.state == "resumed"
