@@ -2,9 +2,8 @@
 
 Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 
-- Idempotent create: the name is deterministic per KFP run + task, so a 409 means a KFP retry or a restarted
-  step. If the existing TrainJob carries our run/task labels we attach to it (a Failed one is replaced, since a
-  retry is meant to train again); anything else is someone else's and we stop with a clear error.
+- Idempotent create (attach.py): a TrainJob of this run and task is attached to (a Failed one replaced), anyone
+  else's is left alone with a clear error.
 - Wait with watches (`_shared/kube_watch.py`: list, then watch from its resourceVersion with bookmarks; reconnect
   on server timeouts and dropped connections, re-list on 410 Gone, back off exponentially on 429/5xx). State comes
   from the TrainJob's Complete/Failed/Suspended conditions; "running" from its `node` pods.
@@ -12,16 +11,13 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
   and the last log lines. Pods Pending too long: log why (events, waiting reasons); node pods that cannot start
-  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py), and so do
-  node pods that are never created, seen only in Warning events (creation.py). A runtime
-  that restarts a crashed trainer in place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
+  (image pull, missing Secret, unschedulable) fail the step after a grace period (diagnostics.py), and so do node
+  pods never created, seen only in Warning events (creation.py). A runtime that restarts a crashed trainer in
+  place (no `restartPolicy: Never`): fail at the first crash, naming the fix.
 - A NaN or infinite loss in the rank-0 log: fail at once with the step and the usual fixes (TrainJobDiverged),
   ending like any failed TrainJob (the cleanup policy decides whether it is kept).
 - SIGTERM/SIGINT (run cancelled, pod evicted) and timeouts delete the TrainJob; after the end the cleanup policy
-  decides (default: delete successful TrainJobs, keep failed ones for debugging). A TrainJob we declare failed
-  while it has not ended (pods that cannot start, a trainer restarting in place, a diverged loss) would hold its
-  nodes, and start training unobserved once a node frees up or a missing Secret appears: it is deleted unless the
-  policy is "never", after its reason, pod status and events are in the step log.
+  decides, and a TrainJob we declare failed before it ended is deleted unless the policy is "never" (finish.py).
 - A DELETE is retried (deletion.py); the step log and the final line say "deleted" only when the API said so.
 - SIGKILL (OOM, node loss) leaves no handler: the lease the launcher renews on the shared workspace lapses and the
   node pods stop training (lease.py); a KFP retry of the step that comes in time attaches and renews it.
@@ -46,55 +42,40 @@ from kfp_finetune.components._shared.kube import Backoff, call_with_retry
 from kfp_finetune.components._shared.kube_watch import LISTED, Watch
 from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.access import LOG, check_permissions
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.attach import create_or_attach
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.creation import CreationWatch
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import (
     CANCEL_DELETE_RETRY_SECONDS,
     DELETE_RETRY_SECONDS,
     Deletion,
     delete_trainjob,
-    kubectl_delete,
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import (
     DEFAULT_START_FAILURE_GRACE,
     DEFAULT_UNSCHEDULABLE_GRACE,
     StartWatch,
-    log_post_mortem,
     report_pending,
     restarted_node_containers,
     restarting_message,
     start_failure_message,
-    termination_summary,
 )
-from kfp_finetune.components.torchtune_finetune.backends.trainjob.disruptions import (
-    PodChanges,
-    disruption_summary,
-)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.disruptions import PodChanges
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobCancelled,
-    TrainJobDiverged,
     TrainJobError,
-    TrainJobFailed,
     TrainJobTimeout,
-    api_message,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.finish import finish
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.following import (
     by_rank,
     follow_log,
     keep_watching,
     listed_pods,
 )
-from kfp_finetune.components.torchtune_finetune.backends.trainjob.owner import add_owner, step_pod_reference
-from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
-    check_runtime,
-    require_ours,
-)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import POD_NAME_ENV
-from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import (
-    RankZeroLog,
-)
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import RankZeroLog
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import (
     TrainJobResult,
     condition,
@@ -208,9 +189,7 @@ class TrainJobLauncher:
         self._trainjob: dict | None = None
         self._trainjob_seen = False
         self._pods: dict[str, dict] = {}
-        self._missing_permissions: set = (
-            set()
-        )  # what the ServiceAccount may not do (access.py); we do without
+        self._missing_permissions: set = set()  # what the ServiceAccount may not do (access.py)
         self._diverged: LossDiverged | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
@@ -246,7 +225,17 @@ class TrainJobLauncher:
         try:
             with StopSignals(raise_interrupted, enabled=self.handle_signals) as signals:
                 try:
-                    created = self._create_or_attach()
+                    created = create_or_attach(
+                        self.custom,
+                        self.core,
+                        self.manifest,
+                        cleanup=self.cleanup,
+                        api=self._api,
+                        backoff=self.backoff,
+                        on_retry=self._on_retry,
+                        delete=self._delete,
+                        log=self.log,
+                    )
                     return self._follow(created)
                 except Interrupted as interrupt:
                     signals.restore()  # a second signal now ends us the default way
@@ -286,7 +275,7 @@ class TrainJobLauncher:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    # Create / attach --------------------------------------------------------------------------------------------
+    # API calls --------------------------------------------------------------------------------------------------
 
     def _api(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call_with_retry(fn, *args, backoff=self.backoff, on_retry=self._on_retry, **kwargs)
@@ -296,96 +285,6 @@ class TrainJobLauncher:
             raise error
         status = getattr(error, "status", None)
         self.log.warning("Kubernetes API %s; retrying in %.1fs", status or type(error).__name__, delay)
-
-    def _create_or_attach(self) -> bool:
-        """True if we created the TrainJob, False if we attached to an existing one of ours."""
-        from kubernetes.client.exceptions import ApiException
-
-        check_runtime(
-            self.custom,
-            self.manifest["spec"]["runtimeRef"],
-            self.namespace,
-            backoff=self.backoff,
-            on_retry=self._on_retry,
-            log=self.log,
-        )
-        # Under cleanup policy "never" the TrainJob is the user's to delete: no owner would take it with the pod.
-        owner = (
-            None
-            if self.cleanup == "never"
-            else step_pod_reference(self.core, self.namespace, api=self._api, log=self.log)
-        )
-        if owner is not None:
-            self.manifest["metadata"]["ownerReferences"] = [owner]
-        for _ in range(2):  # a second round after replacing a failed TrainJob of ours
-            try:
-                self._api(
-                    self.custom.create_namespaced_custom_object,
-                    tj.GROUP,
-                    tj.VERSION,
-                    self.namespace,
-                    tj.PLURAL,
-                    self.manifest,
-                )
-                self.log.info("created TrainJob %s/%s", self.namespace, self.name)
-                return True
-            except ApiException as error:
-                if error.status != 409:
-                    raise TrainJobError(
-                        f"creating TrainJob {self.namespace}/{self.name} failed: {api_message(error)}"
-                    ) from None
-            existing = self._api(
-                self.custom.get_namespaced_custom_object,
-                tj.GROUP,
-                tj.VERSION,
-                self.namespace,
-                tj.PLURAL,
-                self.name,
-            )
-            require_ours(self.manifest, existing)
-            if existing["metadata"].get("deletionTimestamp"):
-                # An earlier attempt's, being deleted (Foreground, or finalizers): attached, we would only see it go.
-                self.log.info(
-                    "TrainJob %s of this run and task is being deleted: waiting for it to be gone, then creating",
-                    self.name,
-                )
-                self._wait_gone()
-                continue
-            if terminal_state(existing) != "Failed":
-                if owner is not None:
-                    add_owner(self.custom, existing, owner, api=self._api, log=self.log)
-                self.log.info(
-                    "TrainJob %s/%s already exists for this run and task: attaching to it instead of "
-                    "starting a second training",
-                    self.namespace,
-                    self.name,
-                )
-                return False
-            self.log.info("TrainJob %s of this run and task failed before: replacing it", self.name)
-            deletion = self._delete(reason="replacing a failed attempt")
-            if not deletion.confirmed:
-                raise TrainJobError(
-                    f"an earlier attempt's failed TrainJob {self.namespace}/{self.name} is in the way and "
-                    f"{deletion.words(self.namespace, self.name)}; run the step again once it is gone"
-                )
-            self._wait_gone()
-        raise TrainJobError(f"TrainJob {self.namespace}/{self.name} keeps coming back; giving up")
-
-    def _wait_gone(self) -> None:
-        """Until the TrainJob, its JobSet and its pods are gone: a new one must not inherit them."""
-        left = gone.wait_until_gone(
-            self.custom,
-            self.core,
-            self.namespace,
-            self.name,
-            api=self._api,
-            sleep=self.backoff.sleep,
-            log=self.log,
-        )
-        if left:
-            raise TrainJobError(
-                f"TrainJob {self.namespace}/{self.name} was not deleted in time: {', '.join(left)}"
-            )
 
     # Follow -----------------------------------------------------------------------------------------------------
 
@@ -564,74 +463,31 @@ class TrainJobLauncher:
 
     def _finish(
         self,
-        job: dict,
+        job: dict | None,
         state: str,
         created: bool,
         ended: tuple[str, str] | None = None,
         diverged: LossDiverged | None = None,
     ) -> TrainJobResult:
-        """Report the end; ``ended``: our own (reason, message) when we stop before the TrainJob ends;
-        ``diverged``: why, when it is a non-finite loss (a one-line failure: the log was shown)."""
-        terminal = (
-            dict(zip(("reason", "message"), ended, strict=True)) if ended else condition(job, state) or {}
-        )
-        lines, steps = self._rank0_log.shown()
-        result = TrainJobResult(
-            name=self.name,
-            namespace=self.namespace,
-            status=state,
+        return finish(
+            job,
+            state,
             created=created,
-            log_lines=lines,
-            steps=steps,
-            wall_time=time.monotonic() - self._started,
-            reason=terminal.get("reason") or "",
-            message=terminal.get("message") or "",
+            ended=ended,
+            diverged=diverged,
+            core=self.core,
+            namespace=self.namespace,
+            name=self.name,
+            cleanup=self.cleanup,
+            started=self._started,
+            rank0_log=self._rank0_log,
+            node_pods=self._node_pods,
+            listed_node_pods=self._listed_node_pods,
+            delete=self._delete,
+            api=self._api,
+            log=self.log,
+            shown_events=self._shown_events,
         )
-        if state == "Failed":
-            pods = self._listed_node_pods()
-            terminations = termination_summary(pods) + disruption_summary(pods)
-            if not result.log_lines:
-                self._rank0_log.fetch_tail(self._api, pods)
-            if ended and not diverged:
-                # What a deleted TrainJob no longer shows (its pods go with it) goes into the step log first.
-                log_post_mortem(
-                    self.core,
-                    self.namespace,
-                    self.name,
-                    self._node_pods(),
-                    f"{result.reason}: {result.message}",
-                    api=self._api,
-                    log=self.log,
-                    shown_events=self._shown_events,
-                )
-            deletion = None
-            if self.cleanup == "always":
-                deletion = self._delete(reason="cleanup policy 'always'")
-            elif ended and self.cleanup == "on-success":
-                # Not ended by itself: kept, it would hold its nodes (and a pending one would start training
-                # unobserved once it can); its log, pod status and events are in the step log already.
-                deletion = self._delete(reason=f"{result.reason} (cleanup policy 'on-success')")
-            elif ended:
-                self.log.warning(
-                    "kept TrainJob %s (cleanup policy %r) for debugging: it holds its nodes until deleted; %s now",
-                    self.name,
-                    self.cleanup,
-                    kubectl_delete(self.namespace, self.name),
-                )
-            result.deleted = deletion is not None and deletion.confirmed
-            if diverged:
-                raise TrainJobDiverged(diverged, result)
-            text = [
-                f"TrainJob {self.namespace}/{self.name} failed: {result.reason or 'Failed'}: {result.message}"
-            ]
-            text += [f"  {line}" for line in terminations]
-            if deletion is not None and not deletion.confirmed:
-                text.append(f"  TrainJob {deletion.words(self.namespace, self.name)}")
-            raise TrainJobFailed("\n".join(text) + self._rank0_log.tail_text(), result)
-        self.log.info("TrainJob %s completed in %.0fs", self.name, result.wall_time)
-        if self.cleanup in ("on-success", "always"):
-            result.deleted = self._delete(reason=f"cleanup policy {self.cleanup!r}").confirmed
-        return result
 
     def _delete(self, *, reason: str, retry_seconds: float | None = None) -> Deletion:
         return delete_trainjob(
