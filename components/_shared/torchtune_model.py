@@ -17,6 +17,9 @@ from pathlib import Path
 from kfp_finetune.components._shared import torchtune_files, torchtune_layout, torchtune_tokenizer_files
 from kfp_finetune.components._shared.errors import ConfigError
 
+# The project's HF checkpointer (torchtune/checkpointer.py), named by path: importing it needs torch.
+CHECKPOINTER = "kfp_finetune.components._shared.torchtune.checkpointer.HFCheckpointer"
+
 
 @dataclass(frozen=True)
 class Family:
@@ -130,7 +133,7 @@ class ModelDir:
 
     def checkpointer_node(self, output_dir: str) -> dict:
         return {
-            "_component_": "torchtune.training.FullModelHFCheckpointer",
+            "_component_": CHECKPOINTER,
             "checkpoint_dir": str(self.path),
             "checkpoint_files": list(self.checkpoint_files),
             "recipe_checkpoint": None,

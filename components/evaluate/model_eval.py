@@ -63,7 +63,7 @@ def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, training_node: 
 
 
 def load_model(model_dir: ModelDir, device: Any, dtype: Any) -> Any:
-    """The family's component builder with the checkpoint's dims, weights through FullModelHFCheckpointer."""
+    """The family's component builder with the checkpoint's dims, weights through the project's HF checkpointer."""
     from omegaconf import OmegaConf
     from torchtune import config, training
 
