@@ -62,5 +62,8 @@ def _mismatch(dataset: dict, tokenizer: dict, split: DatasetSplit) -> str:
     if tokenizer_fingerprint(tokenizer) != split.tokenizer_fingerprint:
         return "they were made with another tokenizer"
     if pack_fingerprint(tokenizer, dataset, split.max_seq_len) != split.pack_fingerprint:
-        return f"the prompt template or masking differs (packs: {split.pack_template}, run: {template_of(dataset)})"
+        return (
+            f"the prompt template or masking differs, or the packs' format is older (packs: {split.pack_template}, "
+            f"run: {template_of(dataset)})"
+        )
     return ""

@@ -23,6 +23,7 @@ import yaml
 from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import Choice, TokenLengths, choose_defaults
@@ -244,6 +245,7 @@ def resolve_run(
     check_components(config, cfg, config_name or str(config_file))
     if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
         packs(config)
+    config["dataset"] = sample_packing.wrap(config["dataset"])  # after the packs: they read torchtune's node
     _check_paths_inside(config, run_dir)
     if validate:  # torch's checks: where training runs (torch_checks.py); here only when asked
         from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kfp_finetune.components._shared.html_report import escape
+from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import Interval
@@ -144,18 +145,19 @@ def test_rows_are_a_seeded_subset():
     assert len(set(pick_rows(100, 10, 7))) == 10
 
 
-def test_dataset_node_keeps_training_columns_and_masks_the_prompt():
-    trained = {
-        "dataset": {
-            "_component_": "torchtune.datasets.instruct_dataset",
-            "source": "json",
-            "data_files": ["/train.jsonl"],
-            "column_map": {"input": "question"},
-            "train_on_input": True,
-            "packed": True,
-            "new_system_prompt": "Be brief.",
-        }
+@pytest.mark.parametrize("packed_by", ["torchtune", "sample_packing"])
+def test_dataset_node_keeps_training_columns_and_masks_the_prompt(packed_by):
+    """From the run's node as resolved before and since its torchtune packing went through sample_packing.py."""
+    training = {
+        "_component_": "torchtune.datasets.instruct_dataset",
+        "source": "json",
+        "data_files": ["/train.jsonl"],
+        "column_map": {"input": "question"},
+        "train_on_input": True,
+        "packed": True,
+        "new_system_prompt": "Be brief.",
     }
+    trained = {"dataset": sample_packing.wrap(training) if packed_by == "sample_packing" else training}
     node = dataset_node(trained, ArtifactInput({}), ["/ws/eval/part-0.parquet"])
     assert node == {
         "_component_": "torchtune.datasets.instruct_dataset",
