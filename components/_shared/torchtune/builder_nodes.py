@@ -1,5 +1,5 @@
-"""Config nodes of our builders that call a torchtune builder and fix what it returns (sample_packing.py):
-`{_component_: ours, builder: torchtune's dotted path, **its arguments}`. The arguments stay
+"""Config nodes of our builders that call a torchtune builder and fix what it returns (sample_packing.py,
+flex_attention.py): `{_component_: ours, builder: torchtune's dotted path, **its arguments}`. The arguments stay
 where the recipes and our other steps read them (e.g. `model.lora_rank`, `dataset.packed`)."""
 
 from __future__ import annotations

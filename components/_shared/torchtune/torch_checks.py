@@ -10,7 +10,7 @@ resolve.py has already checked all that needs no torch (keys, paths, numbers, di
 from __future__ import annotations
 
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.torchtune import sample_packing
+from kfp_finetune.components._shared.torchtune import flex_attention, sample_packing
 from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
 
 
@@ -22,13 +22,17 @@ def check_resolved(config: dict) -> None:
 
 def validate_config(config: dict) -> None:
     """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable; for
-    the nodes our builders wrap (sample_packing.py), the torchtune builder's arguments too."""
+    the nodes our builders wrap (sample_packing.py, flex_attention.py), the torchtune builder's arguments too."""
     from omegaconf import OmegaConf
     from torchtune.config import validate
     from torchtune.config._errors import ConfigError as TorchtuneConfigError
     from torchtune.config._errors import InstantiationError
 
-    unwrapped = {**config, "dataset": sample_packing.unwrap(config["dataset"])}
+    unwrapped = {
+        **config,
+        "dataset": sample_packing.unwrap(config["dataset"]),
+        "model": flex_attention.unwrap(config["model"]),
+    }
     try:
         validate(OmegaConf.create(config))
         validate(OmegaConf.create(unwrapped))

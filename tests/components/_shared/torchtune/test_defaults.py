@@ -6,7 +6,8 @@ import math
 import pytest
 
 from kfp_finetune.commands import resolve_config
-from kfp_finetune.components._shared.torchtune import lr_schedule
+from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.torchtune import flex_attention, lr_schedule
 from kfp_finetune.components._shared.torchtune.choices import Choice
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import (
@@ -15,6 +16,7 @@ from kfp_finetune.components._shared.torchtune.defaults import (
     gpu_memory_from_product,
 )
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
+from kfp_finetune.components._shared.torchtune.torch_checks import validate_config
 from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 from tests.components._shared.torchtune.test_resolve import fake_model_dir, resolve
 
@@ -56,6 +58,40 @@ def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
     assert 8192 <= c["batch_size"] * 768 <= 16384
     if method == "lora":  # gemma has no single-device full config: another family's is used
         assert run.config_name.split("/")[0] == family
+
+
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_packed_gpu_runs_compile_flex_attention_without_dynamic_false(family, tmp_path, data):
+    """On CUDA, packed batches go through flex attention: the model node names our builder over the family's, which
+    compiles flex attention as torchtune main does (flex_attention.py), and the reason is a Choice."""
+    model_dir = fake_model_dir(tmp_path, family)
+    run = on_gpu(model_dir, tmp_path, method="lora", compile=False)
+    unpacked = on_gpu(model_dir, tmp_path, method="lora", packed=False)
+    model = run.config["model"]
+    assert (model["_component_"], model["builder"]) == (
+        flex_attention.COMPONENT,
+        unpacked.config["model"]["_component_"],
+    )
+    # the family builder's arguments, where the recipe reads them (model.lora_rank ...)
+    assert flex_attention.unwrap(model) == unpacked.config["model"]
+    choice = chosen(run)["flex_attention"]
+    assert choice.value == flex_attention.COMPILED == "torch.compile(flex_attention) without dynamic=False"
+    assert "dynamic=False" in choice.reason and "PR 2765" in choice.reason
+    assert "flex_attention" not in chosen(unpacked)
+    # torchtune's validation binds the family builder's arguments through our node
+    validate_config(run.config)
+    with pytest.raises(ConfigError, match="lora_rnk"):
+        validate_config({**run.config, "model": {**model, "lora_rnk": 8}})
+
+
+def test_flex_attention_is_ours_only_on_cuda_and_not_over_a_model_builder_the_user_names(tmp_path, data):
+    model_dir = fake_model_dir(tmp_path, "llama3_2")
+    builder = "torchtune.models.llama3_2.lora_llama3_2"
+    on_cpu = on_gpu(model_dir, tmp_path, device="cpu", packed=True, max_seq_len=768)
+    assert on_cpu.config["dataset"]["packed"] is True and on_cpu.config["model"]["_component_"] == builder
+    named = on_gpu(model_dir, tmp_path, overrides={"model._component_": builder})
+    assert named.config["dataset"]["packed"] is True and named.config["model"]["_component_"] == builder
+    assert "flex_attention" not in chosen(named)
 
 
 def test_resolve_config_cli_previews_a_cuda_run_here(tiny_llama, tiny_dataset, capsys, log_lines):
