@@ -1,12 +1,19 @@
 """Config nodes of our builders that call a torchtune builder and fix what it returns (sample_packing.py,
 flex_attention.py): `{_component_: ours, builder: torchtune's dotted path, **its arguments}`. The arguments stay
-where the recipes and our other steps read them (e.g. `model.lora_rank`, `dataset.packed`)."""
+where the recipes and our other steps read them (e.g. `model.lora_rank`, `dataset.packed`).
+
+A builder of ours that calls none but stands in for one (dataset-initialize's packs in place of the torchtune
+dataset node they were made with: torchtune_finetune/packed_data.py) keeps that node under `STANDS_FOR`, an
+argument the builder ignores; the steps that need the run's torchtune node (evaluation builds its split with it)
+read it back with `torchtune_node`."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
 from typing import Any
+
+STANDS_FOR = "stands_for"
 
 
 def wrap(node: dict, component: str) -> dict:
@@ -26,6 +33,16 @@ def unwrap(node: dict, component: str) -> dict:
         "_component_": node["builder"],
         **{k: v for k, v in node.items() if k not in ("_component_", "builder")},
     }
+
+
+def stand_in(node: dict, torchtune_node: dict) -> dict:
+    """`node` with the torchtune node it stands in for kept under `STANDS_FOR`."""
+    return {**node, STANDS_FOR: torchtune_node}
+
+
+def torchtune_node(node: dict) -> dict:
+    """The torchtune node `stand_in` kept in `node`; any other node unchanged."""
+    return node.get(STANDS_FOR) or node
 
 
 def builder(path: str) -> Callable[..., Any]:

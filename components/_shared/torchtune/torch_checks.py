@@ -10,7 +10,7 @@ resolve.py has already checked all that needs no torch (keys, paths, numbers, di
 from __future__ import annotations
 
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.torchtune import flex_attention, sample_packing
+from kfp_finetune.components._shared.torchtune import builder_nodes, flex_attention, sample_packing
 from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
 
 
@@ -22,7 +22,8 @@ def check_resolved(config: dict) -> None:
 
 def validate_config(config: dict) -> None:
     """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable; for
-    the nodes our builders wrap (sample_packing.py, flex_attention.py), the torchtune builder's arguments too."""
+    the nodes our builders wrap or stand in for (sample_packing.py, flex_attention.py, the packs' builder_nodes
+    record, which evaluation builds its split with), the torchtune builder's arguments too."""
     from omegaconf import OmegaConf
     from torchtune.config import validate
     from torchtune.config._errors import ConfigError as TorchtuneConfigError
@@ -30,7 +31,7 @@ def validate_config(config: dict) -> None:
 
     unwrapped = {
         **config,
-        "dataset": sample_packing.unwrap(config["dataset"]),
+        "dataset": sample_packing.unwrap(builder_nodes.torchtune_node(config["dataset"])),
         "model": flex_attention.unwrap(config["model"]),
     }
     try:
