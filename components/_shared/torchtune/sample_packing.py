@@ -64,7 +64,7 @@ def packed(
     if not packed:
         return rows
     if tokenizer.max_seq_len is None:
-        raise ValueError("packing needs a max_seq_len on the tokenizer (tokenizer.max_seq_len)")
+        raise ValueError("packing needs `tokenizer.max_seq_len` (the pack length): set tune_max_seq_len")
     if split_across_pack is None:
         default = inspect.signature(build).parameters.get("split_across_pack")
         split_across_pack = bool(default.default) if default is not None else False
