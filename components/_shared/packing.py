@@ -331,7 +331,7 @@ def _packer_class():
 
 @dataclass
 class PackResult:
-    path: Path
+    path: Path | None  # None: the rows were measured only (pack_split's write_packs)
     num_packs: int
     max_seq_len: int
     stats: dict
@@ -351,8 +351,10 @@ def pack_split(
     max_seq_len: int | None = None,
     max_position_embeddings: int | None = None,
     num_proc: int = 1,
+    write_packs: bool = True,
 ) -> PackResult:
-    """Tokenize the rows `dataset_node` reads and write torchtune's packs of them to `out_dir/packs.arrow`."""
+    """Tokenize the rows `dataset_node` reads and write torchtune's packs of them to `out_dir/packs.arrow`;
+    `write_packs=False`: measure them only (lengths, max_seq_len, the rows whose prompt fills it), no packs."""
     tokenized = tokenize(tokenizer_node, dataset_node, num_proc)
     stats = length_stats(tokenized)
     if not max_seq_len:
@@ -361,6 +363,12 @@ def pack_split(
     lengths = tokenized.lengths()
     prompts = prompt_lengths(tokenized)
     unfit = [int(i) for i in ((lengths > max_seq_len) & ~fits(prompts, max_seq_len)).nonzero()[0]]
+    unfit_needed = int(lengths[unfit].max()) if unfit else 0
+    if not write_packs:
+        return PackResult(
+            None, 0, max_seq_len, stats, int((lengths > max_seq_len).sum()), tokenized.seconds, 0.0,
+            unfit_rows=unfit, unfit_needed=unfit_needed,
+        )  # fmt: skip
     # Rows at the limit are tokenized again by a builder whose tokenizer has it, so they are cut exactly as
     # torchtune cuts them (text completion keeps max_seq_len - 1 tokens, chat and instruct end in EOS).
     left_out = set(unfit)
@@ -385,7 +393,7 @@ def pack_split(
         num_packs = _pack_whole_rows(_replaced(tokenized, truncated, left_out), max_seq_len, path)
     return PackResult(
         path, num_packs, max_seq_len, stats, len(long_rows), tokenized.seconds, time.monotonic() - started,
-        unfit_rows=unfit, unfit_needed=int(lengths[unfit].max()) if unfit else 0,
+        unfit_rows=unfit, unfit_needed=unfit_needed,
     )  # fmt: skip
 
 

@@ -27,7 +27,12 @@ from kfp_finetune.components._shared.torchtune import flex_attention, sample_pac
 from kfp_finetune.components._shared.torchtune.choices import user_set
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
-from kfp_finetune.components._shared.torchtune.defaults import Choice, TokenLengths, choose_defaults
+from kfp_finetune.components._shared.torchtune.defaults import (
+    Choice,
+    TokenLengths,
+    choose_defaults,
+    no_packing_on_cuda,
+)
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 
 log = get_logger(__name__)
@@ -238,6 +243,7 @@ def resolve_run(
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
+    _check_packing(config, model)
     choices, token_lengths = choose_defaults(
         config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample
     )
@@ -279,6 +285,18 @@ def _own_fixes(config: dict, cfg: TorchtuneConfig) -> list[Choice]:
     choice = Choice(flex_attention.SETTING, flex_attention.COMPILED, flex_attention.REASON)
     log.info("%s", choice.line())
     return [choice]
+
+
+def _check_packing(config: dict, model: ModelDir) -> None:
+    """A packed CUDA run of a family whose attention takes no block masks would fail at its first step, inside
+    torchtune: refused now, before the defaults plan around it (they never pack it: defaults.py)."""
+    why = no_packing_on_cuda(model.family)
+    if why and config.get("device") == "cuda" and config["dataset"].get("packed"):
+        raise SettingError(
+            "packed",
+            f"cannot be on for a {model.family.name} model on CUDA: {why}; set tune_packed=false and leave "
+            "dataset.packed out of tune_overrides",
+        )
 
 
 def _load_config_file(path: Path) -> dict:
