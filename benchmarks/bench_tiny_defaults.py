@@ -22,8 +22,10 @@ lengths tokenized as training does), then moved to CPU changing only what cannot
   accumulation 8, compile off): our resolve without `device`, as in the GPU suite.
 Moving to CPU (cpu_settings): device cpu; dtype fp32 (this machine's CPU has no bf16 instructions: a bf16 matmul
 runs ~100x slower than fp32 here); compile off on every side (the defaults and the expert both compile on CUDA, but
-inductor's compile time would dominate a run of a few steps on 2 cores); and what resolve does for every CPU run
-(resolve._apply_cpu: no peak-memory stats, no activation offloading). Every other decision (packing, max_seq_len,
+inductor's compile time would dominate a run of a few steps on 2 cores); the model builder (a packed CUDA run's
+compiles flex attention as torchtune main does, _shared/torchtune/flex_attention.py; packed CPU batches use no flex
+attention); and what resolve does for every CPU run (resolve._apply_cpu: no peak-memory stats, no activation
+offloading). Every other decision (packing, max_seq_len,
 batch size, accumulation, activation checkpointing, warmup) is pinned to the CUDA plan's value.
 
 Measured per run (`tune run` on the resolved YAML, bench_gpu_suite.timed_run): trained tokens/s (torchtune's

@@ -6,18 +6,20 @@ Both sides live here because both components depend on the one file format: data
 
 Exactness: rows are tokenized by torchtune's own dataset builder (instruct / chat / text, built from the same
 node the fine-tune step would resolve), so tokenizer, prompt template and masking are training's; packs are cut
-by torchtune's own `PackedDataset` algorithm (a subclass that writes each pack instead of keeping it), so tokens,
-labels, input_pos and seq_lens are identical to `packed: True` in the recipe. Only the work is moved: rows are
-tokenized by several processes (forked, sharing the memory-mapped parquet), once, before any rank starts.
+by torchtune's own `PackedDataset` algorithm (a subclass that writes each pack instead of keeping it), and each
+sample's first label in a pack is ignored as when torchtune packs in the fine-tune step
+(torchtune/sample_packing.py: no target crosses a sample boundary), so tokens, labels, input_pos and seq_lens are
+identical to `packed: True` in the recipe. Only the work is moved: rows are tokenized by several processes
+(forked, sharing the memory-mapped parquet), once, before any rank starts.
 
 max_seq_len: rows are first tokenized without a limit (their true lengths give the statistics and, unless one is
 given, `seq_len.choose_max_seq_len` of them); the few rows longer than the chosen limit are tokenized again by a
 builder whose tokenizer has that limit, so they are cut exactly as torchtune cuts them, and rows whose masked prompt
 fills it (they would train nothing: seq_len's module docstring) are left out of the packs and reported by index.
 
-The fingerprint (`pack_fingerprint`) covers the tokenizer (its component, files' sha256, every other argument),
-max_seq_len and the dataset node without its data location (template, masking, columns): the fine-tune step uses
-the packs only when its resolved config gives the same fingerprint.
+The fingerprint (`pack_fingerprint`) covers the pack format, the tokenizer (its component, files' sha256, every
+other argument), max_seq_len and the dataset node without its data location (template, masking, columns): the
+fine-tune step uses the packs only when its resolved config gives the same fingerprint.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len, fits, percentile
+from kfp_finetune.components._shared.torchtune.sample_packing import IGNORE_INDEX, ignore_sample_starts
 
 log = get_logger(__name__)
 
 PACKS_FILE = "packs.arrow"
 PACK_COLUMNS = ("tokens", "labels", "input_pos", "seq_lens")
-IGNORE_INDEX = -100  # torchtune.data.CROSS_ENTROPY_IGNORE_IDX
 _BATCH_PACKS = 1024
 # Dataset-node keys that say where the rows are, not how they are tokenized.
 _LOCATION_KEYS = ("source", "data_files", "split", "packed")
@@ -107,9 +109,11 @@ def tokenizer_fingerprint(tokenizer_node: dict) -> str:
 
 
 def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int) -> str:
-    """The fingerprint packs carry: same tokenizer, same template and masking, same pack length."""
+    """The fingerprint packs carry: same pack format, same tokenizer, same template and masking, same pack
+    length."""
     return _sha256(
         {
+            "format": PACK_FORMAT,
             "tokenizer": tokenizer_fingerprint(tokenizer_node),
             "template": template_of(dataset_node),
             "max_seq_len": max_seq_len,
@@ -118,9 +122,9 @@ def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int)
 
 
 #: Bumped when what a pack folder holds changes for the same inputs (2: `prompt_max` counts the tokens before the
-#: first trained one; 3: the length is the percentile rule's, rows whose prompt fills it are left out), so older
-#: folders are not reused.
-PACK_FORMAT = 3
+#: first trained one; 3: the length is the percentile rule's, rows whose prompt fills it are left out; 4: each
+#: sample's first label is ignored), so older folders are not reused, nor their packs trained on (the fingerprint).
+PACK_FORMAT = 4
 
 
 def pack_key(tokenizer_fp: str, dataset_node: dict, max_seq_len: int | None) -> str:
@@ -299,6 +303,7 @@ def _packer_class():
 
         def _add_pack(self, pack) -> None:
             pack = self._pad_pack(self._convert_to_tensors(pack), padding_idx=self.padding_idx)
+            ignore_sample_starts(pack["labels"], pack["seq_lens"])
             self._pending.append(pack)
             self.num_packs += 1
             if len(self._pending) >= _BATCH_PACKS:
@@ -326,7 +331,7 @@ def _packer_class():
 
 @dataclass
 class PackResult:
-    path: Path
+    path: Path | None  # None: the rows were measured only (pack_split's write_packs)
     num_packs: int
     max_seq_len: int
     stats: dict
@@ -346,8 +351,10 @@ def pack_split(
     max_seq_len: int | None = None,
     max_position_embeddings: int | None = None,
     num_proc: int = 1,
+    write_packs: bool = True,
 ) -> PackResult:
-    """Tokenize the rows `dataset_node` reads and write torchtune's packs of them to `out_dir/packs.arrow`."""
+    """Tokenize the rows `dataset_node` reads and write torchtune's packs of them to `out_dir/packs.arrow`;
+    `write_packs=False`: measure them only (lengths, max_seq_len, the rows whose prompt fills it), no packs."""
     tokenized = tokenize(tokenizer_node, dataset_node, num_proc)
     stats = length_stats(tokenized)
     if not max_seq_len:
@@ -356,6 +363,12 @@ def pack_split(
     lengths = tokenized.lengths()
     prompts = prompt_lengths(tokenized)
     unfit = [int(i) for i in ((lengths > max_seq_len) & ~fits(prompts, max_seq_len)).nonzero()[0]]
+    unfit_needed = int(lengths[unfit].max()) if unfit else 0
+    if not write_packs:
+        return PackResult(
+            None, 0, max_seq_len, stats, int((lengths > max_seq_len).sum()), tokenized.seconds, 0.0,
+            unfit_rows=unfit, unfit_needed=unfit_needed,
+        )  # fmt: skip
     # Rows at the limit are tokenized again by a builder whose tokenizer has it, so they are cut exactly as
     # torchtune cuts them (text completion keeps max_seq_len - 1 tokens, chat and instruct end in EOS).
     left_out = set(unfit)
@@ -380,7 +393,7 @@ def pack_split(
         num_packs = _pack_whole_rows(_replaced(tokenized, truncated, left_out), max_seq_len, path)
     return PackResult(
         path, num_packs, max_seq_len, stats, len(long_rows), tokenized.seconds, time.monotonic() - started,
-        unfit_rows=unfit, unfit_needed=int(lengths[unfit].max()) if unfit else 0,
+        unfit_rows=unfit, unfit_needed=unfit_needed,
     )  # fmt: skip
 
 
@@ -415,7 +428,8 @@ def _replaced(tokenized: Tokenized, rows: dict[int, dict], left_out: set[int]) -
 def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
     """torchtune's PackedDataset with split_across_pack=False, vectorized: greedy packs of whole rows in order,
     tokens padded with 0 (its padding_idx), labels with -100, input_pos counting on past the last row (clamped
-    to max_seq_len - 1), the padding as one more seq_len. The equality test holds it to torchtune's output."""
+    to max_seq_len - 1), the padding as one more seq_len; each row's first label ignored (sample_packing.py). The
+    equality test holds it to the fine-tune step's own packing of the rows."""
     import numpy as np
     import pyarrow as pa
 
@@ -450,6 +464,7 @@ def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
                 after = positions[b - 1] + 1
                 input_pos[j, n:] = np.clip(np.arange(after, after + pad), 0, max_seq_len - 1)
                 row_lens = lengths[r0:r1].astype(np.int32)
+                ignore_sample_starts(labels[j], row_lens)
                 seq_lens.append(np.append(row_lens, np.int32(pad)) if pad else row_lens)
             columns = [
                 pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), max_seq_len)

@@ -31,6 +31,9 @@ class Family:
     tokenizer_files: dict[str, str]  # tokenizer builder argument -> file in the model dir
     ties_embeddings: bool = False  # the output layer reuses the embedding (where the builder takes no switch)
     activations: tuple[str, ...] = ("silu",)  # config.json hidden_act values the builder's MLP computes
+    # Its attention takes the BlockMask packed batches get on CUDA (flex attention); where not, GPU runs train
+    # unpacked (defaults.py) and dataset-initialize writes no packs.
+    block_masks: bool = True
 
 
 _SPM = {"path": "tokenizer.model"}
@@ -59,7 +62,8 @@ FAMILIES: dict[str, Family] = {
         Family("gemma", "torchtune.models.gemma.gemma", "torchtune.models.gemma.lora_gemma", "GEMMA",
                "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU),
         Family("gemma2", "torchtune.models.gemma2.gemma2", "torchtune.models.gemma2.lora_gemma2", "GEMMA2",
-               "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU),
+               "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU,
+               block_masks=False),  # torchtune/models/gemma2/_attention.py: "Block masks are not implemeted yet"
         Family("phi3", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI3_MINI",
                "torchtune.models.phi3.phi3_mini_tokenizer", _SPM),
         Family("phi4", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI4",

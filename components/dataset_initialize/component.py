@@ -88,7 +88,8 @@ def dataset_initialize(
             num_proc processes) and packed as torchtune packs it, into memory-mappable Arrow beside the shards;
             the fine-tune step then trains on these packs without tokenizing on any rank when it resolves the
             same tokenizer, template, masking (train_on_input, new_system_prompt: pass it the same values) and
-            max_seq_len. Needs torchtune in the image (else the step logs that no packs were written).
+            max_seq_len. Needs torchtune in the image (else the step logs that no packs were written). A model
+            whose attention takes no packed batches on GPUs (Gemma 2) gets no packs: its rows are only measured.
         base_model_uri: The base model's source (hf://, s3:// or a path), instead of base_model: only its
             config.json and tokenizer files are fetched (no weights) to tokenize and pack as with base_model, so
             this step need not wait for model-initialize; empty: none.

@@ -8,7 +8,9 @@ The packs go to `<dataset entry>/packs/<key>/` (key, packing.pack_key: tokenizer
 train_on_input, new_system_prompt — and the max_seq_len asked for), beside the parquet shards, with a
 `packs.json` of what the train artifact's metadata records; a rerun with the same key reuses them. Tokenizing
 needs torchtune (the trainer image): where it is not installed the step says so and writes no packs, and the
-fine-tune step tokenizes and packs as torchtune does.
+fine-tune step tokenizes and packs as torchtune does. For a model whose attention takes no packed batches on
+CUDA (torchtune_model.Family.block_masks; its GPU runs train unpacked) the rows are measured only: lengths,
+max_seq_len and the unfit rows are recorded (in `<dataset entry>/lengths/<key>/`), no packs are written.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def pack_train(
         )
         return {}
     from kfp_finetune.components._shared import packing
+    from kfp_finetune.components._shared.torchtune.defaults import no_packing_on_cuda
     from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 
     model = inspect_model_dir(model_dir, weights_required=False)  # tokenizing reads no weights
@@ -63,13 +66,18 @@ def pack_train(
         hints, [str(entry / f["path"]) for f in split["files"]], bool(train_on_input), new_system_prompt
     )
     tokenizer_fp = packing.tokenizer_fingerprint(tokenizer_node)
-    folder = entry / "packs" / packing.pack_key(tokenizer_fp, node, max_seq_len)
+    no_packs = no_packing_on_cuda(model.family)  # why not, or ""
+    if no_packs:
+        log.info("no packs written: %s; the train rows are measured only", no_packs)
+    area = "lengths" if no_packs else "packs"
+    folder = entry / area / packing.pack_key(tokenizer_fp, node, max_seq_len)
     record = _present(folder)
     if record is None:
         with atomic_dir(folder) as tmp:
             result = packing.pack_split(
                 tokenizer_node, node, tmp, max_seq_len=max_seq_len,
                 max_position_embeddings=model.hf_config.get("max_position_embeddings"), num_proc=num_proc,
+                write_packs=not no_packs,
             )  # fmt: skip
             stats = result.stats
             log.info(
@@ -79,13 +87,14 @@ def pack_train(
                 stats["max"], stats["prompt_max"],
             )  # fmt: skip
             log.info(
-                "max_seq_len %d (%s); %d packs in %.1fs; %d row(s) cut to it",
+                "max_seq_len %d (%s); %s; %d row(s) cut to it",
                 result.max_seq_len, "set" if max_seq_len else "99th percentile of the rows, rounded up to 256, capped by the model",
-                result.num_packs, result.pack_seconds, result.truncated_rows,
+                "no packs" if no_packs else f"{result.num_packs} packs in {result.pack_seconds:.1f}s",
+                result.truncated_rows,
             )  # fmt: skip
             unfit = _unfit(
                 result, stats["count"], where or (lambda i: f"train row {i}"),
-                model.hf_config.get("max_position_embeddings"),
+                model.hf_config.get("max_position_embeddings"), packed=not no_packs,
             )  # fmt: skip
             record = {
                 "token_stats": stats,
@@ -94,29 +103,37 @@ def pack_train(
                 "tokenizer_fingerprint": tokenizer_fp,
                 "pack_fingerprint": packing.pack_fingerprint(tokenizer_node, node, result.max_seq_len),
                 "pack_template": packing.template_of(node),
-                "files": [_file_record(result.path, tmp)],
+                "files": [_file_record(result.path, tmp)] if result.path else [],
                 "unfit": unfit,
             }
             write_json_atomic(tmp / PACKS_JSON, record)
     else:
-        log.info("packs for this tokenizer, template and masking already in %s: reused", folder)
+        log.info("%s for this tokenizer, template and masking already in %s: reused", area, folder)
         if record.get("unfit"):
             log.warning("%s", record["unfit"])
-    return {
+    measured = {
         "token_stats": record["token_stats"],
         "max_seq_len": record["max_seq_len"],
+        "tokenizer_fingerprint": record["tokenizer_fingerprint"],
+    }
+    if no_packs:
+        return measured
+    return {
+        **measured,
         "packs": [
             {**f, "path": workspace_relative(folder / f["path"], workspace), "num_packs": record["num_packs"]}
             for f in record["files"]
         ],
-        "tokenizer_fingerprint": record["tokenizer_fingerprint"],
         "pack_fingerprint": record["pack_fingerprint"],
         "pack_template": record["pack_template"],
     }
 
 
-def _unfit(result, rows: int, where: Callable[[int], str], max_position_embeddings: int | None) -> str:
-    """The warning about the rows left out of the packs (empty: none); raises when they are too many."""
+def _unfit(
+    result, rows: int, where: Callable[[int], str], max_position_embeddings: int | None, *, packed: bool
+) -> str:
+    """The warning about the rows whose prompt fills max_seq_len, left out of the packs where `packed` (empty:
+    none); raises when they are too many."""
     from kfp_finetune.components._shared import seq_len
 
     if not result.unfit_rows:
@@ -128,7 +145,8 @@ def _unfit(result, rows: int, where: Callable[[int], str], max_position_embeddin
     )
     if refused:
         raise DatasetValidationError(message)
-    message = f"left out of the packs: {message}"
+    if packed:
+        message = f"left out of the packs: {message}"
     log.warning("%s", message)
     return message
 

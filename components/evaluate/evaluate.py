@@ -23,6 +23,7 @@ from kfp_finetune.components._shared.eval_settings import EvalSettings
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
+from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, paired, scoring
@@ -165,10 +166,12 @@ def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str])
     """The training run's dataset node pointed at the eval files; response-only labels, no packing.
 
     Builder, column mapping, system prompt and conversation style are kept from training so examples are built
-    (and masked) exactly as the model saw them; without a training config they come from eval_data.
+    (and masked) exactly as the model saw them: from the torchtune node, behind our packing builder or the packs
+    dataset-initialize wrote (builder_nodes.py); without a training config they come from eval_data.
     """
     meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
-    node = dict(train_config.get("dataset") or {})
+    trained = builder_nodes.torchtune_node(train_config.get("dataset") or {})
+    node = dict(sample_packing.unwrap(trained))
     if not node.get("_component_"):
         style = meta.data_style or _DEFAULT_STYLE.get(meta.dataset_type or "instruct", "")
         if style not in _DATASET_BUILDERS:

@@ -15,7 +15,8 @@ def packed_dataset(
     """The packs in `files` (written for `max_seq_len`); refuses a tokenizer with another max_seq_len.
 
     `packed` is read by the recipe (it picks the packed collate function) and must stay true; other keys
-    (the fingerprint, kept in the YAML for the record) are ignored."""
+    (the fingerprint, kept in the YAML for the record; the torchtune node the packs stand for, which evaluation
+    reads: packs.py) are ignored."""
     if not packed:
         raise ValueError("packed_dataset holds packs: leave dataset.packed true")
     if tokenizer is not None and getattr(tokenizer, "max_seq_len", max_seq_len) != max_seq_len:

@@ -2,8 +2,9 @@
 
 The resolved config's tokenizer node, dataset node (template, masking, columns) and max_seq_len give a
 fingerprint (_shared/packing.pack_fingerprint); when it equals the one the train split's metadata records, the
-dataset node becomes packed_data.packed_dataset over the packs (no tokenization on any rank). Otherwise the
-config is left as it is (torchtune tokenizes and packs) and the step log says why.
+dataset node becomes packed_data.packed_dataset over the packs (no tokenization on any rank), keeping the
+torchtune node it stands for (_shared/torchtune/builder_nodes.stand_in: evaluation builds its split with it).
+Otherwise the config is left as it is (torchtune tokenizes and packs) and the step log says why.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import DatasetSplit
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.packing import pack_fingerprint, template_of, tokenizer_fingerprint
+from kfp_finetune.components._shared.torchtune import builder_nodes
 from kfp_finetune.components.torchtune_finetune.packed_data import COMPONENT
 
 log = get_logger(__name__)
@@ -38,13 +40,14 @@ def use_packs(config: dict, split: DatasetSplit | None, workspace: str | os.Path
             "not training on dataset-initialize's packs: %s missing; torchtune packs the data", missing
         )
         return False
-    config["dataset"] = {
+    packs = {
         "_component_": COMPONENT,
         "files": files,
         "max_seq_len": split.max_seq_len,
         "packed": True,
         "pack_fingerprint": split.pack_fingerprint,
     }
+    config["dataset"] = builder_nodes.stand_in(packs, dataset)
     log.info(
         "training on dataset-initialize's %d packs of %d tokens (%s): no tokenization on any rank",
         sum(int(p.get("num_packs", 0)) for p in split.packs), split.max_seq_len, ", ".join(files),
@@ -62,5 +65,8 @@ def _mismatch(dataset: dict, tokenizer: dict, split: DatasetSplit) -> str:
     if tokenizer_fingerprint(tokenizer) != split.tokenizer_fingerprint:
         return "they were made with another tokenizer"
     if pack_fingerprint(tokenizer, dataset, split.max_seq_len) != split.pack_fingerprint:
-        return f"the prompt template or masking differs (packs: {split.pack_template}, run: {template_of(dataset)})"
+        return (
+            f"the prompt template or masking differs, or the packs' format is older (packs: {split.pack_template}, "
+            f"run: {template_of(dataset)})"
+        )
     return ""

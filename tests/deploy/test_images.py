@@ -29,6 +29,7 @@ from packaging.version import Version
 
 from kfp_finetune import __version__
 from kfp_finetune.components._shared import images
+from kfp_finetune.components._shared.torchtune import flex_attention
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {
@@ -587,7 +588,10 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
     assert resolved.returncode == 0, resolved.stderr[-3000:]
     assert resolved.stdout.startswith("# recipe: lora_finetune_single_device\n"), resolved.stdout[:500]
     config = yaml.safe_load(resolved.stdout)
-    assert config["device"] == "cuda" and config["model"]["_component_"].startswith("torchtune.models.")
+    # packed on CUDA: our builder (flex attention compiled as torchtune main does) over the family's torchtune one
+    model = flex_attention.unwrap(config["model"])
+    assert config["device"] == "cuda" and model["_component_"].startswith("torchtune.models.")
+    assert config["model"]["_component_"] == flex_attention.COMPONENT
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from kfp_finetune.components._shared.torchtune.run_length import (
     fit_schedule,
     scale_learning_rate,
 )
-from kfp_finetune.components._shared.torchtune_model import ModelDir
+from kfp_finetune.components._shared.torchtune_model import Family, ModelDir
 
 log = get_logger(__name__)
 
@@ -324,7 +324,10 @@ def _packing(
                            "nothing and are counted (seq_len.py)")  # fmt: skip
             choices.append(Choice("max_seq_len", tokenizer["max_seq_len"], reason))
     if not user_set(cfg, "packed", "dataset.packed"):
-        if tokenizer.get("max_seq_len"):
+        if not model.family.block_masks:
+            choices.append(Choice("packed", config["dataset"].get("packed"),
+                                  f"kept off: {no_packing_on_cuda(model.family)}; one row per sample"))  # fmt: skip
+        elif tokenizer.get("max_seq_len"):
             config["dataset"]["packed"] = True
             choices.append(Choice("packed", True, f"rows packed into {tokenizer['max_seq_len']}-token sequences: "
                                   "no padding (torchtune: +238 % tokens/s)"))  # fmt: skip
@@ -332,6 +335,17 @@ def _packing(
             choices.append(
                 Choice("packed", config["dataset"].get("packed"), "kept: packing needs a max_seq_len")
             )
+
+
+def no_packing_on_cuda(family: Family) -> str:
+    """Why a family's packed batches would fail on CUDA; "" where they would not. torchtune gives packed batches a
+    BlockMask there (flex attention, compute capability 7.5 or newer), which the family's attention must take."""
+    if family.block_masks:
+        return ""
+    return (
+        f"torchtune 0.6.1's {family.name} attention takes no block masks, which packed batches get on CUDA (flex "
+        "attention): it raises NotImplementedError for them"
+    )
 
 
 def _cut_length(config: dict, model: ModelDir, lengths: TokenLengths | None, choices: list[Choice]) -> None:

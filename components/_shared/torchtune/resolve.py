@@ -23,9 +23,16 @@ import yaml
 from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune import flex_attention, sample_packing
+from kfp_finetune.components._shared.torchtune.choices import user_set
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
-from kfp_finetune.components._shared.torchtune.defaults import Choice, TokenLengths, choose_defaults
+from kfp_finetune.components._shared.torchtune.defaults import (
+    Choice,
+    TokenLengths,
+    choose_defaults,
+    no_packing_on_cuda,
+)
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
 
 log = get_logger(__name__)
@@ -236,6 +243,7 @@ def resolve_run(
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
+    _check_packing(config, model)
     choices, token_lengths = choose_defaults(
         config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample
     )
@@ -244,6 +252,7 @@ def resolve_run(
     check_components(config, cfg, config_name or str(config_file))
     if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
         packs(config)
+    choices += _own_fixes(config, cfg)
     _check_paths_inside(config, run_dir)
     if validate:  # torch's checks: where training runs (torch_checks.py); here only when asked
         from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
@@ -258,6 +267,36 @@ def resolve_run(
         os.replace(tmp, yaml_path)
     run = (recipe, config_name, config, yaml_path, run_dir, model, distributed)
     return ResolvedRun(*run, choices, token_lengths, world=devices * nodes)
+
+
+def _own_fixes(config: dict, cfg: TorchtuneConfig) -> list[Choice]:
+    """torchtune 0.6.1 bugs on the packed path, fixed by builders of ours the YAML names in place of torchtune's
+    (after the components are checked and the packs chosen: both read torchtune's nodes). Packing by torchtune:
+    no label crosses a sample boundary (sample_packing.py). Packed on CUDA: flex attention compiled as torchtune
+    main compiles it (flex_attention.py), unless the user names the model builder."""
+    config["dataset"] = sample_packing.wrap(config["dataset"])
+    if (
+        config.get("device") != "cuda"
+        or not config["dataset"].get("packed")
+        or user_set(cfg, None, "model._component_")
+    ):
+        return []
+    config["model"] = flex_attention.wrap(config["model"])
+    choice = Choice(flex_attention.SETTING, flex_attention.COMPILED, flex_attention.REASON)
+    log.info("%s", choice.line())
+    return [choice]
+
+
+def _check_packing(config: dict, model: ModelDir) -> None:
+    """A packed CUDA run of a family whose attention takes no block masks would fail at its first step, inside
+    torchtune: refused now, before the defaults plan around it (they never pack it: defaults.py)."""
+    why = no_packing_on_cuda(model.family)
+    if why and config.get("device") == "cuda" and config["dataset"].get("packed"):
+        raise SettingError(
+            "packed",
+            f"cannot be on for a {model.family.name} model on CUDA: {why}; set tune_packed=false and leave "
+            "dataset.packed out of tune_overrides",
+        )
 
 
 def _load_config_file(path: Path) -> dict:

@@ -10,6 +10,7 @@ resolve.py has already checked all that needs no torch (keys, paths, numbers, di
 from __future__ import annotations
 
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.torchtune import builder_nodes, flex_attention, sample_packing
 from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
 
 
@@ -20,14 +21,22 @@ def check_resolved(config: dict) -> None:
 
 
 def validate_config(config: dict) -> None:
-    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable."""
+    """torchtune's own check (what `tune validate` runs): every component importable, arguments bindable; for
+    the nodes our builders wrap or stand in for (sample_packing.py, flex_attention.py, the packs' builder_nodes
+    record, which evaluation builds its split with), the torchtune builder's arguments too."""
     from omegaconf import OmegaConf
     from torchtune.config import validate
     from torchtune.config._errors import ConfigError as TorchtuneConfigError
     from torchtune.config._errors import InstantiationError
 
+    unwrapped = {
+        **config,
+        "dataset": sample_packing.unwrap(builder_nodes.torchtune_node(config["dataset"])),
+        "model": flex_attention.unwrap(config["model"]),
+    }
     try:
         validate(OmegaConf.create(config))
+        validate(OmegaConf.create(unwrapped))
     except (TorchtuneConfigError, TypeError) as err:
         raise ConfigError(f"torchtune rejects the resolved config: {err}") from err
     except (InstantiationError, ImportError, AttributeError, ValueError) as err:

@@ -1,5 +1,6 @@
-"""Packs written once on CPU equal torchtune's own packing, token for token, on all three dataset types, with the
-default masking and with the prompt trained on / a new system prompt."""
+"""Packs written once on CPU equal the fine-tune step's own packing (torchtune's, each sample's first label ignored:
+torchtune/sample_packing.py), token for token, on all three dataset types, with the default masking and with the
+prompt trained on / a new system prompt."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kfp_finetune.components._shared.packing import (  # noqa: E402
     tokenize,
 )
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len  # noqa: E402
+from kfp_finetune.components._shared.torchtune import sample_packing  # noqa: E402
 from kfp_finetune.components._shared.torchtune_model import inspect_model_dir, instantiate  # noqa: E402
 
 ROWS = 240
@@ -70,8 +72,10 @@ def split(request, tmp_path):
 
 
 def _torchtune_packs(tokenizer_node: dict, node: dict, max_seq_len: int):
+    """torchtune's packs, and the fine-tune step's (the node a resolved run names when torchtune packs)."""
     tokenizer = instantiate({**tokenizer_node, "max_seq_len": max_seq_len})
-    return instantiate({**node, "packed": True, "tokenizer": tokenizer})
+    torchtunes = instantiate({**node, "packed": True, "tokenizer": tokenizer})
+    return torchtunes, instantiate({**sample_packing.wrap({**node, "packed": True}), "tokenizer": tokenizer})
 
 
 def _without(node: dict, rows: list[int], tmp_path) -> dict:
@@ -109,13 +113,22 @@ def test_packs_equal_torchtune_packing(split, tiny_llama, tmp_path):
     ours = ArrowPacks([result.path])
     # Rows whose masked prompt fills the length are left out (they would train nothing): torchtune packs the rest.
     assert bool(result.unfit_rows) == (kind != "text" and not masking.get("train_on_input"))
-    theirs = _torchtune_packs(tokenizer_node, _without(node, result.unfit_rows, tmp_path), max_seq_len)
+    torchtunes, theirs = _torchtune_packs(
+        tokenizer_node, _without(node, result.unfit_rows, tmp_path), max_seq_len
+    )
     assert result.truncated_rows > 0  # the long rows went through the cut-again path
-    assert len(ours) == len(theirs) == result.num_packs > 1
+    assert len(ours) == len(theirs) == len(torchtunes) == result.num_packs > 1
     for i in range(len(theirs)):
         for key in ("tokens", "labels", "input_pos", "seq_lens"):
             assert ours[i][key].dtype == theirs[i][key].dtype == torch.long
             assert torch.equal(ours[i][key], theirs[i][key]), (kind, i, key)
+        # torchtune's packing, but for the labels at the samples' first positions, now ignored
+        starts = sample_packing.sample_starts(ours[i]["seq_lens"])
+        labels = torchtunes[i]["labels"].clone()
+        labels[starts] = -100
+        assert torch.equal(ours[i]["labels"], labels), (kind, i)
+        for key in ("tokens", "input_pos", "seq_lens"):
+            assert torch.equal(ours[i][key], torchtunes[i][key]), (kind, i, key)
 
 
 @pytest.mark.parametrize("split", ["instruct"], indirect=True)
@@ -183,15 +196,18 @@ def test_fingerprint_changes_with_tokenizer_template_and_length(split, tiny_llam
     assert pack_fingerprint(llama, node, 512) != same
 
 
-def test_a_new_pack_format_keys_new_folders(monkeypatch):
-    """Packs written before a format change (e.g. what prompt_max counts) are not found and reused."""
+def test_a_new_pack_format_keys_new_folders_and_fingerprints(monkeypatch):
+    """Packs written before a format change (e.g. what prompt_max counts, sample starts ignored) are not found and
+    reused, nor trained on by a run that finds them in a split's metadata."""
     from kfp_finetune.components._shared import packing
 
     node = sft_node(HINTS["instruct"], ["train.parquet"])
-    before = pack_key("tokenizer", node, None)
+    tokenizer = {"_component_": "torchtune.models.llama3.llama3_tokenizer", "path": "tokenizer.model"}
+    before, fingerprint = pack_key("tokenizer", node, None), pack_fingerprint(tokenizer, node, 256)
     assert pack_key("tokenizer", {**node, "data_files": ["elsewhere.parquet"]}, None) == before
     monkeypatch.setattr(packing, "PACK_FORMAT", packing.PACK_FORMAT + 1)
     assert pack_key("tokenizer", node, None) != before
+    assert pack_fingerprint(tokenizer, node, 256) != fingerprint
 
 
 def test_the_node_takes_masking_where_the_builder_does(tmp_path):

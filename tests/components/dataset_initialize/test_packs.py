@@ -128,3 +128,40 @@ def test_one_100k_character_row_does_not_raise_the_pack_length(tmp_path, tiny_ll
     else:  # left out: no pack holds it
         assert any("1 of 61 training rows" in line and "train.jsonl line 31" in line for line in log_lines)
         assert whole_pack_rows == []
+
+
+def test_a_model_whose_attention_takes_no_packs_has_its_rows_measured_not_packed(
+    source, tmp_path, gemma2_tokenizer_only, log_lines
+):
+    """Gemma 2 trains unpacked on GPUs (torchtune 0.6.1's Gemma 2 attention takes no block masks: defaults.py):
+    dataset-initialize writes no packs for it, and still tokenizes the train rows for the lengths the fine-tune
+    step's max_seq_len comes from; that step, on CUDA, trains the rows unpacked at that length."""
+    from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
+    from kfp_finetune.components.torchtune_finetune.finetune import recorded_lengths
+    from kfp_finetune.components.torchtune_finetune.packs import use_packs
+
+    workspace = tmp_path / "ws"
+    result = initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.1, base_model_path=gemma2_tokenizer_only
+    )
+    split = DatasetSplit.from_metadata(result.train_metadata, input_name="train_data")
+    assert split.token_stats["count"] == split.num_rows == 540 and split.max_seq_len == MULTIPLE
+    assert (split.packs, split.pack_fingerprint) == ([], None)
+    assert not list(workspace.rglob("packs.arrow"))
+    written = "no packs written: torchtune 0.6.1's gemma2 attention takes no block masks"
+    assert any(written in line for line in log_lines)
+    again = initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.1, base_model_path=gemma2_tokenizer_only
+    )
+    assert {**again.train_metadata, "reused_existing_copy": False} == result.train_metadata
+    assert any("lengths for this tokenizer, template and masking already in" in line for line in log_lines)
+
+    run = resolve_run(
+        TorchtuneConfig(method="lora", device="cuda"), gemma2_tokenizer_only, result.path / "train",
+        tmp_path / "run", write=False, token_lengths=recorded_lengths(split), weights_required=False,
+        packs=lambda config: use_packs(config, split, workspace),
+    )  # fmt: skip
+    assert run.config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert run.config["dataset"]["packed"] is False
+    assert run.config["tokenizer"]["max_seq_len"] == split.max_seq_len

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kfp_finetune.components._shared.html_report import escape
+from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import Interval
@@ -144,18 +145,19 @@ def test_rows_are_a_seeded_subset():
     assert len(set(pick_rows(100, 10, 7))) == 10
 
 
-def test_dataset_node_keeps_training_columns_and_masks_the_prompt():
-    trained = {
-        "dataset": {
-            "_component_": "torchtune.datasets.instruct_dataset",
-            "source": "json",
-            "data_files": ["/train.jsonl"],
-            "column_map": {"input": "question"},
-            "train_on_input": True,
-            "packed": True,
-            "new_system_prompt": "Be brief.",
-        }
+@pytest.mark.parametrize("packed_by", ["torchtune", "sample_packing"])
+def test_dataset_node_keeps_training_columns_and_masks_the_prompt(packed_by):
+    """From the run's node as resolved before and since its torchtune packing went through sample_packing.py."""
+    training = {
+        "_component_": "torchtune.datasets.instruct_dataset",
+        "source": "json",
+        "data_files": ["/train.jsonl"],
+        "column_map": {"input": "question"},
+        "train_on_input": True,
+        "packed": True,
+        "new_system_prompt": "Be brief.",
     }
+    trained = {"dataset": sample_packing.wrap(training) if packed_by == "sample_packing" else training}
     node = dataset_node(trained, ArtifactInput({}), ["/ws/eval/part-0.parquet"])
     assert node == {
         "_component_": "torchtune.datasets.instruct_dataset",
@@ -456,6 +458,55 @@ def test_a_model_that_learned_nothing_fails_the_gate(untrained, log_lines):
     assert line.startswith("quality gate: failed: eval_loss did not improve: +0 (tuned ")
     assert line.endswith("; 95% CI [0, 0] (24 examples)")
     assert escape(result.gate.summary) in result.report_html and "improvement, 95% CI" in result.report_html
+
+
+@pytest.mark.slow
+def test_a_run_on_dataset_initialize_packs_is_evaluated_on_its_rows_unpacked(tiny_llama, tmp_path):
+    """A run whose data dataset-initialize packed names the packs' builder as its dataset (packing is the CUDA
+    default): evaluate builds the eval split from the torchtune node the packs stand for (template, columns,
+    masking) unpacked, and scores exactly as for the same run resolved without the packs."""
+    from kfp_finetune.components._shared.contract import DatasetSplit
+    from kfp_finetune.components._shared.torchtune.resolve import resolve_run
+    from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+    from kfp_finetune.components.torchtune_finetune import packed_data
+    from kfp_finetune.components.torchtune_finetune.packs import use_packs
+    from kfp_finetune.tiny.dataset import build_tiny_dataset
+
+    workspace = tmp_path / "ws"
+    shutil.copytree(tiny_llama, workspace / "models" / "base")
+    source = build_tiny_dataset(tmp_path / "tiny", train_rows=200, eval_rows=1)["train.jsonl"]
+    prepared = initialize_dataset(
+        str(source), str(workspace), eval_fraction=0.1, base_model_path=tiny_llama, max_seq_len=64,
+        new_system_prompt="Reverse it.",
+    )  # fmt: skip
+    split = DatasetSplit.from_metadata(prepared.train_metadata, input_name="train_data")
+
+    def resolved_into(name: str, packs=None) -> str:
+        cfg = TorchtuneConfig(device="cpu", packed=True, max_seq_len=64)
+        cfg.dataset.new_system_prompt = "Reverse it."
+        base = workspace / "models" / "base"
+        run = resolve_run(cfg, base, prepared.path / "train", workspace / "runs" / name, packs=packs)
+        return run.config["dataset"]["_component_"]
+
+    assert resolved_into("packs", lambda c: use_packs(c, split, workspace)) == packed_data.COMPONENT
+    assert resolved_into("own") == sample_packing.COMPONENT
+
+    def evaluated(run: str, run_dir: str):  # the base model as the tuned one: the rows are what is compared
+        return run_evaluate(
+            workspace=workspace,
+            model=ArtifactInput({"workspace_path": "models/base", "run_dir": run_dir}),
+            eval_data=ArtifactInput(dict(prepared.eval_metadata)),
+            base_model=None,
+            settings=EvalSettings(max_samples=8, batch_size=8, max_new_tokens=2),
+            output_name=run,
+        )
+
+    on_packs, own = evaluated("packs", "runs/packs"), evaluated("own", "runs/own")
+    assert on_packs.samples == own.samples
+    assert on_packs.metrics["tuned_eval_loss"] == own.metrics["tuned_eval_loss"]
+    # The system prompt is in the scored rows: without the run's config (its node) the loss differs.
+    untemplated = evaluated("no-config", "")
+    assert untemplated.metrics["tuned_eval_loss"] != own.metrics["tuned_eval_loss"]
 
 
 def _with_noisy_embeddings(source, target, seed: int) -> None:

@@ -3,6 +3,7 @@
 import pytest
 
 from kfp_finetune.components._shared.contract import DatasetSplit
+from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
@@ -18,6 +19,16 @@ from kfp_finetune.tiny.dataset import build_tiny_dataset
 
 pytestmark = pytest.mark.slow
 MAX_SEQ_LEN = 64
+INSTRUCT = "torchtune.datasets.instruct_dataset"
+
+
+def torchtune_packs(dataset: dict) -> bool:
+    """The node has torchtune pack the instruct rows (through sample_packing.py, as a resolved run packs)."""
+    return (dataset["_component_"], dataset["builder"], dataset["packed"]) == (
+        sample_packing.COMPONENT,
+        INSTRUCT,
+        True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +71,7 @@ def test_same_losses_as_torchtunes_own_packing(packed_split, tiny_llama, tmp_pat
     ours = resolve_run(
         _cfg(), tiny_llama, train_dir, tmp_path / "ours", packs=lambda c: use_packs(c, split, workspace)
     )
-    assert own.config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert torchtune_packs(own.config["dataset"])
     assert ours.config["dataset"]["_component_"] == COMPONENT
     assert any("training on dataset-initialize's" in line for line in log_lines)
     losses = {}
@@ -84,7 +95,8 @@ def test_packs_made_otherwise_are_not_used(packed_split, tiny_llama, tmp_path, l
     for key, value in settings.items():
         setattr(cfg, key, value)
     run = resolve_run(cfg, tiny_llama, train_dir, tmp_path, packs=lambda c: use_packs(c, split, workspace))
-    assert run.config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    dataset = run.config["dataset"]
+    assert torchtune_packs(dataset) if cfg.packed else dataset["_component_"] == INSTRUCT
     assert any(why in line and "torchtune tokenizes" in line for line in log_lines)
 
 
@@ -153,7 +165,7 @@ def test_a_run_with_other_masking_trains_on_packs_made_with_it(
     assert not any("not training on dataset-initialize's packs" in line for line in log_lines)
 
     config = _step_config(workspace, tiny_llama, default.to_metadata(), **run_with)
-    assert config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
+    assert torchtune_packs(config["dataset"])
     assert any("template or masking differs" in line and "torchtune tokenizes" in line for line in log_lines)
 
 

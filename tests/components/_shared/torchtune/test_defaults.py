@@ -6,7 +6,8 @@ import math
 import pytest
 
 from kfp_finetune.commands import resolve_config
-from kfp_finetune.components._shared.torchtune import lr_schedule
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
+from kfp_finetune.components._shared.torchtune import flex_attention, lr_schedule
 from kfp_finetune.components._shared.torchtune.choices import Choice
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import (
@@ -15,12 +16,17 @@ from kfp_finetune.components._shared.torchtune.defaults import (
     gpu_memory_from_product,
 )
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
+from kfp_finetune.components._shared.torchtune.torch_checks import validate_config
 from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 from tests.components._shared.torchtune.test_resolve import fake_model_dir, resolve
 
 # Rows of 300-700 tokens, one in a hundred 3000: the p99 is 700 -> max_seq_len 768, not the outlier's length.
 LENGTHS = TokenLengths([300 + (i % 400) for i in range(990)] + [3000] * 10, num_rows=50_000, how="the test")
-GPU_FAMILIES = ["llama3_1", "llama3_2", "qwen2_5", "mistral", "gemma", "phi3"]
+GPU_FAMILIES = ["llama3_1", "llama3_2", "qwen2_5", "mistral", "gemma", "gemma2", "phi3"]
+# torchtune 0.6.1's Gemma 2 attention refuses the BlockMask packed batches get on CUDA ("Block masks are not
+# implemeted yet, use packed=False", torchtune/models/gemma2/_attention.py): GPU runs of it train unpacked.
+UNPACKED_ON_GPU = {"gemma2"}
+PACKED_GPU_FAMILIES = [family for family in GPU_FAMILIES if family not in UNPACKED_ON_GPU]
 
 
 def on_gpu(model_dir, tmp_path, lengths=LENGTHS, gpu_memory_gib=None, **settings):
@@ -47,7 +53,12 @@ def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
 ):
     run = on_gpu(fake_model_dir(tmp_path, family), tmp_path, method=method)
     c = run.config
-    assert c["dataset"]["packed"] is True
+    assert c["dataset"]["packed"] is (family not in UNPACKED_ON_GPU)
+    if family in UNPACKED_ON_GPU:  # one row per sample, cut at the same length; why: in the log and report
+        packed = chosen(run)["packed"]
+        assert packed.value is False and "gemma2 attention takes no block masks" in packed.reason
+        assert "flex_attention" not in chosen(run)
+        assert c["model"]["_component_"].startswith("torchtune.models.gemma2.")
     assert c["tokenizer"]["max_seq_len"] == 768  # p99 700 rounded up to 256, the 3000-token outliers cut
     assert c["compile"] is True
     assert isinstance(c["enable_activation_checkpointing"], bool)
@@ -56,6 +67,58 @@ def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
     assert 8192 <= c["batch_size"] * 768 <= 16384
     if method == "lora":  # gemma has no single-device full config: another family's is used
         assert run.config_name.split("/")[0] == family
+
+
+@pytest.mark.parametrize("family", PACKED_GPU_FAMILIES)
+def test_packed_gpu_runs_compile_flex_attention_without_dynamic_false(family, tmp_path, data):
+    """On CUDA, packed batches go through flex attention: the model node names our builder over the family's, which
+    compiles flex attention as torchtune main does (flex_attention.py), and the reason is a Choice."""
+    model_dir = fake_model_dir(tmp_path, family)
+    run = on_gpu(model_dir, tmp_path, method="lora", compile=False)
+    unpacked = on_gpu(model_dir, tmp_path, method="lora", packed=False)
+    model = run.config["model"]
+    assert (model["_component_"], model["builder"]) == (
+        flex_attention.COMPONENT,
+        unpacked.config["model"]["_component_"],
+    )
+    # the family builder's arguments, where the recipe reads them (model.lora_rank ...)
+    assert flex_attention.unwrap(model) == unpacked.config["model"]
+    choice = chosen(run)["flex_attention"]
+    assert choice.value == flex_attention.COMPILED == "torch.compile(flex_attention) without dynamic=False"
+    assert "dynamic=False" in choice.reason and "PR 2765" in choice.reason
+    assert "flex_attention" not in chosen(unpacked)
+    # torchtune's validation binds the family builder's arguments through our node
+    validate_config(run.config)
+    with pytest.raises(ConfigError, match="lora_rnk"):
+        validate_config({**run.config, "model": {**model, "lora_rnk": 8}})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"packed": True, "max_seq_len": 768}, {"overrides": {"dataset.packed": True}}],
+    ids=["typed", "override"],
+)
+def test_packing_a_family_whose_attention_takes_no_block_masks_is_refused_on_cuda(settings, tmp_path, data):
+    """Set by the user for Gemma 2 on CUDA, packing would fail at the first step inside torchtune: refused now, in
+    one line naming the setting and the fix. On CPU packed batches get a tensor mask, which it takes."""
+    model_dir = fake_model_dir(tmp_path, "gemma2")
+    with pytest.raises(SettingError, match=r"^packed cannot be on for a gemma2 model on CUDA: ") as refused:
+        on_gpu(model_dir, tmp_path, method="lora", **settings)
+    message = str(refused.value)
+    assert refused.value.setting == "packed" and "\n" not in message
+    assert "takes no block masks" in message and "set tune_packed=false" in message
+    on_cpu = on_gpu(model_dir, tmp_path, method="lora", device="cpu", **settings)
+    assert on_cpu.config["dataset"]["packed"] is True
+
+
+def test_flex_attention_is_ours_only_on_cuda_and_not_over_a_model_builder_the_user_names(tmp_path, data):
+    model_dir = fake_model_dir(tmp_path, "llama3_2")
+    builder = "torchtune.models.llama3_2.lora_llama3_2"
+    on_cpu = on_gpu(model_dir, tmp_path, device="cpu", packed=True, max_seq_len=768)
+    assert on_cpu.config["dataset"]["packed"] is True and on_cpu.config["model"]["_component_"] == builder
+    named = on_gpu(model_dir, tmp_path, overrides={"model._component_": builder})
+    assert named.config["dataset"]["packed"] is True and named.config["model"]["_component_"] == builder
+    assert "flex_attention" not in chosen(named)
 
 
 def test_resolve_config_cli_previews_a_cuda_run_here(tiny_llama, tiny_dataset, capsys, log_lines):

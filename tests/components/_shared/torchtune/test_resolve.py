@@ -6,6 +6,7 @@ import shutil
 import pytest
 import yaml
 
+from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import (
     ConfigError,
     LoraSettings,
@@ -227,8 +228,11 @@ def test_every_typed_field_lands_at_its_torchtune_key(tiny_llama, data_file, tmp
     m = c["model"]
     assert (m["lora_attn_modules"], m["apply_lora_to_mlp"], m["lora_rank"], m["lora_alpha"], m["lora_dropout"]) == (
         ["q_proj", "k_proj"], False, 4, 8, 0.1)  # fmt: skip
-    d = c["dataset"]
-    assert d["_component_"] == "torchtune.datasets.instruct_dataset"
+    d = c["dataset"]  # packed by torchtune: through our builder, no label across samples (sample_packing.py)
+    assert (d["_component_"], d["builder"]) == (
+        sample_packing.COMPONENT,
+        "torchtune.datasets.instruct_dataset",
+    )
     assert (d["source"], d["data_files"], d["split"]) == ("json", [str(data_file)], "train")
     assert (d["train_on_input"], d["new_system_prompt"], d["packed"]) == (True, "Be brief.", True)
     assert d["column_map"] == {"input": "question", "output": "answer"}
