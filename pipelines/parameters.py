@@ -175,7 +175,10 @@ TABLE: tuple[Parameter, ...] = (
        "Learning-rate warmup steps (0: none; adds a cosine schedule if the config has none); -1: the base config's, "
        "at most 5% of the planned optimizer steps.",
        "torchtune_finetune.num_warmup_steps", "preflight.tune_num_warmup_steps"),
-    _p("tune_packed", bool, False, "Pack examples into tune_max_seq_len sequences.", "torchtune_finetune.packed", "preflight.tune_packed"),
+    _p("tune_packed", str, "auto",
+       "Pack examples into tune_max_seq_len sequences: true, false or auto (on CUDA: packed where the family's "
+       "attention takes packed batches; elsewhere the base config's).",
+       "torchtune_finetune.packed", "preflight.tune_packed"),
     _p("tune_train_on_input", str, "auto",
        "Also train on the prompt tokens: true, false or auto (the base config's; usually only the response).",
        "torchtune_finetune.train_on_input", "dataset_initialize.train_on_input", "preflight.tune_train_on_input"),
@@ -190,7 +193,9 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_enable_activation_offloading", str, "auto",
        "Offload activations to CPU memory (CUDA only): true, false or auto (the base config's).",
        "torchtune_finetune.enable_activation_offloading", "preflight.tune_enable_activation_offloading"),
-    _p("tune_compile", bool, False, "torch.compile the model and loss (faster steps after a slower first one).",
+    _p("tune_compile", str, "auto",
+       "torch.compile the model and loss (faster steps after a slower first one): true, false or auto (on CUDA: "
+       "on; elsewhere the base config's).",
        "torchtune_finetune.compile", "preflight.tune_compile"),
     _p("tune_seed", int, -1, "Random seed; -1: the base config's.", "torchtune_finetune.seed", "preflight.tune_seed"),
     _p("tune_overrides", dict, {},

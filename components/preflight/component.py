@@ -38,13 +38,13 @@ def preflight(
     tune_apply_lora_to_output: str = "auto",
     tune_max_seq_len: int = -1,
     tune_num_warmup_steps: int = -1,
-    tune_packed: bool = False,
+    tune_packed: str = "auto",
     tune_train_on_input: str = "auto",
     tune_new_system_prompt: str = "",
     tune_conversation_style: str = "",
     tune_enable_activation_checkpointing: str = "auto",
     tune_enable_activation_offloading: str = "auto",
-    tune_compile: bool = False,
+    tune_compile: str = "auto",
     tune_seed: int = -1,
     tune_overrides: dict = {},  # noqa: B006
     tune_device: str = "auto",
@@ -133,7 +133,8 @@ def preflight(
             is refused).
         tune_num_warmup_steps: Learning-rate warmup steps (0: none; adds a cosine schedule if the config has
             none); -1: the base config's, at most 5% of the planned optimizer steps.
-        tune_packed: Pack examples into tune_max_seq_len sequences.
+        tune_packed: Pack examples into tune_max_seq_len sequences: true, false or auto (on CUDA: packed where
+            the family's attention takes packed batches; elsewhere the base config's).
         tune_train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually
             only the response).
         tune_new_system_prompt: A system prompt prepended to every training example; empty: none.
@@ -143,7 +144,8 @@ def preflight(
             (the base config's).
         tune_enable_activation_offloading: Offload activations to CPU memory (CUDA only): true, false or auto
             (the base config's).
-        tune_compile: torch.compile the model and loss (faster steps after a slower first one).
+        tune_compile: torch.compile the model and loss (faster steps after a slower first one): true, false or
+            auto (on CUDA: on; elsewhere the base config's).
         tune_seed: Random seed; -1: the base config's.
         tune_overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the
             typed tune_ settings; empty: none.

@@ -59,9 +59,9 @@ def torchtune_finetune(
     train_on_input: str = "auto",
     new_system_prompt: str = "",
     conversation_style: str = "",
-    packed: bool = False,
+    packed: str = "auto",
     max_seq_len: int = -1,
-    compile: bool = False,
+    compile: str = "auto",
     seed: int = -1,
     overrides: dict = {},  # noqa: B006
     backend: str = "trainjob",
@@ -141,12 +141,14 @@ def torchtune_finetune(
             the response).
         new_system_prompt: A system prompt prepended to every example; empty: none.
         conversation_style: openai (messages) or sharegpt (conversations), for chat data; empty: from the data.
-        packed: Pack examples into max_seq_len sequences (needs max_seq_len).
+        packed: Pack examples into max_seq_len sequences: true, false or auto (on CUDA: packed where the
+            family's attention takes packed batches; elsewhere the base config's).
         max_seq_len: Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the tokenized
             lengths (never set by the single longest row) rounded up to 256, capped by the model
             (dataset-initialize's pack length), on every device; the model's limit where no lengths are known.
             Rows whose prompt fills it train nothing and are counted; more than 1% of the rows is refused.
-        compile: torch.compile the model and loss.
+        compile: torch.compile the model and loss: true, false or auto (on CUDA: on; elsewhere the base
+            config's).
         seed: Random seed; -1: the base config's.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;
             empty: none.

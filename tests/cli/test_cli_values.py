@@ -64,12 +64,12 @@ def test_a_bad_value_names_the_key_the_type_and_the_value(raw, declared):
     assert repr(raw) in str(error.value)
 
 
-# tune_seed is NUMBER_INTEGER, data_train_split STRING, tune_packed BOOLEAN, eval_lm_eval_tasks LIST,
+# tune_seed is NUMBER_INTEGER, data_train_split STRING, export_overwrite BOOLEAN, eval_lm_eval_tasks LIST,
 # tune_overrides STRUCT, tune_learning_rate NUMBER_DOUBLE in finetune-pipeline.
 GIVEN = [
     "tune_seed=0123",
     "data_train_split=0123",
-    "tune_packed=True",
+    "export_overwrite=True",
     "eval_lm_eval_tasks=[hellaswag, 0123]",
     "tune_overrides={clip_grad_norm: 1.0}",
     "tune_learning_rate=1e-4",
@@ -77,7 +77,7 @@ GIVEN = [
 EXPECTED = {
     "tune_seed": 123,
     "data_train_split": "0123",
-    "tune_packed": True,
+    "export_overwrite": True,
     "eval_lm_eval_tasks": ["hellaswag", 123],
     "tune_overrides": {"clip_grad_norm": 1.0},
     "tune_learning_rate": 1e-4,

@@ -55,7 +55,7 @@ def no_cli_checks(monkeypatch):
             "input parameter tune_learning_rate requires type double",
         ),
         ([*FINETUNE_PARAMS, "data_type=7"], "input parameter data_type requires type string"),
-        ([*FINETUNE_PARAMS, "tune_packed=maybe"], "input parameter tune_packed requires type bool"),
+        ([*FINETUNE_PARAMS, "export_overwrite=maybe"], "input parameter export_overwrite requires type bool"),
         (
             [*FINETUNE_PARAMS, "eval_lm_eval_tasks=hellaswag"],
             "input parameter eval_lm_eval_tasks requires type list",

@@ -144,7 +144,7 @@ def conversion(model_type: str) -> Conversion:
         return CONVERSIONS[model_type]
     except KeyError:
         raise ValueError(
-            f"checkpointer model_type {model_type!r} is unknown; expected one of {', '.join(CONVERSIONS)}"
+            f"no weight conversion for the checkpoint layout {model_type!r}; known layouts: {', '.join(CONVERSIONS)}"
         ) from None
 
 

@@ -536,3 +536,24 @@ def test_several_nodes_take_a_32k_micro_batch_only_where_it_fits_without_checkpo
     # Checkpointing the user turned on does not make room for 32k either: the bigger micro-batch is never checkpointed.
     forced = plan("llama3_2", 141, 8, 2, enable_activation_checkpointing=True)
     assert forced[:2] == (16384, True)
+
+
+def test_a_pipeline_user_who_sets_nothing_gets_packing_and_compile_on_cuda(tmp_path, data):
+    """The fine-tune component's own defaults (what every pipeline passes unless the user sets them) must leave
+    packing and compile to the CUDA defaults: a plain `False` default would count as the user's choice."""
+    import inspect
+
+    from kfp_finetune.components._shared.torchtune.config import from_flat
+    from kfp_finetune.components.torchtune_finetune import component
+    from kfp_finetune.components.torchtune_finetune.finetune import component_settings
+
+    signature = inspect.signature(component.torchtune_finetune.python_func)
+    defaults = {name: p.default for name, p in signature.parameters.items() if p.default is not p.empty}
+    settings = {k: v for k, v in component_settings(defaults).items() if v is not None}
+    cfg = from_flat({**settings, "device": "cuda"})
+    run = resolve_run(
+        cfg, fake_model_dir(tmp_path, "llama3_2"), tmp_path / "data.jsonl", tmp_path / "run", validate=False,
+        token_lengths=LENGTHS,
+    )  # fmt: skip
+    assert run.config["dataset"]["packed"] is True and run.config["compile"] is True
+    assert {"packed", "compile"} <= set(chosen(run))
