@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     )
     for measurement in measured.measurements:
         print(f"  {measurement.line()}")
-    problems = [f"{flag.line()} is proven by no parity case of {family.name}" for flag in unproven]
-    problems += [f"{m.direction} differs from transformers by {m.difference:.1e}" for m in measured.failed()]
+    problems = [f"{flag.line()}: no parity case of {family.name} has this kind of value" for flag in unproven]
+    problems += [f"{m.direction}: differs from transformers by {m.difference:.1e}" for m in measured.failed()]
     if problems:
         for problem in problems:
             print(f"not proven: {problem}", file=sys.stderr)
