@@ -52,6 +52,7 @@ def check_layout_parity(config: dict) -> str:
 
     Raises ConfigError naming each direction beyond parity.TOLERANCE."""
     model = config["model"]
+    # QLoRA measures as LoRA (parity.METHOD_DIRECTIONS).
     method = "full" if "lora_rank" not in model else ("dora" if model.get("use_dora") else "lora")
     directions = parity.METHOD_DIRECTIONS[method]
     missing = parity.missing_libraries([parity.LOAD])
