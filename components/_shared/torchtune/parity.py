@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import logging
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -70,6 +71,7 @@ _DROPPED = ("torch_dtype", "dtype", "auto_map", "_name_or_path", "transformers_v
 _NO_TOKEN_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 # Their RMSNorm scales by 1 + weight: a non-trivial scale is drawn around 0.
 _OFFSET_NORMS = ("gemma", "gemma2")
+_CHECKPOINTER_LOG = "kfp_finetune.components._shared.torchtune.checkpointer"
 
 
 @dataclass
@@ -177,7 +179,7 @@ def measure(hf_config: dict, family: str, directions: Iterable[str] = DIRECTIONS
     builder_node(expected, hf_config)  # refused here, before anything is built
     directions = tuple(directions)
     config = tiny_config(hf_config)
-    with _quiet_transformers(), tempfile.TemporaryDirectory(prefix="kfp-finetune-parity-") as scratch:
+    with _quiet(), tempfile.TemporaryDirectory(prefix="kfp-finetune-parity-") as scratch:
         hf_dir, out_dir = Path(scratch) / "hf", Path(scratch) / "out"
         _save_hf_model(config, expected, hf_dir, seed)
         model_dir = inspect_model_dir(hf_dir)
@@ -198,20 +200,25 @@ def measure(hf_config: dict, family: str, directions: Iterable[str] = DIRECTIONS
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def _quiet() -> Iterator[None]:
     """No progress bars or warnings from transformers (a tiny model's sizes trip its checks, e.g. Llama 3's
-    original_max_position_embeddings above 64 positions): the measurement's own lines are what a log needs."""
-    from transformers.utils import logging
+    original_max_position_embeddings above 64 positions), no shard-saved lines from the checkpointer: the
+    measurement's own lines are what a log needs."""
+    from transformers.utils import logging as transformers_logging
 
-    verbosity, progress_bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
+    saves = logging.getLogger(_CHECKPOINTER_LOG)
+    levels = transformers_logging.get_verbosity(), saves.level
+    progress_bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    saves.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        logging.set_verbosity(verbosity)
+        transformers_logging.set_verbosity(levels[0])
+        saves.setLevel(levels[1])
         if progress_bars:
-            logging.enable_progress_bar()
+            transformers_logging.enable_progress_bar()
 
 
 def _save_hf_model(config: dict, family: Family, folder: Path, seed: int) -> None:
