@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kfp_finetune.commands.resolve_config",
         "Print the complete torchtune YAML and recipe a run would use, without running it.",
     ),
+    "check-model": (
+        "kfp_finetune.commands.check_model",
+        "Measure whether a model folder's layout computes what transformers computes (config.json only).",
+    ),
     "upload": (
         "kfp_finetune.commands.upload",
         "Upload a pipeline to a KFP backend (creates it, or adds a version).",

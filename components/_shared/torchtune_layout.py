@@ -286,6 +286,26 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
 )  # fmt: skip
 
 
+# How a builder meets one field's value (carry_layout; parity_cases names the kinds it proves by them).
+CARRIED, NEUTRAL, POSITION_LIMIT, REFUSED = "carried", "neutral", "position limit", "refused"
+
+
+def layout_value(layout: LayoutField, hf_config: dict) -> Any:
+    """The field's value as transformers reads it: its default for the model_type where config.json omits it."""
+    if layout.read is not None:
+        return layout.read(hf_config)
+    return hf_config.get(layout.key, layout.defaults.get(hf_config.get("model_type")))
+
+
+def how_met(layout: LayoutField, value: Any, hf_config: dict, family: Family, accepted: set[str]) -> str:
+    """CARRIED to the builder's argument, NEUTRAL, turned into a POSITION_LIMIT, or REFUSED."""
+    if layout.arg in accepted and layout.carries(value):
+        return CARRIED
+    if layout.neutral(value, hf_config, family):
+        return NEUTRAL
+    return POSITION_LIMIT if layout.limits_positions else REFUSED
+
+
 def carry_layout(
     node: dict,
     family: Family,
@@ -304,17 +324,13 @@ def carry_layout(
     for layout in LAYOUT_FIELDS:
         if model_type not in layout.read_by:
             continue
-        if layout.read is not None:
-            value = layout.read(hf_config)
-        else:
-            value = hf_config.get(layout.key, layout.defaults.get(model_type))
-        if layout.arg in accepted and layout.carries(value):
+        value = layout_value(layout, hf_config)
+        how = how_met(layout, value, hf_config, family, accepted)
+        if how == CARRIED:
             node[layout.arg] = value
-        elif layout.neutral(value, hf_config, family):
-            continue
-        elif layout.limits_positions:
+        elif how == POSITION_LIMIT:
             node["max_seq_len"] = min(node["max_seq_len"], value)
-        else:
+        elif how == REFUSED:
             name = layout.key.replace("rope_scaling.", f"{source}.")
             fix = layout.fix
             if layout.arg in full_accepted and layout.arg not in accepted:

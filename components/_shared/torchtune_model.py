@@ -41,6 +41,8 @@ _TIKTOKEN = {"path": "original/tokenizer.model"}
 _QWEN_BPE = {"path": "vocab.json", "merges_file": "merges.txt"}
 # nn.GELU(approximate="tanh"); transformers reads Gemma's legacy hidden_act "gelu" as the same.
 _GEMMA_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu")
+_GEMMA2 = "kfp_finetune.components._shared.torchtune.gemma2"
+_LORA_QWEN2 = "kfp_finetune.components._shared.torchtune.qwen2.lora_qwen2"
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -61,17 +63,20 @@ FAMILIES: dict[str, Family] = {
                "torchtune.models.mistral.mistral_tokenizer", _SPM),
         Family("gemma", "torchtune.models.gemma.gemma", "torchtune.models.gemma.lora_gemma", "GEMMA",
                "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU),
-        Family("gemma2", "torchtune.models.gemma2.gemma2", "torchtune.models.gemma2.lora_gemma2", "GEMMA2",
+        # torchtune's gemma2 builders soft-cap the hidden state instead of the logits: ours cap the logits.
+        # Its attention takes no block masks (torchtune/models/gemma2/_attention.py), so no packing on CUDA.
+        Family("gemma2", f"{_GEMMA2}.gemma2", f"{_GEMMA2}.lora_gemma2", "GEMMA2",
                "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU,
-               block_masks=False),  # torchtune/models/gemma2/_attention.py: "Block masks are not implemeted yet"
+               block_masks=False),
         Family("phi3", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI3_MINI",
                "torchtune.models.phi3.phi3_mini_tokenizer", _SPM),
         Family("phi4", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI4",
                "torchtune.models.phi4.phi4_tokenizer", {"vocab_path": "vocab.json", "merges_path": "merges.txt"}),
-        # torchtune's Qwen tokenizers, fixed not to mask every example's end token when max_seq_len is set.
-        Family("qwen2", "torchtune.models.qwen2.qwen2", "torchtune.models.qwen2.lora_qwen2", "QWEN2",
+        # torchtune's Qwen tokenizers, fixed not to mask every example's end token when max_seq_len is set; its
+        # LoRA builder, fixed not to scale the q/k/v biases with DoRA's magnitudes.
+        Family("qwen2", "torchtune.models.qwen2.qwen2", _LORA_QWEN2, "QWEN2",
                "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_tokenizer", _QWEN_BPE),
-        Family("qwen2_5", "torchtune.models.qwen2.qwen2", "torchtune.models.qwen2.lora_qwen2", "QWEN2",
+        Family("qwen2_5", "torchtune.models.qwen2.qwen2", _LORA_QWEN2, "QWEN2",
                "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_5_tokenizer", _QWEN_BPE),
     ]
 }  # fmt: skip

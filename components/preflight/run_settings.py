@@ -8,10 +8,11 @@ Every problem names the pipeline parameter the user sets (`tune_learning_rate`, 
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kfp_finetune.components._shared import images, launch_settings, unset
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
@@ -22,6 +23,9 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.model_files import fetch_config_and_tokenizer
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components.preflight.problems import Problem
+
+if TYPE_CHECKING:
+    from kfp_finetune.components._shared.torchtune_model import ModelDir
 
 log = get_logger(__name__)
 
@@ -194,6 +198,9 @@ def check_model_and_run(
             model = inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Problem("model_uri", str(error).replace(folder, model_uri))]
+        unproven = check_layout_proven(model, model_uri)
+        if unproven:
+            return unproven
         if config is None:
             return []
         # The data's files are dataset-initialize's to write: a placeholder source, as `resolve-config` without
@@ -224,6 +231,23 @@ def check_model_and_run(
                                          "reads: is it a complete Hugging Face model config?")]  # fmt: skip
     log.info("tune_*: resolved recipe %s with base config %s", run.recipe, run.config_name or "user file")
     return []
+
+
+def check_layout_proven(model: ModelDir, model_uri: str) -> list[Problem]:
+    """Every config.json field that changes the math is of a kind a parity case of the model's family proves equal
+    to transformers (parity_cases; the fine-tune's node pods measure the exact layout before training)."""
+    from kfp_finetune.components._shared.torchtune.parity_cases import unproven
+
+    raw = json.loads((model.path / "config.json").read_text())  # model.hf_config may carry a position limit
+    found = unproven(model.family, raw)
+    if not found:
+        return []
+    fields = "; ".join(flag.line() for flag in found)
+    return [Problem("model_uri", f"{model_uri}: config.json has {fields}, which no parity case of the "
+                                 f"{model.family.name} family proves computes what transformers computes "
+                                 "(docs/families.md lists the proven layouts): choose a model of a proven layout, "
+                                 "or measure this one with `kfp-finetune check-model --model-dir <its folder>` and "
+                                 "add its case to components/_shared/torchtune/parity_cases.py")]  # fmt: skip
 
 
 def _unset_number(value: float) -> float | None:

@@ -3,8 +3,8 @@
     python -m kfp_finetune.components.torchtune_finetune.entrypoint tune run [torchrun flags] <recipe> --config <yaml>
 
 The launcher step resolves the config without torch (it runs on the component image); what needs torch
-(torch_checks.py: torchtune's config validation, prompts against max_seq_len) runs here, in the trainer image,
-within seconds of the pod starting. A bad config fails the TrainJob with one clear line (exit code 2) instead
+(torch_checks.py: torchtune's config validation, prompts against max_seq_len, the model layout's logit parity
+with transformers on a tiny random copy) runs here, in the trainer image, within seconds of the pod starting. A bad config fails the TrainJob with one clear line (exit code 2) instead
 of a traceback minutes into model loading; a good one is replaced by `tune run` (exec: same pid, same signals).
 """
 
@@ -52,15 +52,17 @@ def note_device(run_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     from kfp_finetune.components._shared.errors import ConfigError
-    from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
+    from kfp_finetune.components._shared.torchtune.torch_checks import check_layout_parity, check_resolved
     from kfp_finetune.components.torchtune_finetune.lease import guard_with_lease
 
     if not argv or argv[0] != "tune":
         raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>")
     path = config_path(argv)
     rank = os.environ.get("PET_NODE_RANK", "0")
+    config = yaml.safe_load(path.read_text())
     try:
-        check_resolved(yaml.safe_load(path.read_text()))
+        check_resolved(config)
+        parity = check_layout_parity(config)
     except ConfigError as error:
         print(
             f"{PREFIX}the resolved config {path} cannot train (node {rank}): {error}",
@@ -69,6 +71,7 @@ def main(argv: list[str]) -> int:
         )
         return CONFIG_REFUSED
     print(f"{PREFIX}config {path.name} checked (torchtune validation, prompts fit max_seq_len)", flush=True)
+    print(f"{PREFIX}{parity}", flush=True)
     if rank == "0":
         note_device(path.parent)
     guard_with_lease(path.parent)  # the training stops if the step that launched it is gone (lease.py)

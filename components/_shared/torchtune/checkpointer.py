@@ -137,6 +137,9 @@ class HFCheckpointer:
             peft_config = tune_to_peft_adapter_config(
                 adapter_config=dict(state_dict[training.ADAPTER_CONFIG]), base_model_name_or_path=self.repo_id
             )
+            # The recipes leave DoRA out of the config: PEFT would load a DoRA adapter as plain LoRA.
+            adapter = state_dict.get(training.ADAPTER_KEY, {})
+            peft_config["use_dora"] = any(key.endswith(".magnitude") for key in adapter)
             (epoch_dir / f"{ADAPTER_CONFIG_FNAME}.json").write_text(json.dumps(peft_config))
         copy_files(self._checkpoint_dir, epoch_dir, ignore_suffixes=SUFFIXES_TO_NOT_COPY)
         if intermediate_checkpoint:

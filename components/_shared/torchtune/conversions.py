@@ -80,10 +80,7 @@ def _qwen2_tune_to_hf(state_dict: StateDict, config: dict) -> StateDict:
 def _phi3_hf_to_tune(state_dict: StateDict, config: dict) -> StateDict:
     from torchtune.models.phi3._convert_weights import phi3_hf_to_tune
 
-    shape = _shape(config)
-    if shape["num_heads"] == shape["num_kv_heads"]:  # torchtune splits the fused qkv evenly without them
-        return phi3_hf_to_tune(state_dict)
-    return phi3_hf_to_tune(state_dict, **shape)
+    return phi3_hf_to_tune(state_dict, **_shape(config))
 
 
 def _phi3_tune_to_hf(state_dict: StateDict, config: dict) -> StateDict:

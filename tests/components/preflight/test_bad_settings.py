@@ -46,6 +46,10 @@ CASES = {
     ),
     "unsupported family": ({}, "org/qwen3", "model_uri", "model_type 'qwen3'"),
     "incomplete config.json": ({}, "org/no-dims", "model_uri", "config.json has no 'hidden_size'"),
+    "unproven layout": (
+        {}, "org/untied", "model_uri",
+        "config.json has tie_word_embeddings = false (carried: false), which no parity case of the llama3_2 family",
+    ),
     "eval device without GPU": (
         {"eval_device": "cuda"}, "org/tiny", "eval_device", "set eval_gpus=1",
     ),
@@ -90,6 +94,8 @@ def outcomes(tiny_llama, tmp_path_factory):
     (qwen3 / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
     no_dims = shutil.copytree(tiny_llama, tmp / "no-dims")
     (no_dims / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
+    untied = shutil.copytree(tiny_llama, tmp / "untied")  # Llama 3.2's layers without its tied embeddings
+    (untied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     scenarios = {case: _arguments(repo, settings) for case, (settings, repo, _, _) in CASES.items()}
     scenarios["valid"] = _arguments("org/tiny", {})
     scenarios["two problems"] = _arguments("org/qwen3", {"tune_method": "lorra"})
@@ -98,6 +104,7 @@ def outcomes(tiny_llama, tmp_path_factory):
         hub.add_repo("org/tiny", tiny_llama)
         hub.add_repo("org/qwen3", qwen3)
         hub.add_repo("org/no-dims", no_dims)
+        hub.add_repo("org/untied", untied)
         env = {**hub_env(hub.endpoint, tmp), "KUBECONFIG": str(kube.kubeconfig_path)}
         outcomes = result(run_python(SCENARIOS, env, json.dumps(scenarios)))
         files = [f.relative_to(tiny_llama).as_posix() for f in tiny_llama.rglob("*") if f.is_file()]

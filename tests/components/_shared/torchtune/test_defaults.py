@@ -17,7 +17,7 @@ from kfp_finetune.components._shared.torchtune.defaults import (
 )
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 from kfp_finetune.components._shared.torchtune.torch_checks import validate_config
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+from kfp_finetune.components._shared.torchtune_model import FAMILIES, inspect_model_dir
 from tests.components._shared.torchtune.test_resolve import fake_model_dir, resolve
 
 # Rows of 300-700 tokens, one in a hundred 3000: the p99 is 700 -> max_seq_len 768, not the outlier's length.
@@ -58,7 +58,8 @@ def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
         packed = chosen(run)["packed"]
         assert packed.value is False and "gemma2 attention takes no block masks" in packed.reason
         assert "flex_attention" not in chosen(run)
-        assert c["model"]["_component_"].startswith("torchtune.models.gemma2.")
+        family_builders = (FAMILIES[family].builder, FAMILIES[family].lora_builder)
+        assert c["model"]["_component_"] in family_builders  # not flex_attention's builder over it
     assert c["tokenizer"]["max_seq_len"] == 768  # p99 700 rounded up to 256, the 3000-token outliers cut
     assert c["compile"] is True
     assert isinstance(c["enable_activation_checkpointing"], bool)
