@@ -31,6 +31,7 @@ class Family:
     tokenizer_files: dict[str, str]  # tokenizer builder argument -> file in the model dir
     ties_embeddings: bool = False  # the output layer reuses the embedding (where the builder takes no switch)
     activations: tuple[str, ...] = ("silu",)  # config.json hidden_act values the builder's MLP computes
+    qk_norms: bool = False  # q and k pass an RMSNorm per head (activations the memory model counts)
     # torchtune config folder whose recipe configs serve a family that has none in 0.6.1 (resolve picks the size)
     configs_from: str | None = None
 
@@ -79,7 +80,7 @@ FAMILIES: dict[str, Family] = {
                f"{_TOKENIZERS}.qwen2_5_tokenizer", _QWEN_BPE),
         # Not in torchtune 0.6.1: our builders on its modules; Qwen2.5's recipe configs of the nearest size.
         Family("qwen3", f"{_QWEN3}.qwen3", f"{_QWEN3}.lora_qwen3", "QWEN3", f"{_TOKENIZERS}.qwen3_tokenizer",
-               _QWEN_BPE, configs_from="qwen2_5"),
+               _QWEN_BPE, qk_norms=True, configs_from="qwen2_5"),
     ]
 }  # fmt: skip
 
