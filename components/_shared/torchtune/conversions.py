@@ -169,7 +169,7 @@ def conversion(model_type: str) -> Conversion:
         return CONVERSIONS[model_type]
     except KeyError:
         raise ValueError(
-            f"checkpointer model_type {model_type!r} is unknown; expected one of {', '.join(CONVERSIONS)}"
+            f"checkpointer `model_type` {model_type!r} is unknown; expected one of {', '.join(CONVERSIONS)}"
         ) from None
 
 

@@ -150,7 +150,7 @@ NEUTRAL = [
     ("qwen2_5", {"layer_types": ["full_attention", "full_attention"]}),
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 2}),
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 32768}),
-    ("qwen3", {"layer_types": ["full_attention", "full_attention"], "attention_bias": OMIT, "hidden_act": OMIT}),
+    ("qwen3", {"layer_types": ["full_attention"] * 2, "attention_bias": OMIT, "hidden_act": OMIT}),
     ("qwen3", {"rope_scaling": {"rope_type": "default"}}),
     ("phi3", {"quantization_config": None}),
     # Fields transformers' class for the model_type does not read either.

@@ -140,9 +140,11 @@ def lora_qwen3(
     Args are torchtune's `lora_qwen2` builder's, plus `head_dim`. As there, the output projection is never
     quantized, and `apply_lora_to_output` with tied embeddings is refused (there is no output weight)."""
     if not lora_attn_modules:
-        raise ValueError("lora_attn_modules is empty: name q_proj, k_proj, v_proj or output_proj")
+        raise ValueError("model.lora_attn_modules is empty: name q_proj, k_proj, v_proj or output_proj")
     if apply_lora_to_output and tie_word_embeddings:
-        raise ValueError("apply_lora_to_output with tie_word_embeddings: there is no output weight to adapt")
+        raise ValueError(
+            "model.apply_lora_to_output with model.tie_word_embeddings: there is no output weight to adapt"
+        )
     adapter = partial(
         DoRALinear if use_dora else LoRALinear, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout
     )
