@@ -183,6 +183,9 @@ def test_qwen3_stops_generating_at_either_end_token_and_keeps_the_truncation_fix
     added = {token["content"]: token["id"] for token in tokenizer_json["added_tokens"]}
     tokenizer = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files)
     assert set(tokenizer.stop_tokens) == {added["<|im_end|>"], added["<|endoftext|>"]}
+    without_json = {k: v for k, v in qwen3_files.items() if k != "special_tokens_path"}
+    released = torchtune_tokenizers.qwen3_tokenizer(**without_json).special_tokens  # Qwen3's own ids
+    assert (released["<|im_end|>"], released["<think>"], released["</think>"]) == (151645, 151667, 151668)
     turns = qwen3_messages(CONVERSATIONS["one turn, no system prompt"])
     tokens, mask = tokenizer.tokenize_messages(turns)
     fits = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files, max_seq_len=len(tokens))
