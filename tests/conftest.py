@@ -75,6 +75,14 @@ def tiny_qwen(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """A tiny Qwen3-architecture model (dim 64, head_dim 32, non-trivial q/k norms). Treat as read-only."""
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", family="qwen3")
+
+
+@pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """The synthetic instruct dataset: {"train.jsonl": path, "eval.jsonl": ..., "*.parquet": ...}."""
     from kfp_finetune.tiny.dataset import build_tiny_dataset

@@ -13,8 +13,9 @@ tied output weights per family). A config.json field that changes the math is th
 - refused, with the field, its value, the file and what to do.
 
 Only fields that transformers' own class for the model_type reads are checked: one that transformers ignores
-(`attention_bias` on a mistral) changes nothing there either. Families torchtune 0.6.1 does not have are
-refused by model_type with the supported families and the nearest choice.
+(`attention_bias` on a mistral) changes nothing there either. Families served neither by torchtune 0.6.1 nor
+by this project's builders on its modules (torchtune/families/) are refused by model_type with the supported
+families and the nearest choice.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 SUPPORTED_FAMILIES = (
     "llama (Llama 2, Code Llama, Llama 3, 3.1, 3.2 text, 3.3), mistral (Mistral 7B), gemma, gemma2, "
-    "phi3 (Phi-3 4k-context, Phi-4), qwen2 (Qwen2, Qwen2.5)"
+    "phi3 (Phi-3 4k-context, Phi-4), qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3 dense, 0.6B-32B)"
 )
 _ENGINE_2 = (
     "mixture-of-experts and multimodal models need the second (transformers) training engine, which this project "
@@ -43,7 +44,7 @@ _LLAMA3_ROPE = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_posit
 # transformers' rope_theta when config.json has none, and RotaryPositionalEmbeddings' base.
 _ROPE_BASE = 10000.0
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")  # both the tanh approximation, as torchtune's nn.GELU("tanh")
-_ALL = frozenset({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2"})
+_ALL = frozenset({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2", "qwen3"})
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,7 @@ class Unsupported:
 UNSUPPORTED: dict[str, Unsupported] = {
     u_type: u
     for u_type, u in [
-        ("qwen3", Unsupported("Qwen3", "torchtune 0.6.1 has no Qwen3 family (q/k RMSNorm)", "Qwen2.5 (e.g. Qwen/Qwen2.5-7B-Instruct)")),
-        ("qwen3_moe", Unsupported("Qwen3-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "Qwen2.5 (dense)")),
+        ("qwen3_moe", Unsupported("Qwen3-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "Qwen3 dense (e.g. Qwen/Qwen3-8B)")),
         ("qwen2_moe", Unsupported("Qwen2-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "Qwen2.5 (dense)")),
         ("mixtral", Unsupported("Mixtral", "torchtune 0.6.1 has no mixture-of-experts layers", "Mistral 7B")),
         ("llama4", Unsupported("Llama 4", "torchtune 0.6.1 has no mixture-of-experts layers",
@@ -145,7 +145,7 @@ def _window_is_neutral(window: Any, hf_config: dict, family: Family | None = Non
 
 
 def _qwen2_window_is_neutral(use_sliding_window: Any, hf_config: dict, family: Family) -> bool:
-    # transformers' Qwen2 slides only with use_sliding_window, and only from layer max_window_layers on.
+    # transformers' Qwen2 and Qwen3 slide only with use_sliding_window, and only from layer max_window_layers on.
     return (
         not use_sliding_window
         or _window_is_neutral(hf_config.get("sliding_window", 4096), hf_config)
@@ -184,7 +184,9 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "rope_scaling.rope_type", _ALL,
         lambda v, c, f: v == "default" or (v == "llama3" and f.name in ("llama3_1", "llama3_2", "llama3_3")),
         "{builder} builds plain RoPE (llama3 scaling only for Llama 3.1+); no supported family implements this "
-        "scaling (Phi-3.5 / Phi-3 128k LongRoPE: use microsoft/Phi-3-mini-4k-instruct or microsoft/phi-4)",
+        "scaling (Phi-3.5 / Phi-3 128k LongRoPE: use microsoft/Phi-3-mini-4k-instruct or microsoft/phi-4; "
+        "Qwen2.5 / Qwen3 with YaRN added for long context: remove rope_scaling from config.json, where the released "
+        "checkpoints have none, and train within max_position_embeddings)",
         read=rope_type,
     ),
     LayoutField(
@@ -213,26 +215,29 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "head_dim", _ALL, lambda v, c, f: v is None or _head_dim(c) is None or v == _head_dim(c),
         "{builder} computes head_dim as hidden_size / num_attention_heads = {head_dim} and takes no head_dim "
         "(e.g. Mistral-Nemo's 128 with 5120 / 32); use a model whose head_dim is that quotient (Mistral 7B)",
-        arg="head_dim", defaults={"gemma": 256, "gemma2": 256},
+        arg="head_dim", defaults={"gemma": 256, "gemma2": 256, "qwen3": 128},
     ),
     LayoutField(
         "intermediate_size", _ALL, lambda v, c, f: False, "{builder} takes no MLP width", arg="intermediate_dim",
-        defaults={"llama": 11008, "mistral": 14336, "qwen2": 22016, "gemma": 24576, "gemma2": 9216, "phi3": 8192},
+        defaults={"llama": 11008, "mistral": 14336, "qwen2": 22016, "qwen3": 22016, "gemma": 24576, "gemma2": 9216,
+                  "phi3": 8192},
     ),
     LayoutField(
         "rms_norm_eps", _ALL, lambda v, c, f: False, "{builder} takes no norm epsilon", arg="norm_eps",
-        defaults={"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "gemma": 1e-6, "gemma2": 1e-6, "phi3": 1e-5},
+        defaults={"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "gemma": 1e-6, "gemma2": 1e-6,
+                  "phi3": 1e-5},
     ),
     LayoutField(
         "tie_word_embeddings", _ALL, lambda v, c, f: bool(v) == f.ties_embeddings,
-        "{builder} builds the output layer the other way (gemma families tie it, llama 3.2 and qwen2 follow "
+        "{builder} builds the output layer the other way (gemma families tie it, llama 3.2, qwen2 and qwen3 follow "
         "config.json, the others keep separate weights); no supported family builds this model (e.g. SmolLM2: "
         "llama layers with tied embeddings and a GPT-2 style tokenizer.json)",
         arg="tie_word_embeddings",
-        defaults={"llama": False, "mistral": False, "qwen2": False, "phi3": False, "gemma": True, "gemma2": True},
+        defaults={"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "phi3": False, "gemma": True,
+                  "gemma2": True},
     ),
     LayoutField(
-        "attention_bias", frozenset({"llama", "gemma", "gemma2"}), lambda v, c, f: not v,
+        "attention_bias", frozenset({"llama", "gemma", "gemma2", "qwen3"}), lambda v, c, f: not v,
         "{builder} builds attention projections without biases; no supported family with these layers has them",
     ),
     LayoutField(
@@ -240,10 +245,11 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "{builder} builds MLP projections without biases; no supported family with these layers has them",
     ),
     LayoutField(
-        "hidden_act", frozenset({"llama", "mistral", "qwen2", "phi3", "gemma"}),
+        "hidden_act", frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"}),
         lambda v, c, f: v in f.activations,
         "{builder} builds a fixed activation; no supported family with these layers uses this one",
-        defaults={"llama": "silu", "mistral": "silu", "qwen2": "silu", "phi3": "silu", "gemma": "gelu_pytorch_tanh"},
+        defaults={"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu",
+                  "gemma": "gelu_pytorch_tanh"},
     ),
     LayoutField(
         "hidden_activation", frozenset({"gemma", "gemma2"}), lambda v, c, f: v is None or v in _GELU_TANH,
@@ -259,15 +265,15 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         arg="sliding_window_size", defaults={"mistral": 4096, "gemma2": 4096}, limits_positions=True,
     ),
     LayoutField(
-        "use_sliding_window", frozenset({"qwen2"}), _qwen2_window_is_neutral,
-        "{builder} builds full attention in every layer; use a Qwen2 / Qwen2.5 model with use_sliding_window false "
-        "(all released ones)",
+        "use_sliding_window", frozenset({"qwen2", "qwen3"}), _qwen2_window_is_neutral,
+        "{builder} builds full attention in every layer; use a model with use_sliding_window false (all released "
+        "Qwen2, Qwen2.5 and Qwen3 models)",
     ),
     LayoutField(
-        "layer_types", frozenset({"qwen2", "gemma2"}),
+        "layer_types", frozenset({"qwen2", "qwen3", "gemma2"}),
         lambda v, c, f: v is None
         or v == (_gemma2_layer_types(len(v)) if f.name == "gemma2" else ["full_attention"] * len(v)),
-        "{builder} fixes which layers use a sliding window (gemma2: the even ones; qwen2: none); this model "
+        "{builder} fixes which layers use a sliding window (gemma2: the even ones; qwen2, qwen3: none); this model "
         "arranges them otherwise",
     ),
     LayoutField(

@@ -23,7 +23,7 @@ CHECKPOINTER = "kfp_finetune.components._shared.torchtune.checkpointer.HFCheckpo
 
 @dataclass(frozen=True)
 class Family:
-    name: str  # torchtune config folder, e.g. "llama3_2"
+    name: str  # e.g. "llama3_2": torchtune's config folder, unless configs_from names another
     builder: str
     lora_builder: str
     model_type: str  # torchtune checkpointer ModelType
@@ -34,6 +34,13 @@ class Family:
     # Its attention takes the BlockMask packed batches get on CUDA (flex attention); where not, GPU runs train
     # unpacked (defaults.py) and dataset-initialize writes no packs.
     block_masks: bool = True
+    qk_norms: bool = False  # q and k pass an RMSNorm per head (activations the memory model counts)
+    # torchtune config folder whose recipe configs serve a family that has none in 0.6.1 (resolve picks the size)
+    configs_from: str | None = None
+
+    @property
+    def config_family(self) -> str:
+        return self.configs_from or self.name
 
 
 _SPM = {"path": "tokenizer.model"}
@@ -43,6 +50,8 @@ _QWEN_BPE = {"path": "vocab.json", "merges_file": "merges.txt"}
 _GEMMA_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu")
 _GEMMA2 = "kfp_finetune.components._shared.torchtune.gemma2"
 _LORA_QWEN2 = "kfp_finetune.components._shared.torchtune.qwen2.lora_qwen2"
+_TOKENIZERS = "kfp_finetune.components._shared.torchtune_tokenizers"
+_QWEN3 = "kfp_finetune.components._shared.torchtune.families.qwen3"
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -74,10 +83,13 @@ FAMILIES: dict[str, Family] = {
                "torchtune.models.phi4.phi4_tokenizer", {"vocab_path": "vocab.json", "merges_path": "merges.txt"}),
         # torchtune's Qwen tokenizers, fixed not to mask every example's end token when max_seq_len is set; its
         # LoRA builder, fixed not to scale the q/k/v biases with DoRA's magnitudes.
-        Family("qwen2", "torchtune.models.qwen2.qwen2", _LORA_QWEN2, "QWEN2",
-               "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_tokenizer", _QWEN_BPE),
-        Family("qwen2_5", "torchtune.models.qwen2.qwen2", _LORA_QWEN2, "QWEN2",
-               "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_5_tokenizer", _QWEN_BPE),
+        Family("qwen2", "torchtune.models.qwen2.qwen2", _LORA_QWEN2, "QWEN2", f"{_TOKENIZERS}.qwen2_tokenizer",
+               _QWEN_BPE),
+        Family("qwen2_5", "torchtune.models.qwen2.qwen2", _LORA_QWEN2, "QWEN2", f"{_TOKENIZERS}.qwen2_5_tokenizer",
+               _QWEN_BPE),
+        # Not in torchtune 0.6.1: our builders on its modules; Qwen2.5's recipe configs of the nearest size.
+        Family("qwen3", f"{_QWEN3}.qwen3", f"{_QWEN3}.lora_qwen3", "QWEN3", f"{_TOKENIZERS}.qwen3_tokenizer",
+               _QWEN_BPE, qk_norms=True, configs_from="qwen2_5"),
     ]
 }  # fmt: skip
 
@@ -261,7 +273,7 @@ def _missing_tokenizer_file(path: Path, family: Family, relative: str, refused: 
 
 
 def detect_family(path: Path, hf_config: dict) -> str:
-    """The torchtune family serving config.json's model_type (and, within llama / phi3 / qwen2, the version)."""
+    """The family serving config.json's model_type (and, within llama / phi3 / qwen2, the version)."""
     model_type = hf_config.get("model_type")
     if model_type == "llama":
         scaling = torchtune_layout.rope_parameters(hf_config)[1]
@@ -278,6 +290,8 @@ def detect_family(path: Path, hf_config: dict) -> str:
         )
     if model_type == "qwen2":
         return "qwen2_5" if _added_tokens(path) - _QWEN2_ONLY_SPECIAL or not _added_tokens(path) else "qwen2"
+    if model_type == "qwen3":
+        return "qwen3"
     raise torchtune_layout.refuse_model_type(model_type, str(path / "config.json"))
 
 

@@ -1,10 +1,24 @@
-"""torchtune tokenizer builders with a truncation fix, named by the `tokenizer:` node of the configs we write.
+"""Qwen tokenizer builders named by the `tokenizer:` node of the configs we write: torchtune's, with a truncation
+fix, and Qwen3's, which torchtune 0.6.1 does not have.
 
 torchtune 0.6.1's Qwen2 and Qwen2.5 tokenizers end `tokenize_messages` with
 `truncate(mask, max_seq_len, True)`, and `torchtune.data.truncate` sets the last element even when nothing is
 cut: with a `max_seq_len`, every example's final end token is left out of the loss and the tuned model does not
 learn to stop generating. The builders here return torchtune's own tokenizers, changed in one respect: an
 example that fits in `max_seq_len` is tokenized exactly as without one; a longer one is cut by torchtune.
+
+Qwen3 keeps Qwen2.5's vocabulary and ChatML turns (`<|im_start|>role\n ... <|im_end|>\n`), adds tokens
+(`<think>`, `</think>`, `<tool_response>`, `</tool_response>`; read from the model's tokenizer.json), has no
+default system prompt (neither has torchtune's Qwen2.5 tokenizer), and marks thinking. Its chat template renders
+the final assistant turn after the last user message with a thinking block, empty when the answer has none:
+`<|im_start|>assistant\n<think>\n\n</think>\n\n{answer}<|im_end|>\n` — what transformers' apply_chat_template
+writes for such a conversation, and, up to `{answer}`, the generation prompt of non-thinking mode
+(`enable_thinking=False`). `qwen3_tokenizer` writes that block for non-reasoning data (an answer that carries its
+own `<think>...</think>` is tokenized as written) and trains it with the answer, as torchtune trains the whole
+assistant turn (header included): the tuned model answers without reasoning in either mode, as its data does,
+and evaluation prompts it as non-thinking mode does. Earlier assistant turns get no block, as in the template. The
+end token of every assistant turn, `<|im_end|>`, is trained; prompts are masked (unless train_on_input);
+generation stops at `<|im_end|>` or `<|endoftext|>`.
 """
 
 from __future__ import annotations
@@ -12,10 +26,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torchtune.data import Message
+from torchtune.data._prompt_templates import _get_prompt_template
 from torchtune.models.qwen2 import Qwen2Tokenizer
 from torchtune.models.qwen2 import qwen2_tokenizer as torchtune_qwen2_tokenizer
 from torchtune.models.qwen2_5 import qwen2_5_tokenizer as torchtune_qwen2_5_tokenizer
-from torchtune.models.qwen2_5._tokenizer import Qwen2_5Tokenizer
+from torchtune.models.qwen2_5._tokenizer import QWEN2_5_SPECIAL_TOKENS, Qwen2_5Tokenizer
+from torchtune.modules.transforms.tokenizers import parse_hf_tokenizer_json
+
+# Qwen3's added tokens beyond Qwen2.5's, with their ids in the released tokenizer.json (used without one).
+QWEN3_SPECIAL_TOKENS = {
+    **QWEN2_5_SPECIAL_TOKENS,
+    "<tool_response>": 151665,
+    "</tool_response>": 151666,
+    "<think>": 151667,
+    "</think>": 151668,
+}
+EMPTY_THINKING = "<think>\n\n</think>\n\n"
 
 
 # One subclass per torchtune class, not a mixin: Python refuses the builders' `__class__` swap to a class with
@@ -32,6 +58,29 @@ class Qwen2_5TokenizerTruncatingOnlyTooLong(Qwen2_5Tokenizer):
         self, messages: list[Message], *, add_eos: bool = True
     ) -> tuple[list[int], list[bool]]:
         return _truncate_only_too_long(self, super().tokenize_messages, messages, add_eos)
+
+
+class Qwen3Tokenizer(Qwen2_5TokenizerTruncatingOnlyTooLong):
+    """Qwen2.5's ChatML turns with Qwen3's empty thinking block on the final answer (module docstring)."""
+
+    def _tokenize_header(self, messages: list[Message], i: int) -> list[int]:
+        tokens = super()._tokenize_header(messages, i)
+        if _final_answer_without_thinking(messages, i):
+            # After `<|im_start|>assistant\n`, before a tool call's `<tool_call>`.
+            after_role = 1 + len(self.encode("assistant\n", add_bos=False, add_eos=False))
+            tokens[after_role:after_role] = self.encode(EMPTY_THINKING, add_bos=False, add_eos=False)
+        return tokens
+
+
+def _final_answer_without_thinking(messages: list[Message], i: int) -> bool:
+    """Message i is the last, an assistant's, after a user's (the template's last query), and has no thinking."""
+    message = messages[i]
+    return (
+        i == len(messages) - 1
+        and message.role == "assistant"
+        and any(m.role == "user" for m in messages[:i])
+        and "</think>" not in message.text_content
+    )
 
 
 def _truncate_only_too_long(
@@ -81,3 +130,27 @@ def qwen2_5_tokenizer(
     # The builder constructs torchtune's class itself; the subclass only replaces tokenize_messages.
     tokenizer.__class__ = Qwen2_5TokenizerTruncatingOnlyTooLong
     return tokenizer
+
+
+def qwen3_tokenizer(
+    path: str,
+    merges_file: str,
+    special_tokens_path: str | None = None,
+    max_seq_len: int | None = None,
+    prompt_template: str | dict | None = None,
+    **kwargs,
+) -> Qwen3Tokenizer:
+    """Qwen3's tokenizer: vocab.json + merges.txt (Qwen2.5's), the added tokens of `special_tokens_path` (the model's
+    tokenizer.json; None: the released ids), Qwen3's chat turns (module docstring), truncating only examples longer
+    than `max_seq_len`."""
+    special_tokens = (
+        QWEN3_SPECIAL_TOKENS if special_tokens_path is None else parse_hf_tokenizer_json(special_tokens_path)
+    )
+    return Qwen3Tokenizer(
+        path=path,
+        merges_file=merges_file,
+        special_tokens=special_tokens,
+        max_seq_len=max_seq_len,
+        prompt_template=None if prompt_template is None else _get_prompt_template(prompt_template),
+        **kwargs,
+    )

@@ -1,8 +1,9 @@
 """Build a tiny, offline, deterministic HF-layout model that torchtune loads like the real family.
 
-The weights come from torchtune's own component builder for the family with tiny dimensions,
-re-initialised from a seeded generator and converted to HF key names with torchtune's converters, so
-`FullModelHFCheckpointer` (and the LoRA builders) load them with strict key matching. `config.json` uses
+The weights come from the family's component builder (torchtune's, or ours on torchtune's modules for Qwen3)
+with tiny dimensions, re-initialised from a seeded generator and converted to HF key names through the
+project's conversion table (conversions.CONVERSIONS, as every run converts), so the checkpointer (and the LoRA
+builders) load them with strict key matching. `config.json` uses
 the real HF field names and matches the weights; the tokenizer files are those of `tiny.tokenizer`.
 """
 
@@ -12,11 +13,11 @@ import argparse
 import json
 from pathlib import Path
 
-FAMILIES = ("llama3_2", "qwen2_5")
+FAMILIES = ("llama3_2", "qwen2_5", "qwen3")
 MAX_POSITION_EMBEDDINGS = 2048
 INIT_STD = 0.02
 
-# What differs between the families, as in the real Llama-3.2-1B and Qwen2.5-0.5B configs.
+# What differs between the families, as in the real Llama-3.2-1B, Qwen2.5-0.5B and Qwen3-0.6B configs.
 _FAMILY_CONFIG = {
     "llama3_2": {
         "architectures": ["LlamaForCausalLM"],
@@ -32,6 +33,13 @@ _FAMILY_CONFIG = {
         "rms_norm_eps": 1e-06,
         "checkpointer_model_type": "QWEN2",
     },
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "checkpointer_model_type": "QWEN3",
+    },
 }
 
 # Llama-3.2's RoPE scaling, which torchtune's Llama3ScaledRoPE implements (scale_factor=32).
@@ -45,7 +53,7 @@ LLAMA3_ROPE_SCALING = {
 
 
 def checkpointer_model_type(family: str) -> str:
-    """The `model_type` torchtune's checkpointer needs for a family."""
+    """The checkpointer's `model_type` for a family (its key in conversions.CONVERSIONS)."""
     return _FAMILY_CONFIG[family]["checkpointer_model_type"]
 
 
@@ -65,7 +73,7 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
         bos_id = specials["<|begin_of_text|>"]
         eos_id = [specials["<|end_of_text|>"], specials["<|eom_id|>"], specials["<|eot_id|>"]]
     else:
-        vocab_size = -(-tokens.num_tokens // 64) * 64  # Qwen2.5 pads the embedding to a multiple of 64
+        vocab_size = -(-tokens.num_tokens // 64) * 64  # Qwen2.5, Qwen3: embedding padded to a multiple of 64
         bos_id, eos_id = specials["<|endoftext|>"], specials["<|im_end|>"]
     fam = _FAMILY_CONFIG[family]
     config = {
@@ -92,10 +100,19 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
     }
     if family == "llama3_2":
         config.update(head_dim=dim // num_heads, mlp_bias=False, rope_scaling=LLAMA3_ROPE_SCALING)
-    else:
+    elif family == "qwen2_5":
         config.update(
             max_window_layers=num_layers,
             sliding_window=MAX_POSITION_EMBEDDINGS,
+            use_sliding_window=False,
+        )
+    else:
+        # Qwen3's head_dim is its own setting (0.6B: 128, not 1024 / 16): here twice hidden / heads, so a model that
+        # computed it from the other two would not load.
+        config.update(
+            head_dim=2 * dim // num_heads,
+            max_window_layers=num_layers,
+            sliding_window=None,
             use_sliding_window=False,
         )
     return dict(sorted(config.items()))
@@ -104,7 +121,8 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
 def _seeded_state_dict(family: str, config: dict, seed: int) -> dict:
     """The builder's state dict with every weight drawn from one seeded generator.
 
-    Linear weights are N(0, 0.02), norms 1, biases 0. Token embeddings are N(0, 1/sqrt(hidden_size)):
+    Linear weights are N(0, 0.02), norms 1, biases 0; Qwen3's q/k norms U(0.5, 1.5), so that applying them on the
+    wrong side of RoPE changes the logits (families/qwen3.py). Token embeddings are N(0, 1/sqrt(hidden_size)):
     they are tied to the output layer, and with 0.02 a frozen output layer (LoRA) caps every logit near
     0.02 * hidden_size, so no prediction can become confident; 1/sqrt(hidden_size) gives unit-variance
     initial logits and leaves room to learn. (Measured: full fine-tune exact match 1.0 vs 0.76 at 0.02.)
@@ -115,7 +133,9 @@ def _seeded_state_dict(family: str, config: dict, seed: int) -> dict:
     generator = torch.Generator().manual_seed(seed)
     state_dict = {}
     for name, tensor in model.state_dict().items():
-        if name.endswith(".scale"):  # RMSNorm weights
+        if name.endswith((".q_norm.scale", ".k_norm.scale")):
+            value = torch.empty_like(tensor).uniform_(0.5, 1.5, generator=generator)
+        elif name.endswith(".scale"):  # RMSNorm weights
             value = torch.ones_like(tensor)
         elif name.endswith(".bias"):
             value = torch.zeros_like(tensor)
@@ -129,17 +149,9 @@ def _seeded_state_dict(family: str, config: dict, seed: int) -> dict:
 
 
 def _to_hf(family: str, config: dict, state_dict: dict) -> dict:
-    from torchtune.models.convert_weights import tune_to_hf
-    from torchtune.models.qwen2._convert_weights import qwen2_tune_to_hf
+    from kfp_finetune.components._shared.torchtune.conversions import conversion
 
-    shape = {
-        "num_heads": config["num_attention_heads"],
-        "num_kv_heads": config["num_key_value_heads"],
-        "dim": config["hidden_size"],
-    }
-    if family == "llama3_2":
-        return tune_to_hf(state_dict, head_dim=config["head_dim"], **shape)
-    return qwen2_tune_to_hf(state_dict, tie_word_embeddings=config["tie_word_embeddings"], **shape)
+    return conversion(checkpointer_model_type(family)).tune_to_hf(state_dict, config)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -1,14 +1,14 @@
-"""A tiny byte-level BPE tokenizer, written in the file layouts of the real Llama-3.x and Qwen2.5 repos.
+"""A tiny byte-level BPE tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5 and Qwen3 repos.
 
 The BPE is trained with the `tokenizers` library on a fixed synthetic corpus (the chat-template words, the
 task text of `kfp_finetune.tiny.dataset` and some common English), so the tokenizer depends only on the
 family, never on the model seed. The family's special tokens get small ids right after the base vocabulary.
 
 Files written:
-- both families: `tokenizer.json` (a complete HF `tokenizers` file; torchtune reads its `added_tokens`),
+- every family: `tokenizer.json` (a complete HF `tokenizers` file; torchtune reads its `added_tokens`),
   `tokenizer_config.json`, `special_tokens_map.json`;
 - Llama-3.x: `original/tokenizer.model` — tiktoken ranks (base64 bytes + space + rank per line);
-- Qwen2.5: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form.
+- Qwen2.5 and Qwen3: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ QWEN2_5_SPECIAL_TOKENS = [
     "<|file_sep|>",
 ]
 
+# Qwen3 adds these after Qwen2.5's (151665 + i), as plain added tokens (not special: decoding keeps them).
+QWEN3_ADDED_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+
 LLAMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
@@ -86,6 +89,20 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Qwen3's format without tools and reasoning: the final answer after the last user message opens with an empty
+# thinking block, as does the generation prompt with enable_thinking=False (torchtune_tokenizers.qwen3_tokenizer).
+QWEN3_CHAT_TEMPLATE = (
+    "{% set ns = namespace(last_query=messages|length) %}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}{% set ns.last_query = loop.index0 %}"
+    "{% endif %}{% endfor %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' and loop.last and loop.index0 > ns.last_query"
+    " and '</think>' not in message['content'] %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{{ message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% endif %}{% endif %}"
 )
 
 # Common English so the merges also cover ordinary prompts, not only the task.
@@ -104,7 +121,7 @@ class TinyTokenizer:
     """What a family's tokenizer looks like once written: ids the model config needs."""
 
     base_vocab_size: int
-    special_tokens: dict[str, int]  # content -> id
+    special_tokens: dict[str, int]  # added token (special, and for Qwen3 also plain) -> id
 
     @property
     def num_tokens(self) -> int:
@@ -182,10 +199,12 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
     vocab = tokenizer.get_vocab()
     base_vocab_size = len(vocab)
     specials = LLAMA3_SPECIAL_TOKENS if is_llama else QWEN2_5_SPECIAL_TOKENS
+    added = QWEN3_ADDED_TOKENS if family == "qwen3" else []
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    special_ids = {t: tokenizer.token_to_id(t) for t in specials}
-    # The special tokens must sit right after the base vocabulary, in list order.
-    assert list(special_ids.values()) == list(range(base_vocab_size, base_vocab_size + len(specials)))
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    special_ids = {t: tokenizer.token_to_id(t) for t in specials + added}
+    # The added tokens must sit right after the base vocabulary, in list order.
+    assert list(special_ids.values()) == list(range(base_vocab_size, base_vocab_size + len(special_ids)))
 
     if is_llama:
         bos, eos = "<|begin_of_text|>", "<|eot_id|>"
@@ -197,7 +216,8 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
     else:
         bos, eos, pad = None, "<|im_end|>", "<|endoftext|>"
         tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-        chat_template, tokenizer_class = CHATML_TEMPLATE, "Qwen2TokenizerFast"
+        chat_template = QWEN3_CHAT_TEMPLATE if family == "qwen3" else CHATML_TEMPLATE
+        tokenizer_class = "Qwen2TokenizerFast"
 
     tokenizer.save(str(out_dir / "tokenizer.json"))
     ordered = sorted(vocab.items(), key=lambda item: item[1])

@@ -17,11 +17,13 @@ from kfp_finetune.tiny.model import build_tiny_model, build_torchtune_model, che
 
 torch = pytest.importorskip("torch")
 
-FAMILIES = ["llama3_2", "qwen2_5"]
+FAMILIES = ["llama3_2", "qwen2_5", "qwen3"]
 EXPECTED_FILES = {
     "llama3_2": {"original/tokenizer.model"},
     "qwen2_5": {"vocab.json", "merges.txt"},
+    "qwen3": {"vocab.json", "merges.txt"},
 }
+MODEL_TYPES = {"llama3_2": "llama", "qwen2_5": "qwen2", "qwen3": "qwen3"}
 COMMON_FILES = {
     "config.json",
     "generation_config.json",
@@ -56,26 +58,16 @@ def file_hashes(model_dir: Path) -> dict[str, str]:
 
 
 def torchtune_tokenizer(family: str, model_dir: Path):
-    if family == "llama3_2":
-        from torchtune.models.llama3 import llama3_tokenizer
+    """The family's tokenizer as a run builds it (torchtune's, or ours where the family has one)."""
+    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir, instantiate
 
-        return llama3_tokenizer(
-            path=str(model_dir / "original" / "tokenizer.model"),
-            special_tokens_path=str(model_dir / "tokenizer.json"),
-        )
-    from torchtune.models.qwen2_5 import qwen2_5_tokenizer
-
-    return qwen2_5_tokenizer(
-        path=str(model_dir / "vocab.json"),
-        merges_file=str(model_dir / "merges.txt"),
-        special_tokens_path=str(model_dir / "tokenizer.json"),
-    )
+    return instantiate(inspect_model_dir(model_dir).tokenizer_node(None))
 
 
 def load_torchtune_state_dict(family: str, model_dir: Path, output_dir: Path, files=("model.safetensors",)):
-    from torchtune.training import FullModelHFCheckpointer
+    from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
 
-    checkpointer = FullModelHFCheckpointer(
+    checkpointer = HFCheckpointer(
         checkpoint_dir=str(model_dir),
         checkpoint_files=list(files),
         model_type=checkpointer_model_type(family),
@@ -95,7 +87,7 @@ def test_config_matches_weights(models, family):
     from safetensors import safe_open
 
     config = read_config(models[family])
-    assert config["model_type"] == {"llama3_2": "llama", "qwen2_5": "qwen2"}[family]
+    assert config["model_type"] == MODEL_TYPES[family]
     assert config["tie_word_embeddings"] is True and config["torch_dtype"] == "float32"
     dim, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim", dim // heads)
@@ -113,6 +105,14 @@ def test_config_matches_weights(models, family):
         assert shapes[prefix + "mlp.gate_proj.weight"] == (config["intermediate_size"], dim)
         assert shapes[prefix + "mlp.down_proj.weight"] == (dim, config["intermediate_size"])
         assert (prefix + "self_attn.q_proj.bias" in shapes) == config.get("attention_bias", False)
+        if family == "qwen3":
+            assert (
+                shapes[prefix + "self_attn.q_norm.weight"]
+                == shapes[prefix + "self_attn.k_norm.weight"]
+                == (head_dim,)
+            )
+    if family == "qwen3":  # its own head_dim, as Qwen3-0.6B's 128 with 1024 / 16
+        assert head_dim != dim // heads
 
     added = {
         t["content"]: t["id"]
@@ -121,6 +121,24 @@ def test_config_matches_weights(models, family):
     assert max(added.values()) < config["vocab_size"]
     eos_ids = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
     assert {config["bos_token_id"], *eos_ids} <= set(added.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_loads_it_with_torchtunes_logits(models, family, tmp_path):
+    """The kit's weights are what transformers computes with: fp32, within 1e-5 of the torchtune model's logits."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    config = read_config(models[family])
+    model = build_torchtune_model(family, config).eval()
+    model.load_state_dict(load_torchtune_state_dict(family, models[family], tmp_path), strict=True)
+    hf_model = AutoModelForCausalLM.from_pretrained(models[family], dtype=torch.float32).eval()
+    tokens = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(tokens) - hf_model(tokens).logits).abs().max().item() <= 1e-5
+    if family == "qwen3":  # non-trivial, so that a norm applied on the wrong side of RoPE changes the logits
+        with safe_open(models[family] / "model.safetensors", framework="pt") as weights:
+            assert weights.get_tensor("model.layers.0.self_attn.q_norm.weight").std() > 0.1
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -192,6 +210,10 @@ def test_tokenizer_round_trips_task_text(models, dataset, family):
         assert tokenizer.bos_id == added["<|begin_of_text|>"] and tokenizer.eot_id == added["<|eot_id|>"]
     else:
         assert tokenizer.im_start_id == added["<|im_start|>"] and tokenizer.eos_id == added["<|im_end|>"]
+    if family == "qwen3":  # Qwen3's plain added tokens: whole tokens in text, kept when decoding
+        think = tokenizer.encode("<think>\n\n</think>", add_bos=False, add_eos=False)
+        assert [think[0], think[-1]] == [added["<think>"], added["</think>"]]
+        assert hf_tokenizer.encode("<think>\n\n</think>", add_special_tokens=False).ids == think
     # Special tokens come right after the base vocabulary.
     assert sorted(added.values()) == list(range(min(added.values()), min(added.values()) + len(added)))
 
@@ -259,6 +281,11 @@ def test_cli_commands(tmp_path, capsys):
         == 0
     )
     assert read_config(tmp_path / "m")["hidden_size"] == 32
+    assert cli.main(["tiny-model", str(tmp_path / "q3"), "--family", "qwen3", "--dim", "32"]) == 0
+    assert {k: read_config(tmp_path / "q3")[k] for k in ("model_type", "head_dim")} == {
+        "model_type": "qwen3",
+        "head_dim": 16,
+    }
     assert cli.main(["tiny-dataset", str(tmp_path / "d"), "--train-rows", "5", "--eval-rows", "2"]) == 0
     assert len((tmp_path / "d" / "train.jsonl").read_text().splitlines()) == 5
     assert str(tmp_path / "d" / "eval.parquet") in capsys.readouterr().out

@@ -8,6 +8,9 @@ right (tests/components/_shared/torchtune/test_parity.py compares the logits wit
   `mlp_norm`: the wrong way round (its TransformerSelfAttentionLayer applies `mlp_norm` before the MLP and
   `mlp_scale` after it, as HF applies pre- and post-feedforward norms). Fixed after 0.6.1 on torchtune's main
   (PR 2853); here the two keys are swapped back after (and before) torchtune's mapping.
+- QWEN3 (Qwen3 dense, which 0.6.1 does not have): Qwen2's mapping (the same names, without q/k/v biases) plus
+  each layer's q/k norms (`self_attn.q_norm.weight` <-> `attn.q_norm.scale`, families/qwen3.py); like Qwen2, no
+  RoPE permutation (half-split RoPE on both sides).
 - PEFT adapters: torchtune 0.6.1 permutes the q/k LoRA B rows into HF's RoPE order for every family, also for the
   Qwen2 layout whose weights it never permutes, and leaves a DoRA magnitude of q/k in torchtune's order. Here
   the adapter follows exactly what the family's weight conversion does (`rope_permuted`).
@@ -89,6 +92,27 @@ def _phi3_tune_to_hf(state_dict: StateDict, config: dict) -> StateDict:
     return phi3_tune_to_hf(state_dict)
 
 
+# Qwen3's q/k norms, which torchtune 0.6.1's Qwen2 mapping does not know: HF name <-> torchtune name.
+_QWEN3_QK_NORM_HF = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_norm|k_norm)\.weight$")
+_QWEN3_QK_NORM_TUNE = re.compile(r"^layers\.(\d+)\.attn\.(q_norm|k_norm)\.scale$")
+
+
+def _qwen3_hf_to_tune(state_dict: StateDict, config: dict) -> StateDict:
+    norms = {key: _QWEN3_QK_NORM_HF.match(key) for key in state_dict}
+    converted = _qwen2_hf_to_tune({k: v for k, v in state_dict.items() if not norms[k]}, config)
+    converted.update({f"layers.{m[1]}.attn.{m[2]}.scale": state_dict[k] for k, m in norms.items() if m})
+    return converted
+
+
+def _qwen3_tune_to_hf(state_dict: StateDict, config: dict) -> StateDict:
+    norms = {key: _QWEN3_QK_NORM_TUNE.match(key) for key in state_dict}
+    converted = _qwen2_tune_to_hf({k: v for k, v in state_dict.items() if not norms[k]}, config)
+    converted.update(
+        {f"model.layers.{m[1]}.self_attn.{m[2]}.weight": state_dict[k] for k, m in norms.items() if m}
+    )
+    return converted
+
+
 # torchtune 0.6.1's Gemma 2 mapping crosses these two (module docstring).
 _GEMMA2_CROSSED = re.compile(r"^(layers\.\d+\.)(mlp_norm|mlp_scale)(\.scale)$")
 _GEMMA2_OTHER = {"mlp_norm": "mlp_scale", "mlp_scale": "mlp_norm"}
@@ -129,6 +153,7 @@ CONVERSIONS: dict[str, Conversion] = {
         Conversion("GEMMA", **_LLAMA),
         Conversion("GEMMA2", _gemma2_hf_to_tune, _gemma2_tune_to_hf, rope_permuted=True),
         Conversion("QWEN2", _qwen2_hf_to_tune, _qwen2_tune_to_hf, rope_permuted=False),
+        Conversion("QWEN3", _qwen3_hf_to_tune, _qwen3_tune_to_hf, rope_permuted=False),
         # torchtune writes no PEFT adapter for Phi (HF fuses qkv and gate/up: no module matches a LoRA'd one).
         Conversion("PHI3_MINI", _phi3_hf_to_tune, _phi3_tune_to_hf, rope_permuted=False, peft_adapter=False),
         Conversion("PHI4", _phi3_hf_to_tune, _phi3_tune_to_hf, rope_permuted=False, peft_adapter=False),

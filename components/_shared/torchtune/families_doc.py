@@ -102,9 +102,11 @@ def markdown() -> str:
         if not conversion(FAMILIES[name].model_type).peft_adapter and accepted != ["full"]:
             shown_methods += " (adapters as torchtune's `adapter_model.pt`: no PEFT format)"
         layouts = "; ".join(case.source for case in entry.cases())
-        out.append(
-            f"| {name} | {', '.join(model_types)} | {_sizes(configs.get(name, {}))} | {shown_methods} | {layouts} |"
-        )
+        config_family = FAMILIES[name].config_family
+        sizes = _sizes(configs.get(config_family, {}))
+        if config_family != name:
+            sizes = f"{config_family}'s: {sizes}"
+        out.append(f"| {name} | {', '.join(model_types)} | {sizes} | {shown_methods} | {layouts} |")
     out += ["", "## Flags proven", "", "Per family, each config.json field that changes the math and the kinds of "
             "value its proven layouts cover: `carried` (passed to the builder, any number), `neutral` (what the "
             "builder computes anyway), `position limit` (a sliding window the builder cannot apply: runs stay "

@@ -199,6 +199,25 @@ _QWEN_SMALL = {
     "vocab_size": 151936,
     "tie_word_embeddings": True,
 }
+_QWEN3_8B = {
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "vocab_size": 151936,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 36,
+    "tie_word_embeddings": False,
+}
 
 FAMILY_CASES: dict[str, FamilyCases] = {
     c.family: c
@@ -259,6 +278,14 @@ FAMILY_CASES: dict[str, FamilyCases] = {
         FamilyCases("qwen2_5", "Qwen/Qwen2.5-7B", {**_QWEN2_7B, "max_window_layers": 28}, {
             "Qwen/Qwen2.5-0.5B (tied embeddings)": {**_QWEN_SMALL, "max_position_embeddings": 32768,
                                                     "sliding_window": 32768, "max_window_layers": 21},
+        }),
+        FamilyCases("qwen3", "Qwen/Qwen3-8B", _QWEN3_8B, {
+            "Qwen/Qwen3-0.6B (tied embeddings, head_dim above hidden/heads)": {
+                "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+                "tie_word_embeddings": True, "max_window_layers": 28},
+            "Qwen/Qwen3-32B (head_dim below hidden/heads)": {
+                "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
+                "max_window_layers": 64},
         }),
     ]
 }  # fmt: skip

@@ -167,7 +167,8 @@ def select_recipe_and_config(
 def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> str:
     """The family's config (any family's if it has none for this recipe) of the nearest size, and of that size the
     best variant. Size before variant: an 8B QLoRA run on 8 GPUs must get the 8B LoRA config, not the family's
-    only QLoRA config (405B, with adapter-only checkpoints and 405B-sized settings)."""
+    only QLoRA config (405B, with adapter-only checkpoints and 405B-sized settings). A family torchtune 0.6.1 does
+    not have takes the configs of the family it names (`Family.configs_from`: Qwen3 takes Qwen2.5's)."""
     preferences = _VARIANTS[method]
     scored = []
     for name in config_names:
@@ -175,7 +176,7 @@ def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> st
         params = size_in_parameters(size)
         if params is None or variant not in preferences:
             continue
-        other_family = family != model.family.name
+        other_family = family != model.family.config_family
         distance = abs(math.log(params) - math.log(max(model.num_parameters, 1)))
         scored.append((other_family, distance, preferences.index(variant), name))
     if not scored:

@@ -37,6 +37,11 @@ BASES = {
     "qwen2_5": ({"model_type": "qwen2", **_DIMS, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
                  "max_position_embeddings": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
                  "sliding_window": 32768, "max_window_layers": 21}, ["vocab.json", "merges.txt", "tokenizer.json"]),
+    # Qwen3-0.6B's fields; head_dim is its own (0.6B: 128 with 1024 / 16)
+    "qwen3": ({"model_type": "qwen3", **_DIMS, "head_dim": 32, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+               "rope_theta": 1e6, "rope_scaling": None, "max_position_embeddings": 40960, "tie_word_embeddings": True,
+               "attention_bias": False, "hidden_act": "silu", "use_sliding_window": False, "sliding_window": None,
+               "max_window_layers": 28}, ["vocab.json", "merges.txt", "tokenizer.json"]),
 }  # fmt: skip
 
 
@@ -107,6 +112,14 @@ REFUSED = [
     ("qwen2_5", {"layer_types": ["full_attention", "sliding_attention"]}, r"layer_types = \['full_attention'"),
     ("gemma2", {"layer_types": ["full_attention", "sliding_attention"]}, r"layer_types = .*gemma2: the even ones"),
     ("gemma2", {"final_logit_softcapping": None}, r"final_logit_softcapping = None .*always soft-caps"),
+    # Qwen3 with YaRN added for contexts past 32,768 tokens (its model card's recipe)
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+     r"rope_scaling.rope_type = 'yarn' .*Qwen3 with YaRN .*remove rope_scaling from config.json"),
+    ("qwen3", {"attention_bias": True}, r"attention_bias = True .*qwen3 builder builds attention projections without"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0},
+     r"use_sliding_window = True .*full attention in every layer"),
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"]}, r"layer_types = .*qwen2, qwen3: none"),
+    ("qwen3", {"hidden_act": "gelu"}, r"hidden_act = 'gelu'"),
     ("mistral", {"quantization_config": {"quant_method": "gptq", "bits": 4}},
      r"quantization_config = .*gptq.*use the unquantized model \(tune_method=qlora"),
 ]  # fmt: skip
@@ -137,6 +150,8 @@ NEUTRAL = [
     ("qwen2_5", {"layer_types": ["full_attention", "full_attention"]}),
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 2}),
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 32768}),
+    ("qwen3", {"layer_types": ["full_attention"] * 2, "attention_bias": OMIT, "hidden_act": OMIT}),
+    ("qwen3", {"rope_scaling": {"rope_type": "default"}}),
     ("phi3", {"quantization_config": None}),
     # Fields transformers' class for the model_type does not read either.
     ("mistral", {"attention_bias": True, "mlp_bias": True}),
@@ -173,6 +188,15 @@ CARRIED = [
     ("llama3", {"intermediate_size": OMIT}, "intermediate_dim", 11008),  # the builder would compute 256 for dim 64
     ("phi3", {"rms_norm_eps": OMIT}, "norm_eps", 1e-5),
     ("gemma", {"head_dim": OMIT}, "head_dim", 256),
+    ("qwen3", {}, "head_dim", 32),
+    ("qwen3", {"head_dim": OMIT}, "head_dim", 128),  # transformers' Qwen3Config default, not hidden / heads
+    ("qwen3", {}, "tie_word_embeddings", True),
+    ("qwen3", {"tie_word_embeddings": OMIT}, "tie_word_embeddings", False),
+    ("qwen3", {}, "rope_base", 1e6),
+    ("qwen3", {"rope_theta": OMIT, "rope_scaling": OMIT, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+     "rope_base", 1e6),
+    ("qwen3", {"rms_norm_eps": OMIT, "intermediate_size": OMIT}, "norm_eps", 1e-6),
+    ("qwen3", {"intermediate_size": OMIT}, "intermediate_dim", 22016),
     ("gemma2", {}, "hidden_capping_value", 50.0),
     ("gemma2", {"attn_logit_softcapping": None}, "hidden_capping_value", None),
     ("gemma2", {"final_logit_softcapping": 25.0}, "final_capping_value", 25.0),
@@ -234,7 +258,7 @@ def test_pre_flight_inspects_a_folder_without_weights_and_model_initialize_still
 _ENGINE_2 = "mixture-of-experts and multimodal models need the second (transformers) training engine"
 # model_type -> the nearest supported choice the message names ("" where there is none)
 UNSUPPORTED = {
-    "qwen3": "Qwen2.5", "qwen3_moe": "Qwen2.5", "llama4": "Llama 3.1 / 3.3", "mllama": "Llama 3.2 text",
+    "qwen3_moe": "Qwen3 dense", "llama4": "Llama 3.1 / 3.3", "mllama": "Llama 3.2 text",
     "gemma3": "Gemma 2", "gemma3_text": "Gemma 2", "granite": "", "granitemoe": "", "olmo2": "", "smollm3": "",
     "phi4mm": "Phi-4", "gpt_oss": "", "qwen2_vl": "Qwen2.5", "falcon": "", "deepseek_v3": "",
 }  # fmt: skip

@@ -44,7 +44,7 @@ CASES = {
         {"tune_trainer_image": "Registry.io/Trainer image"}, "org/tiny", "tune_trainer_image",
         "is not an image reference",
     ),
-    "unsupported family": ({}, "org/qwen3", "model_uri", "model_type 'qwen3'"),
+    "unsupported family": ({}, "org/qwen3-moe", "model_uri", "model_type 'qwen3_moe'"),
     "incomplete config.json": ({}, "org/no-dims", "model_uri", "config.json has no 'hidden_size'"),
     "unproven layout": (
         {}, "org/untied", "model_uri",
@@ -89,20 +89,20 @@ def _arguments(repo: str, settings: dict) -> dict:
 @pytest.fixture(scope="module")
 def outcomes(tiny_llama, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("preflight")
-    qwen3 = shutil.copytree(tiny_llama, tmp / "qwen3")
-    config = json.loads((qwen3 / "config.json").read_text())
-    (qwen3 / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    moe = shutil.copytree(tiny_llama, tmp / "qwen3-moe")
+    config = json.loads((moe / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_moe"}))
     no_dims = shutil.copytree(tiny_llama, tmp / "no-dims")
     (no_dims / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
     untied = shutil.copytree(tiny_llama, tmp / "untied")  # Llama 3.2's layers without its tied embeddings
     (untied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     scenarios = {case: _arguments(repo, settings) for case, (settings, repo, _, _) in CASES.items()}
     scenarios["valid"] = _arguments("org/tiny", {})
-    scenarios["two problems"] = _arguments("org/qwen3", {"tune_method": "lorra"})
+    scenarios["two problems"] = _arguments("org/qwen3-moe", {"tune_method": "lorra"})
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torchtune")
         hub.add_repo("org/tiny", tiny_llama)
-        hub.add_repo("org/qwen3", qwen3)
+        hub.add_repo("org/qwen3-moe", moe)
         hub.add_repo("org/no-dims", no_dims)
         hub.add_repo("org/untied", untied)
         env = {**hub_env(hub.endpoint, tmp), "KUBECONFIG": str(kube.kubeconfig_path)}

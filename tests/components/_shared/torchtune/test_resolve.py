@@ -304,7 +304,7 @@ def test_only_the_qwen_families_use_a_fixed_tokenizer():
     fixed = {
         name for name, family in FAMILIES.items() if not family.tokenizer.startswith("torchtune.models.")
     }
-    assert fixed == {"qwen2", "qwen2_5"}
+    assert fixed == {"qwen2", "qwen2_5", "qwen3"}
 
 
 def test_data_folder_uses_its_train_files(tiny_dataset, tiny_llama, tmp_path):
@@ -417,8 +417,8 @@ def test_bad_model_dirs(tiny_llama, data_file, tmp_path):
     (broken / "config.json").write_text(json.dumps({**config, "model_type": "falcon"}))
     with pytest.raises(ConfigError, match="unknown architecture model_type='falcon'"):
         resolve(broken, data_file, tmp_path)
-    (broken / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
-    with pytest.raises(ConfigError, match="Qwen3 .* not supported"):
+    (broken / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_moe"}))
+    with pytest.raises(ConfigError, match="Qwen3-MoE .* not supported"):
         resolve(broken, data_file, tmp_path)
     (broken / "config.json").unlink()
     with pytest.raises(ConfigError, match="has no config.json"):
