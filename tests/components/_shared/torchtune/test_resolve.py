@@ -300,11 +300,13 @@ def test_qwen_with_max_seq_len_still_trains_on_every_examples_end_token(tiny_qwe
     assert example["tokens"][-1] == example["labels"][-1] == tokenizer.eos_id
 
 
-def test_only_the_qwen_families_use_a_fixed_tokenizer():
-    fixed = {
-        name for name, family in FAMILIES.items() if not family.tokenizer.startswith("torchtune.models.")
+def test_only_the_qwen_families_use_a_fixed_tokenizer_and_only_the_tokenizer_json_families_our_own():
+    ours = {name for name, family in FAMILIES.items() if not family.tokenizer.startswith("torchtune.models.")}
+    assert ours == {"qwen2", "qwen2_5", "qwen3", "smollm2", "mistral_nemo"}
+    reading_tokenizer_json = {
+        name for name, f in FAMILIES.items() if f.tokenizer_files == {"path": "tokenizer.json"}
     }
-    assert fixed == {"qwen2", "qwen2_5", "qwen3"}
+    assert reading_tokenizer_json == {"smollm2", "mistral_nemo"}
 
 
 def test_data_folder_uses_its_train_files(tiny_dataset, tiny_llama, tmp_path):
