@@ -1,4 +1,5 @@
-"""A tiny byte-level BPE tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5 and Qwen3 repos.
+"""A tiny byte-level BPE tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5, Qwen3, SmolLM2 and
+Mistral-Nemo repos.
 
 The BPE is trained with the `tokenizers` library on a fixed synthetic corpus (the chat-template words, the
 task text of `kfp_finetune.tiny.dataset` and some common English), so the tokenizer depends only on the
@@ -8,7 +9,10 @@ Files written:
 - every family: `tokenizer.json` (a complete HF `tokenizers` file; torchtune reads its `added_tokens`),
   `tokenizer_config.json`, `special_tokens_map.json`;
 - Llama-3.x: `original/tokenizer.model` — tiktoken ranks (base64 bytes + space + rank per line);
-- Qwen2.5 and Qwen3: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form.
+- Qwen2.5 and Qwen3: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form;
+- SmolLM2 and Mistral-Nemo: nothing else, as their tokenizer.json is what the project reads; their special tokens
+  take the first ids (SmolLM2's 0-16, Tekken's control tokens), as in the real files, and each pre-tokenizes as the
+  real file does (SmolLM2: single digits, then GPT-2's byte-level split; Tekken: its own Split regex, then bytes).
 """
 
 from __future__ import annotations
@@ -79,6 +83,41 @@ QWEN2_5_SPECIAL_TOKENS = [
 # Qwen3 adds these after Qwen2.5's (151665 + i), as plain added tokens (not special: decoding keeps them).
 QWEN3_ADDED_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
 
+# SmolLM2's special tokens, ids 0-16 of its tokenizer.json.
+SMOLLM2_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<repo_name>",
+    "<reponame>",
+    "<file_sep>",
+    "<filename>",
+    "<gh_stars>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<jupyter_script>",
+    "<empty_output>",
+]
+# Tekken's first control tokens (ids 0-9); the real file reserves ids up to 999 for more (<SPECIAL_n>), here 31.
+TEKKEN_SPECIAL_TOKENS = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    *(f"<SPECIAL_{i}>" for i in range(10, 32)),
+]
+
 LLAMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
@@ -103,6 +142,23 @@ QWEN3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
     "{% endif %}{% endif %}"
+)
+
+# SmolLM2-Instruct's ChatML, with its default system prompt.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Mistral-Nemo-Instruct's [INST] turns (Tekken); a system prompt opens the last user message.
+MISTRAL_NEMO_CHAT_TEMPLATE = (
+    "{% set system = messages | selectattr('role', 'equalto', 'system') | map(attribute='content') | list %}"
+    "{% set users = messages | selectattr('role', 'equalto', 'user') | list %}{{ bos_token }}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST]' }}"
+    "{% if system and message == users[-1] %}{{ system[0] + '\\n\\n' }}{% endif %}"
+    "{{ message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
 )
 
 # Common English so the merges also cover ordinary prompts, not only the task.
@@ -194,6 +250,8 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
     """Train the tiny BPE and write the family's tokenizer files into `out_dir`."""
     from tokenizers import AddedToken, processors
 
+    if family in _TOKENIZER_JSON_ONLY:
+        return _write_tokenizer_json_only(out_dir, family)
     is_llama = family == "llama3_2"
     tokenizer = _train(LLAMA3_PATTERN if is_llama else QWEN2_PATTERN)
     vocab = tokenizer.get_vocab()
@@ -252,4 +310,63 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
             "tokenizer_class": tokenizer_class,
         },
     )
+    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
+
+
+# family -> (special tokens, which come first, bos, eos, pad, chat template)
+_TOKENIZER_JSON_ONLY = {
+    "smollm2": (SMOLLM2_SPECIAL_TOKENS, None, "<|im_end|>", "<|im_end|>", SMOLLM2_CHAT_TEMPLATE),
+    "mistral_nemo": (TEKKEN_SPECIAL_TOKENS, "<s>", "</s>", None, MISTRAL_NEMO_CHAT_TEMPLATE),
+}
+
+
+def _write_tokenizer_json_only(out_dir: Path, family: str) -> TinyTokenizer:
+    """SmolLM2's or Mistral-Nemo's files: tokenizer.json (special tokens first), tokenizer_config.json,
+    special_tokens_map.json."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from kfp_finetune.components._shared.torchtune.hf_tokenizer import TEKKEN_PATTERN
+
+    specials, bos, eos, pad, chat_template = _TOKENIZER_JSON_ONLY[family]
+    tokenizer = Tokenizer(models.BPE())
+    if family == "smollm2":
+        split = pre_tokenizers.Digits(individual_digits=True)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        split = pre_tokenizers.Split(Regex(TEKKEN_PATTERN), behavior="isolated", invert=False)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(specials) + BASE_VOCAB_SIZE,
+        show_progress=False,
+        special_tokens=specials,  # ids 0 .. len - 1, added as special tokens
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(training_corpus(), trainer=trainer)
+    special_ids = {t: tokenizer.token_to_id(t) for t in specials}
+    assert list(special_ids.values()) == list(range(len(specials)))
+    if bos is None:  # GPT-2's: no tokens added
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    else:  # every encoding starts with <s>
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, special_ids[bos])]
+        )
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+
+    special_map = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": specials[0]}
+    special_map = {k: v for k, v in special_map.items() if v is not None}
+    _write_json(out_dir / "special_tokens_map.json", special_map)
+    _write_json(
+        out_dir / "tokenizer_config.json",
+        {
+            **special_map,
+            "additional_special_tokens": [t for t in specials if t not in special_map.values()],
+            "chat_template": chat_template,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 2048,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+    )
+    base_vocab_size = tokenizer.get_vocab_size() - len(specials)
     return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
