@@ -45,15 +45,6 @@ def model_folder(root, name):
     return folder
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """Rows of ~1500 characters (~500 tokens estimated), as a real instruction set."""
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rows = [{"input": "word " * (100 + i % 150), "output": "answer " * 120} for i in range(500)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
 @pytest.mark.parametrize(
     ("name", "method", "devices"), BASE_CONFIGS, ids=["-".join(map(str, k)) for k in BASE_CONFIGS]
 )
