@@ -53,7 +53,7 @@ class ChatFormat:
     stop: tuple[str, ...]  # generation stops at any of these
     pad: str  # never in a prompt: generation pads with it
     bos: str | None = None  # opens every sequence (None: nothing does)
-    default_system: str | None = None  # the system message a conversation without one gets
+    default_system: str | None = None  # the system message a conversation not opening with one gets first
     # None: a system message is a turn of its own; else the separator after which it opens the last user message
     system_in_last_user: str | None = None
     special: tuple[str, ...] = ()  # the other special tokens the turns write
@@ -205,9 +205,9 @@ def _pieces(chat_format: ChatFormat, messages: list[Message]) -> list[tuple[str,
             )
         if any(item["type"] != "text" for item in message.content):
             raise RuntimeError(f"{chat_format.name} takes text only, not {message.content!r}")
-    system = [m for m in messages if m.role == "system"]
-    if not system and chat_format.default_system is not None:
+    if chat_format.default_system is not None and messages and messages[0].role != "system":
         messages = [Message("system", chat_format.default_system, masked=True), *messages]
+    system = [m for m in messages if m.role == "system"]
     last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
     if chat_format.system_in_last_user is not None and system and last_user is None:
         raise ValueError(

@@ -251,6 +251,14 @@ def test_assistant_turns_are_trained_whole_and_the_prompt_before_the_answer_is_t
     assert tokens_all == tokens and not any(mask_all[1:])
 
 
+def test_smollm2s_default_system_prompt_opens_a_conversation_whose_first_message_is_no_system_message(
+    model_dirs, render
+):
+    turns = [("user", "Uppercase: c a t s"), ("system", "Answer in capitals."), ("assistant", "C A T S")]
+    tokens, _ = family_tokenizer(model_dirs["smollm2"]).tokenize_messages(messages_of(turns))
+    assert tokens == render("smollm2", turns)[:-1]
+
+
 def test_smollm2s_default_system_prompt_is_masked_even_with_train_on_input(model_dirs):
     tokenizer = family_tokenizer(model_dirs["smollm2"])
     turns = CONVERSATIONS["one turn, no system prompt"]
