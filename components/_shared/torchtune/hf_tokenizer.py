@@ -55,6 +55,7 @@ class ChatFormat:
     bos: str | None = None  # opens every sequence (None: nothing does)
     default_system: str | None = None  # the system message a conversation not opening with one gets first
     # None: a system message is a turn of its own; else the separator after which it opens the last user message
+    # (encoded with it, as the template writes it: its tokens carry that message's mask)
     system_in_last_user: str | None = None
     special: tuple[str, ...] = ()  # the other special tokens the turns write
     # the regex of the pre-tokenizer's first Split the family's tokenizer was trained with (None: as tokenizer.json)
