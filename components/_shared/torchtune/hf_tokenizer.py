@@ -9,9 +9,9 @@ added tokens (a special token written in text is that token, as in transformers)
 nothing. The post-processor's additions (a BOS) are left to `encode(add_bos=...)`.
 
 One correction, as transformers makes it: Mistral's tokenizer.json files saved by transformers before 5.0 may split
-text with Llama 3's regex instead of Tekken's (digits in threes, letters not by case; transformers 5 warns and
-replaces the first Split with Tekken's when loaded with `fix_mistral_regex=True`, see the Mistral-Small-3.1
-discussion it links). The mistral_nemo format names Tekken's regex (mistral-common's), and a first Split with
+text with Llama 3's regex instead of Tekken's (digits in threes, letters not by case; transformers 4.57 and 5 warn
+and replace the first Split with Tekken's when loaded with `fix_mistral_regex=True`, see the Mistral-Small-3.1
+discussion they link). The mistral_nemo format names Tekken's regex (mistral-common's), and a first Split with
 another pattern is replaced by it: the ids are transformers' with `fix_mistral_regex=True`, the tokenization the
 model was trained with (mistral-common's).
 

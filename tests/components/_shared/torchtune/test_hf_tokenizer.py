@@ -102,13 +102,13 @@ def test_the_texts_show_a_pre_tokenizer_mismatch(family, rich_dirs):
 
 def test_a_mistral_tokenizer_json_with_llama_3s_split_is_read_with_tekkens(rich_dirs, tmp_path):
     """A tokenizer.json saved by transformers before 5.0 may split with Llama 3's regex (digits in threes, letters
-    not by case): read as transformers 5 reads it with fix_mistral_regex=True (its own correction, which it applies
+    not by case): read as transformers reads it with fix_mistral_regex=True (its own correction, which it applies
     to vocabularies above 100,000 tokens: Tekken's 131,072, not this tiny one's), not as the file is written."""
     from transformers import PreTrainedTokenizerFast
 
     patch = getattr(PreTrainedTokenizerFast, "_patch_mistral_regex", None)
     if patch is None:
-        pytest.skip("this transformers has no fix_mistral_regex (added in 5.0)")
+        pytest.skip("this transformers has no fix_mistral_regex")
     folder = shutil.copytree(rich_dirs["mistral_nemo"], tmp_path / "saved-by-transformers-4")
     spec = json.loads((folder / "tokenizer.json").read_text())
     spec["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": LLAMA3_PATTERN}
