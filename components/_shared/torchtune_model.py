@@ -52,6 +52,7 @@ _GEMMA2 = "kfp_finetune.components._shared.torchtune.gemma2"
 _LORA_QWEN2 = "kfp_finetune.components._shared.torchtune.qwen2.lora_qwen2"
 _TOKENIZERS = "kfp_finetune.components._shared.torchtune_tokenizers"
 _QWEN3 = "kfp_finetune.components._shared.torchtune.families.qwen3"
+_GEMMA3 = "kfp_finetune.components._shared.torchtune.families.gemma3"
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -90,6 +91,10 @@ FAMILIES: dict[str, Family] = {
         # Not in torchtune 0.6.1: our builders on its modules; Qwen2.5's recipe configs of the nearest size.
         Family("qwen3", f"{_QWEN3}.qwen3", f"{_QWEN3}.lora_qwen3", "QWEN3", f"{_TOKENIZERS}.qwen3_tokenizer",
                _QWEN_BPE, qk_norms=True, configs_from="qwen2_5"),
+        # Not in torchtune 0.6.1: our builders on its modules (local/global layers, q/k norms before RoPE) and
+        # tokenizer (Gemma 3's turns); Gemma 2's recipe configs of the nearest size.
+        Family("gemma3", f"{_GEMMA3}.gemma3", f"{_GEMMA3}.lora_gemma3", "GEMMA3", f"{_TOKENIZERS}.gemma3_tokenizer",
+               _SPM, ties_embeddings=True, activations=_GEMMA_GELU, qk_norms=True, configs_from="gemma2"),
     ]
 }  # fmt: skip
 
@@ -292,6 +297,8 @@ def detect_family(path: Path, hf_config: dict) -> str:
         return "qwen2_5" if _added_tokens(path) - _QWEN2_ONLY_SPECIAL or not _added_tokens(path) else "qwen2"
     if model_type == "qwen3":
         return "qwen3"
+    if model_type == "gemma3_text":
+        return "gemma3"
     raise torchtune_layout.refuse_model_type(model_type, str(path / "config.json"))
 
 
