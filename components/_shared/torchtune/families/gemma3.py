@@ -143,9 +143,12 @@ class Gemma3Attention(MultiHeadAttention):
         k = self._normed_rotated_heads(self.k_proj(y), self.k_norm, input_pos)
         v = self.v_proj(y).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         cached = self.kv_cache is not None and self.cache_enabled
-        # Where the queries sit among the keys: after those cached so far, or from 0.
+        # Where the queries sit among the keys: after those cached so far (a copy: the update advances the
+        # cache's positions in place), or from 0.
         queries = (
-            self.kv_cache.cache_pos[: x.shape[1]] if cached else torch.arange(x.shape[1], device=x.device)
+            self.kv_cache.cache_pos[: x.shape[1]].clone()
+            if cached
+            else torch.arange(x.shape[1], device=x.device)
         )
         if cached:
             k, v = self.kv_cache.update(k, v)
