@@ -352,6 +352,11 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
 )  # fmt: skip
 
 
+def ties_embeddings(hf_config: dict) -> bool:
+    """Whether the model's output layer is its embedding, as transformers reads config.json."""
+    return bool(layout_value(next(f for f in LAYOUT_FIELDS if f.key == "tie_word_embeddings"), hf_config))
+
+
 # How a builder meets one field's value (carry_layout; parity_cases names the kinds it proves by them).
 CARRIED, NEUTRAL, POSITION_LIMIT, REFUSED = "carried", "neutral", "position limit", "refused"
 
