@@ -75,8 +75,8 @@ UNSUPPORTED: dict[str, Unsupported] = {
             "(weights under language_model.): a tuned copy would be written as a text model the folder's "
             "config.json does not describe",
             "Gemma 3 text (model_type gemma3_text: google/gemma-3-1b-it, google/gemma-3-270m-it, "
-            "google/medgemma-27b-text-it), or this model's language model saved on its own as transformers' "
-            "Gemma3ForCausalLM")),
+            "google/medgemma-27b-text-it), or this model's language model saved on its own as a Gemma3ForCausalLM "
+            "(the README shows how)")),
         ("granite", Unsupported("Granite", "torchtune 0.6.1 has no family with Granite's embedding, residual and logit multipliers", "")),
         ("granitemoe", Unsupported("Granite-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "")),
         ("olmo2", Unsupported("OLMo 2", "torchtune 0.6.1 has no family with OLMo 2's post-norms and q/k norms", "")),
