@@ -13,11 +13,12 @@ scaled by sqrt(hidden_size) in the weights' dtype, the output tied to them — w
   in the 4B-27B models);
 - no soft-capping (attention and final logits are uncapped); scores scaled by `query_pre_attn_scalar ** -0.5`.
 
-`Gemma3Attention` keeps MultiHeadAttention's construction, module names (LoRA keys `attn.q_proj.lora_a.weight`),
-KV cache and attention call — SDPA, or flex attention for a packed batch's BlockMask (flex_attention.py) — and
-computes only its forward in Gemma 3's order. SDPA and flex attention scale by head_dim ** -0.5, so q is
-multiplied by sqrt(head_dim / query_pre_attn_scalar) first (1 in every size but 27B: 128 against 168). RoPE is
-half-split, as transformers' `rotate_half`: the weights need no reordering (conversions.py "GEMMA3").
+`Gemma3Attention` is Qwen3's attention (families/qwen3.py: MultiHeadAttention's construction, module names, so
+LoRA keys are `attn.q_proj.lora_a.weight`, KV cache and attention call, which is SDPA, or flex attention for a
+packed batch's BlockMask, flex_attention.py; the q/k norms before RoPE) with Gemma 3's query scale and window. SDPA
+and flex attention scale by head_dim ** -0.5, so q is multiplied by sqrt(head_dim / query_pre_attn_scalar) first
+(1 in every size but 27B: 128 against 168). RoPE is half-split, as transformers' `rotate_half`: the weights need
+no reordering (conversions.py "GEMMA3").
 
 A local layer narrows whatever mask it gets to its window (`SlidingWindow`): none (a causal band), a tensor (a
 packed batch on CPU, or generation's mask over the KV cache, both in the positions keys are stored at) or a
@@ -36,7 +37,6 @@ from torchtune.models.gemma.rms_norm import GemmaRMSNorm
 from torchtune.models.qwen2._positional_embeddings import Qwen2RotaryPositionalEmbeddings
 from torchtune.modules import (
     FeedForward,
-    MultiHeadAttention,
     TiedLinear,
     TransformerDecoder,
     TransformerSelfAttentionLayer,
@@ -44,6 +44,8 @@ from torchtune.modules import (
 from torchtune.modules.attention_utils import _MaskType
 from torchtune.modules.common_utils import reparametrize_as_dtype_state_dict_post_hook
 from torchtune.modules.peft import LORA_ATTN_MODULES, DoRALinear, LoRALinear
+
+from kfp_finetune.components._shared.torchtune.families.qwen3 import Qwen3Attention
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # config.json's layer_types values
 
@@ -114,9 +116,9 @@ class SlidingWindow:
         return narrowed
 
 
-class Gemma3Attention(MultiHeadAttention):
-    """MultiHeadAttention with Gemma 3's order: project, norm each q/k head, RoPE, scale q, then attend — within
-    `window` for a local layer (module docstring).
+class Gemma3Attention(Qwen3Attention):
+    """Qwen3's attention order (project, norm each q/k head, RoPE: families/qwen3.py) with Gemma 3's query scale,
+    and for a local layer its `window` (module docstring).
 
     Self-attention only (the decoder layer passes its input as both `x` and `y`); `q_norm`, `k_norm` and
     `pos_embeddings` are required."""
@@ -135,13 +137,9 @@ class Gemma3Attention(MultiHeadAttention):
         mask: _MaskType | None = None,
         input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if y is None:
-            raise ValueError("Gemma3Attention is self-attention: pass the layer's input as y as well")
-        q = self._normed_rotated_heads(self.q_proj(x), self.q_norm, input_pos)
+        q, k, v = self._heads(x, y, input_pos)
         if self.query_scale != 1.0:
             q = q * self.query_scale
-        k = self._normed_rotated_heads(self.k_proj(y), self.k_norm, input_pos)
-        v = self.v_proj(y).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         cached = self.kv_cache is not None and self.cache_enabled
         # Where the queries sit among the keys: after those cached so far (a copy: the update advances the
         # cache's positions in place), or from 0.
@@ -154,27 +152,7 @@ class Gemma3Attention(MultiHeadAttention):
             k, v = self.kv_cache.update(k, v)
         if self.window is not None:
             mask = self.window.narrow(mask, queries, kv_len=k.shape[2])
-        # Grouped-query attention: each k/v head serves a group of q heads.
-        if self.num_heads != self.num_kv_heads:
-            group = self.num_heads // self.num_kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = self._attention_call(
-            q,
-            k,
-            v,
-            mask=mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            # As MultiHeadAttention: causal by default only without a cache (generation passes its own mask).
-            is_causal=self.kv_cache is None and mask is None and self.is_causal,
-        )
-        return self.output_proj(out.transpose(1, 2).flatten(2))
-
-    def _normed_rotated_heads(
-        self, projected: torch.Tensor, norm: nn.Module, input_pos: torch.Tensor | None
-    ) -> torch.Tensor:
-        """[b, s, heads * head_dim] -> [b, heads, s, head_dim]: RMSNorm over each head, then RoPE."""
-        heads = norm(projected.unflatten(-1, (-1, self.head_dim)))
-        return self.pos_embeddings(heads, input_pos=input_pos).transpose(1, 2)
+        return self._attend(q, k, v, mask)
 
 
 def gemma3(
