@@ -338,3 +338,20 @@ def test_a_packed_cuda_run_s_model_computes_packs_through_compiled_flex_attentio
         alone = torch.cat([model(sample) for sample in samples], dim=1)
         training.compile_model(model, verbose=False)
         assert max_difference(model(packed, mask=block_mask, input_pos=positions), alone) <= TOLERANCE
+
+
+@pytest.mark.parametrize("hidden_size", [640, 1152, 5376])  # 270M, 1B, 27B
+def test_the_embedding_scale_rounds_to_the_weights_dtype_as_transformers_does(hidden_size):
+    """sqrt(hidden_size) in bf16 (1B: 33.94 -> 34.0) on both sides: what a bf16 run computes, not a reference in
+    fp32."""
+    from torchtune.models.gemma.gemma_norm_embedding import GemmaNormEmbeddings
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    ours = GemmaNormEmbeddings(16, hidden_size).to(torch.bfloat16)
+    theirs = Gemma3TextScaledWordEmbedding(16, hidden_size, 0, embed_scale=hidden_size**0.5).to(
+        torch.bfloat16
+    )
+    theirs.load_state_dict(ours.state_dict())
+    ids = torch.arange(16)[None]
+    assert torch.equal(ours(ids), theirs(ids))
+    assert not torch.equal(ours(ids), (ours.weight[ids].float() * hidden_size**0.5).to(torch.bfloat16))
