@@ -58,6 +58,7 @@ TOKENIZER_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
     "mistral": (("tokenizer.model",),),
     "gemma": (("tokenizer.model",),),
     "gemma2": (("tokenizer.model",),),
+    "gemma3_text": (("tokenizer.model",),),
     "phi3": (("tokenizer.model",),),
 }
 ANY_TOKENIZER = (

@@ -78,7 +78,7 @@ def torchtune_finetune(
     workspace_pvc: str = "",
     task_id: str = "",
 ):
-    """Fine-tune a model with torchtune: full, LoRA, QLoRA or DoRA, on torchtune 0.6.1's families and Qwen3.
+    """Fine-tune a model with torchtune (full, LoRA, QLoRA, DoRA): 0.6.1's families, Qwen3 and Gemma 3.
 
     Reads the base model folder (config.json, weights, tokenizer) and the dataset, picks the torchtune recipe and
     base config (or uses the ones you name), and writes one complete torchtune YAML to

@@ -237,12 +237,13 @@ def test_finetune_pipeline_end_to_end_exports_when_the_gate_passes(tiny_llama, t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "full"])
-def test_tiny_qwen3_fine_tunes_through_the_pipeline_and_transformers_loads_its_export(
-    method, tiny_qwen3, tiny_dataset, tmp_path
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_tiny_family_built_here_fine_tunes_through_the_pipeline_and_transformers_loads_its_export(
+    family, method, tiny_dataset, tmp_path, request
 ):
-    """Qwen3 (families/qwen3.py, not in torchtune 0.6.1) through every step; the export is what transformers computes
-    with: the merged weights give the tuned torchtune model's logits, and (LoRA) PEFT's adapter on the base gives
-    the merged model's."""
+    """Qwen3 and Gemma 3 (families/, not in torchtune 0.6.1) through every step; the export is what transformers
+    computes with: the merged weights give the tuned torchtune model's logits (Gemma 3: over more tokens than its
+    local layers' window), and (LoRA) PEFT's adapter on the base gives the merged model's."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -250,9 +251,10 @@ def test_tiny_qwen3_fine_tunes_through_the_pipeline_and_transformers_loads_its_e
     from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
     from kfp_finetune.components._shared.torchtune_model import find_weights, inspect_model_dir, instantiate
 
+    tiny = request.getfixturevalue(f"tiny_{family}")
     destination = tmp_path / "exported"
     task = run_locally(
-        tmp_path, finetune_pipeline, model_uri=str(tiny_qwen3), data_uri=str(tiny_dataset["train.jsonl"]),
+        tmp_path, finetune_pipeline, model_uri=str(tiny), data_uri=str(tiny_dataset["train.jsonl"]),
         export_destination=str(destination), tune_method=method, export_format="both" if method == "lora" else "merged",
         **FAST_TRAINING,
     )  # fmt: skip
@@ -262,10 +264,10 @@ def test_tiny_qwen3_fine_tunes_through_the_pipeline_and_transformers_loads_its_e
     assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
 
     tuned = inspect_model_dir(destination)
-    assert (tuned.family.name, tuned.hf_config["head_dim"]) == ("qwen3", 32)
+    assert (tuned.family.name, tuned.hf_config["head_dim"]) == (family, 32)
     model = instantiate(tuned.model_node()).eval()
     checkpointer = HFCheckpointer(
-        str(destination), find_weights(destination), "QWEN3", str(tmp_path / "reload")
+        str(destination), find_weights(destination), tuned.family.model_type, str(tmp_path / "reload")
     )
     model.load_state_dict(checkpointer.load_checkpoint()["model"], strict=True)
     merged = AutoModelForCausalLM.from_pretrained(destination, dtype=torch.float32).eval()
@@ -275,7 +277,7 @@ def test_tiny_qwen3_fine_tunes_through_the_pipeline_and_transformers_loads_its_e
     with torch.no_grad():
         logits = merged(tokens).logits
         assert (model(tokens) - logits).abs().max().item() <= 1e-5
-        base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+        base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
         assert (base(tokens).logits - logits).abs().max().item() > 1e-3, "the export is the tuned model"
         if method == "lora":
             adapted = PeftModel.from_pretrained(base, destination / "adapter").eval()

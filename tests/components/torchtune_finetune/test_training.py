@@ -27,7 +27,7 @@ def wide_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("wide")
     return {
         family: build_tiny_model(root / family, family=family, dim=256)
-        for family in ("llama3_2", "qwen2_5", "qwen3")
+        for family in ("llama3_2", "qwen2_5", "qwen3", "gemma3")
     }
 
 
@@ -43,12 +43,12 @@ def train(model_dir, data, run_dir, **settings):
     return run, result, lines
 
 
-@pytest.mark.parametrize("family", ["llama3_2", "qwen2_5", "qwen3"])
+@pytest.mark.parametrize("family", ["llama3_2", "qwen2_5", "qwen3", "gemma3"])
 @pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
 def test_every_method_trains_and_writes_its_checkpoint(
-    method, family, tiny_llama, tiny_qwen, tiny_qwen3, wide_models, tiny_dataset, tmp_path
+    method, family, tiny_llama, tiny_qwen, tiny_qwen3, tiny_gemma3, wide_models, tiny_dataset, tmp_path
 ):
-    tiny = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen, "qwen3": tiny_qwen3}
+    tiny = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
     model_dir = wide_models[family] if method == "qlora" else tiny[family]
     run, result, lines = train(model_dir, tiny_dataset["train.jsonl"], tmp_path / "run", method=method)
 
@@ -68,13 +68,17 @@ def test_every_method_trains_and_writes_its_checkpoint(
 
 @pytest.mark.parametrize(
     ("family", "method", "ratio"),
-    [("llama3_2", "full", 0.5), ("qwen2_5", "full", 0.5), ("qwen3", "full", 0.5), ("llama3_2", "lora", 0.95)],
-)
+    [
+        ("llama3_2", "full", 0.5), ("qwen2_5", "full", 0.5), ("qwen3", "full", 0.5), ("gemma3", "full", 0.5),
+        ("llama3_2", "lora", 0.95),
+    ],
+)  # fmt: skip
 def test_loss_falls_on_the_synthetic_task(
-    family, method, ratio, tiny_llama, tiny_qwen, tiny_qwen3, tiny_dataset, tmp_path
+    family, method, ratio, tiny_llama, tiny_qwen, tiny_qwen3, tiny_gemma3, tiny_dataset, tmp_path
 ):
     """Full fine-tuning learns the task fast; LoRA on a randomly initialised base learns slowly but surely."""
-    model_dir = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen, "qwen3": tiny_qwen3}[family]
+    tiny = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
+    model_dir = tiny[family]
     _, result, _ = train(
         model_dir, tiny_dataset["train.jsonl"], tmp_path / "run",
         method=method, batch_size=16, max_steps_per_epoch=40, learning_rate=3e-3, num_warmup_steps=5,
