@@ -83,6 +83,15 @@ def tiny_qwen3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory):
+    """A tiny Gemma-3-architecture model (dim 64, head_dim 32, a local and a global layer, window 16, non-trivial
+    q/k norms, a SentencePiece tokenizer.model). Treat as read-only."""
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-gemma3", family="gemma3")
+
+
+@pytest.fixture(scope="session")
 def tiny_smollm2(tmp_path_factory):
     """A tiny SmolLM2-architecture model (dim 64, tied, plain RoPE; tokenizer.json only). Treat as read-only."""
     from kfp_finetune.tiny.model import build_tiny_model

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 SUPPORTED_FAMILIES = (
     "llama (Llama 2, Code Llama, Llama 3, 3.1, 3.2 text, 3.3, SmolLM2), mistral (Mistral 7B, Mistral-Nemo), gemma, "
-    "gemma2, phi3 (Phi-3 4k-context, Phi-4), qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3 dense, 0.6B-32B)"
+    "gemma2, phi3 (Phi-3 4k-context, Phi-4), qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3 dense, 0.6B-32B), "
+    "gemma3_text (Gemma 3 text-only: 270M, 1B, text fine-tunes such as MedGemma 27B text)"
 )
 _ENGINE_2 = (
     "mixture-of-experts and multimodal models need the second (transformers) training engine, which this project "
@@ -41,10 +42,14 @@ _ENGINE_2 = (
 # torchtune/models/llama3_1/_position_embeddings.py: Llama3ScaledRoPE's defaults, which the llama3_1 / llama3_2
 # builders keep (they pass only scale_factor).
 _LLAMA3_ROPE = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}
-# transformers' rope_theta when config.json has none, and RotaryPositionalEmbeddings' base.
+# transformers' rope_theta when config.json has none, and RotaryPositionalEmbeddings' base; Gemma 3's global
+# layers' default (Gemma3TextConfig.default_theta), its local layers' being the general one.
 _ROPE_BASE = 10000.0
+_ROPE_BASES = {"gemma3_text": 1_000_000.0}
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")  # both the tanh approximation, as torchtune's nn.GELU("tanh")
-_ALL = frozenset({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2", "qwen3"})
+_ALL = frozenset({"llama", "mistral", "gemma", "gemma2", "phi3", "qwen2", "qwen3", "gemma3_text"})
+_GEMMAS = frozenset({"gemma", "gemma2", "gemma3_text"})
+SLIDING, FULL = "sliding_attention", "full_attention"  # layer_types values
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,14 @@ UNSUPPORTED: dict[str, Unsupported] = {
                                "Llama 3.1 / 3.3 (e.g. meta-llama/Llama-3.1-8B-Instruct)")),
         ("mllama", Unsupported("Llama 3.2 Vision", "this project tunes text-only models",
                                "Llama 3.2 text (meta-llama/Llama-3.2-1B or -3B)")),
-        ("gemma3", Unsupported("Gemma 3", "torchtune 0.6.1 has no Gemma 3 family",
-                               "Gemma 2 (e.g. google/gemma-2-2b-it)")),
-        ("gemma3_text", Unsupported("Gemma 3 (text)", "torchtune 0.6.1 has no Gemma 3 family (q/k norms, local/global RoPE)",
-                                    "Gemma 2 (e.g. google/gemma-2-2b-it)")),
+        ("gemma3", Unsupported(
+            "Gemma 3 multimodal (4B, 12B, 27B)",
+            "this project tunes text-only checkpoints, and this folder holds a vision tower beside its language model "
+            "(weights under language_model.): a tuned copy would be written as a text model the folder's "
+            "config.json does not describe",
+            "Gemma 3 text (model_type gemma3_text: google/gemma-3-1b-it, google/gemma-3-270m-it, "
+            "google/medgemma-27b-text-it), or this model's language model saved on its own as a Gemma3ForCausalLM "
+            "(the README shows how)")),
         ("granite", Unsupported("Granite", "torchtune 0.6.1 has no family with Granite's embedding, residual and logit multipliers", "")),
         ("granitemoe", Unsupported("Granite-MoE", "torchtune 0.6.1 has no mixture-of-experts layers", "")),
         ("olmo2", Unsupported("OLMo 2", "torchtune 0.6.1 has no family with OLMo 2's post-norms and q/k norms", "")),
@@ -98,11 +107,22 @@ def refuse_model_type(model_type: Any, config_file: str) -> ConfigError:
 
 def rope_parameters(hf_config: dict) -> tuple[str, dict]:
     """('rope_scaling' | 'rope_parameters', its dict): transformers 4 writes rope_scaling + top-level rope_theta,
-    transformers 5 one rope_parameters dict holding rope_theta too."""
+    transformers 5 one rope_parameters dict holding rope_theta too — for a model with two kinds of layer (Gemma 3)
+    one per layer type, of which this is the global (`full_attention`) layers' ('rope_parameters.full_attention')."""
     for key in ("rope_parameters", "rope_scaling"):
-        if isinstance(hf_config.get(key), dict):
-            return key, hf_config[key]
+        value = hf_config.get(key)
+        if isinstance(value, dict):
+            if isinstance(value.get(FULL), dict):
+                return f"{key}.{FULL}", value[FULL]
+            return key, value
     return "rope_scaling", {}
+
+
+def _local_rope_parameters(hf_config: dict) -> dict:
+    """Gemma 3's local (sliding-window) layers' RoPE dict in a transformers 5 config.json; {} in a transformers 4
+    one, which has only `rope_local_base_freq` for them (plain RoPE)."""
+    value = hf_config.get("rope_parameters")
+    return value[SLIDING] if isinstance(value, dict) and isinstance(value.get(SLIDING), dict) else {}
 
 
 def rope_type(hf_config: dict) -> str:
@@ -120,13 +140,38 @@ def _llama3_rope_value(name: str) -> Callable[[dict], Any]:
 
 
 def _scale_factor(hf_config: dict) -> Any:
-    # Llama3ScaledRoPE with factor 1 is plain RoPE: what a builder with scale_factor gets for unscaled RoPE.
-    return rope_parameters(hf_config)[1].get("factor") if rope_type(hf_config) == "llama3" else 1.0
+    # Llama3ScaledRoPE (and Gemma 3's linear scaling) with factor 1 is plain RoPE: what a builder with scale_factor
+    # gets for unscaled RoPE.
+    return (
+        rope_parameters(hf_config)[1].get("factor") if rope_type(hf_config) in ("llama3", "linear") else 1.0
+    )
 
 
 def _rope_theta(hf_config: dict) -> Any:
     theta = rope_parameters(hf_config)[1].get("rope_theta", hf_config.get("rope_theta"))
+    return _ROPE_BASES.get(hf_config.get("model_type"), _ROPE_BASE) if theta is None else theta
+
+
+def _local_rope_theta(hf_config: dict) -> Any:
+    theta = _local_rope_parameters(hf_config).get("rope_theta", hf_config.get("rope_local_base_freq"))
     return _ROPE_BASE if theta is None else theta
+
+
+def _local_rope_type(hf_config: dict) -> str:
+    rope = _local_rope_parameters(hf_config)
+    return rope.get("rope_type") or rope.get("type") or "default"
+
+
+def layer_types(hf_config: dict) -> list[str] | None:
+    """config.json's `layer_types`, or for Gemma 3 the list transformers' Gemma3TextConfig makes of its
+    `sliding_window_pattern` (default 6: every 6th layer global) where a transformers 4.5x config.json has none."""
+    if hf_config.get("layer_types") is not None or hf_config.get("model_type") != "gemma3_text":
+        return hf_config.get("layer_types")
+    layers = hf_config.get("num_hidden_layers")
+    if layers is None:
+        return None  # builder_node reports the missing dimension
+    pattern = hf_config.get("sliding_window_pattern", 6)
+    return [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
 
 
 def _partial_rotary_factor(hf_config: dict) -> Any:
@@ -155,7 +200,7 @@ def _qwen2_window_is_neutral(use_sliding_window: Any, hf_config: dict, family: F
 
 def _gemma2_layer_types(layers: int) -> list[str]:
     # torchtune's gemma2 builder: a sliding window on every even layer, as transformers' Gemma2 default.
-    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    return [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
 
 
 @dataclass(frozen=True)
@@ -182,9 +227,11 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
     ),
     LayoutField(
         "rope_scaling.rope_type", _ALL,
-        lambda v, c, f: v == "default" or (v == "llama3" and f.name in ("llama3_1", "llama3_2", "llama3_3")),
-        "{builder} builds plain RoPE (llama3 scaling only for Llama 3.1+); no supported family implements this "
-        "scaling (Phi-3.5 / Phi-3 128k LongRoPE: use microsoft/Phi-3-mini-4k-instruct or microsoft/phi-4; "
+        lambda v, c, f: v == "default"
+        or (v == "llama3" and f.name in ("llama3_1", "llama3_2", "llama3_3"))
+        or (v == "linear" and f.name == "gemma3"),
+        "{builder} builds plain RoPE (llama3 scaling only for Llama 3.1+, linear scaling only for Gemma 3's global "
+        "layers); no supported family implements this scaling (Phi-3.5 / Phi-3 128k LongRoPE: use microsoft/Phi-3-mini-4k-instruct or microsoft/phi-4; "
         "Qwen2.5 / Qwen3 with YaRN added for long context: remove rope_scaling from config.json, where the released "
         "checkpoints have none, and train within max_position_embeddings)",
         read=rope_type,
@@ -212,20 +259,30 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "{builder} takes no RoPE base (its base is 10000)", arg="rope_base", read=_rope_theta,
     ),
     LayoutField(
+        "rope_local_base_freq", frozenset({"gemma3_text"}), lambda v, c, f: False,
+        "{builder} takes no RoPE base for the local layers", arg="local_rope_base", read=_local_rope_theta,
+    ),
+    LayoutField(
+        f"rope_parameters.{SLIDING}.rope_type", frozenset({"gemma3_text"}), lambda v, c, f: v == "default",
+        "{builder} rotates the local (sliding-window) layers with plain RoPE, as every released Gemma 3 does; this "
+        "model scales their RoPE",
+        read=_local_rope_type,
+    ),
+    LayoutField(
         "head_dim", _ALL, lambda v, c, f: v is None or _head_dim(c) is None or v == _head_dim(c),
         "{builder} computes head_dim as hidden_size / num_attention_heads = {head_dim} and takes no head_dim; "
         "no supported family with these layers has another (Mistral-Nemo's is read by its own builder)",
-        arg="head_dim", defaults={"gemma": 256, "gemma2": 256, "qwen3": 128},
+        arg="head_dim", defaults={"gemma": 256, "gemma2": 256, "qwen3": 128, "gemma3_text": 256},
     ),
     LayoutField(
         "intermediate_size", _ALL, lambda v, c, f: False, "{builder} takes no MLP width", arg="intermediate_dim",
         defaults={"llama": 11008, "mistral": 14336, "qwen2": 22016, "qwen3": 22016, "gemma": 24576, "gemma2": 9216,
-                  "phi3": 8192},
+                  "phi3": 8192, "gemma3_text": 9216},
     ),
     LayoutField(
         "rms_norm_eps", _ALL, lambda v, c, f: False, "{builder} takes no norm epsilon", arg="norm_eps",
         defaults={"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "gemma": 1e-6, "gemma2": 1e-6,
-                  "phi3": 1e-5},
+                  "phi3": 1e-5, "gemma3_text": 1e-6},
     ),
     LayoutField(
         "tie_word_embeddings", _ALL, lambda v, c, f: bool(v) == f.ties_embeddings,
@@ -233,10 +290,10 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "qwen3 follow config.json, the others keep separate weights); no supported family builds this model",
         arg="tie_word_embeddings",
         defaults={"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "phi3": False, "gemma": True,
-                  "gemma2": True},
+                  "gemma2": True, "gemma3_text": True},
     ),
     LayoutField(
-        "attention_bias", frozenset({"llama", "gemma", "gemma2", "qwen3"}), lambda v, c, f: not v,
+        "attention_bias", frozenset({"llama", "gemma", "gemma2", "qwen3", "gemma3_text"}), lambda v, c, f: not v,
         "{builder} builds attention projections without biases; no supported family with these layers has them",
     ),
     LayoutField(
@@ -251,17 +308,18 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
                   "gemma": "gelu_pytorch_tanh"},
     ),
     LayoutField(
-        "hidden_activation", frozenset({"gemma", "gemma2"}), lambda v, c, f: v is None or v in _GELU_TANH,
+        "hidden_activation", _GEMMAS, lambda v, c, f: v is None or v in _GELU_TANH,
         "{builder} builds the tanh-approximated GELU; no supported family with these layers uses this one",
     ),
     LayoutField(
-        "use_bidirectional_attention", frozenset({"gemma", "gemma2"}), lambda v, c, f: not v,
+        "use_bidirectional_attention", _GEMMAS, lambda v, c, f: not v,
         "{builder} builds causal attention (an embedding model such as EmbeddingGemma is not a text generator "
         "torchtune can tune)",
     ),
     LayoutField(
-        "sliding_window", frozenset({"mistral", "phi3", "gemma2"}), _window_is_neutral, "",
-        arg="sliding_window_size", defaults={"mistral": 4096, "gemma2": 4096}, limits_positions=True,
+        "sliding_window", frozenset({"mistral", "phi3", "gemma2", "gemma3_text"}), _window_is_neutral, "",
+        arg="sliding_window_size", defaults={"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096},
+        limits_positions=True,
     ),
     LayoutField(
         "use_sliding_window", frozenset({"qwen2", "qwen3"}), _qwen2_window_is_neutral,
@@ -269,26 +327,33 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
         "Qwen2, Qwen2.5 and Qwen3 models)",
     ),
     LayoutField(
-        "layer_types", frozenset({"qwen2", "qwen3", "gemma2"}),
-        lambda v, c, f: v is None
-        or v == (_gemma2_layer_types(len(v)) if f.name == "gemma2" else ["full_attention"] * len(v)),
+        "layer_types", frozenset({"qwen2", "qwen3", "gemma2", "gemma3_text"}),
+        lambda v, c, f: v is None or v == (_gemma2_layer_types(len(v)) if f.name == "gemma2" else [FULL] * len(v)),
         "{builder} fixes which layers use a sliding window (gemma2: the even ones; qwen2, qwen3: none); this model "
         "arranges them otherwise",
+        arg="layer_types", read=layer_types,
     ),
     LayoutField(
-        "attn_logit_softcapping", frozenset({"gemma2"}), lambda v, c, f: False, "{builder} takes no soft-capping",
+        "attn_logit_softcapping", frozenset({"gemma2", "gemma3_text"}), lambda v, c, f: v is None,
+        "{builder} takes no soft-capping (no released Gemma 3 soft-caps its attention)",
         arg="hidden_capping_value", defaults={"gemma2": 50.0},
     ),
     LayoutField(
-        "final_logit_softcapping", frozenset({"gemma2"}), lambda v, c, f: False,
-        "{builder} always soft-caps the final logits (a null cap is not supported)",
+        "final_logit_softcapping", frozenset({"gemma2", "gemma3_text"}), lambda v, c, f: v is None and f.name == "gemma3",
+        "{builder} fixes the final soft-capping (gemma2: always soft-caps, a null cap is not supported; gemma3: "
+        "never, as no released Gemma 3 soft-caps)",
         arg="final_capping_value", defaults={"gemma2": 30.0}, carries=lambda v: v is not None,
     ),
     LayoutField(
-        "query_pre_attn_scalar", frozenset({"gemma2"}), lambda v, c, f: False,
-        "{builder} takes no query scale", arg="query_pre_attn_scalar", defaults={"gemma2": 256},
+        "query_pre_attn_scalar", frozenset({"gemma2", "gemma3_text"}), lambda v, c, f: False,
+        "{builder} takes no query scale", arg="query_pre_attn_scalar", defaults={"gemma2": 256, "gemma3_text": 256},
     ),
 )  # fmt: skip
+
+
+def ties_embeddings(hf_config: dict) -> bool:
+    """Whether the model's output layer is its embedding, as transformers reads config.json."""
+    return bool(layout_value(next(f for f in LAYOUT_FIELDS if f.key == "tie_word_embeddings"), hf_config))
 
 
 # How a builder meets one field's value (carry_layout; parity_cases names the kinds it proves by them).

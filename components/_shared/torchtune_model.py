@@ -35,6 +35,7 @@ class Family:
     # unpacked (defaults.py) and dataset-initialize writes no packs.
     block_masks: bool = True
     qk_norms: bool = False  # q and k pass an RMSNorm per head (activations the memory model counts)
+    post_norms: bool = False  # attention and MLP outputs pass a norm too (Gemma 2, 3: more activations)
     # torchtune config folder whose recipe configs serve a family that has none in 0.6.1 (resolve picks the size)
     configs_from: str | None = None
 
@@ -53,6 +54,7 @@ _GEMMA2 = "kfp_finetune.components._shared.torchtune.gemma2"
 _LORA_QWEN2 = "kfp_finetune.components._shared.torchtune.qwen2.lora_qwen2"
 _TOKENIZERS = "kfp_finetune.components._shared.torchtune_tokenizers"
 _QWEN3 = "kfp_finetune.components._shared.torchtune.families.qwen3"
+_GEMMA3 = "kfp_finetune.components._shared.torchtune.families.gemma3"
 _HF_TOKENIZER = "kfp_finetune.components._shared.torchtune.hf_tokenizer"
 _MISTRAL_NEMO = "kfp_finetune.components._shared.torchtune.families.mistral_nemo"
 
@@ -79,7 +81,7 @@ FAMILIES: dict[str, Family] = {
         # Its attention takes no block masks (torchtune/models/gemma2/_attention.py), so no packing on CUDA.
         Family("gemma2", f"{_GEMMA2}.gemma2", f"{_GEMMA2}.lora_gemma2", "GEMMA2",
                "torchtune.models.gemma.gemma_tokenizer", _SPM, ties_embeddings=True, activations=_GEMMA_GELU,
-               block_masks=False),
+               block_masks=False, post_norms=True),
         Family("phi3", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI3_MINI",
                "torchtune.models.phi3.phi3_mini_tokenizer", _SPM),
         Family("phi4", "torchtune.models.phi3.phi3", "torchtune.models.phi3.lora_phi3", "PHI4",
@@ -93,6 +95,11 @@ FAMILIES: dict[str, Family] = {
         # Not in torchtune 0.6.1: our builders on its modules; Qwen2.5's recipe configs of the nearest size.
         Family("qwen3", f"{_QWEN3}.qwen3", f"{_QWEN3}.lora_qwen3", "QWEN3", f"{_TOKENIZERS}.qwen3_tokenizer",
                _QWEN_BPE, qk_norms=True, configs_from="qwen2_5"),
+        # Not in torchtune 0.6.1: our builders on its modules (local/global layers, q/k norms before RoPE) and
+        # tokenizer (Gemma 3's turns); Gemma 2's recipe configs of the nearest size.
+        Family("gemma3", f"{_GEMMA3}.gemma3", f"{_GEMMA3}.lora_gemma3", "GEMMA3", f"{_TOKENIZERS}.gemma3_tokenizer",
+               _SPM, ties_embeddings=True, activations=_GEMMA_GELU, qk_norms=True, post_norms=True,
+               configs_from="gemma2"),
         # SmolLM2: Llama 3.2's layers (tied embeddings) with plain RoPE, which torchtune's llama3_2 builders compute
         # with scale factor 1; its tokenizer.json read by ours; Qwen2.5's recipe configs of the nearest size.
         Family("smollm2", "torchtune.models.llama3_2.llama3_2", "torchtune.models.llama3_2.lora_llama3_2",
@@ -227,7 +234,9 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
     Every check but the weights' reads only config.json and the file listing, so a folder holding just those
     and the tokenizer files (pre-flight, before any download) is checked with `weights_required=False`; its
     `checkpoint_files` are then empty. `hf_config` is config.json with `max_position_embeddings` lowered to a
-    sliding window the family's builder cannot apply (torchtune_layout), so every length rule keeps within it.
+    sliding window the family's builder cannot apply (torchtune_layout), so every length rule keeps within it,
+    and `tie_word_embeddings` as transformers reads it where config.json omits it (Gemma's: tied), so every size
+    rule counts the embedding once or twice as the model has it.
     """
     path = Path(path).resolve()
     config_path = path / "config.json"
@@ -243,6 +252,8 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
     positions = builder_node(family, hf_config, config_file=str(config_path)).get("max_seq_len")
     if positions is not None and positions != hf_config.get("max_position_embeddings"):
         hf_config = {**hf_config, "max_position_embeddings": positions}
+    if hf_config.get("tie_word_embeddings") is None:
+        hf_config = {**hf_config, "tie_word_embeddings": torchtune_layout.ties_embeddings(hf_config)}
     checkpoint_files = find_weights(path) if weights_required else []
     model = ModelDir(path, family, hf_config, checkpoint_files=checkpoint_files)
     for arg, relative in family.tokenizer_files.items():
@@ -316,6 +327,8 @@ def detect_family(path: Path, hf_config: dict) -> str:
         return "qwen2_5" if _added_tokens(path) - _QWEN2_ONLY_SPECIAL or not _added_tokens(path) else "qwen2"
     if model_type == "qwen3":
         return "qwen3"
+    if model_type == "gemma3_text":
+        return "gemma3"
     raise torchtune_layout.refuse_model_type(model_type, str(path / "config.json"))
 
 

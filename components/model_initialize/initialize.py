@@ -61,6 +61,7 @@ TOKENIZER_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
     "mistral": (("tokenizer.model",),),
     "gemma": (("tokenizer.model",),),
     "gemma2": (("tokenizer.model",),),
+    "gemma3_text": (("tokenizer.model",),),
     "phi3": (("tokenizer.model",),),
 }
 TOKENIZER_JSON = ("tokenizer.json",)

@@ -1,7 +1,7 @@
 """Tiny offline model kit and synthetic dataset for tests and the demo.
 
 - `kfp_finetune.tiny.model.build_tiny_model(out_dir, family, dim, seed, ...)`: an HF-layout Llama-3.2,
-  Qwen2.5 or Qwen3 style model (config.json, model.safetensors, tokenizer files) that torchtune loads like
+  Qwen2.5, Qwen3 or Gemma 3 style model (config.json, model.safetensors, tokenizer files) that torchtune loads like
   the real thing, built offline and byte-for-byte deterministic.
 - `kfp_finetune.tiny.dataset.build_tiny_dataset(out_dir, seed, train_rows, eval_rows)`: the synthetic
   instruct task (upper-case a four-letter code) as JSON Lines and Parquet, columns `input` / `output`.

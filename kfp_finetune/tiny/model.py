@@ -1,7 +1,7 @@
 """Build a tiny, offline, deterministic HF-layout model that torchtune loads like the real family.
 
-The weights come from the family's component builder (torchtune's, or ours on torchtune's modules for Qwen3 and
-Mistral-Nemo)
+The weights come from the family's component builder (torchtune's, or ours on torchtune's modules for Qwen3,
+Gemma 3 and Mistral-Nemo)
 with tiny dimensions, re-initialised from a seeded generator and converted to HF key names through the
 project's conversion table (conversions.CONVERSIONS, as every run converts), so the checkpointer (and the LoRA
 builders) load them with strict key matching. `config.json` uses
@@ -14,12 +14,12 @@ import argparse
 import json
 from pathlib import Path
 
-FAMILIES = ("llama3_2", "qwen2_5", "qwen3", "smollm2", "mistral_nemo")
+FAMILIES = ("llama3_2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo")
 MAX_POSITION_EMBEDDINGS = 2048
 INIT_STD = 0.02
 
-# What differs between the families, as in the real Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B, SmolLM2-135M and
-# Mistral-Nemo-Base-2407 configs.
+# What differs between the families, as in the real Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B, Gemma-3-1B, SmolLM2-135M
+# and Mistral-Nemo-Base-2407 configs.
 _FAMILY_CONFIG = {
     "llama3_2": {
         "architectures": ["LlamaForCausalLM"],
@@ -42,6 +42,13 @@ _FAMILY_CONFIG = {
         "rms_norm_eps": 1e-06,
         "checkpointer_model_type": "QWEN3",
     },
+    "gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "checkpointer_model_type": "GEMMA3",
+    },
     "smollm2": {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -57,6 +64,9 @@ _FAMILY_CONFIG = {
         "checkpointer_model_type": "MISTRAL",
     },
 }
+# Gemma 3's local layers attend to this many positions (1B: 512 of 32768): fewer than a tiny chat example's
+# ~25 tokens, so the window matters, more than the distance an answer letter copies from.
+GEMMA3_SLIDING_WINDOW = 16
 
 # Llama-3.2's RoPE scaling, which torchtune's Llama3ScaledRoPE implements (scale_factor=32).
 LLAMA3_ROPE_SCALING = {
@@ -88,6 +98,10 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
         # Like Llama-3.2-Instruct: stop on end-of-text, end-of-message or end-of-turn.
         bos_id = specials["<|begin_of_text|>"]
         eos_id = [specials["<|end_of_text|>"], specials["<|eom_id|>"], specials["<|eot_id|>"]]
+    elif family == "gemma3":
+        vocab_size = tokens.num_tokens  # Gemma-3-1B: exactly the tokenizer's size
+        # Like Gemma 3's generation_config.json: stop on <eos> or <end_of_turn>.
+        bos_id, eos_id = specials["<bos>"], [specials["<eos>"], specials["<end_of_turn>"]]
     elif family == "smollm2":  # exactly the tokenizer's size; SmolLM2-Instruct's ids
         vocab_size, bos_id, eos_id = tokens.num_tokens, specials["<|im_start|>"], specials["<|im_end|>"]
     elif family == "mistral_nemo":  # exactly the tokenizer's size (Tekken: 2**17)
@@ -132,6 +146,24 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
             sliding_window=MAX_POSITION_EMBEDDINGS,
             use_sliding_window=False,
         )
+    elif family == "gemma3":
+        # Gemma-3-1B's fields; its head_dim (256, not 1152 / 4) is here twice hidden / heads, its query scale
+        # head_dim; local and global layers alternate (the 1B model: five local, then one global).
+        del config["hidden_act"]
+        config.update(
+            head_dim=2 * dim // num_heads,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=2 * dim // num_heads,
+            sliding_window=GEMMA3_SLIDING_WINDOW,
+            layer_types=[
+                "full_attention" if (i + 1) % 2 == 0 else "sliding_attention" for i in range(num_layers)
+            ],
+            rope_local_base_freq=10000.0,
+            rope_scaling=None,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            pad_token_id=tokens.special_tokens["<pad>"],
+        )
     else:
         # Qwen3's head_dim is its own setting (0.6B: 128, not 1024 / 16): here twice hidden / heads, so a model that
         # computed it from the other two would not load.
@@ -148,7 +180,8 @@ def _seeded_state_dict(family: str, config: dict, seed: int) -> dict:
     """The builder's state dict with every weight drawn from one seeded generator.
 
     Linear weights are N(0, 0.02), norms 1, biases 0; Qwen3's q/k norms U(0.5, 1.5), so that applying them on the
-    wrong side of RoPE changes the logits (families/qwen3.py). Token embeddings are N(0, 1/sqrt(hidden_size)):
+    wrong side of RoPE changes the logits (families/qwen3.py). Gemma's norms scale by 1 + weight: there the
+    weights are 0, and Gemma 3's q/k norms U(-0.5, 0.5). Token embeddings are N(0, 1/sqrt(hidden_size)):
     they are tied to the output layer, and with 0.02 a frozen output layer (LoRA) caps every logit near
     0.02 * hidden_size, so no prediction can become confident; 1/sqrt(hidden_size) gives unit-variance
     initial logits and leaves room to learn. (Measured: full fine-tune exact match 1.0 vs 0.76 at 0.02.)
@@ -157,12 +190,13 @@ def _seeded_state_dict(family: str, config: dict, seed: int) -> dict:
 
     model = build_torchtune_model(family, config)
     generator = torch.Generator().manual_seed(seed)
+    norm_offset = 1.0 if family == "gemma3" else 0.0  # Gemma's norms scale by 1 + weight
     state_dict = {}
     for name, tensor in model.state_dict().items():
         if name.endswith((".q_norm.scale", ".k_norm.scale")):
-            value = torch.empty_like(tensor).uniform_(0.5, 1.5, generator=generator)
+            value = torch.empty_like(tensor).uniform_(0.5, 1.5, generator=generator) - norm_offset
         elif name.endswith(".scale"):  # RMSNorm weights
-            value = torch.ones_like(tensor)
+            value = torch.ones_like(tensor) - norm_offset
         elif name.endswith(".bias"):
             value = torch.zeros_like(tensor)
         elif name == "tok_embeddings.weight":

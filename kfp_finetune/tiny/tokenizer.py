@@ -1,18 +1,24 @@
-"""A tiny byte-level BPE tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5, Qwen3, SmolLM2 and
+"""A tiny tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5, Qwen3, Gemma 3, SmolLM2 and
 Mistral-Nemo repos.
 
-The BPE is trained with the `tokenizers` library on a fixed synthetic corpus (the chat-template words, the
-task text of `kfp_finetune.tiny.dataset` and some common English), so the tokenizer depends only on the
-family, never on the model seed. The family's special tokens get small ids right after the base vocabulary.
+A byte-level BPE is trained with the `tokenizers` library (Gemma 3: a SentencePiece BPE with the
+`sentencepiece` trainer) on a fixed synthetic corpus (the chat-template words, the task text of
+`kfp_finetune.tiny.dataset` and some common English), so the tokenizer depends only on the family, never on
+the model seed. The family's special tokens get small ids right after the base vocabulary (Gemma 3: before
+it, as in Gemma's own: `<pad>` 0, `<eos>` 1, `<bos>` 2, `<unk>` 3, then `<start_of_turn>`, `<end_of_turn>`).
 
 Files written:
-- every family: `tokenizer.json` (a complete HF `tokenizers` file; torchtune reads its `added_tokens`),
-  `tokenizer_config.json`, `special_tokens_map.json`;
+- Llama-3.x, Qwen2.5, Qwen3, SmolLM2, Mistral-Nemo: `tokenizer.json` (a complete HF `tokenizers` file; torchtune
+  reads its `added_tokens`);
+- every family: `tokenizer_config.json` (with the family's chat template), `special_tokens_map.json`;
 - Llama-3.x: `original/tokenizer.model` — tiktoken ranks (base64 bytes + space + rank per line);
 - Qwen2.5 and Qwen3: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form;
+- Gemma 3: `tokenizer.model` — a SentencePiece model trained as Gemma's is set up (byte fallback, digits split,
+  no dummy prefix, whitespace kept, the two turn tokens as user-defined symbols);
 - SmolLM2 and Mistral-Nemo: nothing else, as their tokenizer.json is what the project reads; their special tokens
-  take the first ids (SmolLM2's 0-16, Tekken's control tokens), as in the real files, and each pre-tokenizes as the
-  real file does (SmolLM2: single digits, then GPT-2's byte-level split; Tekken: its own Split regex, then bytes).
+  take the first ids (SmolLM2's 0-16, Tekken's control tokens), as in the real files, and each pre-tokenizes as
+  the real file does (SmolLM2: single digits, then GPT-2's byte-level split; Tekken: its own Split regex, then
+  bytes).
 """
 
 from __future__ import annotations
@@ -144,6 +150,23 @@ QWEN3_CHAT_TEMPLATE = (
     "{% endif %}{% endif %}"
 )
 
+# google/gemma-3-*-it's chat template (tokenizer_config.json), text parts only.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
+    '{%- else -%}{%- set first_user_prefix = "" -%}{%- set loop_messages = messages -%}{%- endif -%}'
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = 'model' -%}{%- else -%}"
+    "{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+GEMMA3_SPECIAL_TOKENS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+GEMMA3_TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]  # ids 4, 5 (Gemma 3: 105, 106)
+GEMMA3_VOCAB_SIZE = 768
 # SmolLM2-Instruct's ChatML, with its default system prompt.
 SMOLLM2_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -250,8 +273,11 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
     """Train the tiny BPE and write the family's tokenizer files into `out_dir`."""
     from tokenizers import AddedToken, processors
 
+    if family == "gemma3":
+        return _write_gemma3_tokenizer(out_dir)
     if family in _TOKENIZER_JSON_ONLY:
         return _write_tokenizer_json_only(out_dir, family)
+
     is_llama = family == "llama3_2"
     tokenizer = _train(LLAMA3_PATTERN if is_llama else QWEN2_PATTERN)
     vocab = tokenizer.get_vocab()
@@ -311,6 +337,53 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
         },
     )
     return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
+
+
+def _write_gemma3_tokenizer(out_dir: Path) -> TinyTokenizer:
+    """A SentencePiece BPE set up as Gemma's tokenizer.model is (module docstring), trained single-threaded on the
+    corpus plus Gemma 3's turns, so the bytes depend on nothing else."""
+    import io
+
+    import sentencepiece
+
+    turns = ["<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"] * 50
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(training_corpus() + turns),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=GEMMA3_VOCAB_SIZE,
+        character_coverage=1.0,
+        byte_fallback=True,
+        split_digits=True,
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        normalization_rule_name="identity",
+        user_defined_symbols=GEMMA3_TURN_TOKENS,
+        **{f"{name[1:-1]}_id": token_id for name, token_id in GEMMA3_SPECIAL_TOKENS.items()},
+        **{f"{name[1:-1]}_piece": name for name in GEMMA3_SPECIAL_TOKENS},
+        num_threads=1,
+        minloglevel=2,
+    )
+    (out_dir / "tokenizer.model").write_bytes(model.getvalue())
+    special_map = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    _write_json(out_dir / "special_tokens_map.json", special_map)
+    _write_json(
+        out_dir / "tokenizer_config.json",
+        {
+            **special_map,
+            "additional_special_tokens": GEMMA3_TURN_TOKENS,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "chat_template": GEMMA3_CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 2048,
+            "tokenizer_class": "GemmaTokenizer",
+        },
+    )
+    specials = {**GEMMA3_SPECIAL_TOKENS, **{t: 4 + i for i, t in enumerate(GEMMA3_TURN_TOKENS)}}
+    return TinyTokenizer(base_vocab_size=GEMMA3_VOCAB_SIZE - len(specials), special_tokens=specials)
 
 
 # family -> (special tokens, which come first, bos, eos, pad, chat template)

@@ -17,18 +17,22 @@ from kfp_finetune.tiny.model import build_tiny_model, build_torchtune_model, che
 
 torch = pytest.importorskip("torch")
 
-FAMILIES = ["llama3_2", "qwen2_5", "qwen3", "smollm2", "mistral_nemo"]
-EXPECTED_FILES = {
-    "llama3_2": {"original/tokenizer.model"},
-    "qwen2_5": {"vocab.json", "merges.txt"},
-    "qwen3": {"vocab.json", "merges.txt"},
-    "smollm2": set(),  # tokenizer.json alone: what the family reads
-    "mistral_nemo": set(),
+FAMILIES = ["llama3_2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo"]
+# The tokenizer files each family's torchtune tokenizer reads (Gemma 3: only its SentencePiece model; SmolLM2 and
+# Mistral-Nemo: only their tokenizer.json).
+TOKENIZER_FILES = {
+    "llama3_2": {"original/tokenizer.model", "tokenizer.json"},
+    "qwen2_5": {"vocab.json", "merges.txt", "tokenizer.json"},
+    "qwen3": {"vocab.json", "merges.txt", "tokenizer.json"},
+    "gemma3": {"tokenizer.model"},
+    "smollm2": {"tokenizer.json"},
+    "mistral_nemo": {"tokenizer.json"},
 }
 MODEL_TYPES = {
     "llama3_2": "llama",
     "qwen2_5": "qwen2",
     "qwen3": "qwen3",
+    "gemma3": "gemma3_text",
     "smollm2": "llama",
     "mistral_nemo": "mistral",
 }
@@ -38,10 +42,12 @@ COMMON_FILES = {
     "config.json",
     "generation_config.json",
     "model.safetensors",
-    "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
 }
+# Norm weights that apply a scale of 1 + weight (Gemma's), and those drawn off their neutral value so that a norm
+# applied on the wrong side of RoPE changes the logits.
+QK_NORMS = {"qwen3": 1.0, "gemma3": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +95,7 @@ def load_torchtune_state_dict(family: str, model_dir: Path, output_dir: Path, fi
 @pytest.mark.parametrize("family", FAMILIES)
 def test_files_present(models, family):
     present = set(file_hashes(models[family]))
-    assert present == COMMON_FILES | EXPECTED_FILES[family]
+    assert present == COMMON_FILES | TOKENIZER_FILES[family]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,7 +111,7 @@ def test_config_matches_weights(models, family):
     with safe_open(models[family] / "model.safetensors", framework="pt") as weights:
         shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
     assert shapes["model.embed_tokens.weight"] == (config["vocab_size"], dim)
-    # tied, as in the real small Llama-3.2 / Qwen2.5 / Qwen3 / SmolLM2 checkpoints
+    # tied, as in the real small Llama-3.2 / Qwen2.5 / Qwen3 / Gemma 3 / SmolLM2 checkpoints
     assert ("lm_head.weight" in shapes) is not tied
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"model\.layers\.(\d+)\.", key))}
     assert layers == set(range(config["num_hidden_layers"]))
@@ -117,21 +123,23 @@ def test_config_matches_weights(models, family):
         assert shapes[prefix + "mlp.gate_proj.weight"] == (config["intermediate_size"], dim)
         assert shapes[prefix + "mlp.down_proj.weight"] == (dim, config["intermediate_size"])
         assert (prefix + "self_attn.q_proj.bias" in shapes) == config.get("attention_bias", False)
-        if family == "qwen3":
+        if family in QK_NORMS:
             assert (
                 shapes[prefix + "self_attn.q_norm.weight"]
                 == shapes[prefix + "self_attn.k_norm.weight"]
                 == (head_dim,)
             )
-    if family == "qwen3":  # its own head_dim, as Qwen3-0.6B's 128 with 1024 / 16
-        assert head_dim > dim // heads
+    if (
+        family in QK_NORMS
+    ):  # its own head_dim, as Qwen3-0.6B's 128 with 1024 / 16, Gemma-3-1B's 256 with 1152 / 4
+        assert head_dim != dim // heads
     if family == "mistral_nemo":  # its own head_dim, as Mistral-Nemo's 128 with 5120 / 32
         assert head_dim < dim // heads
+    if family == "gemma3":  # local and global layers, a window shorter than the task's examples
+        assert config["layer_types"] == ["sliding_attention", "full_attention"]
+        assert config["sliding_window"] < 24 and config["query_pre_attn_scalar"] == head_dim
 
-    added = {
-        t["content"]: t["id"]
-        for t in json.loads((models[family] / "tokenizer.json").read_text())["added_tokens"]
-    }
+    added = special_tokens(family, models[family])
     assert max(added.values()) < config["vocab_size"]
     eos_ids = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
     assert {config["bos_token_id"], *eos_ids} <= set(added.values())
@@ -150,9 +158,10 @@ def test_transformers_loads_it_with_torchtunes_logits(models, family, tmp_path):
     tokens = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (model(tokens) - hf_model(tokens).logits).abs().max().item() <= 1e-5
-    if family == "qwen3":  # non-trivial, so that a norm applied on the wrong side of RoPE changes the logits
+    if family in QK_NORMS:  # non-trivial, so that a norm applied on the wrong side of RoPE changes the logits
         with safe_open(models[family] / "model.safetensors", framework="pt") as weights:
-            assert weights.get_tensor("model.layers.0.self_attn.q_norm.weight").std() > 0.1
+            q_norm = weights.get_tensor("model.layers.0.self_attn.q_norm.weight")
+            assert q_norm.std() > 0.1 and abs(q_norm.mean() - QK_NORMS[family]) < 0.2
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -162,7 +171,8 @@ def test_build_is_deterministic(models, family, tmp_path):
     other_seed = file_hashes(build_tiny_model(tmp_path / "seed1", family=family, seed=1))
     assert other_seed["model.safetensors"] != file_hashes(again)["model.safetensors"]
     # The tokenizer depends only on the family, so models of one family share it whatever the seed.
-    assert other_seed["tokenizer.json"] == file_hashes(again)["tokenizer.json"]
+    for name in TOKENIZER_FILES[family]:
+        assert other_seed[name] == file_hashes(again)[name]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -198,27 +208,60 @@ def test_torchtune_loads_weights_strictly(models, family, tmp_path):
     assert torch.isfinite(logits).all()
 
 
+def special_tokens(family: str, model_dir: Path) -> dict[str, int]:
+    """The family's special tokens and their ids, as its tokenizer files list them."""
+    if family == "gemma3":
+        import sentencepiece
+
+        spm = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
+        return {spm.id_to_piece(i): i for i in range(spm.vocab_size()) if not spm.is_byte(i) and i < 6}
+    return {
+        t["content"]: t["id"] for t in json.loads((model_dir / "tokenizer.json").read_text())["added_tokens"]
+    }
+
+
+def test_gemma3s_tokenizer_has_gemmas_ids_and_setup(models):
+    """<pad> 0, <eos> 1, <bos> 2, <unk> 3 as in Gemma's tokenizer.model, the turn tokens whole pieces, no dummy
+    prefix, digits split; the tokenizer config names the turn tokens and Gemma 3's chat template."""
+    tokenizer = torchtune_tokenizer("gemma3", models["gemma3"])
+    assert (tokenizer.pad_id, tokenizer.eos_id, tokenizer.bos_id) == (0, 1, 2)
+    assert special_tokens("gemma3", models["gemma3"]) == {
+        "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<start_of_turn>": 4, "<end_of_turn>": 5,
+    }  # fmt: skip
+    assert (tokenizer.start_of_turn_id, tokenizer.end_of_turn_id) == (4, 5)
+    assert tokenizer.stop_tokens == [5, 1]
+    turn = tokenizer.encode("<start_of_turn>model\n123<end_of_turn>", add_bos=False, add_eos=False)
+    assert turn[0] == 4 and turn[-1] == 5 and len(turn) == 1 + 2 + 3 + 1
+    assert tokenizer.encode("x", add_bos=False, add_eos=False) != tokenizer.encode(
+        " x", add_bos=False, add_eos=False
+    )
+    tokenizer_config = json.loads((models["gemma3"] / "tokenizer_config.json").read_text())
+    assert tokenizer_config["additional_special_tokens"] == ["<start_of_turn>", "<end_of_turn>"]
+    assert "<start_of_turn>" in tokenizer_config["chat_template"]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_round_trips_task_text(models, dataset, family):
     from tokenizers import Tokenizer
 
     tokenizer = torchtune_tokenizer(family, models[family])
-    hf_tokenizer = Tokenizer.from_file(str(models[family] / "tokenizer.json"))
+    json_file = models[family] / "tokenizer.json"
+    hf_tokenizer = Tokenizer.from_file(str(json_file)) if json_file.is_file() else None
     rows = [json.loads(line) for line in dataset["eval.jsonl"].read_text().splitlines()]
     for text in [row[column] for row in rows for column in ("input", "output")] + ["Hello world! 123"]:
         ids = tokenizer.encode(text, add_bos=False, add_eos=False)
         assert tokenizer.decode(ids) == text
         # torchtune's encoder (tiktoken / its own BPE) and the HF tokenizer.json agree.
-        assert hf_tokenizer.encode(text, add_special_tokens=False).ids == ids
+        if hf_tokenizer is not None:
+            assert hf_tokenizer.encode(text, add_special_tokens=False).ids == ids
 
     # Every letter of the task is a single token, so the task is short and regular.
     prompt_ids = tokenizer.encode(rows[0]["input"], add_bos=False, add_eos=False)
     assert len(prompt_ids) == 2 + len(rows[0]["input"].split()) - 1
+    if family == "gemma3":  # its ids: test_gemma3s_tokenizer_has_gemmas_ids_and_setup
+        return
 
-    added = {
-        t["content"]: t["id"]
-        for t in json.loads((models[family] / "tokenizer.json").read_text())["added_tokens"]
-    }
+    added = special_tokens(family, models[family])
     assert {k: v for k, v in tokenizer.special_tokens.items() if k in added} == added
     if family == "llama3_2":
         assert tokenizer.bos_id == added["<|begin_of_text|>"] and tokenizer.eot_id == added["<|eot_id|>"]
@@ -305,6 +348,8 @@ def test_cli_commands(tmp_path, capsys):
         "model_type": "qwen3",
         "head_dim": 16,
     }
+    assert cli.main(["tiny-model", str(tmp_path / "g3"), "--family", "gemma3", "--num-layers", "4"]) == 0
+    assert read_config(tmp_path / "g3")["layer_types"] == ["sliding_attention", "full_attention"] * 2
     assert cli.main(["tiny-model", str(tmp_path / "n"), "--family", "mistral_nemo", "--dim", "32"]) == 0
     assert {k: read_config(tmp_path / "n")[k] for k in ("model_type", "head_dim", "tie_word_embeddings")} == {
         "model_type": "mistral",

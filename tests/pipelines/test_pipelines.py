@@ -235,24 +235,27 @@ def test_finetune_pipeline_end_to_end_exports_when_the_gate_passes(tiny_llama, t
     assert "adapter_config.json" not in files
 
 
-# Families torchtune 0.6.1 does not have, built by this project: the tiny kit's fixture and the layout each shows
-# (head_dim: Qwen3's above hidden / heads, Mistral-Nemo's below; SmolLM2: the llama3_2 builder with plain RoPE).
-OWN_FAMILIES = {
-    "qwen3": ("tiny_qwen3", {"head_dim": 32}),
-    "smollm2": ("tiny_smollm2", {"tie_word_embeddings": True, "rope_scaling": None}),
-    "mistral_nemo": ("tiny_mistral_nemo", {"head_dim": 8, "tie_word_embeddings": False}),
+# Families torchtune 0.6.1 does not have, built by this project (the tiny kit's `tiny_<family>`), and the layout each
+# shows (head_dim: Qwen3's and Gemma 3's above hidden / heads, Mistral-Nemo's below; SmolLM2: the llama3_2 builder
+# with plain RoPE).
+BUILT_HERE = {
+    "qwen3": {"head_dim": 32},
+    "gemma3": {"head_dim": 32},
+    "smollm2": {"tie_word_embeddings": True, "rope_scaling": None},
+    "mistral_nemo": {"head_dim": 8, "tie_word_embeddings": False},
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "full"])
-@pytest.mark.parametrize("family", OWN_FAMILIES)
-def test_a_tiny_model_of_our_own_families_fine_tunes_through_the_pipeline_and_transformers_loads_its_export(
+@pytest.mark.parametrize("family", BUILT_HERE)
+def test_a_tiny_family_built_here_fine_tunes_through_the_pipeline_and_transformers_loads_its_export(
     family, method, tiny_dataset, tmp_path, request
 ):
-    """Qwen3, SmolLM2, Mistral-Nemo (not in torchtune 0.6.1: families/, hf_tokenizer.py) through every step; the
-    export is what transformers computes with: the merged weights give the tuned torchtune model's logits, and (LoRA)
-    PEFT's adapter on the base gives the merged model's."""
+    """Qwen3, Gemma 3, SmolLM2 and Mistral-Nemo (families/ and hf_tokenizer.py, not in torchtune 0.6.1) through every
+    step; the export is what transformers computes with: the merged weights give the tuned torchtune model's logits
+    (Gemma 3: over more tokens than its local layers' window), and (LoRA) PEFT's adapter on the base gives the merged
+    model's."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -260,8 +263,7 @@ def test_a_tiny_model_of_our_own_families_fine_tunes_through_the_pipeline_and_tr
     from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
     from kfp_finetune.components._shared.torchtune_model import find_weights, inspect_model_dir, instantiate
 
-    fixture, layout = OWN_FAMILIES[family]
-    tiny = request.getfixturevalue(fixture)
+    tiny = request.getfixturevalue(f"tiny_{family}")
     destination = tmp_path / "exported"
     task = run_locally(
         tmp_path, finetune_pipeline, model_uri=str(tiny), data_uri=str(tiny_dataset["train.jsonl"]),
@@ -274,6 +276,7 @@ def test_a_tiny_model_of_our_own_families_fine_tunes_through_the_pipeline_and_tr
     assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
 
     tuned = inspect_model_dir(destination)
+    layout = BUILT_HERE[family]
     assert tuned.family.name == family and {key: tuned.hf_config[key] for key in layout} == layout
     model = instantiate(tuned.model_node()).eval()
     checkpointer = HFCheckpointer(

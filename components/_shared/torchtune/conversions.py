@@ -11,6 +11,9 @@ right (tests/components/_shared/torchtune/test_parity.py compares the logits wit
 - QWEN3 (Qwen3 dense, which 0.6.1 does not have): Qwen2's mapping (the same names, without q/k/v biases) plus
   each layer's q/k norms (`self_attn.q_norm.weight` <-> `attn.q_norm.scale`, families/qwen3.py); like Qwen2, no
   RoPE permutation (half-split RoPE on both sides).
+- GEMMA3 (Gemma 3 text, which 0.6.1 does not have): its own name table (`_GEMMA3_LAYER`: Gemma 2's four
+  norms each in its place, the q/k norms), no RoPE permutation (half-split RoPE on both sides, families/gemma3.py);
+  the tied `lm_head.weight` some checkpoints carry is not loaded, as transformers does not load it.
 - PEFT adapters: torchtune 0.6.1 permutes the q/k LoRA B rows into HF's RoPE order for every family, also for the
   Qwen2 layout whose weights it never permutes, and leaves a DoRA magnitude of q/k in torchtune's order. Here
   the adapter follows exactly what the family's weight conversion does (`rope_permuted`).
@@ -142,6 +145,57 @@ def _gemma2_tune_to_hf(state_dict: StateDict, config: dict) -> StateDict:
     return gemma2_tune_to_hf(swapped, head_dim=config.get("head_dim"), **_shape(config))
 
 
+# Gemma 3 (text), which 0.6.1 does not have: HF name <-> torchtune name (families/gemma3.py), one layer's keys
+# after `model.layers.N.` / `layers.N.`; its RoPE is half-split on both sides, so nothing is reordered.
+_GEMMA3_LAYER = {
+    "input_layernorm.weight": "sa_norm.scale",
+    "post_attention_layernorm.weight": "sa_scale.scale",
+    "pre_feedforward_layernorm.weight": "mlp_norm.scale",
+    "post_feedforward_layernorm.weight": "mlp_scale.scale",
+    "self_attn.q_proj.weight": "attn.q_proj.weight",
+    "self_attn.k_proj.weight": "attn.k_proj.weight",
+    "self_attn.v_proj.weight": "attn.v_proj.weight",
+    "self_attn.o_proj.weight": "attn.output_proj.weight",
+    "self_attn.q_norm.weight": "attn.q_norm.scale",
+    "self_attn.k_norm.weight": "attn.k_norm.scale",
+    "mlp.gate_proj.weight": "mlp.w1.weight",
+    "mlp.down_proj.weight": "mlp.w2.weight",
+    "mlp.up_proj.weight": "mlp.w3.weight",
+}
+_GEMMA3_TOP = {"model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.scale"}
+_GEMMA3_HF_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_GEMMA3_TUNE_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+# The output layer is the embedding (tie_word_embeddings): a checkpoint may still carry lm_head.weight, which
+# transformers ties (ignores) on load, and so does the torchtune model.
+_GEMMA3_TIED = "lm_head.weight"
+
+
+def _renamed(state_dict: StateDict, top: dict, layer_key: re.Pattern, layer: dict, prefix: str) -> StateDict:
+    """Keys renamed by `top` or, per layer, by `layer` (`layer_key` matches the source's layer keys, `prefix`
+    begins the target's); a key neither names is an error (it would be dropped silently)."""
+    converted = {}
+    for key, value in state_dict.items():
+        match = layer_key.match(key)
+        if key in top:
+            converted[top[key]] = value
+        elif match and match[2] in layer:
+            converted[f"{prefix}{match[1]}.{layer[match[2]]}"] = value
+        else:
+            raise ValueError(f"unexpected weight {key!r} for the Gemma 3 layout")
+    return converted
+
+
+def _gemma3_hf_to_tune(state_dict: StateDict, config: dict) -> StateDict:
+    weights = {key: value for key, value in state_dict.items() if key != _GEMMA3_TIED}
+    return _renamed(weights, _GEMMA3_TOP, _GEMMA3_HF_KEY, _GEMMA3_LAYER, "layers.")
+
+
+def _gemma3_tune_to_hf(state_dict: StateDict, config: dict) -> StateDict:
+    top = {tune: hf for hf, tune in _GEMMA3_TOP.items()}
+    layer = {tune: hf for hf, tune in _GEMMA3_LAYER.items()}
+    return _renamed(state_dict, top, _GEMMA3_TUNE_KEY, layer, "model.layers.")
+
+
 _LLAMA = dict(hf_to_tune=_llama_hf_to_tune, tune_to_hf=_llama_tune_to_hf, rope_permuted=True)
 CONVERSIONS: dict[str, Conversion] = {
     c.model_type: c
@@ -154,6 +208,7 @@ CONVERSIONS: dict[str, Conversion] = {
         Conversion("GEMMA2", _gemma2_hf_to_tune, _gemma2_tune_to_hf, rope_permuted=True),
         Conversion("QWEN2", _qwen2_hf_to_tune, _qwen2_tune_to_hf, rope_permuted=False),
         Conversion("QWEN3", _qwen3_hf_to_tune, _qwen3_tune_to_hf, rope_permuted=False),
+        Conversion("GEMMA3", _gemma3_hf_to_tune, _gemma3_tune_to_hf, rope_permuted=False),
         # torchtune writes no PEFT adapter for Phi (HF fuses qkv and gate/up: no module matches a LoRA'd one).
         Conversion("PHI3_MINI", _phi3_hf_to_tune, _phi3_tune_to_hf, rope_permuted=False, peft_adapter=False),
         Conversion("PHI4", _phi3_hf_to_tune, _phi3_tune_to_hf, rope_permuted=False, peft_adapter=False),

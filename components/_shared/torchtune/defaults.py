@@ -149,7 +149,8 @@ def estimate_memory(
     Activations per token and layer, in elements of `dtype` (SDPA / flash attention: no seq x seq scores):
     4 x dim (two norm outputs, two residual inputs) + 3 x q (q, attention output, output projection input)
     + 2 x kv (k, v) + 4 x intermediate (gate, up, activation, product), and 2 x (q + kv) more where q and k
-    pass a norm per head (Qwen3: the norms' inputs and outputs); q and kv are heads x head_dim, which need not
+    pass a norm per head (Qwen3, Gemma 3: the norms' inputs and outputs), 2 x dim more where the attention and
+    MLP outputs pass a norm before the residual (Gemma 2, 3); q and kv are heads x head_dim, which need not
     be dim. With checkpointing only each layer's input (dim) is kept, plus one layer recomputed at a time;
     offloading moves the kept inputs to CPU. The logits add vocab x (2 bytes + 4 bytes for the fp32 loss) per
     token in every case."""
@@ -167,6 +168,8 @@ def estimate_memory(
     per_layer = 4 * d["dim"] + 3 * d["q"] + 2 * d["kv"] + 4 * d["hidden"]
     if model.family.qk_norms:
         per_layer += 2 * (d["q"] + d["kv"])
+    if model.family.post_norms:
+        per_layer += 2 * d["dim"]
     logits = d["vocab"] * (2 + 4)
     act = tokens * (d["layers"] * per_layer * width + logits)
     act_ckpt = tokens * (d["layers"] * d["dim"] * width + per_layer * width + logits)

@@ -70,7 +70,7 @@ _LORA_B_SCALE = 0.1
 _DROPPED = ("torch_dtype", "dtype", "auto_map", "_name_or_path", "transformers_version")
 _NO_TOKEN_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 # Their RMSNorm scales by 1 + weight: a non-trivial scale is drawn around 0.
-_OFFSET_NORMS = ("gemma", "gemma2")
+_OFFSET_NORMS = ("gemma", "gemma2", "gemma3_text")
 _CHECKPOINTER_LOG = "kfp_finetune.components._shared.torchtune.checkpointer"
 
 
@@ -118,7 +118,7 @@ def tiny_config(hf_config: dict) -> dict:
     """config.json with its sizes shrunk (hidden size, layers, heads keeping the grouped-query ratio, MLP width,
     vocabulary, positions, sliding window) and every other field kept, relations included: head_dim against
     hidden_size / num_attention_heads, the window against max_position_embeddings, the layer pattern."""
-    from kfp_finetune.components._shared.torchtune_layout import LAYOUT_FIELDS, layout_value
+    from kfp_finetune.components._shared.torchtune_layout import LAYOUT_FIELDS, layer_types, layout_value
 
     config = {key: value for key, value in hf_config.items() if key not in _DROPPED}
     heads = hf_config["num_attention_heads"]
@@ -131,8 +131,8 @@ def tiny_config(hf_config: dict) -> dict:
         hidden = tiny_heads * _HEAD_DIM
     else:  # keep hidden_size / num_attention_heads on the same side of head_dim
         hidden = tiny_heads * (_HEAD_DIM + (8 if natural > head_dim else -8))
-    layer_types = hf_config.get("layer_types")
-    layers = min(hf_config["num_hidden_layers"], max(_LAYERS, _period(layer_types or [])))
+    kinds = layer_types(hf_config)  # Gemma 3's from its sliding_window_pattern where config.json lists none
+    layers = min(hf_config["num_hidden_layers"], max(_LAYERS, _period(kinds or [])))
     config.update(
         _NO_TOKEN_IDS,
         vocab_size=_VOCAB,
@@ -145,8 +145,8 @@ def tiny_config(hf_config: dict) -> dict:
     )
     if head_dim is not None:
         config["head_dim"] = _HEAD_DIM
-    if layer_types:
-        config["layer_types"] = layer_types[:layers]
+    if kinds:
+        config["layer_types"] = kinds[:layers]
     if "max_window_layers" in hf_config:  # Qwen2: the layers from which a window applies
         slides_nowhere = hf_config["max_window_layers"] >= hf_config["num_hidden_layers"]
         config["max_window_layers"] = (
@@ -238,6 +238,13 @@ def _hf_model_from_config(config: dict) -> Any:
 
     config = dict(config)
     if int(transformers.__version__.split(".")[0]) < 5:
+        if isinstance((config.get("rope_parameters") or {}).get("full_attention"), dict):
+            # Gemma 3 saved by transformers 5 (one RoPE dict per layer type): transformers 4's three settings.
+            per_layer_type = config.pop("rope_parameters")
+            rope = dict(per_layer_type["full_attention"])
+            config["rope_theta"] = rope.pop("rope_theta")
+            config["rope_local_base_freq"] = per_layer_type["sliding_attention"]["rope_theta"]
+            config["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
         if "rope_parameters" in config:  # a transformers 5 config.json: its RoPE settings where 4 reads them
             rope = dict(config.pop("rope_parameters"))
             config["rope_theta"] = rope.pop("rope_theta", config.get("rope_theta", 10000.0))

@@ -218,6 +218,31 @@ _QWEN3_8B = {
     "max_window_layers": 36,
     "tie_word_embeddings": False,
 }
+# google/gemma-3-1b-pt's config.json (transformers 4.50 form: the layer pattern as sliding_window_pattern, the two
+# RoPE bases as rope_theta and rope_local_base_freq).
+_GEMMA3_1B = {
+    "model_type": "gemma3_text",
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "max_position_embeddings": 32768,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": None,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 262144,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "attention_bias": False,
+}
+_GEMMA3_LAYERS_1B = [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(26)]
 _SMOLLM2_135M = {
     "model_type": "llama",
     "hidden_size": 576,
@@ -321,6 +346,20 @@ FAMILY_CASES: dict[str, FamilyCases] = {
                 "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
                 "max_window_layers": 64},
         }),
+        FamilyCases("gemma3", "google/gemma-3-1b-pt (multi-query; 5 local layers, then 1 global)", _GEMMA3_1B, {
+            "google/gemma-3-270m (head_dim above hidden/heads; layer_types listed)": {
+                "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+                "layer_types": [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(18)]},
+            "google/medgemma-27b-text-it (Gemma 3 27B text: grouped-query, linear RoPE scaling, query scale 168)": {
+                "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 62, "num_attention_heads": 32,
+                "num_key_value_heads": 16, "head_dim": 128, "query_pre_attn_scalar": 168, "sliding_window": 1024,
+                "max_position_embeddings": 131072, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+            "google/gemma-3-1b-pt saved by transformers 5 (rope_parameters per layer type)": {
+                "sliding_window_pattern": None, "rope_theta": None, "rope_local_base_freq": None, "rope_scaling": None,
+                "layer_types": _GEMMA3_LAYERS_1B, "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
+        }),
         FamilyCases("smollm2", "HuggingFaceTB/SmolLM2-135M (grouped-query)", _SMOLLM2_135M, {
             "HuggingFaceTB/SmolLM2-360M": {"hidden_size": 960, "intermediate_size": 2560, "num_hidden_layers": 32,
                                            "num_attention_heads": 15, "num_key_value_heads": 5},
@@ -392,11 +431,31 @@ def _kind(key: str, value: Any, how: str, hf_config: dict) -> str:
         return f"{how}: {'=' if heads and value * heads == hidden else '≠'} hidden_size / num_attention_heads"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return how  # any number: the argument carries it
+    if key == "layer_types" and how == CARRIED:
+        # The builder builds each layer by its type: any arrangement of the proven types is proven.
+        return f"{how}: {' and '.join(sorted(set(value)))} layers"
     return f"{how}: {_shown(value)}"
 
 
 def _shown(value: Any) -> str:
-    """A value as config.json writes it."""
+    """A value as config.json writes it (a per-layer list by its repeating unit)."""
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        return _layer_pattern(value)
     return str(value)
+
+
+def _layer_pattern(values: list[str]) -> str:
+    """['a', 'a', 'b', 'a', 'a', 'b', 'a'] -> '7 layers: a ×2, b, repeated'."""
+    period = next(
+        p for p in range(1, len(values) + 1) if all(v == values[i % p] for i, v in enumerate(values))
+    )
+    runs: list[list] = []
+    for value in values[:period]:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    unit = ", ".join(value if count == 1 else f"{value} ×{count}" for value, count in runs)
+    return f"{len(values)} layers: {unit}" + (", repeated" if period < len(values) else "")

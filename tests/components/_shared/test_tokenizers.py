@@ -195,3 +195,150 @@ def test_qwen3_stops_generating_at_either_end_token_and_keeps_the_truncation_fix
         tokens[: len(tokens) - 3] + [tokenizer.eos_id],
         mask[:-3] + [True],
     )
+
+
+# Gemma 3's chat format as google/gemma-3-*-it's chat template writes it (text parts), written here: <bos>, then
+# per turn <start_of_turn>{user|model}\n{content trimmed}<end_of_turn>\n; a system message's text and a blank line
+# open the first user turn; the generation prompt is <start_of_turn>model\n.
+GEMMA3_TEMPLATE = """
+{{- bos_token -}}
+{%- if messages[0]['role'] == 'system' -%}
+  {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}
+{%- else -%}
+  {%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+  {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+  {{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') -}}
+  {{- message['content'] | trim -}}
+  {{- '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}
+"""
+GEMMA3_CONVERSATIONS = {
+    **{name: turns for name, turns in CONVERSATIONS.items() if "reasoning" not in name},
+    "contents with spaces and newlines around them": [
+        ("system", "Answer in capitals."), ("user", "  Uppercase: c a t s\n"), ("assistant", "\nC A T S  "),
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gemma3_path(tiny_gemma3):
+    return inspect_model_dir(tiny_gemma3).tokenizer_paths["path"]
+
+
+@pytest.fixture(scope="module")
+def gemma3_rendered(gemma3_path):
+    """Token ids of the documented template rendered as transformers renders chat templates (a sandboxed jinja2
+    with trim_blocks and lstrip_blocks), encoded whole by the SentencePiece model: <bos> is a control token,
+    which SentencePiece encodes only by id."""
+    import sentencepiece
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        GEMMA3_TEMPLATE
+    )
+    spm = sentencepiece.SentencePieceProcessor(model_file=gemma3_path)
+
+    def render(turns, **options):
+        messages = [{"role": role, "content": content} for role, content in turns]
+        return [spm.bos_id()] + spm.encode(template.render(messages=messages, bos_token="", **options))
+
+    return render
+
+
+@pytest.mark.parametrize("turns", GEMMA3_CONVERSATIONS.values(), ids=GEMMA3_CONVERSATIONS.keys())
+def test_gemma3_tokenizes_a_conversation_as_its_chat_template_renders_it(turns, gemma3_path, gemma3_rendered):
+    """Piece by piece, the same tokens as the rendered conversation encoded whole, then <eos> closing the example
+    (as torchtune's Gemma tokenizer closes one)."""
+    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    tokens, mask = tokenizer.tokenize_messages(qwen3_messages(turns))
+    assert tokens == gemma3_rendered(turns) + [tokenizer.eos_id]
+    end_of_turn = len(tokens) - 1 - tokens[::-1].index(tokenizer.end_of_turn_id)
+    assert mask[end_of_turn] is False  # the answer's end-of-turn token is trained
+
+
+def test_the_tiny_kits_chat_template_renders_as_the_documented_one(tiny_gemma3, gemma3_rendered):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise ValueError(message)
+
+    kit = json.loads((tiny_gemma3 / "tokenizer_config.json").read_text())["chat_template"]
+    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(kit)
+    template.globals["raise_exception"] = raise_exception
+    documented = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        GEMMA3_TEMPLATE
+    )
+    for turns in GEMMA3_CONVERSATIONS.values():
+        messages = [{"role": role, "content": content} for role, content in turns]
+        for prompt in (True, False):
+            assert template.render(messages=messages, bos_token="<bos>", add_generation_prompt=prompt) == (
+                documented.render(messages=messages, bos_token="<bos>", add_generation_prompt=prompt)
+            )
+
+
+def test_gemma3_trains_every_assistant_turn_and_prompts_as_the_generation_prompt(
+    gemma3_path, gemma3_rendered
+):
+    from kfp_finetune.components.evaluate.model_eval import answer_start
+
+    turns = CONVERSATIONS["two turns"]
+    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    messages = qwen3_messages(turns)
+    tokens, mask = tokenizer.tokenize_messages(messages)
+    trained = [token for token, masked in zip(tokens, mask, strict=True) if not masked]
+    # Each assistant turn whole (header, answer, <end_of_turn> and its newline), as torchtune trains a turn.
+    assert tokenizer.decode(trained) == (
+        "<start_of_turn>model\nC A T S<end_of_turn>\n<start_of_turn>model\nD O G<end_of_turn>\n"
+    )
+    # Before the final answer's text: the template's generation prompt, which evaluation prompts with.
+    prompt = gemma3_rendered(turns[:-1], add_generation_prompt=True)
+    assert tokens[: len(prompt)] == prompt
+    assert answer_start(tokenizer, messages, len(messages) - 1, tokens) == len(prompt)
+
+
+def test_gemma3_keeps_a_system_prompt_masked_when_the_users_turn_is_trained(gemma3_path):
+    """train_on_input unmasks the user's message; the system text opening that turn is its own message."""
+    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    turns = [
+        Message("system", "Answer in capitals.", masked=True),
+        Message("user", "Uppercase: c a t s", masked=False),
+        Message("assistant", "C A T S", masked=False),
+    ]
+    tokens, mask = tokenizer.tokenize_messages(turns)
+    masked = [token for token, masked in zip(tokens, mask, strict=True) if masked]
+    assert tokenizer.decode(masked) == "Answer in capitals.\n\n"  # and the <bos> before it
+
+
+def test_gemma3_stops_at_either_end_token_cuts_only_what_is_too_long_and_refuses_other_turns(gemma3_path):
+    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    assert set(tokenizer.stop_tokens) == {tokenizer.end_of_turn_id, tokenizer.eos_id}
+    turns = qwen3_messages(CONVERSATIONS["one turn, no system prompt"])
+    tokens, mask = tokenizer.tokenize_messages(turns)
+    fits = torchtune_tokenizers.gemma3_tokenizer(gemma3_path, max_seq_len=len(tokens))
+    assert fits.tokenize_messages(turns) == (tokens, mask)
+    cut = torchtune_tokenizers.gemma3_tokenizer(gemma3_path, max_seq_len=len(tokens) - 2)
+    assert cut.tokenize_messages(turns) == (
+        tokens[: len(tokens) - 3] + [tokenizer.eos_id],
+        mask[:-3] + [True],
+    )
+    with pytest.raises(ValueError, match="not 'ipython'"):
+        tokenizer.tokenize_messages([Message("user", "hi"), Message("ipython", "{}")])
+    with pytest.raises(ValueError, match="holds an image"):
+        tokenizer.tokenize_messages([Message("user", [{"type": "image", "content": None}])])
+
+
+def test_gemma3_refuses_a_tokenizer_model_without_its_turn_tokens(tmp_path):
+    import sentencepiece
+
+    from kfp_finetune.tiny.tokenizer import training_corpus
+
+    plain = tmp_path / "tokenizer.model"
+    with plain.open("wb") as out:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(training_corpus()), model_writer=out, vocab_size=150, minloglevel=2
+        )
+    with pytest.raises(ValueError, match="has no <start_of_turn> token: is it Gemma 3's tokenizer.model"):
+        torchtune_tokenizers.gemma3_tokenizer(str(plain))

@@ -42,6 +42,13 @@ BASES = {
                "rope_theta": 1e6, "rope_scaling": None, "max_position_embeddings": 40960, "tie_word_embeddings": True,
                "attention_bias": False, "hidden_act": "silu", "use_sliding_window": False, "sliding_window": None,
                "max_window_layers": 28}, ["vocab.json", "merges.txt", "tokenizer.json"]),
+    # Gemma-3-1B's fields (transformers 4.50 form); head_dim is its own (1B: 256 with 1152 / 4)
+    "gemma3": ({"model_type": "gemma3_text", **_DIMS, "num_hidden_layers": 6, "head_dim": 32, "vocab_size": 262144,
+                "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh",
+                "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                "rope_scaling": None, "query_pre_attn_scalar": 256, "attn_logit_softcapping": None,
+                "final_logit_softcapping": None, "attention_bias": False},
+               ["tokenizer.model", "tokenizer.json"]),
     # SmolLM2-135M's fields: llama layers, tied embeddings, plain RoPE; a tokenizer.json (and GPT-2's files)
     "smollm2": ({"model_type": "llama", **_DIMS, "head_dim": 16, "vocab_size": 49152, "rms_norm_eps": 1e-5,
                  "rope_theta": 100000.0, "rope_scaling": None, "max_position_embeddings": 8192,
@@ -52,6 +59,7 @@ BASES = {
                       "rope_theta": 1e6, "max_position_embeddings": 1024000, "sliding_window": None},
                      ["tokenizer.json"]),
 }  # fmt: skip
+_GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
 
 
 OMIT = "<not in config.json>"  # an override value that removes the key, as a real file omits it
@@ -133,6 +141,23 @@ REFUSED = [
      r"use_sliding_window = True .*full attention in every layer"),
     ("qwen3", {"layer_types": ["sliding_attention", "full_attention"]}, r"layer_types = .*qwen2, qwen3: none"),
     ("qwen3", {"hidden_act": "gelu"}, r"hidden_act = 'gelu'"),
+    ("gemma3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     r"rope_scaling.rope_type = 'yarn' .*linear scaling only for Gemma 3's global layers"),
+    ("gemma3", {"rope_theta": OMIT, "rope_local_base_freq": OMIT, "rope_scaling": OMIT, "rope_parameters": {
+        "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
+     r"rope_parameters.sliding_attention.rope_type = 'linear' .*local \(sliding-window\) layers with plain RoPE"),
+    ("gemma3", {"rope_theta": OMIT, "rope_scaling": OMIT, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}}},
+     r"rope_parameters.full_attention.rope_type = 'dynamic'"),
+    # EmbeddingGemma: Gemma 3 layers attending both ways
+    ("gemma3", {"use_bidirectional_attention": True}, r"use_bidirectional_attention = True .*causal attention"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping = 50.0 .*no released Gemma 3"),
+    ("gemma3", {"final_logit_softcapping": 30.0}, r"final_logit_softcapping = 30.0 .*gemma3: never"),
+    ("gemma3", {"tie_word_embeddings": False}, r"tie_word_embeddings = False"),
+    ("gemma3", {"attention_bias": True}, r"attention_bias = True .*gemma3 builder builds attention projections"),
+    ("gemma3", {"hidden_activation": "gelu"}, r"hidden_activation = 'gelu' .*tanh-approximated GELU"),
     ("mistral", {"quantization_config": {"quant_method": "gptq", "bits": 4}},
      r"quantization_config = .*gptq.*use the unquantized model \(tune_method=qlora"),
 ]  # fmt: skip
@@ -165,6 +190,16 @@ NEUTRAL = [
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 32768}),
     ("qwen3", {"layer_types": ["full_attention"] * 2, "attention_bias": OMIT, "hidden_act": OMIT}),
     ("qwen3", {"rope_scaling": {"rope_type": "default"}}),
+    (
+        "gemma3",
+        {
+            "attn_logit_softcapping": OMIT,
+            "final_logit_softcapping": OMIT,
+            "tie_word_embeddings": True,
+            "hidden_activation": OMIT,
+            "use_bidirectional_attention": False,
+        },
+    ),
     ("smollm2", {"head_dim": OMIT, "rope_scaling": {"rope_type": "default"}}),
     ("mistral_nemo", {"sliding_window": 1024000, "attention_bias": True}),
     ("phi3", {"quantization_config": None}),
@@ -230,6 +265,28 @@ CARRIED = [
     ("gemma2", {"sliding_window": None}, "sliding_window_size", None),
     ("gemma2", {"sliding_window": 2048}, "sliding_window_size", 2048),
     ("gemma2", {"query_pre_attn_scalar": 144}, "query_pre_attn_scalar", 144),
+    # Gemma 3: two RoPE bases, the global one scaled (4B-27B), the layer kinds from sliding_window_pattern
+    ("gemma3", {}, "rope_base", 1e6),
+    ("gemma3", {}, "local_rope_base", 1e4),
+    ("gemma3", {"rope_theta": OMIT, "rope_local_base_freq": OMIT}, "rope_base", 1e6),  # Gemma3TextConfig's
+    ("gemma3", {"rope_theta": OMIT, "rope_local_base_freq": OMIT}, "local_rope_base", 1e4),
+    ("gemma3", {}, "scale_factor", 1.0),
+    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "scale_factor", 8.0),
+    ("gemma3", {}, "layer_types", _GEMMA3_LAYERS),
+    ("gemma3", {"sliding_window_pattern": OMIT}, "layer_types", _GEMMA3_LAYERS),  # transformers' default 6
+    ("gemma3", {"sliding_window_pattern": 2}, "layer_types", ["sliding_attention", "full_attention"] * 3),
+    ("gemma3", {"layer_types": ["full_attention"] * 6}, "layer_types", ["full_attention"] * 6),
+    ("gemma3", {}, "sliding_window_size", 512),
+    ("gemma3", {"sliding_window": OMIT}, "sliding_window_size", 4096),
+    ("gemma3", {"query_pre_attn_scalar": OMIT}, "query_pre_attn_scalar", 256),
+    ("gemma3", {"head_dim": OMIT}, "head_dim", 256),
+    # transformers 5 writes one rope_parameters dict per layer type, and the layer list
+    *[("gemma3", {"rope_theta": OMIT, "rope_local_base_freq": OMIT, "rope_scaling": OMIT, "sliding_window_pattern": OMIT,
+                  "layer_types": _GEMMA3_LAYERS, "rope_parameters": {
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                      "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}}, arg, value)
+      for arg, value in [("rope_base", 1e6), ("local_rope_base", 1e4), ("scale_factor", 8.0),
+                         ("layer_types", _GEMMA3_LAYERS)]],
     # a sliding window the builder cannot apply becomes the position limit (Mistral-7B-v0.1, Phi-3-mini-4k)
     ("mistral", {"sliding_window": 4096}, "max_seq_len", 4096),
     ("mistral", {"sliding_window": OMIT}, "max_seq_len", 4096),
@@ -286,7 +343,7 @@ _ENGINE_2 = "mixture-of-experts and multimodal models need the second (transform
 # model_type -> the nearest supported choice the message names ("" where there is none)
 UNSUPPORTED = {
     "qwen3_moe": "Qwen3 dense", "llama4": "Llama 3.1 / 3.3", "mllama": "Llama 3.2 text",
-    "gemma3": "Gemma 2", "gemma3_text": "Gemma 2", "granite": "", "granitemoe": "", "olmo2": "", "smollm3": "",
+    "gemma3": "Gemma 3 text (model_type gemma3_text", "granite": "", "granitemoe": "", "olmo2": "", "smollm3": "",
     "phi4mm": "Phi-4", "gpt_oss": "", "qwen2_vl": "Qwen2.5", "falcon": "", "deepseek_v3": "",
 }  # fmt: skip
 

@@ -15,7 +15,7 @@ from kfp_finetune.components.torchtune_finetune.finetune import _STEP_PARAMETERS
 from kfp_finetune.pipelines.parameters import PARAMETERS
 
 # The component's settings whose default is a real value, not "unset".
-REAL_DEFAULTS = {"method": "lora", "device": "auto", "packed": False, "compile": False}
+REAL_DEFAULTS = {"method": "lora", "device": "auto"}
 
 
 def resolved(tiny_llama, data_file, tmp_path, **parameters):

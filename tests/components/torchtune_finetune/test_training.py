@@ -27,7 +27,7 @@ def wide_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("wide")
     return {
         family: build_tiny_model(root / family, family=family, dim=256)
-        for family in ("llama3_2", "qwen2_5", "qwen3", "smollm2", "mistral_nemo")
+        for family in ("llama3_2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo")
     }
 
 
@@ -48,6 +48,7 @@ TINY = {
     "llama3_2": "tiny_llama",
     "qwen2_5": "tiny_qwen",
     "qwen3": "tiny_qwen3",
+    "gemma3": "tiny_gemma3",
     "smollm2": "tiny_smollm2",
     "mistral_nemo": "tiny_mistral_nemo",
 }
@@ -77,8 +78,10 @@ def test_every_method_trains_and_writes_its_checkpoint(
 
 @pytest.mark.parametrize(
     ("family", "method", "ratio"),
-    [("llama3_2", "full", 0.5), ("qwen2_5", "full", 0.5), ("qwen3", "full", 0.5), ("smollm2", "full", 0.5),
-     ("mistral_nemo", "full", 0.6), ("llama3_2", "lora", 0.95)],
+    [
+        ("llama3_2", "full", 0.5), ("qwen2_5", "full", 0.5), ("qwen3", "full", 0.5), ("gemma3", "full", 0.5),
+        ("smollm2", "full", 0.5), ("mistral_nemo", "full", 0.6), ("llama3_2", "lora", 0.95),
+    ],
 )  # fmt: skip
 def test_loss_falls_on_the_synthetic_task(family, method, ratio, tiny_dataset, tmp_path, request):
     """Full fine-tuning learns the task fast; LoRA on a randomly initialised base learns slowly but surely.

@@ -48,13 +48,26 @@ class Qwen3Attention(MultiHeadAttention):
         mask: _MaskType | None = None,
         input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        q, k, v = self._heads(x, y, input_pos)
+        if self.kv_cache is not None and self.cache_enabled:
+            k, v = self.kv_cache.update(k, v)
+        return self._attend(q, k, v, mask)
+
+    def _heads(
+        self, x: torch.Tensor, y: torch.Tensor | None, input_pos: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [b, heads, s, head_dim]: q and k normed per head, then rotated."""
         if y is None:
-            raise ValueError("Qwen3Attention is self-attention: pass the layer's input as y as well")
+            raise ValueError(f"{type(self).__name__} is self-attention: pass the layer's input as y as well")
         q = self._normed_rotated_heads(self.q_proj(x), self.q_norm, input_pos)
         k = self._normed_rotated_heads(self.k_proj(y), self.k_norm, input_pos)
         v = self.v_proj(y).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
-        if self.kv_cache is not None and self.cache_enabled:
-            k, v = self.kv_cache.update(k, v)
+        return q, k, v
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _MaskType | None
+    ) -> torch.Tensor:
+        """The attention call (SDPA, or flex attention for a BlockMask) and the output projection."""
         # Grouped-query attention: each k/v head serves a group of q heads.
         if self.num_heads != self.num_kv_heads:
             group = self.num_heads // self.num_kv_heads

@@ -66,6 +66,17 @@ def test_a_kind_of_value_no_case_has_is_unproven_and_named():
     uncapped = unproven(FAMILIES["gemma2"], {**FAMILY_CASES["gemma2"].base, "attn_logit_softcapping": None})
     assert [(f.key, f.kind) for f in uncapped] == [("attn_logit_softcapping", "carried: null")]
     assert unproven(FAMILIES["llama3_2"], llama3_2) == []
+    # Gemma 3 with global layers only: every real one has local ones too (a layer list is proven by its kinds)
+    all_global = {**FAMILY_CASES["gemma3"].base, "layer_types": ["full_attention"] * 26}
+    assert [f.line() for f in unproven(FAMILIES["gemma3"], all_global)] == [
+        "layer_types = 26 layers: full_attention, repeated (carried: full_attention layers)"
+    ]
+    assert (
+        unproven(
+            FAMILIES["gemma3"], {**all_global, "layer_types": ["sliding_attention", "full_attention"] * 13}
+        )
+        == []
+    )
 
 
 # --- the check fails on each fault it guards against -----------------------------------------------------------

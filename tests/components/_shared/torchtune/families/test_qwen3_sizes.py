@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from kfp_finetune.cli import main
+from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import estimate_memory
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
@@ -66,9 +67,11 @@ def test_resolve_config_resolves_real_qwen3_8b_and_32b(size, method, devices, da
     assert f"base config: {BASE_CONFIGS[size, method, devices]}\n" in out
     config = yaml.safe_load(out)
     hidden, layers, heads, intermediate, _ = SIZES[size]
-    model = config["model"]
-    builder = model.get("builder", model["_component_"])  # packed on CUDA: inside flex_attention's node
-    assert builder.endswith(".families.qwen3.lora_qwen3" if method == "lora" else ".families.qwen3.qwen3")
+    # A packed CUDA run's model node is flex_attention_model over the family's builder and its arguments.
+    model = flex_attention.unwrap(config["model"])
+    assert model["_component_"].endswith(
+        ".families.qwen3.lora_qwen3" if method == "lora" else ".families.qwen3.qwen3"
+    )
     assert {k: model[k] for k in ("embed_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim")} == {
         "embed_dim": hidden, "num_layers": layers, "num_heads": heads, "num_kv_heads": 8, "head_dim": 128,
     }  # fmt: skip

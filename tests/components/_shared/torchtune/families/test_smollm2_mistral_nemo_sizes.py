@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from kfp_finetune.cli import main
+from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.torchtune.defaults import estimate_memory
 from kfp_finetune.components._shared.torchtune.parity_cases import FAMILY_CASES
 from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
@@ -57,8 +58,9 @@ def test_resolve_config_resolves_the_released_layouts(name, method, devices, dat
     assert code == 0
     assert f"base config: {BASE_CONFIGS[name, method, devices]}\n" in out
     config, real = yaml.safe_load(out), MODELS[name]
-    model = config["model"]
-    builder = model.get("builder", model["_component_"])  # packed on CUDA: inside flex_attention's node
+    # A packed CUDA run's model node is flex_attention_model over the family's builder and its arguments.
+    model = flex_attention.unwrap(config["model"])
+    builder = model["_component_"]
     assert (model["embed_dim"], model["num_layers"], model["num_heads"], model["num_kv_heads"]) == (
         real["hidden_size"], real["num_hidden_layers"], real["num_attention_heads"], real["num_key_value_heads"],
     )  # fmt: skip
