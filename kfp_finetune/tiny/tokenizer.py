@@ -323,6 +323,15 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
         )
 
     special_map = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+    _write_tokenizer_configs(out_dir, special_map, specials, chat_template, tokenizer_class)
+    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
+
+
+def _write_tokenizer_configs(
+    out_dir: Path, special_map: dict, specials: list[str], chat_template: str, tokenizer_class: str
+) -> None:
+    """special_tokens_map.json and tokenizer_config.json: the named special tokens (None: the family has none),
+    the others as additional special tokens, the chat template."""
     special_map = {k: v for k, v in special_map.items() if v is not None}
     _write_json(out_dir / "special_tokens_map.json", special_map)
     _write_json(
@@ -336,7 +345,6 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
             "tokenizer_class": tokenizer_class,
         },
     )
-    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
 
 
 def _write_gemma3_tokenizer(out_dir: Path) -> TinyTokenizer:
@@ -428,18 +436,6 @@ def _write_tokenizer_json_only(out_dir: Path, family: str) -> TinyTokenizer:
     tokenizer.save(str(out_dir / "tokenizer.json"))
 
     special_map = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": specials[0]}
-    special_map = {k: v for k, v in special_map.items() if v is not None}
-    _write_json(out_dir / "special_tokens_map.json", special_map)
-    _write_json(
-        out_dir / "tokenizer_config.json",
-        {
-            **special_map,
-            "additional_special_tokens": [t for t in specials if t not in special_map.values()],
-            "chat_template": chat_template,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": 2048,
-            "tokenizer_class": "PreTrainedTokenizerFast",
-        },
-    )
+    _write_tokenizer_configs(out_dir, special_map, specials, chat_template, "PreTrainedTokenizerFast")
     base_vocab_size = tokenizer.get_vocab_size() - len(specials)
     return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
