@@ -61,8 +61,14 @@ class ChatFormat:
     # the regex of the pre-tokenizer's first Split the family's tokenizer was trained with (None: as tokenizer.json)
     split_pattern: str | None = None
 
-    def tokens(self) -> set[str]:
-        return {self.end, self.pad, *self.stop, *self.special, *([self.bos] if self.bos else [])}
+    def written(self) -> set[str]:
+        """The tokens written in the turns' text: tokenizer.json must list them as added tokens, so that encoding
+        splits them out whole."""
+        return {self.end, *self.special}
+
+    def inserted(self) -> set[str]:
+        """The tokens used by id only (BOS, padding, stop tokens): any entry of the vocabulary."""
+        return {self.pad, *self.stop, *([self.bos] if self.bos else [])}
 
 
 # SmolLM2-Instruct's chat template: ChatML turns, and a default system prompt when the first message is no system
@@ -131,16 +137,19 @@ class HFModelTokenizer:
         self.max_seq_len = max_seq_len
         self.prompt_template = prompt_template
         self.special_tokens = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
-        missing = sorted(t for t in chat_format.tokens() if t not in self.special_tokens)
+        missing = [f"added token {t}" for t in sorted(chat_format.written()) if t not in self.special_tokens]
+        missing += [
+            f"token {t}" for t in sorted(chat_format.inserted()) if self.tokenizer.token_to_id(t) is None
+        ]
         if missing:
             raise ValueError(
-                f"{path} has no added token {', '.join(missing)}, which {chat_format.name} writes: is this the "
-                "family's tokenizer.json?"
+                f"{path} has no {', '.join(missing)}, which {chat_format.name} needs: is this the family's "
+                "tokenizer.json?"
             )
-        self.bos_id = self.special_tokens[chat_format.bos] if chat_format.bos else None
+        self.bos_id = self.tokenizer.token_to_id(chat_format.bos) if chat_format.bos else None
         self.eos_id = self.special_tokens[chat_format.end]
-        self.pad_id = self.special_tokens[chat_format.pad]
-        self.stop_tokens = [self.special_tokens[t] for t in chat_format.stop]
+        self.pad_id = self.tokenizer.token_to_id(chat_format.pad)
+        self.stop_tokens = [self.tokenizer.token_to_id(t) for t in chat_format.stop]
 
     def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
         """`text`'s ids as tokenizer.json encodes it (no post-processing), with the format's BOS and end token."""

@@ -318,6 +318,26 @@ def test_tool_turns_and_a_foreign_tokenizer_json_are_refused(family, model_dirs,
         ours(tiny_llama, family)
 
 
+def test_a_token_used_by_id_only_may_be_a_plain_vocabulary_entry_but_one_written_in_text_must_be_added(
+    model_dirs, tmp_path
+):
+    """<unk> (Mistral-Nemo's padding) is only inserted by id; [INST] is written in the turns' text, where only an
+    added token is split out whole."""
+    folder = shutil.copytree(
+        model_dirs["mistral_nemo"], tmp_path / "nemo", ignore=shutil.ignore_patterns("*.safetensors")
+    )
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    unk_id = spec["model"]["vocab"]["<unk>"]
+    added = spec["added_tokens"]
+    spec["added_tokens"] = [t for t in added if t["content"] != "<unk>"]
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    assert ours(folder, "mistral_nemo").pad_id == unk_id
+    spec["added_tokens"] = [t for t in added if t["content"] != "[INST]"]
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    with pytest.raises(ValueError, match=r"has no added token \[INST\], which Mistral-Nemo's"):
+        ours(folder, "mistral_nemo")
+
+
 def test_each_family_reading_a_tokenizer_json_has_one_chat_format():
     json_families = {name for name, f in FAMILIES.items() if f.tokenizer.startswith(hf_tokenizer.__name__)}
     assert json_families == set(hf_tokenizer.CHAT_FORMATS) == set(FAMILY_NAMES)
