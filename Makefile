@@ -10,13 +10,14 @@ PYTEST_ARGS ?=
 # older datasets than the main environment gets (pyproject.toml). It lives in a second environment, where the
 # tests of what that stack changes run again: evaluation (lm-eval tasks, transformers 4), export and storage
 # (huggingface_hub 0.x), training with every method on the tiny families (the datasets torchtune reads with),
-# every family's logit parity with transformers 4 (test_parity.py) and the Qwen3 and Gemma 3 builders' logits
-# against transformers 4's Qwen3 and Gemma 3 (users load exports with either).
+# every family's logit parity with transformers 4 (test_parity.py), the Qwen3, Gemma 3, SmolLM2 and Mistral-Nemo
+# builders' logits against transformers 4's (users load exports with either) and the tokenizer.json tokenizer
+# against transformers 4's tokenizers and chat templates.
 # The rest of test_training.py (loss curves, process handling) does not touch those versions.
 LM_EVAL_ENV_DIR := $(CURDIR)/.venv-lm-eval
 LM_EVAL_PY := $(LM_EVAL_ENV_DIR)/bin/python
 LM_EVAL_STAMP := $(LM_EVAL_ENV_DIR)/.kfp-finetune-setup
-LM_EVAL_TESTS ?= tests/components/torchtune_finetune/test_training.py::test_every_method_trains_and_writes_its_checkpoint tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py
+LM_EVAL_TESTS ?= tests/components/torchtune_finetune/test_training.py::test_every_method_trains_and_writes_its_checkpoint tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py tests/components/_shared/torchtune/families/test_smollm2.py tests/components/_shared/torchtune/families/test_mistral_nemo.py tests/components/_shared/torchtune/test_hf_tokenizer.py
 MAIN_EXTRAS := train,test
 LM_EVAL_EXTRAS := train,test,lm-eval
 

@@ -92,6 +92,23 @@ def tiny_gemma3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_smollm2(tmp_path_factory):
+    """A tiny SmolLM2-architecture model (dim 64, tied, plain RoPE; tokenizer.json only). Treat as read-only."""
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-smollm2", family="smollm2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_nemo(tmp_path_factory):
+    """A tiny Mistral-Nemo-architecture model (dim 64, head_dim 8 below hidden / heads, untied; Tekken-style
+    tokenizer.json only). Treat as read-only."""
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-mistral_nemo", family="mistral_nemo")
+
+
+@pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """The synthetic instruct dataset: {"train.jsonl": path, "eval.jsonl": ..., "*.parquet": ...}."""
     from kfp_finetune.tiny.dataset import build_tiny_dataset

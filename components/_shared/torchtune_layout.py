@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from kfp_finetune.components._shared.torchtune_model import Family
 
 SUPPORTED_FAMILIES = (
-    "llama (Llama 2, Code Llama, Llama 3, 3.1, 3.2 text, 3.3), mistral (Mistral 7B), gemma, gemma2, "
-    "phi3 (Phi-3 4k-context, Phi-4), qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3 dense, 0.6B-32B), "
+    "llama (Llama 2, Code Llama, Llama 3, 3.1, 3.2 text, 3.3, SmolLM2), mistral (Mistral 7B, Mistral-Nemo), gemma, "
+    "gemma2, phi3 (Phi-3 4k-context, Phi-4), qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3 dense, 0.6B-32B), "
     "gemma3_text (Gemma 3 text-only: 270M, 1B, text fine-tunes such as MedGemma 27B text)"
 )
 _ENGINE_2 = (
@@ -270,8 +270,8 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
     ),
     LayoutField(
         "head_dim", _ALL, lambda v, c, f: v is None or _head_dim(c) is None or v == _head_dim(c),
-        "{builder} computes head_dim as hidden_size / num_attention_heads = {head_dim} and takes no head_dim "
-        "(e.g. Mistral-Nemo's 128 with 5120 / 32); use a model whose head_dim is that quotient (Mistral 7B)",
+        "{builder} computes head_dim as hidden_size / num_attention_heads = {head_dim} and takes no head_dim; "
+        "no supported family with these layers has another (Mistral-Nemo's is read by its own builder)",
         arg="head_dim", defaults={"gemma": 256, "gemma2": 256, "qwen3": 128, "gemma3_text": 256},
     ),
     LayoutField(
@@ -286,9 +286,8 @@ LAYOUT_FIELDS: tuple[LayoutField, ...] = (
     ),
     LayoutField(
         "tie_word_embeddings", _ALL, lambda v, c, f: bool(v) == f.ties_embeddings,
-        "{builder} builds the output layer the other way (gemma families tie it, llama 3.2, qwen2 and qwen3 follow "
-        "config.json, the others keep separate weights); no supported family builds this model (e.g. SmolLM2: "
-        "llama layers with tied embeddings and a GPT-2 style tokenizer.json)",
+        "{builder} builds the output layer the other way (gemma families tie it, llama 3.2, SmolLM2, qwen2 and "
+        "qwen3 follow config.json, the others keep separate weights); no supported family builds this model",
         arg="tie_word_embeddings",
         defaults={"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "phi3": False, "gemma": True,
                   "gemma2": True, "gemma3_text": True},

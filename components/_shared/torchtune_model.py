@@ -47,6 +47,7 @@ class Family:
 _SPM = {"path": "tokenizer.model"}
 _TIKTOKEN = {"path": "original/tokenizer.model"}
 _QWEN_BPE = {"path": "vocab.json", "merges_file": "merges.txt"}
+_TOKENIZER_JSON = {"path": "tokenizer.json"}
 # nn.GELU(approximate="tanh"); transformers reads Gemma's legacy hidden_act "gelu" as the same.
 _GEMMA_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu")
 _GEMMA2 = "kfp_finetune.components._shared.torchtune.gemma2"
@@ -54,6 +55,8 @@ _LORA_QWEN2 = "kfp_finetune.components._shared.torchtune.qwen2.lora_qwen2"
 _TOKENIZERS = "kfp_finetune.components._shared.torchtune_tokenizers"
 _QWEN3 = "kfp_finetune.components._shared.torchtune.families.qwen3"
 _GEMMA3 = "kfp_finetune.components._shared.torchtune.families.gemma3"
+_HF_TOKENIZER = "kfp_finetune.components._shared.torchtune.hf_tokenizer"
+_MISTRAL_NEMO = "kfp_finetune.components._shared.torchtune.families.mistral_nemo"
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -97,6 +100,14 @@ FAMILIES: dict[str, Family] = {
         Family("gemma3", f"{_GEMMA3}.gemma3", f"{_GEMMA3}.lora_gemma3", "GEMMA3", f"{_TOKENIZERS}.gemma3_tokenizer",
                _SPM, ties_embeddings=True, activations=_GEMMA_GELU, qk_norms=True, post_norms=True,
                configs_from="gemma2"),
+        # SmolLM2: Llama 3.2's layers (tied embeddings) with plain RoPE, which torchtune's llama3_2 builders compute
+        # with scale factor 1; its tokenizer.json read by ours; Qwen2.5's recipe configs of the nearest size.
+        Family("smollm2", "torchtune.models.llama3_2.llama3_2", "torchtune.models.llama3_2.lora_llama3_2",
+               "LLAMA3_2", f"{_HF_TOKENIZER}.smollm2_tokenizer", _TOKENIZER_JSON, configs_from="qwen2_5"),
+        # Mistral-Nemo: Mistral's layers with their own head_dim (our builders on torchtune 0.6.1's modules), its
+        # Tekken tokenizer.json read by ours; Mistral 7B's recipe configs.
+        Family("mistral_nemo", f"{_MISTRAL_NEMO}.mistral_nemo", f"{_MISTRAL_NEMO}.lora_mistral_nemo", "MISTRAL",
+               f"{_HF_TOKENIZER}.mistral_nemo_tokenizer", _TOKENIZER_JSON, configs_from="mistral"),
     ]
 }  # fmt: skip
 
@@ -111,11 +122,13 @@ _HF_TO_BUILDER = {
     "max_position_embeddings": "max_seq_len",
 }
 _QWEN2_ONLY_SPECIAL = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+_LLAMA2_VOCABULARIES = (32000, 32016)  # Llama 2's and Code Llama's SentencePiece vocabularies
 _TOKENIZER_KINDS = {
     "original/tokenizer.model": "the Llama 3 tiktoken file",
     "tokenizer.model": "the SentencePiece model",
     "vocab.json": "the BPE vocabulary",
     "merges.txt": "the BPE merges",
+    "tokenizer.json": "the Hugging Face tokenizer",
 }
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -257,11 +270,18 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
 def derive_missing_tokenizer_files(path: Path) -> list[str]:
     """At model-initialize: write the family's tokenizer files the repo does not ship where its tokenizer.json
     holds them exactly (torchtune_tokenizer_files); the names written. Anything else is left to the checks."""
+    names = family_tokenizer_files(path)
+    return [] if names is None else torchtune_tokenizer_files.derive_tokenizer_files(path, names)
+
+
+def family_tokenizer_files(path: Path) -> tuple[str, ...] | None:
+    """The tokenizer files of the family a model folder is read as; None where its config.json names none (refused
+    later, with its message)."""
     try:
         family = FAMILIES[detect_family(path, json.loads((path / "config.json").read_text()))]
-    except (OSError, ValueError):  # ConfigError included: refused later, with its message
-        return []
-    return torchtune_tokenizer_files.derive_tokenizer_files(path, _tokenizer_file_names(family))
+    except (OSError, ValueError):  # ConfigError included
+        return None
+    return _tokenizer_file_names(family)
 
 
 def _tokenizer_file_names(family: Family) -> tuple[str, ...]:
@@ -284,7 +304,7 @@ def _missing_tokenizer_file(path: Path, family: Family, relative: str, refused: 
 
 
 def detect_family(path: Path, hf_config: dict) -> str:
-    """The family serving config.json's model_type (and, within llama / phi3 / qwen2, the version)."""
+    """The family serving config.json's model_type (and, within llama / mistral / phi3 / qwen2, the version)."""
     model_type = hf_config.get("model_type")
     if model_type == "llama":
         scaling = torchtune_layout.rope_parameters(hf_config)[1]
@@ -292,8 +312,12 @@ def detect_family(path: Path, hf_config: dict) -> str:
             return "llama3_2" if float(scaling.get("factor", 8)) >= 16 else "llama3_1"
         if (path / "original" / "tokenizer.model").is_file() or hf_config.get("vocab_size", 0) >= 128000:
             return "llama3"
+        if _smollm2(path, hf_config):
+            return "smollm2"
         return "code_llama2" if hf_config.get("vocab_size") == 32016 else "llama2"
-    if model_type in ("mistral", "gemma", "gemma2"):
+    if model_type == "mistral":
+        return _mistral(path, hf_config)
+    if model_type in ("gemma", "gemma2"):
         return model_type
     if model_type == "phi3":
         return (
@@ -306,6 +330,46 @@ def detect_family(path: Path, hf_config: dict) -> str:
     if model_type == "gemma3_text":
         return "gemma3"
     raise torchtune_layout.refuse_model_type(model_type, str(path / "config.json"))
+
+
+def _smollm2(path: Path, hf_config: dict) -> bool:
+    """Llama layers with tied embeddings, plain RoPE (Llama 3.2 is told apart before, by its RoPE scaling) and
+    neither a Meta tokenizer file nor a Meta vocabulary: Llama 2 and Code Llama (SentencePiece `tokenizer.model`,
+    32000 / 32016 tokens) and Llama 3.x (`original/tokenizer.model`, 128256 tokens) untie them. A tokenizer.json
+    with a 49152-token byte-level BPE, as SmolLM2's (and SmolLM's, its predecessor with the same layers)."""
+    return (
+        bool(hf_config.get("tie_word_embeddings"))
+        and not (path / "tokenizer.model").is_file()
+        and hf_config.get("vocab_size") not in _LLAMA2_VOCABULARIES
+    )
+
+
+def _mistral(path: Path, hf_config: dict) -> str:
+    """Mistral 7B, or Mistral-Nemo where head_dim is not hidden_size / num_attention_heads (128 vs 5120 / 32). A
+    model of that layout whose chat template writes Mistral's later [SYSTEM_PROMPT] turns (Mistral Small 3, the V7
+    Tekken format) is refused: the mistral_nemo chat format would write its system prompts otherwise."""
+    head_dim, heads, hidden = (hf_config.get(k) for k in ("head_dim", "num_attention_heads", "hidden_size"))
+    if not (head_dim and heads and hidden) or head_dim * heads == hidden:
+        return "mistral"
+    if "[SYSTEM_PROMPT]" in _chat_template(path):
+        raise ConfigError(
+            f"the model in {path} has Mistral-Nemo's layout (head_dim {head_dim}, not hidden_size / "
+            "num_attention_heads) but its chat template (tokenizer_config.json) writes [SYSTEM_PROMPT] turns, "
+            "Mistral's V7 format (Mistral Small 3 and later), which this project's mistral_nemo tokenizer does not "
+            "write; choose Mistral-Nemo (e.g. mistralai/Mistral-Nemo-Instruct-2407)"
+        )
+    return "mistral_nemo"
+
+
+def _chat_template(path: Path) -> str:
+    """The chat template text of tokenizer_config.json (every named template of a list), or ''."""
+    try:
+        template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template") or ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if isinstance(template, list):
+        return "".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return str(template)
 
 
 def _added_tokens(path: Path) -> set[str]:

@@ -27,7 +27,10 @@ from kfp_finetune.components._shared.artifacts import (
 )
 from kfp_finetune.components._shared.contract import BaseModel
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune_model import derive_missing_tokenizer_files
+from kfp_finetune.components._shared.torchtune_model import (
+    derive_missing_tokenizer_files,
+    family_tokenizer_files,
+)
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
     area_dir,
@@ -61,8 +64,9 @@ TOKENIZER_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
     "gemma3_text": (("tokenizer.model",),),
     "phi3": (("tokenizer.model",),),
 }
+TOKENIZER_JSON = ("tokenizer.json",)
 ANY_TOKENIZER = (
-    ("tokenizer.json",),
+    TOKENIZER_JSON,
     ("tokenizer.model",),
     ("vocab.json", "merges.txt"),
     ("tokenizer.tiktoken",),
@@ -164,6 +168,10 @@ def verify_model_dir(model_dir: Path, source: str) -> dict:
                 raise fail(str(exc)) from None
 
     alternatives = TOKENIZER_FILES.get(model_type, ANY_TOKENIZER)
+    if (
+        family_tokenizer_files(model_dir) == TOKENIZER_JSON
+    ):  # SmolLM2, Mistral-Nemo: the families read it alone
+        alternatives = (*alternatives, TOKENIZER_JSON)
     if not any(all((model_dir / name).is_file() for name in option) for option in alternatives):
         wanted = " or ".join("+".join(option) for option in alternatives)
         raise fail(

@@ -78,7 +78,7 @@ def torchtune_finetune(
     workspace_pvc: str = "",
     task_id: str = "",
 ):
-    """Fine-tune a model with torchtune (full, LoRA, QLoRA, DoRA): 0.6.1's families, Qwen3 and Gemma 3.
+    """Fine-tune with torchtune (full, LoRA, QLoRA, DoRA): 0.6.1's families, Qwen3, Gemma 3, SmolLM2, Mistral-Nemo.
 
     Reads the base model folder (config.json, weights, tokenizer) and the dataset, picks the torchtune recipe and
     base config (or uses the ones you name), and writes one complete torchtune YAML to

@@ -1,7 +1,7 @@
 """Build a tiny, offline, deterministic HF-layout model that torchtune loads like the real family.
 
-The weights come from the family's component builder (torchtune's, or ours on torchtune's modules for Qwen3
-and Gemma 3)
+The weights come from the family's component builder (torchtune's, or ours on torchtune's modules for Qwen3,
+Gemma 3 and Mistral-Nemo)
 with tiny dimensions, re-initialised from a seeded generator and converted to HF key names through the
 project's conversion table (conversions.CONVERSIONS, as every run converts), so the checkpointer (and the LoRA
 builders) load them with strict key matching. `config.json` uses
@@ -14,11 +14,12 @@ import argparse
 import json
 from pathlib import Path
 
-FAMILIES = ("llama3_2", "qwen2_5", "qwen3", "gemma3")
+FAMILIES = ("llama3_2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo")
 MAX_POSITION_EMBEDDINGS = 2048
 INIT_STD = 0.02
 
-# What differs between the families, as in the real Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B and Gemma-3-1B configs.
+# What differs between the families, as in the real Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B, Gemma-3-1B, SmolLM2-135M
+# and Mistral-Nemo-Base-2407 configs.
 _FAMILY_CONFIG = {
     "llama3_2": {
         "architectures": ["LlamaForCausalLM"],
@@ -47,6 +48,20 @@ _FAMILY_CONFIG = {
         "rope_theta": 1000000.0,
         "rms_norm_eps": 1e-06,
         "checkpointer_model_type": "GEMMA3",
+    },
+    "smollm2": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-05,
+        "checkpointer_model_type": "LLAMA3_2",
+    },
+    "mistral_nemo": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-05,
+        "checkpointer_model_type": "MISTRAL",
     },
 }
 # Gemma 3's local layers attend to this many positions (1B: 512 of 32768): fewer than a tiny chat example's
@@ -87,6 +102,10 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
         vocab_size = tokens.num_tokens  # Gemma-3-1B: exactly the tokenizer's size
         # Like Gemma 3's generation_config.json: stop on <eos> or <end_of_turn>.
         bos_id, eos_id = specials["<bos>"], [specials["<eos>"], specials["<end_of_turn>"]]
+    elif family == "smollm2":  # exactly the tokenizer's size; SmolLM2-Instruct's ids
+        vocab_size, bos_id, eos_id = tokens.num_tokens, specials["<|im_start|>"], specials["<|im_end|>"]
+    elif family == "mistral_nemo":  # exactly the tokenizer's size (Tekken: 2**17)
+        vocab_size, bos_id, eos_id = tokens.num_tokens, specials["<s>"], specials["</s>"]
     else:
         vocab_size = -(-tokens.num_tokens // 64) * 64  # Qwen2.5, Qwen3: embedding padded to a multiple of 64
         bos_id, eos_id = specials["<|endoftext|>"], specials["<|im_end|>"]
@@ -115,6 +134,12 @@ def _hf_config(family: str, dim: int, num_layers: int, num_heads: int, num_kv_he
     }
     if family == "llama3_2":
         config.update(head_dim=dim // num_heads, mlp_bias=False, rope_scaling=LLAMA3_ROPE_SCALING)
+    elif family == "smollm2":  # Llama layers with tied embeddings and plain RoPE
+        config.update(head_dim=dim // num_heads, mlp_bias=False, rope_scaling=None)
+    elif family == "mistral_nemo":
+        # Mistral-Nemo's head_dim is its own, below hidden / heads (128 with 5120 / 32): here half of it, so a model
+        # that computed it from the other two would not load. Untied output weights; no sliding window.
+        config.update(head_dim=dim // num_heads // 2, sliding_window=None, tie_word_embeddings=False)
     elif family == "qwen2_5":
         config.update(
             max_window_layers=num_layers,

@@ -1,4 +1,5 @@
-"""A tiny tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5, Qwen3 and Gemma 3 repos.
+"""A tiny tokenizer, written in the file layouts of the real Llama-3.x, Qwen2.5, Qwen3, Gemma 3, SmolLM2 and
+Mistral-Nemo repos.
 
 A byte-level BPE is trained with the `tokenizers` library (Gemma 3: a SentencePiece BPE with the
 `sentencepiece` trainer) on a fixed synthetic corpus (the chat-template words, the task text of
@@ -7,13 +8,17 @@ the model seed. The family's special tokens get small ids right after the base v
 it, as in Gemma's own: `<pad>` 0, `<eos>` 1, `<bos>` 2, `<unk>` 3, then `<start_of_turn>`, `<end_of_turn>`).
 
 Files written:
-- Llama-3.x, Qwen2.5, Qwen3: `tokenizer.json` (a complete HF `tokenizers` file; torchtune reads its
-  `added_tokens`);
+- Llama-3.x, Qwen2.5, Qwen3, SmolLM2, Mistral-Nemo: `tokenizer.json` (a complete HF `tokenizers` file; torchtune
+  reads its `added_tokens`);
 - every family: `tokenizer_config.json` (with the family's chat template), `special_tokens_map.json`;
 - Llama-3.x: `original/tokenizer.model` — tiktoken ranks (base64 bytes + space + rank per line);
 - Qwen2.5 and Qwen3: `vocab.json` + `merges.txt` in GPT-2 byte-to-unicode form;
 - Gemma 3: `tokenizer.model` — a SentencePiece model trained as Gemma's is set up (byte fallback, digits split,
-  no dummy prefix, whitespace kept, the two turn tokens as user-defined symbols).
+  no dummy prefix, whitespace kept, the two turn tokens as user-defined symbols);
+- SmolLM2 and Mistral-Nemo: nothing else, as their tokenizer.json is what the project reads; their special tokens
+  take the first ids (SmolLM2's 0-16, Tekken's control tokens), as in the real files, and each pre-tokenizes as
+  the real file does (SmolLM2: single digits, then GPT-2's byte-level split; Tekken: its own Split regex, then
+  bytes).
 """
 
 from __future__ import annotations
@@ -84,6 +89,41 @@ QWEN2_5_SPECIAL_TOKENS = [
 # Qwen3 adds these after Qwen2.5's (151665 + i), as plain added tokens (not special: decoding keeps them).
 QWEN3_ADDED_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
 
+# SmolLM2's special tokens, ids 0-16 of its tokenizer.json.
+SMOLLM2_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<repo_name>",
+    "<reponame>",
+    "<file_sep>",
+    "<filename>",
+    "<gh_stars>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<jupyter_script>",
+    "<empty_output>",
+]
+# Tekken's first control tokens (ids 0-9); the real file reserves ids up to 999 for more (<SPECIAL_n>), here 31.
+TEKKEN_SPECIAL_TOKENS = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    *(f"<SPECIAL_{i}>" for i in range(10, 32)),
+]
+
 LLAMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
@@ -127,6 +167,22 @@ GEMMA3_CHAT_TEMPLATE = (
 GEMMA3_SPECIAL_TOKENS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
 GEMMA3_TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]  # ids 4, 5 (Gemma 3: 105, 106)
 GEMMA3_VOCAB_SIZE = 768
+# SmolLM2-Instruct's ChatML, with its default system prompt.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Mistral-Nemo-Instruct's [INST] turns (Tekken); a system prompt opens the last user message.
+MISTRAL_NEMO_CHAT_TEMPLATE = (
+    "{% set system = messages | selectattr('role', 'equalto', 'system') | map(attribute='content') | list %}"
+    "{% set users = messages | selectattr('role', 'equalto', 'user') | list %}{{ bos_token }}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST]' }}"
+    "{% if system and message == users[-1] %}{{ system[0] + '\\n\\n' }}{% endif %}"
+    "{{ message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
 
 # Common English so the merges also cover ordinary prompts, not only the task.
 _ENGLISH = (
@@ -219,6 +275,8 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
 
     if family == "gemma3":
         return _write_gemma3_tokenizer(out_dir)
+    if family in _TOKENIZER_JSON_ONLY:
+        return _write_tokenizer_json_only(out_dir, family)
 
     is_llama = family == "llama3_2"
     tokenizer = _train(LLAMA3_PATTERN if is_llama else QWEN2_PATTERN)
@@ -265,6 +323,15 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
         )
 
     special_map = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+    _write_tokenizer_configs(out_dir, special_map, specials, chat_template, tokenizer_class)
+    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
+
+
+def _write_tokenizer_configs(
+    out_dir: Path, special_map: dict, specials: list[str], chat_template: str, tokenizer_class: str
+) -> None:
+    """special_tokens_map.json and tokenizer_config.json: the named special tokens (None: the family has none),
+    the others as additional special tokens, the chat template."""
     special_map = {k: v for k, v in special_map.items() if v is not None}
     _write_json(out_dir / "special_tokens_map.json", special_map)
     _write_json(
@@ -278,7 +345,6 @@ def write_tokenizer(out_dir: Path, family: str) -> TinyTokenizer:
             "tokenizer_class": tokenizer_class,
         },
     )
-    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)
 
 
 def _write_gemma3_tokenizer(out_dir: Path) -> TinyTokenizer:
@@ -326,3 +392,50 @@ def _write_gemma3_tokenizer(out_dir: Path) -> TinyTokenizer:
     )
     specials = {**GEMMA3_SPECIAL_TOKENS, **{t: 4 + i for i, t in enumerate(GEMMA3_TURN_TOKENS)}}
     return TinyTokenizer(base_vocab_size=GEMMA3_VOCAB_SIZE - len(specials), special_tokens=specials)
+
+
+# family -> (special tokens, which come first, bos, eos, pad, chat template)
+_TOKENIZER_JSON_ONLY = {
+    "smollm2": (SMOLLM2_SPECIAL_TOKENS, None, "<|im_end|>", "<|im_end|>", SMOLLM2_CHAT_TEMPLATE),
+    "mistral_nemo": (TEKKEN_SPECIAL_TOKENS, "<s>", "</s>", None, MISTRAL_NEMO_CHAT_TEMPLATE),
+}
+
+
+def _write_tokenizer_json_only(out_dir: Path, family: str) -> TinyTokenizer:
+    """SmolLM2's or Mistral-Nemo's files: tokenizer.json (special tokens first), tokenizer_config.json,
+    special_tokens_map.json."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from kfp_finetune.components._shared.torchtune.hf_tokenizer import TEKKEN_PATTERN
+
+    specials, bos, eos, pad, chat_template = _TOKENIZER_JSON_ONLY[family]
+    tokenizer = Tokenizer(models.BPE())
+    if family == "smollm2":
+        split = pre_tokenizers.Digits(individual_digits=True)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        split = pre_tokenizers.Split(Regex(TEKKEN_PATTERN), behavior="isolated", invert=False)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(specials) + BASE_VOCAB_SIZE,
+        show_progress=False,
+        special_tokens=specials,  # ids 0 .. len - 1, added as special tokens
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(training_corpus(), trainer=trainer)
+    special_ids = {t: tokenizer.token_to_id(t) for t in specials}
+    assert list(special_ids.values()) == list(range(len(specials)))
+    if bos is None:  # GPT-2's: no tokens added
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    else:  # every encoding starts with <s>
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, special_ids[bos])]
+        )
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+
+    special_map = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": specials[0]}
+    _write_tokenizer_configs(out_dir, special_map, specials, chat_template, "PreTrainedTokenizerFast")
+    base_vocab_size = tokenizer.get_vocab_size() - len(specials)
+    return TinyTokenizer(base_vocab_size=base_vocab_size, special_tokens=special_ids)

@@ -17,15 +17,27 @@ from kfp_finetune.tiny.model import build_tiny_model, build_torchtune_model, che
 
 torch = pytest.importorskip("torch")
 
-FAMILIES = ["llama3_2", "qwen2_5", "qwen3", "gemma3"]
-# The tokenizer files each family's torchtune tokenizer reads (Gemma 3: only its SentencePiece model).
+FAMILIES = ["llama3_2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo"]
+# The tokenizer files each family's torchtune tokenizer reads (Gemma 3: only its SentencePiece model; SmolLM2 and
+# Mistral-Nemo: only their tokenizer.json).
 TOKENIZER_FILES = {
     "llama3_2": {"original/tokenizer.model", "tokenizer.json"},
     "qwen2_5": {"vocab.json", "merges.txt", "tokenizer.json"},
     "qwen3": {"vocab.json", "merges.txt", "tokenizer.json"},
     "gemma3": {"tokenizer.model"},
+    "smollm2": {"tokenizer.json"},
+    "mistral_nemo": {"tokenizer.json"},
 }
-MODEL_TYPES = {"llama3_2": "llama", "qwen2_5": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+MODEL_TYPES = {
+    "llama3_2": "llama",
+    "qwen2_5": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3_text",
+    "smollm2": "llama",
+    "mistral_nemo": "mistral",
+}
+# Their special tokens take the first ids, as in the real tokenizer.json; the others' follow the base vocabulary.
+SPECIALS_FIRST = {"smollm2", "mistral_nemo"}
 COMMON_FILES = {
     "config.json",
     "generation_config.json",
@@ -92,13 +104,15 @@ def test_config_matches_weights(models, family):
 
     config = read_config(models[family])
     assert config["model_type"] == MODEL_TYPES[family]
-    assert config["tie_word_embeddings"] is True and config["torch_dtype"] == "float32"
+    tied = family != "mistral_nemo"  # Mistral-Nemo's output layer is its own, as in the real checkpoint
+    assert config["tie_word_embeddings"] is tied and config["torch_dtype"] == "float32"
     dim, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim", dim // heads)
     with safe_open(models[family] / "model.safetensors", framework="pt") as weights:
         shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
     assert shapes["model.embed_tokens.weight"] == (config["vocab_size"], dim)
-    assert "lm_head.weight" not in shapes  # tied, as in the real small Llama-3.2 / Qwen2.5 checkpoints
+    # tied, as in the real small Llama-3.2 / Qwen2.5 / Qwen3 / Gemma 3 / SmolLM2 checkpoints
+    assert ("lm_head.weight" in shapes) is not tied
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"model\.layers\.(\d+)\.", key))}
     assert layers == set(range(config["num_hidden_layers"]))
     for layer in layers:
@@ -119,6 +133,8 @@ def test_config_matches_weights(models, family):
         family in QK_NORMS
     ):  # its own head_dim, as Qwen3-0.6B's 128 with 1024 / 16, Gemma-3-1B's 256 with 1152 / 4
         assert head_dim != dim // heads
+    if family == "mistral_nemo":  # its own head_dim, as Mistral-Nemo's 128 with 5120 / 32
+        assert head_dim < dim // heads
     if family == "gemma3":  # local and global layers, a window shorter than the task's examples
         assert config["layer_types"] == ["sliding_attention", "full_attention"]
         assert config["sliding_window"] < 24 and config["query_pre_attn_scalar"] == head_dim
@@ -249,14 +265,19 @@ def test_tokenizer_round_trips_task_text(models, dataset, family):
     assert {k: v for k, v in tokenizer.special_tokens.items() if k in added} == added
     if family == "llama3_2":
         assert tokenizer.bos_id == added["<|begin_of_text|>"] and tokenizer.eot_id == added["<|eot_id|>"]
+    elif family == "mistral_nemo":
+        assert tokenizer.bos_id == added["<s>"] and tokenizer.eos_id == added["</s>"]
+    elif family == "smollm2":
+        assert tokenizer.bos_id is None and tokenizer.eos_id == added["<|im_end|>"]
     else:
         assert tokenizer.im_start_id == added["<|im_start|>"] and tokenizer.eos_id == added["<|im_end|>"]
     if family == "qwen3":  # Qwen3's plain added tokens: whole tokens in text, kept when decoding
         think = tokenizer.encode("<think>\n\n</think>", add_bos=False, add_eos=False)
         assert [think[0], think[-1]] == [added["<think>"], added["</think>"]]
         assert hf_tokenizer.encode("<think>\n\n</think>", add_special_tokens=False).ids == think
-    # Special tokens come right after the base vocabulary.
-    assert sorted(added.values()) == list(range(min(added.values()), min(added.values()) + len(added)))
+    # Special tokens come right after the base vocabulary, or first.
+    first = 0 if family in SPECIALS_FIRST else min(added.values())
+    assert sorted(added.values()) == list(range(first, first + len(added)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -329,6 +350,14 @@ def test_cli_commands(tmp_path, capsys):
     }
     assert cli.main(["tiny-model", str(tmp_path / "g3"), "--family", "gemma3", "--num-layers", "4"]) == 0
     assert read_config(tmp_path / "g3")["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert cli.main(["tiny-model", str(tmp_path / "n"), "--family", "mistral_nemo", "--dim", "32"]) == 0
+    assert {k: read_config(tmp_path / "n")[k] for k in ("model_type", "head_dim", "tie_word_embeddings")} == {
+        "model_type": "mistral",
+        "head_dim": 4,
+        "tie_word_embeddings": False,
+    }
+    assert cli.main(["tiny-model", str(tmp_path / "s"), "--family", "smollm2", "--dim", "32"]) == 0
+    assert not (tmp_path / "s" / "original").exists() and read_config(tmp_path / "s")["rope_scaling"] is None
     assert cli.main(["tiny-dataset", str(tmp_path / "d"), "--train-rows", "5", "--eval-rows", "2"]) == 0
     assert len((tmp_path / "d" / "train.jsonl").read_text().splitlines()) == 5
     assert str(tmp_path / "d" / "eval.parquet") in capsys.readouterr().out

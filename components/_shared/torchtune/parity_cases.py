@@ -243,6 +243,40 @@ _GEMMA3_1B = {
     "attention_bias": False,
 }
 _GEMMA3_LAYERS_1B = [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(26)]
+_SMOLLM2_135M = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "rope_scaling": None,
+    "vocab_size": 49152,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": True,
+}
+_MISTRAL_NEMO = {
+    "model_type": "mistral",
+    "hidden_size": 5120,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 128000,
+    "sliding_window": None,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "vocab_size": 131072,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
 
 FAMILY_CASES: dict[str, FamilyCases] = {
     c.family: c
@@ -325,6 +359,16 @@ FAMILY_CASES: dict[str, FamilyCases] = {
                 "layer_types": _GEMMA3_LAYERS_1B, "rope_parameters": {
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                     "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
+        }),
+        FamilyCases("smollm2", "HuggingFaceTB/SmolLM2-135M (grouped-query)", _SMOLLM2_135M, {
+            "HuggingFaceTB/SmolLM2-360M": {"hidden_size": 960, "intermediate_size": 2560, "num_hidden_layers": 32,
+                                           "num_attention_heads": 15, "num_key_value_heads": 5},
+            "HuggingFaceTB/SmolLM2-1.7B (multi-head)": {"hidden_size": 2048, "intermediate_size": 8192,
+                                                        "num_hidden_layers": 24, "num_attention_heads": 32,
+                                                        "num_key_value_heads": 32, "rope_theta": 130000.0},
+        }),
+        FamilyCases("mistral_nemo", "mistralai/Mistral-Nemo-Base-2407 (head_dim below hidden/heads)", _MISTRAL_NEMO, {
+            "mistralai/Mistral-Nemo-Instruct-2407": {"max_position_embeddings": 1024000},
         }),
     ]
 }  # fmt: skip

@@ -49,6 +49,15 @@ BASES = {
                 "rope_scaling": None, "query_pre_attn_scalar": 256, "attn_logit_softcapping": None,
                 "final_logit_softcapping": None, "attention_bias": False},
                ["tokenizer.model", "tokenizer.json"]),
+    # SmolLM2-135M's fields: llama layers, tied embeddings, plain RoPE; a tokenizer.json (and GPT-2's files)
+    "smollm2": ({"model_type": "llama", **_DIMS, "head_dim": 16, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+                 "rope_theta": 100000.0, "rope_scaling": None, "max_position_embeddings": 8192,
+                 "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False},
+                ["tokenizer.json", "vocab.json", "merges.txt"]),
+    # Mistral-Nemo's fields; head_dim is its own (128 with 5120 / 32), a Tekken tokenizer.json
+    "mistral_nemo": ({"model_type": "mistral", **_DIMS, "head_dim": 8, "vocab_size": 131072, "rms_norm_eps": 1e-5,
+                      "rope_theta": 1e6, "max_position_embeddings": 1024000, "sliding_window": None},
+                     ["tokenizer.json"]),
 }  # fmt: skip
 _GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
 
@@ -99,10 +108,9 @@ REFUSED = [
     ("llama3_1", {"rope_scaling": {**_LLAMA3_ROPE, "original_max_position_embeddings": 4096}},
      r"rope_scaling.original_max_position_embeddings = 4096"),
     ("phi3", {"partial_rotary_factor": 0.75}, r"partial_rotary_factor = 0.75 .*rotates whole heads"),
-    # Mistral-Nemo: head_dim 128 with hidden_size 5120 / 32 heads.
-    ("mistral", {"hidden_size": 5120, "num_attention_heads": 32, "head_dim": 128},
+    ("llama3", {"head_dim": 32}, r"head_dim = 32 .*= 16 and takes no head_dim"),
+    ("llama2", {"hidden_size": 5120, "num_attention_heads": 32, "head_dim": 128},
      r"head_dim = 128 .*hidden_size / num_attention_heads = 160"),
-    ("llama3", {"head_dim": 32}, r"head_dim = 32 .*= 16"),
     ("llama2", {"attention_bias": True}, r"attention_bias = True .*without biases"),
     ("llama3_2", {"mlp_bias": True}, r"mlp_bias = True .*MLP projections without biases"),
     ("gemma", {"attention_bias": True}, r"attention_bias = True"),
@@ -110,9 +118,14 @@ REFUSED = [
     ("gemma", {"hidden_act": "silu"}, r"hidden_act = 'silu'"),
     ("gemma2", {"hidden_activation": "silu"}, r"hidden_activation = 'silu'"),
     ("gemma", {"use_bidirectional_attention": True}, r"use_bidirectional_attention = True"),
-    # SmolLM2: llama layers with tied embeddings (and only a GPT-2 style tokenizer.json).
+    # Tied llama layers with a SentencePiece model are no SmolLM2 (smollm2 ties them).
     ("llama2", {"tie_word_embeddings": True, "vocab_size": 49152},
-     r"tie_word_embeddings = True .*llama2 builder builds the output layer the other way.*SmolLM2"),
+     r"tie_word_embeddings = True .*llama2 builder builds the output layer the other way"),
+    ("smollm2", {"mlp_bias": True}, r"mlp_bias = True .*llama3_2 builder builds MLP projections without biases"),
+    ("smollm2", {"head_dim": 32}, r"head_dim = 32 .*= 16 and takes no head_dim"),
+    ("mistral_nemo", {"tie_word_embeddings": True},
+     r"tie_word_embeddings = True .*mistral_nemo builder builds the output layer the other way"),
+    ("mistral_nemo", {"hidden_act": "gelu"}, r"hidden_act = 'gelu'"),
     ("llama3_1", {"tie_word_embeddings": True}, r"tie_word_embeddings = True .*llama3_1"),
     ("gemma", {"tie_word_embeddings": False}, r"tie_word_embeddings = False"),
     ("qwen2_5", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0},
@@ -187,6 +200,8 @@ NEUTRAL = [
             "use_bidirectional_attention": False,
         },
     ),
+    ("smollm2", {"head_dim": OMIT, "rope_scaling": {"rope_type": "default"}}),
+    ("mistral_nemo", {"sliding_window": 1024000, "attention_bias": True}),
     ("phi3", {"quantization_config": None}),
     # Fields transformers' class for the model_type does not read either.
     ("mistral", {"attention_bias": True, "mlp_bias": True}),
@@ -232,6 +247,18 @@ CARRIED = [
      "rope_base", 1e6),
     ("qwen3", {"rms_norm_eps": OMIT, "intermediate_size": OMIT}, "norm_eps", 1e-6),
     ("qwen3", {"intermediate_size": OMIT}, "intermediate_dim", 22016),
+    # SmolLM2: llama3_2's builder with plain RoPE (scale factor 1) and config.json's RoPE base and tying
+    ("smollm2", {}, "scale_factor", 1.0),
+    ("smollm2", {"rope_scaling": OMIT, "rope_theta": OMIT}, "scale_factor", 1.0),
+    ("smollm2", {}, "rope_base", 100000.0),
+    ("smollm2", {"rope_theta": OMIT}, "rope_base", 10000.0),
+    ("smollm2", {}, "tie_word_embeddings", True),
+    ("smollm2", {"rms_norm_eps": OMIT}, "norm_eps", 1e-6),
+    ("mistral_nemo", {}, "head_dim", 8),
+    ("mistral_nemo", {}, "rope_base", 1e6),
+    ("mistral_nemo", {"rms_norm_eps": OMIT}, "norm_eps", 1e-6),
+    ("mistral_nemo", {}, "max_seq_len", 1024000),
+    ("mistral_nemo", {"sliding_window": 4096}, "max_seq_len", 4096),
     ("gemma2", {}, "hidden_capping_value", 50.0),
     ("gemma2", {"attn_logit_softcapping": None}, "hidden_capping_value", None),
     ("gemma2", {"final_logit_softcapping": 25.0}, "final_capping_value", 25.0),
@@ -360,12 +387,16 @@ def test_a_tokenizer_file_the_repo_does_not_ship_is_refused_with_the_real_reason
 
 
 _PHI3_LONGROPE = {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0] * 48}
+_NEMO = "kfp_finetune.components._shared.torchtune.families.mistral_nemo.mistral_nemo"
+# What their repos ship: a tokenizer.json and no SentencePiece or tiktoken file (the others: both Meta files).
+_TOKENIZER_JSON_ONLY = {"Mistral-Nemo-Instruct-2407", "SmolLM2-1.7B-Instruct"}
 # The models named in issue 23, with the config.json fields that decide their layout as the released files set them.
 REAL_WORLD = {
     "Mistral-Nemo-Instruct-2407": ({"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
         "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 131072, "max_position_embeddings": 1024000, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
-        "sliding_window": None}, r"head_dim = 128 .*= 160"),
+        "sliding_window": None}, {"_component_": _NEMO, "head_dim": 128, "embed_dim": 5120, "num_heads": 32,
+                                  "rope_base": 1e6, "max_seq_len": 1024000}),
     "Phi-3.5-mini-instruct": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
         "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rope_scaling": _PHI3_LONGROPE,
@@ -378,7 +409,9 @@ REAL_WORLD = {
     "SmolLM2-1.7B-Instruct": ({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
         "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 49152,
         "max_position_embeddings": 8192, "rope_theta": 130000, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
-        "attention_bias": False, "mlp_bias": False, "rope_scaling": None}, r"tie_word_embeddings = True"),
+        "attention_bias": False, "mlp_bias": False, "rope_scaling": None},
+        {"_component_": "torchtune.models.llama3_2.llama3_2", "rope_base": 130000, "scale_factor": 1.0,
+         "tie_word_embeddings": True}),
     "Mistral-7B-v0.1": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
         "max_position_embeddings": 32768, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "sliding_window": 4096},
@@ -401,7 +434,12 @@ def test_the_models_of_issue_23_are_refused_or_carried_as_their_config_json_says
     folder = tmp_path / "model"
     (folder / "original").mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(hf_config))
-    for tokenizer_file in ("tokenizer.model", "original/tokenizer.model"):
+    shipped = (
+        ("tokenizer.json",)
+        if name in _TOKENIZER_JSON_ONLY
+        else ("tokenizer.model", "original/tokenizer.model")
+    )
+    for tokenizer_file in shipped:
         (folder / tokenizer_file).write_text("")
     if isinstance(expected, str):
         with pytest.raises(ConfigError, match=expected):

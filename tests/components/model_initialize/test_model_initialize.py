@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,18 @@ def test_rerun_skips_transfer_and_a_changed_source_is_fetched_again(tmp_path, wo
     # A copy whose file was damaged after the fact (size differs) is not reused either.
     (changed.path / "vocab.json").write_text("{}")
     assert not initialize_model(f"file://{src}", str(workspace), base_model_id="Qwen/Qwen2.5-0.5B").skipped
+
+
+def test_a_family_reading_tokenizer_json_alone_is_verified_with_it(tmp_path, workspace):
+    """SmolLM2's repos ship no SentencePiece or tiktoken file: its family reads tokenizer.json (a Llama 2 or 3 layout
+    without its tokenizer file stays refused: the previous test)."""
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    shutil.rmtree(src / "original")
+    smollm2 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True,
+               "vocab_size": 49152}  # fmt: skip
+    (src / "config.json").write_text(json.dumps(smollm2))
+    result = initialize_model(str(src), str(workspace), name="smollm2")
+    assert (result.path / "tokenizer.json").is_file() and result.manifest["model_type"] == "llama"
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ def wide_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("wide")
     return {
         family: build_tiny_model(root / family, family=family, dim=256)
-        for family in ("llama3_2", "qwen2_5", "qwen3", "gemma3")
+        for family in ("llama3_2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo")
     }
 
 
@@ -43,13 +43,23 @@ def train(model_dir, data, run_dir, **settings):
     return run, result, lines
 
 
-@pytest.mark.parametrize("family", ["llama3_2", "qwen2_5", "qwen3", "gemma3"])
+# family -> the tiny kit's fixture
+TINY = {
+    "llama3_2": "tiny_llama",
+    "qwen2_5": "tiny_qwen",
+    "qwen3": "tiny_qwen3",
+    "gemma3": "tiny_gemma3",
+    "smollm2": "tiny_smollm2",
+    "mistral_nemo": "tiny_mistral_nemo",
+}
+
+
+@pytest.mark.parametrize("family", TINY)
 @pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
 def test_every_method_trains_and_writes_its_checkpoint(
-    method, family, tiny_llama, tiny_qwen, tiny_qwen3, tiny_gemma3, wide_models, tiny_dataset, tmp_path
+    method, family, wide_models, tiny_dataset, tmp_path, request
 ):
-    tiny = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
-    model_dir = wide_models[family] if method == "qlora" else tiny[family]
+    model_dir = wide_models[family] if method == "qlora" else request.getfixturevalue(TINY[family])
     run, result, lines = train(model_dir, tiny_dataset["train.jsonl"], tmp_path / "run", method=method)
 
     assert [s.step for s in result.steps] == [1, 2, 3]
@@ -70,15 +80,14 @@ def test_every_method_trains_and_writes_its_checkpoint(
     ("family", "method", "ratio"),
     [
         ("llama3_2", "full", 0.5), ("qwen2_5", "full", 0.5), ("qwen3", "full", 0.5), ("gemma3", "full", 0.5),
-        ("llama3_2", "lora", 0.95),
+        ("smollm2", "full", 0.5), ("mistral_nemo", "full", 0.6), ("llama3_2", "lora", 0.95),
     ],
 )  # fmt: skip
-def test_loss_falls_on_the_synthetic_task(
-    family, method, ratio, tiny_llama, tiny_qwen, tiny_qwen3, tiny_gemma3, tiny_dataset, tmp_path
-):
-    """Full fine-tuning learns the task fast; LoRA on a randomly initialised base learns slowly but surely."""
-    tiny = {"llama3_2": tiny_llama, "qwen2_5": tiny_qwen, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
-    model_dir = tiny[family]
+def test_loss_falls_on_the_synthetic_task(family, method, ratio, tiny_dataset, tmp_path, request):
+    """Full fine-tuning learns the task fast; LoRA on a randomly initialised base learns slowly but surely.
+    Mistral-Nemo's format trains the answer and its end token alone, without the assistant header the others
+    train (learned first): its mean loss falls less (measured: 6.15 -> 3.33 over the 40 steps)."""
+    model_dir = request.getfixturevalue(TINY[family])
     _, result, _ = train(
         model_dir, tiny_dataset["train.jsonl"], tmp_path / "run",
         method=method, batch_size=16, max_steps_per_epoch=40, learning_rate=3e-3, num_warmup_steps=5,

@@ -300,10 +300,15 @@ def test_qwen_with_max_seq_len_still_trains_on_every_examples_end_token(tiny_qwe
     assert example["tokens"][-1] == example["labels"][-1] == tokenizer.eos_id
 
 
-def test_only_the_qwen_families_and_gemma3_use_our_own_tokenizers():
-    """The Qwen ones fixed, Qwen3's and Gemma 3's written here (torchtune 0.6.1 has neither)."""
+def test_only_the_qwen_families_gemma3_and_the_tokenizer_json_families_use_our_own_tokenizers():
+    """The Qwen ones fixed, Qwen3's and Gemma 3's written here (torchtune 0.6.1 has neither), and the tokenizer.json
+    tokenizer of the families whose repos ship nothing else."""
     ours = {name for name, family in FAMILIES.items() if not family.tokenizer.startswith("torchtune.models.")}
-    assert ours == {"qwen2", "qwen2_5", "qwen3", "gemma3"}
+    assert ours == {"qwen2", "qwen2_5", "qwen3", "gemma3", "smollm2", "mistral_nemo"}
+    reading_tokenizer_json = {
+        name for name, f in FAMILIES.items() if f.tokenizer_files == {"path": "tokenizer.json"}
+    }
+    assert reading_tokenizer_json == {"smollm2", "mistral_nemo"}
 
 
 def test_data_folder_uses_its_train_files(tiny_dataset, tiny_llama, tmp_path):

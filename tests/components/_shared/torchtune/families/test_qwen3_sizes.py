@@ -54,15 +54,6 @@ def qwen3_folder(root, size):
     return folder
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """Rows of ~1500 characters (~500 tokens estimated), as a real instruction set."""
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rows = [{"input": "word " * (100 + i % 150), "output": "answer " * 120} for i in range(500)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
 @pytest.mark.parametrize("devices", [1, 8])
 @pytest.mark.parametrize("method", ["lora", "full"])
 @pytest.mark.parametrize("size", ["8B", "32B"])
