@@ -4,8 +4,9 @@
 
 The launcher step resolves the config without torch (it runs on the component image); what needs torch
 (torch_checks.py: torchtune's config validation, prompts against max_seq_len, the model layout's logit parity
-with transformers on a tiny random copy) runs here, in the trainer image, within seconds of the pod starting. A bad config fails the TrainJob with one clear line (exit code 2) instead
-of a traceback minutes into model loading; a good one is replaced by `tune run` (exec: same pid, same signals).
+with transformers on a tiny random copy) runs here, in the trainer image, within seconds of the pod starting. A
+bad config fails the TrainJob with one clear line (exit code 2) instead of a traceback minutes into model loading;
+a good one is replaced by `tune run` (exec: same pid, same signals).
 """
 
 from __future__ import annotations
