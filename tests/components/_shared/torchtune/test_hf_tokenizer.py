@@ -3,6 +3,7 @@ the repo's tokenizer.json on varied text; each family's conversations tokenized 
 documented chat template (written here, not taken from a hub file), masked and stopped as training and generation
 need, cut as torchtune cuts. Tiny tokenizer.json files built offline (kfp_finetune.tiny, and richer ones here)."""
 
+import inspect
 import json
 import shutil
 
@@ -100,14 +101,26 @@ def test_the_texts_show_a_pre_tokenizer_mismatch(family, rich_dirs):
     assert DIGITS in differ  # both split digit runs into single digits; GPT-2's keeps them whole
 
 
+def transformers_fix_mistral_regex(folder):
+    """The tokenizer.json in folder as transformers corrects it (a private helper: from_pretrained applies it only
+    to vocabularies above 100,000 tokens; its signature changed between 4.57 and 5)."""
+    from transformers import PreTrainedTokenizerFast
+
+    patch = PreTrainedTokenizerFast._patch_mistral_regex
+    if "is_local" in inspect.signature(patch).parameters:  # transformers 5 patches a tokenizers.Tokenizer
+        return patch(Tokenizer.from_file(str(folder / "tokenizer.json")), str(folder), is_local=True,
+                     fix_mistral_regex=True)  # fmt: skip
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    return patch(fast, str(folder), _is_local=True, fix_mistral_regex=True).backend_tokenizer
+
+
 def test_a_mistral_tokenizer_json_with_llama_3s_split_is_read_with_tekkens(rich_dirs, tmp_path):
     """A tokenizer.json saved by transformers before 5.0 may split with Llama 3's regex (digits in threes, letters
     not by case): read as transformers reads it with fix_mistral_regex=True (its own correction, which it applies
     to vocabularies above 100,000 tokens: Tekken's 131,072, not this tiny one's), not as the file is written."""
     from transformers import PreTrainedTokenizerFast
 
-    patch = getattr(PreTrainedTokenizerFast, "_patch_mistral_regex", None)
-    if patch is None:
+    if not hasattr(PreTrainedTokenizerFast, "_patch_mistral_regex"):
         pytest.skip("this transformers has no fix_mistral_regex")
     folder = shutil.copytree(rich_dirs["mistral_nemo"], tmp_path / "saved-by-transformers-4")
     spec = json.loads((folder / "tokenizer.json").read_text())
@@ -116,8 +129,7 @@ def test_a_mistral_tokenizer_json_with_llama_3s_split_is_read_with_tekkens(rich_
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "transformers_version": "4.43.0.dev0"}))
     tokenizer = ours(folder, "mistral_nemo")
-    fixed = patch(Tokenizer.from_file(str(folder / "tokenizer.json")), str(folder), is_local=True,
-                  fix_mistral_regex=True)  # fmt: skip
+    fixed = transformers_fix_mistral_regex(folder)
     as_written = Tokenizer.from_file(str(folder / "tokenizer.json"))
     differ = []
     for text in TEXTS:
