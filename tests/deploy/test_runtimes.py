@@ -7,6 +7,8 @@ import functools
 import importlib
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 import yaml
 
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NODE
+from tests.deploy.kustomize_components import apply_component, build_with_components
 from tests.support.kube_standin._typed_schema import typed_model_errors
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,16 +164,48 @@ def runtimes_by_name() -> dict[str, dict]:
     }
 
 
+# The variants: runtimes/ with kustomize components applied. Each component alone, and gang scheduling with RDMA
+# as runtimes/README.md suggests; "default" is the plain `kubectl apply -k runtimes/`.
+COMPONENTS = RUNTIMES / "components"
+VARIANTS = {
+    "default": [],
+    "coscheduling": ["coscheduling"],
+    "volcano": ["volcano"],
+    "rdma": ["rdma"],
+    "coscheduling+rdma": ["coscheduling", "rdma"],
+    "volcano+rdma": ["volcano", "rdma"],
+}
+RUNTIME_NAMES = ["torchtune", "torchtune-cpu"]
+
+
+def variant_documents(variant: str) -> list[dict]:
+    return build_with_components(RUNTIMES, [COMPONENTS / name for name in VARIANTS[variant]])
+
+
+def variant_runtimes(variant: str) -> dict[str, dict]:
+    return {
+        doc["metadata"]["name"]: doc
+        for doc in variant_documents(variant)
+        if doc["kind"].endswith("TrainingRuntime")
+    }
+
+
 def test_kustomization_lists_every_manifest_and_nothing_else():
     kustomization = yaml.safe_load((RUNTIMES / "kustomization.yaml").read_text())
     listed = kustomization["resources"]
     on_disk = sorted(p.name for p in RUNTIMES.glob("*.yaml") if p.name != "kustomization.yaml")
     assert sorted(listed) == on_disk
     assert len(listed) == len(set(listed))
+    # The default install stays the plain list: the variants are opt-in components.
+    assert set(kustomization) == {"apiVersion", "kind", "resources"}
     readme = (RUNTIMES / "README.md").read_text()
     assert "kubectl apply -k runtimes/" in readme
     for name in on_disk:
         assert f"`{name}`" in readme, f"runtimes/README.md does not describe {name}"
+    components = sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir())
+    assert components == sorted(v for v, names in VARIANTS.items() if names == [v])  # each one is tested
+    for name in components:
+        assert f"`components/{name}/`" in readme, f"runtimes/README.md does not describe components/{name}/"
 
 
 def test_object_names_are_unique_per_kind_and_namespace():
@@ -181,14 +216,18 @@ def test_object_names_are_unique_per_kind_and_namespace():
     assert len(keys) == len(set(keys)), keys
 
 
-@pytest.mark.parametrize("name", ["torchtune", "torchtune-cpu"])
-def test_runtime_validates_against_crd_and_typed_models(name):
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", RUNTIME_NAMES)
+def test_runtime_validates_against_crd_and_typed_models(variant, name):
     from kubeflow_trainer_api.models import TrainerV1alpha1ClusterTrainingRuntime
 
-    runtime = runtimes_by_name()[name]
+    runtime = variant_runtimes(variant)[name]
+    if variant == "default":
+        assert runtime == runtimes_by_name()[name]
     assert manifest_errors(runtime) == []
     model = TrainerV1alpha1ClusterTrainingRuntime.from_dict(runtime)
     assert model.spec.ml_policy.torch is not None
+    assert model.to_dict()["spec"].get("podGroupPolicy") == runtime["spec"].get("podGroupPolicy")
     assert model.to_dict()["spec"]["template"]["spec"] == runtime["spec"]["template"][
         "spec"
     ] or _same_quantities(model.to_dict()["spec"]["template"]["spec"], runtime["spec"]["template"]["spec"])
@@ -256,10 +295,12 @@ def test_runtime_has_only_the_trainer_node_job_with_shm_and_no_owned_pvc(name):
 
 
 def _runtime_jobs() -> list[tuple[str, dict]]:
+    """Every runtime's jobs, the variants' included: gang scheduling and RDMA keep the failure policy."""
+    files = [(path, doc) for path, doc in runtime_documents() if doc["kind"].endswith("TrainingRuntime")]
+    variants = [(variant, doc) for variant in VARIANTS for doc in variant_runtimes(variant).values()]
     return [
-        (f"{path}:{doc['metadata']['name']}/{job['name']}", job)
-        for path, doc in runtime_documents()
-        if doc["kind"].endswith("TrainingRuntime")
+        (f"{where}:{doc['metadata']['name']}/{job['name']}", job)
+        for where, doc in files + variants
         for job in doc["spec"]["template"]["spec"]["replicatedJobs"]
     ]
 
@@ -286,6 +327,123 @@ def test_runtime_fails_fast_on_a_trainer_crash(where, job):
     ]
     assert fail_job, f"{where}: no FailJob rule on the node container's non-zero exit codes"
     assert min(ignore) < min(fail_job), f"{where}: rules apply in order; a preempted pod also exits non-zero"
+
+
+# --- Variants: what each component changes, and nothing else -------------------------------------------------
+
+# The scheduler names the schedulers' own installs use: scheduler-plugins' as-a-second-scheduler chart, Volcano.
+GANG_SCHEDULERS = {"coscheduling": "scheduler-plugins-scheduler", "volcano": "volcano"}
+RDMA_RESOURCE = "rdma/rdma_shared_device_a"
+NCCL_VARIABLES = {"NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX", "NCCL_DEBUG"}
+
+
+def _pod(runtime: dict) -> dict:
+    return runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("variant", GANG_SCHEDULERS)
+@pytest.mark.parametrize("name", RUNTIME_NAMES)
+def test_gang_variant_adds_only_the_pod_group_policy_and_scheduler(variant, name):
+    """Trainer's plugin labels or annotates the pods with their PodGroup itself; the runtime only chooses the
+    policy and the scheduler that honours it."""
+    runtime = variant_runtimes(variant)[name]
+    assert list(runtime["spec"]["podGroupPolicy"]) == [variant]
+    assert _pod(runtime)["schedulerName"] == GANG_SCHEDULERS[variant]
+    del runtime["spec"]["podGroupPolicy"], _pod(runtime)["schedulerName"]
+    assert runtime == runtimes_by_name()[name]
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if "rdma" in VARIANTS[v]])
+def test_rdma_variant_sets_devices_and_nccl_on_the_gpu_runtimes_node_container_only(variant):
+    runtimes = variant_runtimes(variant)
+    without_rdma = variant_runtimes(variant.removesuffix("+rdma") if "+" in variant else "default")
+    runtime = runtimes["torchtune"]
+    assert runtime["metadata"]["labels"]["kfp-finetune.io/network"] == "rdma"
+    (container,) = _pod(runtime)["containers"]
+    assert container["name"] == NODE
+    assert container["resources"]["limits"][RDMA_RESOURCE] == 1
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+    assert set(nccl) == NCCL_VARIABLES
+    # Safe where the fabric differs or is absent: NCCL's automatic GID choice, HCAs by prefix, and interfaces
+    # as an exclusion list (an exact name that does not exist stops NCCL's bootstrap).
+    assert (nccl["NCCL_IB_DISABLE"], nccl["NCCL_IB_GID_INDEX"], nccl["NCCL_DEBUG"]) == ("0", "-1", "WARN")
+    assert nccl["NCCL_SOCKET_IFNAME"].startswith("^") and "=" not in nccl["NCCL_IB_HCA"]
+    # Nothing else changed, and the CPU runtime (single-device recipes) not at all.
+    del runtime["metadata"]["labels"]["kfp-finetune.io/network"], container["securityContext"]
+    del container["resources"]["limits"][RDMA_RESOURCE]
+    container["env"] = [e for e in container["env"] if e["name"] not in nccl]
+    assert runtime == without_rdma["torchtune"]
+    assert runtimes["torchtune-cpu"] == without_rdma["torchtune-cpu"]
+
+
+@pytest.mark.parametrize("component", [v for v, names in VARIANTS.items() if names == [v]])
+def test_component_refuses_a_runtime_whose_first_job_or_container_is_not_node(component):
+    """The patches address the job and container by index; their `test` operations stop the build instead."""
+    runtime = yaml.safe_load(yaml.safe_dump(runtimes_by_name()["torchtune"]))
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] = "launcher"
+    _pod(runtime)["containers"][0]["name"] = "sidecar"
+    with pytest.raises(ValueError, match="test failed at /spec/template/spec/replicatedJobs/0/"):
+        apply_component([runtime], COMPONENTS / component)
+
+
+def test_registry_overlays_commented_components_build_valid_runtimes():
+    """images/registry-overlay offers the components as commented-out lines; uncommented, they build."""
+    overlay = REPO / "images" / "registry-overlay"
+    lines = (overlay / "kustomization.yaml").read_text().splitlines()
+    block = [line.removeprefix("# ") for line in lines if line.startswith(("# components:", "#   - "))]
+    components = [(overlay / path).resolve() for path in yaml.safe_load("\n".join(block))["components"]]
+    assert components and all(component.parent == COMPONENTS for component in components)
+    built = build_with_components(RUNTIMES, components)
+    runtimes = [doc for doc in built if doc["kind"].endswith("TrainingRuntime")]
+    assert runtimes and all(manifest_errors(runtime) == [] for runtime in runtimes)
+
+
+needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+
+def _kubectl_kustomize(overlay_dir: Path, base: Path, components: list[str]) -> subprocess.CompletedProcess:
+    """`kubectl kustomize` of an overlay in `overlay_dir`: `base` plus the named components of runtimes/."""
+    overlay = {  # kustomize takes relative paths only
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(base, overlay_dir)],
+        "components": [os.path.relpath(COMPONENTS / name, overlay_dir) for name in components],
+    }
+    (overlay_dir / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    command = ["kubectl", "kustomize", str(overlay_dir)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_python_build_matches_kubectl_kustomize(variant, tmp_path):
+    """An overlay of the user's (runtimes/ plus components) builds with kustomize as the tests build it."""
+    built = _kubectl_kustomize(tmp_path, RUNTIMES, VARIANTS[variant])
+    assert built.returncode == 0, built.stderr
+
+    def keyed(documents) -> dict:
+        return {(doc["kind"], doc["metadata"]["name"]): doc for doc in documents}
+
+    assert keyed(yaml.safe_load_all(built.stdout)) == keyed(variant_documents(variant))
+
+
+@needs_kubectl
+def test_kubectl_kustomize_stops_at_a_failed_test_operation(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    runtime = yaml.safe_load(yaml.safe_dump(runtimes_by_name()["torchtune"]))
+    _pod(runtime)["containers"][0]["name"] = "sidecar"
+    (base / "torchtune.yaml").write_text(yaml.safe_dump(runtime))
+    (base / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["torchtune.yaml"]}))
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    built = _kubectl_kustomize(overlay, base, ["rdma"])
+    assert built.returncode != 0, built.stdout
+    assert "testing value /spec/template/spec/replicatedJobs/0/template/spec/template/spec/containers/0/" in (
+        built.stderr
+    )
 
 
 def test_runtimes_use_the_default_trainer_image(monkeypatch):
