@@ -16,6 +16,8 @@ in the docs needs a handler here. Offline equivalents, where a command needs a c
   `kubectl patch <kind> …`: `--local` on a minimal object of that kind; read-only `get/describe/auth`: the verb
   exists (`--help`), since their answer is the user's cluster.
 - `kustomize edit set image OLD=NEW`: OLD is an image of the kustomization in the current folder.
+- `kustomize edit add component DIR`: DIR is a kustomize Component, and the kustomization in the current folder
+  builds with it (`kubectl kustomize`, where kubectl is installed).
 """
 
 from __future__ import annotations
@@ -218,9 +220,21 @@ def cd(sandbox: Sandbox, argv: list[str], command: str) -> None:
 
 
 def kustomize(sandbox: Sandbox, argv: list[str], command: str) -> None:
-    assert argv[1:4] == ["edit", "set", "image"], command
     kustomization = yaml.safe_load((sandbox.cwd / "kustomization.yaml").read_text())
-    assert argv[4].split("=")[0] in [i["name"] for i in kustomization.get("images", [])], command
+    if argv[1:4] == ["edit", "set", "image"]:
+        assert argv[4].split("=")[0] in [i["name"] for i in kustomization.get("images", [])], command
+        return
+    assert argv[1:4] == ["edit", "add", "component"], command
+    component = sandbox.cwd / argv[4]
+    assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component", command
+    if shutil.which("kubectl"):
+        # An overlay of the current folder's kustomization plus the component, beside it rather than in it.
+        overlay = sandbox.tmp / "with-component"
+        overlay.mkdir(exist_ok=True)
+        paths = {"resources": [sandbox.cwd], "components": [component]}
+        relative = {key: [os.path.relpath(p, overlay) for p in value] for key, value in paths.items()}
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump(relative))
+        sandbox.run(["kubectl", "kustomize", str(overlay)])
 
 
 def kubectl(sandbox: Sandbox, argv: list[str], command: str) -> None:
