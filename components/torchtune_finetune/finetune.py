@@ -390,8 +390,8 @@ def queue_settings(params: dict[str, Any]) -> dict[str, Any]:
     found = queue_problems(
         queue_name=queue_name, priority_class=priority_class, queue_timeout_seconds=queue_timeout
     )
-    if found:
-        raise found[0]
+    if found:  # named as the pipelines name it, as the step's other messages
+        raise ConfigError(found[0].named(f"tune_{found[0].setting}"))
     if params["backend"] != "trainjob":
         if queue_name:
             log.info(

@@ -306,4 +306,6 @@ def test_the_kueue_queue_must_exist_on_the_cluster(kube_standin, monkeypatch):
     with pytest.raises(PreflightError) as failed:
         run_preflight(tune_runtime="torch-distributed", settings={"tune_queue_name": "GPU_queue"})
     assert "(1) tune_queue_name: must name a Kueue object" in _problems(failed.value)
-    assert not kube_standin.requests_for("GET", "localqueues", name="GPU_queue"), "a bad name is not looked up"
+    assert not kube_standin.requests_for("GET", "localqueues", name="GPU_queue"), (
+        "a bad name is not looked up"
+    )

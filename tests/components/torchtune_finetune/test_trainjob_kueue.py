@@ -85,7 +85,7 @@ def test_kueue_settings_that_kueue_would_refuse_are_refused_naming_the_parameter
     (problem,) = queue_problems(**given)
     assert isinstance(problem, SettingError) and problem.setting == parameter
     if parameter != "queue_timeout_seconds":
-        with pytest.raises(ValueError, match=f"^{parameter} must name a Kueue object"):
+        with pytest.raises(ValueError, match=f"^tune_{parameter} must name a Kueue object"):
             base.manifest(queue_name=given["queue_name"], priority_class=given["priority_class"])
 
 
@@ -143,7 +143,7 @@ def test_a_trainjob_never_admitted_is_deleted_after_the_queue_timeout(kube, user
     message = str(timed_out.value)
     assert "\n" not in message
     assert message.startswith(
-        f"TrainJob team-a/{NAME} was not admitted by Kueue queue '{QUEUE}' within queue_timeout_seconds=0.5 "
+        f"TrainJob team-a/{NAME} was not admitted by Kueue queue '{QUEUE}' within tune_queue_timeout_seconds=0.5 "
         "(deleted)"
     )
     assert kube.trainjob(NAME) is None and not kube.workloads()
@@ -181,7 +181,7 @@ def test_a_missing_local_queue_fails_before_anything_is_created(kube):
     with pytest.raises(TrainJobError) as failed:
         base.launcher(kube, queued(), queue_timeout=60).run()
     assert str(failed.value) == (
-        f"queue_name: Kueue LocalQueue '{QUEUE}' not found in namespace team-a (or Kueue is not installed): "
+        f"tune_queue_name: Kueue LocalQueue '{QUEUE}' not found in namespace team-a (or Kueue is not installed): "
         "`kubectl get localqueues -n team-a` lists the queues; name one of them, or leave it empty to run without "
         "Kueue; nothing was created"
     )
@@ -207,3 +207,14 @@ def test_a_role_that_may_not_read_workloads_still_waits_and_says_so_once(kube, u
     forbidden = [m for m in user_log.messages if m.startswith("cannot read Kueue Workloads")]
     assert len(forbidden) == 1 and "(runtimes/rbac.yaml grants the read)" in forbidden[0]
     assert any(m.startswith(f"TrainJob {NAME} still waits for admission") for m in user_log.messages)
+
+
+def test_the_step_checks_its_kueue_settings_before_anything_and_hands_them_to_the_trainjob_backend():
+    from kfp_finetune.components._shared.errors import ConfigError
+    from kfp_finetune.components.torchtune_finetune.finetune import queue_settings
+
+    given = {"backend": "trainjob", "queue_name": QUEUE, "priority_class": "", "queue_timeout_seconds": 0}
+    assert queue_settings(given) == {"queue_name": QUEUE, "priority_class": "", "queue_timeout": None}
+    with pytest.raises(ConfigError, match="^tune_priority_class must name a Kueue object"):
+        queue_settings({**given, "priority_class": "Nightly"})
+    assert queue_settings({**given, "backend": "local"}) == {}

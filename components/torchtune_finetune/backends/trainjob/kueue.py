@@ -130,7 +130,7 @@ class QueueWait:
                     "TrainJob %s waits for admission in Kueue queue %s%s",
                     self.name,
                     queue,
-                    f" (queue_timeout_seconds={self.timeout:g})" if self.timeout is not None else "",
+                    f" (tune_queue_timeout_seconds={self.timeout:g})" if self.timeout is not None else "",
                 )
         elif now >= self._next_report:
             self._next_report += self.report_interval
@@ -160,7 +160,7 @@ class QueueWait:
     def timeout_error(self, job: Mapping[str, Any] | None, deletion_words: str) -> TrainJobQueueTimeout:
         return TrainJobQueueTimeout(
             f"TrainJob {self.namespace}/{self.name} was not admitted by Kueue queue {queue_of(job)!r} within "
-            f"queue_timeout_seconds={self.timeout:g} ({deletion_words}); raise queue_timeout_seconds (0: no "
+            f"tune_queue_timeout_seconds={self.timeout:g} ({deletion_words}); raise tune_queue_timeout_seconds (0: no "
             "limit) or ask for fewer resources"
         )
 

@@ -343,7 +343,7 @@ def build_trainjob(
     if problems := queue_problems(
         queue_name=queue_name, priority_class=priority_class, queue_timeout_seconds=0
     ):
-        raise ValueError(str(problems[0]))
+        raise ValueError(problems[0].named(f"tune_{problems[0].setting}"))
     pod = pod or NodePodSettings()
 
     meta_labels = {**(labels or {}), **queue_labels(queue_name, priority_class)}

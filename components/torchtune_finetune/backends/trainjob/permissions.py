@@ -71,7 +71,9 @@ def check_local_queue(
         return
     exists = local_queue_exists(api_client, queue_name, namespace, backoff=backoff, on_retry=on_retry)
     if exists is False:
-        raise TrainJobError(f"queue_name: {missing_local_queue(queue_name, namespace)}; nothing was created")
+        raise TrainJobError(
+            f"tune_queue_name: {missing_local_queue(queue_name, namespace)}; nothing was created"
+        )
     if exists is None:
         log.info("cannot read LocalQueue %r (forbidden); creating the TrainJob in it anyway", queue_name)
 
