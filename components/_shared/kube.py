@@ -182,32 +182,42 @@ def training_runtime_exists(
     None when the ServiceAccount may not read it (403: a tighter Role than runtimes/rbac.yaml; creating the
     TrainJob is then the real test). Raises ValueError for an unknown `kind`."""
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     if kind not in RUNTIME_PLURALS:
         raise ValueError(f"runtime kind must be one of {sorted(RUNTIME_PLURALS)}, got {kind!r}")
     custom = client.CustomObjectsApi(api_client)
     group = (TRAINER_GROUP, TRAINER_VERSION)
+    if kind == "ClusterTrainingRuntime":
+        return _exists(
+            custom.get_cluster_custom_object,
+            *group,
+            RUNTIME_PLURALS[kind],
+            name,
+            backoff=backoff,
+            on_retry=on_retry,
+        )
+    return _exists(
+        custom.get_namespaced_custom_object,
+        *group,
+        namespace,
+        RUNTIME_PLURALS[kind],
+        name,
+        backoff=backoff,
+        on_retry=on_retry,
+    )
+
+
+def _exists(
+    get: Callable[..., Any],
+    *args: Any,
+    backoff: Backoff | None,
+    on_retry: Callable[[BaseException, float], None] | None,
+) -> bool | None:
+    """Whether `get(*args)` finds the object: False on 404, None on 403 (the ServiceAccount may not read it)."""
+    from kubernetes.client.exceptions import ApiException
+
     try:
-        if kind == "ClusterTrainingRuntime":
-            call_with_retry(
-                custom.get_cluster_custom_object,
-                *group,
-                RUNTIME_PLURALS[kind],
-                name,
-                backoff=backoff,
-                on_retry=on_retry,
-            )
-        else:
-            call_with_retry(
-                custom.get_namespaced_custom_object,
-                *group,
-                namespace,
-                RUNTIME_PLURALS[kind],
-                name,
-                backoff=backoff,
-                on_retry=on_retry,
-            )
+        call_with_retry(get, *args, backoff=backoff, on_retry=on_retry)
     except ApiException as error:
         if error.status == 404:
             return False
@@ -215,3 +225,41 @@ def training_runtime_exists(
             return None
         raise
     return True
+
+
+# Kueue's API as every release since v0.5 serves it (v1beta1 stays served next to v1beta2 from v0.15 on).
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+
+
+def local_queue_exists(
+    api_client: Any,
+    name: str,
+    namespace: str,
+    *,
+    backoff: Backoff | None = None,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> bool | None:
+    """Whether the Kueue LocalQueue `name` exists in `namespace` (False also where Kueue is not installed: the
+    API answers 404 for the resource itself); None when the ServiceAccount may not read it (403)."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    return _exists(
+        custom.get_namespaced_custom_object,
+        KUEUE_GROUP,
+        KUEUE_VERSION,
+        namespace,
+        "localqueues",
+        name,
+        backoff=backoff,
+        on_retry=on_retry,
+    )
+
+
+def missing_local_queue(name: str, namespace: str) -> str:
+    """What to say when `local_queue_exists` answered False."""
+    return (
+        f"Kueue LocalQueue {name!r} not found in namespace {namespace} (or Kueue is not installed): "
+        f"`kubectl get localqueues -n {namespace}` lists the queues; name one of them, or leave it empty to run "
+        "without Kueue"
+    )

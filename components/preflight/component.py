@@ -52,6 +52,9 @@ def preflight(
     tune_gpus_per_node: int = 1,
     tune_gpu_memory_gib: float = -1.0,
     tune_timeout_seconds: int = 86400,
+    tune_queue_name: str = "",
+    tune_priority_class: str = "",
+    tune_queue_timeout_seconds: int = 86400,
     tune_cleanup_policy: str = "on-success",
     tune_trainer_image: str = "",
     eval_max_samples: int = 200,
@@ -154,7 +157,13 @@ def preflight(
         tune_gpus_per_node: GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.
         tune_gpu_memory_gib: Memory of one training GPU for the throughput defaults; -1: from the node
             selector's GPU product, else 80.
-        tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit.
+        tune_timeout_seconds: The TrainJob is deleted and the step fails after this long; 0: no limit. In a
+            Kueue queue, counted from the latest admission.
+        tune_queue_name: Kueue LocalQueue the TrainJob waits in for admission (`kubectl get localqueues`);
+            empty: no Kueue.
+        tune_priority_class: Kueue WorkloadPriorityClass of the TrainJob; empty: the queue's default.
+        tune_queue_timeout_seconds: The TrainJob is deleted and the step fails when Kueue has not admitted it
+            after this long in its queue (all waits, re-queues after preemption included); 0: no limit.
         tune_cleanup_policy: on-success (keep TrainJobs that failed by themselves; delete those the step
             stopped), always or never.
         tune_trainer_image: Container image of the TrainJob's node pods, e.g. ghcr.io/org/trainer:1.0; empty:
@@ -213,6 +222,11 @@ def preflight(
         "tune_gpus_per_node": tune_gpus_per_node,
         "tune_gpu_memory_gib": tune_gpu_memory_gib,
         "tune_trainer_image": tune_trainer_image,
+        "tune_timeout_seconds": tune_timeout_seconds,
+        "tune_cleanup_policy": tune_cleanup_policy,
+        "tune_queue_name": tune_queue_name,
+        "tune_priority_class": tune_priority_class,
+        "tune_queue_timeout_seconds": tune_queue_timeout_seconds,
         "eval_max_samples": eval_max_samples,
         "eval_max_new_tokens": eval_max_new_tokens,
         "eval_gate_metric": eval_gate_metric,

@@ -14,7 +14,8 @@ listing them all (each names the pipeline parameter and the fix), so a user fixe
 3. hf:// and s3:// sources (model_uri, data_uri): they exist, hold files and are readable with the credentials
    in the environment (storage.probe_source: the listing, and one file's metadata where a listing does not prove
    read access: a gated hub repo, an S3 object);
-4. the TrainingRuntime / ClusterTrainingRuntime exists (backend trainjob; the local backend needs none).
+4. the TrainingRuntime / ClusterTrainingRuntime exists, and so does the Kueue LocalQueue tune_queue_name names
+   (backend trainjob; the local backend needs none; a Role that may not read them leaves it to the step).
 """
 
 from __future__ import annotations
@@ -148,8 +149,7 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
     except ValueError as error:
         return [Problem("tune_runtime", str(error))]
     except Exception as error:  # no cluster configuration, or an API server that cannot be reached
-        return [Problem("tune_backend", f"trainjob needs a Kubernetes cluster, which cannot be reached ({error}); "
-                                        "run the pipeline on KFP, or set tune_backend=local")]  # fmt: skip
+        return _unreachable(error)
     if exists is None:
         log.info("cannot read %s %r (forbidden): the fine-tune step will find out", kind, name)
     elif not exists:
@@ -159,6 +159,35 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
     else:
         log.info("tune_runtime: %s %r exists", kind, name)
     return []
+
+
+def check_queue(name: str) -> list[Problem]:
+    """The Kueue LocalQueue the TrainJob will wait in exists in the step's namespace (a 403: the step decides)."""
+    from kfp_finetune.components._shared.kube import (
+        Backoff,
+        current_namespace,
+        load_api_client,
+        local_queue_exists,
+        missing_local_queue,
+    )
+
+    try:
+        namespace = current_namespace()
+        exists = local_queue_exists(load_api_client(), name, namespace, backoff=Backoff(attempts=3))
+    except Exception as error:  # as check_runtime
+        return _unreachable(error)
+    if exists is None:
+        log.info("cannot read LocalQueue %r (forbidden): the fine-tune step will find out", name)
+    elif not exists:
+        return [Problem("tune_queue_name", missing_local_queue(name, namespace))]
+    else:
+        log.info("tune_queue_name: LocalQueue %r exists", name)
+    return []
+
+
+def _unreachable(error: Exception) -> list[Problem]:
+    return [Problem("tune_backend", f"trainjob needs a Kubernetes cluster, which cannot be reached ({error}); "
+                                    "run the pipeline on KFP, or set tune_backend=local")]  # fmt: skip
 
 
 def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[[str, str | None], list[Problem]]]:
@@ -218,6 +247,10 @@ def run_preflight(
     if tune_backend == "trainjob":  # the local backend needs no cluster
         checks.append(("tune_runtime", "tune_runtime", lambda: check_runtime(
             tune_backend, tune_runtime, tune_runtime_kind)))  # fmt: skip
+        if queue := (settings or {}).get("tune_queue_name"):
+            # Not again when the runtime's check found no cluster (its problem names tune_backend).
+            checks.append(("tune_queue_name", "tune_queue_name", lambda: [] if "tune_backend" in blocked
+                           else check_queue(queue)))  # fmt: skip
     done = []
     for name, needs, check in checks:
         if needs not in blocked:

@@ -33,7 +33,8 @@ TUNE = "tune_"
 # tune_ parameters of the fine-tune step itself (where and how it runs), not torchtune settings.
 STEP_PARAMETERS = (
     "tune_backend", "tune_runtime", "tune_num_nodes", "tune_gpus_per_node", "tune_gpu_memory_gib",
-    "tune_trainer_image", "tune_cleanup_policy", "tune_timeout_seconds",
+    "tune_trainer_image", "tune_cleanup_policy", "tune_timeout_seconds", "tune_queue_name", "tune_priority_class",
+    "tune_queue_timeout_seconds",
 )  # fmt: skip
 # The settings the pipeline parameters give each step, by the step's name for them.
 EVAL_PARAMETERS = {
@@ -165,12 +166,17 @@ def check_evaluate_and_export(settings: RunSettings) -> list[Problem]:
 
 
 def check_launch(settings: RunSettings) -> list[Problem]:
-    """The fine-tune step's own settings: backend, cleanup policy, timeout, GPU memory."""
+    """The fine-tune step's own settings: backend, cleanup policy, timeout, GPU memory, Kueue queue."""
     problems = launch_settings.problems(
         backend=settings.backend,
         cleanup_policy=settings.get("tune_cleanup_policy", "on-success"),
         timeout_seconds=settings.get("tune_timeout_seconds", 86400),
         gpu_memory_gib=settings.get("tune_gpu_memory_gib", -1.0),
+        queue_name=settings.get("tune_queue_name", ""),
+        priority_class=settings.get("tune_priority_class", ""),
+        queue_timeout_seconds=settings.get(
+            "tune_queue_timeout_seconds", launch_settings.DEFAULT_QUEUE_TIMEOUT_SECONDS
+        ),
     )
     return [Problem(parameter_of(p.setting), p.problem) for p in problems]
 

@@ -71,6 +71,9 @@ def torchtune_finetune(
     num_proc_per_node: int = 0,
     gpu_memory_gib: float = -1.0,
     timeout_seconds: int = 86400,
+    queue_name: str = "",
+    priority_class: str = "",
+    queue_timeout_seconds: int = 86400,
     cleanup_policy: str = "on-success",
     trainer_image: str = "",
     run_id: str = "",
@@ -162,7 +165,13 @@ def torchtune_finetune(
         num_proc_per_node: Processes per node; 0: one per GPU requested on this task (1 without GPUs).
         gpu_memory_gib: Memory of one training GPU, for the activation checkpointing and micro-batch defaults; -1:
             from the GPU product (nvidia.com/gpu.product) this task's node selector or affinity names, else 80.
-        timeout_seconds: The TrainJob is deleted and this step fails after this long; 0: no limit.
+        timeout_seconds: The TrainJob is deleted and this step fails after this long; 0: no limit. In a Kueue
+            queue, counted from the latest admission.
+        queue_name: Kueue LocalQueue the TrainJob waits in for admission (`kubectl get localqueues`); empty: no
+            Kueue.
+        priority_class: Kueue WorkloadPriorityClass of the TrainJob; empty: the queue's default.
+        queue_timeout_seconds: The TrainJob is deleted and this step fails when Kueue has not admitted it after
+            this long in its queue (all waits, re-queues after preemption included); 0: no limit.
         cleanup_policy: Delete the TrainJob on-success (keep one that failed by itself, for debugging; one the
             step stopped, e.g. pods that could not start, is deleted), always, or never.
         trainer_image: Container image for the TrainJob's node pods; empty: the runtime's image.

@@ -25,6 +25,7 @@ from kfp_finetune.components._shared.contract import (
     TunedModel,
 )
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.launch_settings import DEFAULT_QUEUE_TIMEOUT_SECONDS, queue_problems
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
@@ -356,7 +357,7 @@ _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
-    "export_format", "gpu_memory_gib",
+    "export_format", "gpu_memory_gib", "queue_name", "priority_class", "queue_timeout_seconds",
 }  # fmt: skip
 
 
@@ -379,6 +380,31 @@ def train_config_metadata(run: ResolvedRun, files: list[str]) -> dict:
         files=files,
         defaults=as_metadata(run.defaults),
     ).to_metadata()
+
+
+def queue_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The TrainJob backend's Kueue settings, checked before anything is read or created (one problem named by
+    its parameter fails the step)."""
+    queue_name, priority_class = params.get("queue_name", ""), params.get("priority_class", "")
+    queue_timeout = params.get("queue_timeout_seconds", DEFAULT_QUEUE_TIMEOUT_SECONDS)
+    found = queue_problems(
+        queue_name=queue_name, priority_class=priority_class, queue_timeout_seconds=queue_timeout
+    )
+    if found:  # named as the pipelines name it, as the step's other messages
+        raise ConfigError(found[0].named(f"tune_{found[0].setting}"))
+    if params["backend"] != "trainjob":
+        if queue_name:
+            log.info(
+                "queue_name %r is not used: backend %s trains in this step's pod",
+                queue_name,
+                params["backend"],
+            )
+        return {}
+    return {
+        "queue_name": queue_name,
+        "priority_class": priority_class,
+        "queue_timeout": queue_timeout or None,
+    }
 
 
 def run_component(**params: Any) -> FinetuneResult:
@@ -414,6 +440,7 @@ def run_component(**params: Any) -> FinetuneResult:
         run_id=run_id,
         task_name=params["task_name"],
         task_id=params.get("task_id", ""),
+        **queue_settings(params),
     )
 
     result = run_finetune(

@@ -3,6 +3,7 @@ with the stand-in enforcing RBAC from the file, and every call the stand-in reco
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,18 @@ def full_launches(kube: KubeStandin, monkeypatch: pytest.MonkeyPatch) -> None:
     kube.scenario(None, Scenario.success())
     kube.add_object(manifest("attach"))
     assert not launch(kube, manifest("attach")).created
+    # A TrainJob in a Kueue queue: the LocalQueue is read before creating, the Workload while it waits.
+    kube.add_local_queue("team-queue", namespace=NAMESPACE)
+    queued = manifest("queued", queue_name="team-queue")
+
+    def admit_once_waiting() -> None:
+        kube.wait_for_request("GET", "workloads")
+        kube.admit(queued["metadata"]["name"], namespace=NAMESPACE)
+
+    admitter = threading.Thread(target=admit_once_waiting, daemon=True)
+    admitter.start()
+    assert launch(kube, queued, queue_report_interval=0.05).deleted
+    admitter.join()
 
 
 def test_every_call_of_the_trainjob_backend_is_granted_by_rbac_yaml(monkeypatch):

@@ -290,3 +290,22 @@ def test_an_s3_model_is_resolved_from_its_config_and_tokenizer_alone(s3, tiny_ll
         "/models/base/tiny/config.json" in fetched and "/models/base/tiny/original/tokenizer.model" in fetched
     )
     assert not [p for p in fetched if p.endswith(".safetensors")], fetched
+
+
+def test_the_kueue_queue_must_exist_on_the_cluster(kube_standin, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(kube_standin.kubeconfig_path))
+    kube_standin.add_local_queue("team-queue")
+    queued = {"tune_runtime": "torch-distributed", "settings": {"tune_queue_name": "team-queue"}}
+    assert run_preflight(**queued) == ["tune_runtime", "tune_queue_name"]
+    with pytest.raises(PreflightError) as failed:
+        run_preflight(tune_runtime="torch-distributed", settings={"tune_queue_name": "gpu-queue"})
+    assert (
+        "(1) tune_queue_name: Kueue LocalQueue 'gpu-queue' not found in namespace team-a (or Kueue is not "
+        "installed): `kubectl get localqueues -n team-a` lists the queues" in _problems(failed.value)
+    )
+    with pytest.raises(PreflightError) as failed:
+        run_preflight(tune_runtime="torch-distributed", settings={"tune_queue_name": "GPU_queue"})
+    assert "(1) tune_queue_name: must name a Kueue object" in _problems(failed.value)
+    assert not kube_standin.requests_for("GET", "localqueues", name="GPU_queue"), (
+        "a bad name is not looked up"
+    )

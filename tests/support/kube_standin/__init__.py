@@ -12,15 +12,19 @@ way Kubeflow Trainer v2.3 + JobSet would (DESIGN.md §3, §6). Public API (stabl
 
 Layout: ``standin`` (the facade), ``_knobs`` (its scenario and fault methods), ``_apiserver`` (REST semantics),
 ``_http`` (HTTP transport), ``_admission`` (the Trainer webhooks), ``_rbac`` (authorization), ``_controller`` (the
-simulated Trainer/JobSet/kubelet), ``_workload`` (pod templates, pod states, execute-mode command lines), ``_store``
-(objects, watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constants, errors, routing,
-selectors).
+simulated Trainer/JobSet/kubelet), ``_workload`` (pod templates, pod states, execute-mode command lines),
+``_execute`` (execute mode's processes), ``_kueue`` (Kueue: queued TrainJobs, Workloads, admission, preemption),
+``_store`` (objects, watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constants, errors,
+routing, selectors).
 
 Served (anything else answers 404 like an unknown path):
   * ``/apis/trainer.kubeflow.org/v1alpha1``: trainjobs (namespaced create/get/list/watch/delete; cluster-wide
     list/watch), trainingruntimes (namespaced get/list/watch), clustertrainingruntimes (get/list/watch).
   * ``/apis/jobset.x-k8s.io/v1alpha2``: jobsets (namespaced get/list/watch), one per started TrainJob, named after it
     and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
+  * ``/apis/kueue.x-k8s.io/v1beta1``: localqueues (namespaced get/list/watch; seeded with ``add_local_queue``) and
+    workloads (namespaced get/list/watch), one per TrainJob labelled ``kueue.x-k8s.io/queue-name``: such a TrainJob
+    is suspended by Kueue's webhook and waits until ``admit``; ``preempt`` suspends it again (its pods deleted).
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
     timestamps, limitBytes), events (namespaced list/watch), secrets (namespaced get/list/watch).
   * ``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`` (create): the caller's RBAC decision for the
@@ -64,8 +68,11 @@ Known deviations from a real API server:
     ``fieldValidation=Strict``, and otherwise drops them with a warning). Non-nullable nulls are pruned.
   * CEL rules are evaluated for the rule shapes the Trainer CRDs use; transition rules (``oldSelf``) are skipped.
   * No PUT, and PATCH only as a JSON merge patch of a TrainJob's metadata (ownerReferences, labels, annotations;
-    anything else 405): status and suspension are driven only by the simulated controller; a suspended TrainJob
-    only gets ``Suspended=True`` and stays so. No pagination (``limit``/``continue`` ignored); the watch history
+    anything else 405): status and suspension are driven only by the simulated controllers; a suspended TrainJob
+    gets ``Suspended=True`` and stays so unless it is queued and a test admits it (``_kueue.py``). Kueue admits
+    and preempts only when a test says so (no quota, flavors, cohorts or priorities are simulated); the
+    Workload appears within the TrainJob's create (Kueue's reconciler makes it a moment later); the visibility
+    API (pending positions) is not served. No pagination (``limit``/``continue`` ignored); the watch history
     is compacted only when a test asks (the real watch cache keeps a bounded window); ``events.k8s.io`` is not
     served. RBAC: no aggregated ClusterRoles, no non-resource URLs, no impersonation.
   * Unless ``hold_garbage_collection()`` was called, a TrainJob's JobSet and pods are deleted (and the pods

@@ -16,10 +16,10 @@ from typing import Any
 
 from ._admission import admit_trainjob
 from ._common import (
+    GROUP_VERSIONS,
     KINDS,
     TRAINER_API_VERSION,
     TRAINER_GROUP,
-    TRAINER_VERSION,
     ApiError,
     Route,
     invalid,
@@ -30,6 +30,7 @@ from ._common import (
 from ._controller import Controller
 from ._gc import GarbageCollector
 from ._http import Handler
+from ._kueue import Kueue, admit_queued_trainjob
 from ._owners import json_merge_patch, owner_reference_errors
 from ._rbac import (
     ACCESS_REVIEW_PATH,
@@ -88,6 +89,7 @@ class ApiServer:
         self.store = store
         self.controller = controller
         self.gc = GarbageCollector(store)
+        self.kueue = Kueue(store)
         self.schemas = schemas
         self.token = token
         self.requests: list[RecordedRequest] = []
@@ -159,6 +161,7 @@ class ApiServer:
         errors += owner_reference_errors(meta if isinstance(meta, dict) else {})
         if errors:
             raise invalid("TrainJob", name, errors)
+        admit_queued_trainjob(body)  # Kueue's webhooks (_kueue.py)
         admit_trainjob(body, self.store.runtime_of(body))
         body.pop("status", None)  # the status subresource is not written on create
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=utc_now(), generation=1)
@@ -173,6 +176,7 @@ class ApiServer:
                 meta["resourceVersion"] = str(self.store.current_rv)
                 return body
             stored = copy.deepcopy(self.store.put("trainjobs", body, "ADDED"))
+            self.kueue.create_workload(stored)
         self.controller.start(stored)
         self.gc.delete_orphans(route.namespace, self.controller.cancel)  # an owner that does not exist here
         return stored
@@ -310,7 +314,7 @@ class ApiServer:
         def bookmark(rv: int) -> WatchEvent:
             # Only the resourceVersion (cacher.go: the watch cache's newest version, past events the selectors
             # filtered out); for a custom resource an empty unstructured object of the kind.
-            api_version = f"{group}/{TRAINER_VERSION}" if group else "v1"
+            api_version = f"{group}/{GROUP_VERSIONS[group]}" if group else "v1"
             obj = {"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": str(rv)}}
             return WatchEvent(rv, route.plural, route.namespace, "BOOKMARK", obj)
 

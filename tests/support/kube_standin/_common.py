@@ -13,7 +13,9 @@ TRAINER_VERSION = "v1alpha1"
 TRAINER_API_VERSION = f"{TRAINER_GROUP}/{TRAINER_VERSION}"
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
-GROUP_VERSIONS = {TRAINER_GROUP: TRAINER_VERSION, JOBSET_GROUP: JOBSET_VERSION}
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta1"
+GROUP_VERSIONS = {TRAINER_GROUP: TRAINER_VERSION, JOBSET_GROUP: JOBSET_VERSION, KUEUE_GROUP: KUEUE_VERSION}
 
 # Trainer v2.3 (pkg/constants, the torch plugin) and the JobSet condition texts the Trainer copies into TrainJobs.
 # ContainerTrainerPort in kubeflow/trainer v2.3.0 pkg/constants/constants.go: the torch plugin's PET_MASTER_PORT.
@@ -41,6 +43,8 @@ KINDS = {  # plural -> (api group ("" = core), kind, namespaced)
     "events": ("", "Event", True),
     "persistentvolumeclaims": ("", "PersistentVolumeClaim", True),
     "secrets": ("", "Secret", True),
+    "localqueues": (KUEUE_GROUP, "LocalQueue", True),
+    "workloads": (KUEUE_GROUP, "Workload", True),
 }
 PLURAL_OF_KIND = {kind: plural for plural, (_, kind, _) in KINDS.items()}
 

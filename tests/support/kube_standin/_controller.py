@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
 from ._disruption import mark_disrupted
+from ._execute import run_processes
 from ._gc import mark_terminating
 from ._jobpolicy import (
     BACKOFF_LIMIT_EXCEEDED,
@@ -30,10 +31,8 @@ from ._types import Scenario
 from ._workload import (
     ExecuteConfig,
     build_jobs_status,
-    free_port,
     jobset_finished,
     kill_processes,
-    local_command,
     mark_running,
     mark_scheduled,
     mark_terminated,
@@ -101,32 +100,83 @@ class Controller:
     # One job's life ---------------------------------------------------------------------------------------------
 
     def _drive(self, namespace: str, name: str, run: JobRun) -> None:
-        """Pods Pending → Running → terminated, TrainJob jobsStatus and conditions, as a cluster would show them."""
+        """Pods Pending → Running → terminated, TrainJob jobsStatus and conditions, as a cluster would show them.
+
+        A suspended TrainJob (queued by Kueue, _kueue.py) waits until it is unsuspended; suspended again while it
+        runs (preempted), its pods are deleted and it waits again, then starts over (kubeflow/trainer v2.3.0
+        pkg/controller/trainjob_controller.go setSuspendedCondition; the jobset plugin suspends the JobSet, whose
+        Jobs delete their pods)."""
         store = self.store
         job = store.find("trainjobs", namespace, name)
         runtime = store.runtime_of(job) if job else None
         if job is None or runtime is None:
             return
-        with store.cond:
-            scenario = self.scenarios.get(name) or self.scenarios[None]
-            execute = self.execute_configs.get(name) or self.execute_configs.get(None)
-        if scenario.execute and execute is None:
-            execute = ExecuteConfig({}, {})
-        if job["spec"].get("suspend"):
-            suspended = new_condition("Suspended", "True", "Suspended", "TrainJob is suspended")
-            self._set_status(namespace, name, [suspended], None)
-            return
+        resumed_at = None  # activeDeadlineSeconds counts from the last resume (reconcileDeadline)
+        while True:
+            if job["spec"].get("suspend"):
+                suspended = new_condition("Suspended", "True", "Suspended", "TrainJob is suspended")
+                self._set_status(namespace, name, [suspended], None)
+                if not self._wait_resumed(namespace, name, run):
+                    return
+                resumed_at = time.time()
+                resumed = new_condition("Suspended", "False", "Resumed", "TrainJob is resumed")
+                self._set_status(namespace, name, [resumed], None)
+            with store.cond:  # read at each start: a test may give a resumed job another scenario
+                scenario = self.scenarios.get(name) or self.scenarios[None]
+                execute = self.execute_configs.get(name) or self.execute_configs.get(None)
+            if scenario.execute and execute is None:
+                execute = ExecuteConfig({}, {})
+            if self._run(job, runtime, scenario, execute, run, resumed_at) != "suspended":
+                return
+            self._stop_suspended(namespace, name, runtime, run)
+            if (job := store.find("trainjobs", namespace, name)) is None:
+                return
+
+    def _wait_resumed(self, namespace: str, name: str, run: JobRun) -> bool:
+        """Until the TrainJob is unsuspended (True), or deleted / the stand-in stops (False)."""
+        with self.store.cond:
+            while not (run.cancel.is_set() or self.store.stopping):
+                job = self.store.objects.get(("trainjobs", namespace, name))
+                if job is None:
+                    return False
+                if not job["spec"].get("suspend"):
+                    return True
+                self.store.cond.wait(0.1)
+        return False
+
+    def _stop_suspended(self, namespace: str, name: str, runtime: dict, run: JobRun) -> None:
+        """Suspended while it ran: the JobSet is suspended and its Jobs delete their pods (processes killed)."""
+        kill_processes(run.processes)
+        run.processes.clear()
+        self.store.update("jobsets", namespace, name, lambda js: js["spec"].update(suspend=True))
+        for pod in self.store.job_pods(namespace, name):
+            self._delete_pod(namespace, pod["metadata"]["name"])
+        self._set_status(namespace, name, None, build_jobs_status(runtime, suspended=1))
+
+    def _run(
+        self,
+        job: dict,
+        runtime: dict,
+        scenario: Scenario,
+        execute: ExecuteConfig | None,
+        run: JobRun,
+        resumed_at: float | None,
+    ) -> Outcome:
+        """One start of the job's pods to its end; "suspended" when it was suspended meanwhile."""
+        store = self.store
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         template, num_nodes, _ = node_pod_template(job, runtime)
         with store.cond:  # a concurrent DELETE either sees these pods or has cancelled us already
             if run.cancel.is_set():
-                return
-            if (old := store.find("jobsets", namespace, name)) is not None:
+                return "cancel"
+            old = store.find("jobsets", namespace, name)
+            if old is not None and not old["spec"].get("suspend"):
                 self._adopt_jobset(namespace, name, old)
-                return
+                return None
             pods = self._create_workload(job, template, num_nodes, scenario)
             freed = store.freed_nodes  # a node freed from now on can take the unschedulable pods
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1))
-        wait = self._waiter(job, run)
+        wait = self._waiter(job, run, resumed_at)
 
         attach_blocked = self._attach_volumes(namespace, pods)
         if not pods or attach_blocked or (scenario.stay_pending and not unschedulable_event(scenario)):
@@ -144,12 +194,14 @@ class Controller:
                 store.record_event(namespace, "Pod", pod, "Started", "Started container node", "Normal")
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1, ready=1))
             if execute is not None:
-                outcome = self._run_processes(namespace, pods, execute, run, wait)
+                outcome = run_processes(
+                    self.store, namespace, pods, execute, run.processes, wait, delete_pod=self._delete_pod
+                )
             else:
                 policy = node_job_policy(node_replicated_job(runtime))
                 outcome = self._simulate_run(job, pods, template, scenario, policy, wait)
-        if outcome == "cancel":
-            return
+        if outcome in ("cancel", "suspended"):
+            return outcome
         if outcome == "deadline":  # the Trainer deletes the JobSet, so the pods go
             kill_processes(run.processes)
             if jobset := store.find("jobsets", namespace, name):
@@ -166,6 +218,7 @@ class Controller:
         counts = {"succeeded": 1} if outcome == "succeeded" else {"failed": 1}
         store.update("jobsets", namespace, name, lambda js: jobset_finished(js, condition))
         self._set_status(namespace, name, [condition], build_jobs_status(runtime, **counts))
+        return outcome
 
     def _create_workload(self, job: dict, template: dict, num_nodes: int, scenario: Scenario) -> list[str]:
         """The JobSet and the node pods; none when the Trainer cannot create the JobSet or the API server rejects
@@ -175,7 +228,10 @@ class Controller:
             message = f"TrainJob resources reconciliation failed: {scenario.resources_creation_error}"
             self.store.record_event(namespace, "TrainJob", name, RESOURCES_CREATION_FAILED, message)
             return []
-        self.store.put("jobsets", new_jobset(job), "ADDED")
+        if self.store.find("jobsets", namespace, name) is None:
+            self.store.put("jobsets", new_jobset(job), "ADDED")
+        else:  # resumed: the Trainer unsuspends the JobSet it suspended
+            self.store.update("jobsets", namespace, name, lambda js: js["spec"].update(suspend=False))
         if errors := pod_spec_errors(template.get("spec", {})):
             message = failed_create_message(f"{name}-node-0-0-{secrets.token_hex(3)[:5]}", errors)
             self.store.record_event(namespace, "Job", f"{name}-node-0", "FailedCreate", message)
@@ -233,18 +289,23 @@ class Controller:
         ]
         self._set_status(namespace, name, conditions or None, None)
 
-    def _waiter(self, job: dict, run: JobRun) -> Wait:
-        """A sleep that ends early with "cancel" or "deadline" (``spec.activeDeadlineSeconds``)."""
+    def _waiter(self, job: dict, run: JobRun, resumed_at: float | None) -> Wait:
+        """A sleep that ends early with "cancel", "suspended" (Kueue preempted the job) or "deadline"
+        (``spec.activeDeadlineSeconds``, from the creation or the last resume: reconcileDeadline)."""
         # creationTimestamp has second granularity: a seeded old job keeps its age, a new one starts now
-        started = min(time.time(), parse_time(job["metadata"]["creationTimestamp"]) + 1.0)
+        started = resumed_at or min(time.time(), parse_time(job["metadata"]["creationTimestamp"]) + 1.0)
         deadline = job["spec"].get("activeDeadlineSeconds")
         deadline_at = started + deadline if deadline else None
+        key = ("trainjobs", job["metadata"]["namespace"], job["metadata"]["name"])
 
         def wait(seconds: float) -> Outcome:
             end = time.time() + seconds
             while True:
                 if run.cancel.is_set() or self.store.stopping:
                     return "cancel"
+                with self.store.cond:
+                    if (self.store.objects.get(key) or {}).get("spec", {}).get("suspend"):
+                        return "suspended"
                 now = time.time()
                 if deadline_at is not None and now >= deadline_at:
                     return "deadline"
@@ -433,71 +494,20 @@ class Controller:
             if (stopped := self.store.update("pods", namespace, pod, stop)) is not None:
                 self.store.put("pods", stopped, "DELETED")
 
-    def _run_processes(
-        self, namespace: str, pods: list[str], config: ExecuteConfig, run: JobRun, wait: Wait
-    ) -> Outcome:
-        master_port = free_port()  # not 29400: jobs of parallel tests must not meet on one rendezvous port
-        readers = []
-        for pod_name in pods:
-            pod = self.store.find("pods", namespace, pod_name)
-            process = None
-            try:
-                argv, env, cwd = local_command(pod, config, master_port)
-                process = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=cwd,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # so a kill reaches the whole process group (torchrun's workers)
-                )
-                run.processes.append(process)
-            except (OSError, ValueError) as error:
-                self.store.append_log(
-                    namespace, pod_name, f"kube-standin: cannot start node command: {error}\n"
-                )
-            reader = threading.Thread(target=self._pump_log, args=(namespace, pod_name, process), daemon=True)
-            reader.start()
-            readers.append((pod_name, process, reader))
-        exit_codes: dict[str, int] = {}
-        failed = False
-        while len(exit_codes) < len(readers):
-            for pod_name, process, reader in readers:
-                code = 127 if process is None else process.poll()
-                if pod_name in exit_codes or code is None:
-                    continue
-                reader.join(timeout=5)  # the whole log is in before the pod turns terminal
-                exit_code = exit_codes[pod_name] = 128 - code if code < 0 else code
-                # An active pod of the failed Job: the Job controller deletes it (deleteActivePods).
-                if failed:
-                    self._delete_pod(namespace, pod_name)
-                    continue
-                reason = "Completed" if exit_code == 0 else "Error"
-                self.store.update(
-                    "pods", namespace, pod_name, lambda p, c=exit_code, r=reason: mark_terminated(p, c, r)
-                )
-                if exit_code != 0:
-                    failed = True
-                    kill_processes(run.processes)  # the Job fails, its other pods are deleted
-            if len(exit_codes) < len(readers) and (outcome := wait(0.02)):
-                return outcome
-        return "succeeded" if not any(exit_codes.values()) else "failed"
-
-    def _pump_log(self, namespace: str, pod: str, process: subprocess.Popen | None) -> None:
-        if process is None or process.stdout is None:
-            return
-        for raw in iter(process.stdout.readline, b""):
-            self.store.append_log(namespace, pod, raw.decode(errors="replace"))
-        process.stdout.close()
-
     def _set_status(
         self, namespace: str, name: str, conditions: list[dict] | None, jobs_status: list[dict] | None
     ) -> None:
         def mutate(job: dict) -> None:
             status = job.setdefault("status", {})
-            if conditions is not None:
-                status["conditions"] = conditions
+            if (
+                conditions is not None
+            ):  # by type, as meta.SetStatusCondition: Suspended stays next to Complete
+                kept = [
+                    c
+                    for c in status.get("conditions") or []
+                    if c["type"] not in {n["type"] for n in conditions}
+                ]
+                status["conditions"] = kept + conditions
             if jobs_status is not None:
                 status["jobsStatus"] = jobs_status
 

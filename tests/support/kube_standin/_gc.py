@@ -52,7 +52,7 @@ class GarbageCollector:
                 steps += [
                     (
                         f"JobSet {name} deleted, its pods terminating",
-                        lambda: self._delete_jobset(namespace, name),
+                        lambda: self._delete_jobset(namespace, name, job["metadata"].get("uid")),
                     ),
                     (f"pods of {name} terminated and removed", lambda: self._remove_pods(namespace, name)),
                 ]
@@ -104,8 +104,12 @@ class GarbageCollector:
         if found is not None:
             self.store.put(plural, found, "DELETED")
 
-    def _delete_jobset(self, namespace: str, name: str) -> None:
+    def _delete_jobset(self, namespace: str, name: str, uid: str | None) -> None:
+        """The TrainJob's dependents: its JobSet (whose pods start terminating) and its Kueue Workload."""
         self._remove("jobsets", namespace, name)
+        for workload in self.store.list_objects("workloads", namespace):
+            if any(r.get("uid") == uid for r in workload["metadata"].get("ownerReferences") or []):
+                self.store.put("workloads", workload, "DELETED")
         for pod in self.store.job_pods(namespace, name):
             if not pod["metadata"].get("deletionTimestamp"):
                 self.store.update("pods", namespace, pod["metadata"]["name"], mark_terminating)

@@ -1,6 +1,6 @@
-"""What a test turns on a running stand-in: the scenario each TrainJob plays, execute mode, and the faults of
-a real cluster (API errors, dropped and expired watches, lagging watches, images and nodes that appear, held
-garbage collection, deleted pods, cut log streams).
+"""What a test turns on a running stand-in: the scenario each TrainJob plays, execute mode, Kueue's queues
+(admission, preemption), and the faults of a real cluster (API errors, dropped and expired watches, lagging
+watches, images and nodes that appear, held garbage collection, deleted pods, cut log streams).
 
 A mixin of :class:`~.standin.KubeStandin`, kept apart so that the facade's own file holds its lifecycle, objects
 and request log; every knob acts under the store's lock on the parts the facade owns.
@@ -182,3 +182,13 @@ class ScenarioAndFaultKnobs:
         with self._store.cond:
             self._store.log_cuts += 1
             self._store.cond.notify_all()
+
+    def admit(self, job: str, namespace: str | None = None) -> None:
+        """Kueue admits the queued TrainJob ``job`` (_kueue.py): its Workload gets QuotaReserved and Admitted, the
+        TrainJob is unsuspended and the Trainer starts it (activeDeadlineSeconds counts from now)."""
+        self._api.kueue.admit(namespace or self.namespace, job)
+
+    def preempt(self, job: str, namespace: str | None = None) -> None:
+        """Kueue preempts the admitted TrainJob ``job``: its Workload is Evicted (Preempted), the TrainJob is
+        suspended again and its node pods are deleted; it waits in its queue until :meth:`admit`."""
+        self._api.kueue.preempt(namespace or self.namespace, job)

@@ -20,6 +20,7 @@ from ._apiserver import ApiServer
 from ._common import COMPLETION_INDEX_ANNOTATION, KINDS, PLURAL_OF_KIND, TRAINER_API_VERSION, utc_now
 from ._controller import Controller
 from ._knobs import ScenarioAndFaultKnobs
+from ._kueue import local_queue
 from ._rbac import Authorization, RbacAuthorizer
 from ._schema import default_crd_dir, load_schemas
 from ._startup import DEFAULT_IMAGES, normalize_image
@@ -164,6 +165,10 @@ class KubeStandin(ScenarioAndFaultKnobs):
         if plural == "trainjobs" and scenario is not None:
             self.scenario(meta["name"], scenario)
         stored = copy.deepcopy(self._store.put(plural, obj, "ADDED"))
+        if plural == "trainjobs":
+            self._api.kueue.create_workload(
+                stored
+            )  # a queued one (_kueue.py); seeded, it skipped the webhook
         if plural == "trainjobs" and not has_terminal_condition(stored):
             self._controller.start(stored)
         return stored
@@ -232,6 +237,12 @@ class KubeStandin(ScenarioAndFaultKnobs):
         if namespace:
             runtime["metadata"]["namespace"] = namespace
         return self.add_object(runtime)
+
+    def add_local_queue(
+        self, name: str, *, cluster_queue: str = "cluster-queue", namespace: str | None = None
+    ) -> dict:
+        """A Kueue LocalQueue (``kueue.x-k8s.io/v1beta1``) in the namespace, pointing at ``cluster_queue``."""
+        return self.add_object(local_queue(name, namespace or self.namespace, cluster_queue))
 
     def add_claim(self, name: str, *access_modes: str, namespace: str | None = None) -> dict:
         """A bound PersistentVolumeClaim (volume ``pv-<name>``) with these access modes."""
@@ -351,6 +362,10 @@ class KubeStandin(ScenarioAndFaultKnobs):
             ):
                 outliving[stored["metadata"]["name"]] = running[stored["metadata"]["name"]]
         return outliving
+
+    def workloads(self, namespace: str | None = None) -> list[dict]:
+        """Stored Kueue Workloads in the namespace (one per queued TrainJob, _kueue.py)."""
+        return self._store.list_objects("workloads", namespace or self.namespace)
 
     def events(self, namespace: str | None = None) -> list[dict]:
         """Stored core/v1 Events in the namespace."""

@@ -3,9 +3,9 @@
 The name is deterministic per KFP run + task, so a 409 means a KFP retry or a restarted step. If the existing
 TrainJob carries our run/task labels we attach to it (a Failed one is replaced, since a retry is meant to train
 again; one being deleted is waited for); anything else is someone else's and we stop with a clear error. The
-runtime is checked first (permissions.py), and the step's pod becomes the TrainJob's owner (owner.py) unless the
-cleanup policy is "never". A replaced TrainJob must be gone with its JobSet and pods before the new one is
-created (gone.py).
+runtime and the Kueue LocalQueue are checked first (permissions.py), and the step's pod becomes the TrainJob's
+owner (owner.py) unless the cleanup policy is "never". A replaced TrainJob must be gone with its JobSet and pods
+before the new one is created (gone.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import Deletion
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import TrainJobError, api_message
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.kueue import queue_of
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.owner import add_owner, step_pod_reference
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
+    check_local_queue,
     check_runtime,
     require_ours,
 )
@@ -59,6 +61,9 @@ def create_or_attach(
         backoff=backoff,
         on_retry=on_retry,
         log=log,
+    )
+    check_local_queue(
+        custom.api_client, queue_of(manifest), namespace, backoff=backoff, on_retry=on_retry, log=log
     )
     # Under cleanup policy "never" the TrainJob is the user's to delete: no owner would take it with the pod.
     owner = None if cleanup == "never" else step_pod_reference(core, namespace, api=api, log=log)

@@ -43,6 +43,9 @@ class TrainJobBackend:
         task_id: KFP's id of the task instance ("": not under KFP).
         job_name: The TrainJob's name (None: from run_id, task_name and task_id).
         namespace: Namespace written into the manifest (None: the step's own, when launched).
+        queue_name: Kueue LocalQueue the TrainJob waits in for admission ("": none; kueue.py).
+        priority_class: Kueue WorkloadPriorityClass of the TrainJob ("": the queue's default).
+        queue_timeout: Seconds the TrainJob may wait in its queue, all waits together (None: no limit).
     """
 
     name = "trainjob"
@@ -61,6 +64,9 @@ class TrainJobBackend:
     task_id: str = ""
     job_name: str | None = None
     namespace: str | None = None
+    queue_name: str = ""
+    priority_class: str = ""
+    queue_timeout: int | None = None
 
     def __post_init__(self) -> None:
         self.job_name = self.job_name or trainjob_name(self.run_id, self.task_name, self.task_id)
@@ -87,6 +93,8 @@ class TrainJobBackend:
             active_deadline_seconds=self.timeout,
             run_id=self.run_id,
             task_name=self.task_name,
+            queue_name=self.queue_name,
+            priority_class=self.priority_class,
         )
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
@@ -122,5 +130,6 @@ class TrainJobBackend:
             cleanup=self.cleanup,
             total_steps=total_steps,
             lease_path=Path(resolved.yaml_path).parent / LEASE_FILE,
+            queue_timeout=self.queue_timeout,
         )
         return TrainingOutcome({"trainjob.yaml": yaml.safe_dump(manifest, sort_keys=False)})

@@ -7,6 +7,8 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 - Wait with watches (`_shared/kube_watch.py`: list, then watch from its resourceVersion with bookmarks; reconnect
   on server timeouts and dropped connections, re-list on 410 Gone, back off exponentially on 429/5xx). State comes
   from the TrainJob's Complete/Failed/Suspended conditions; "running" from its `node` pods.
+- A TrainJob in a Kueue queue (kueue.py): its wait for admission is said every minute and bounded by its own
+  queue timeout; the training timeout counts from the latest admission; a preempted TrainJob is waited on again.
 - The rank-0 `node` container log is streamed into our log as soon as the pod runs, reconnecting without
   repeating lines (kubelet timestamps mark what was already shown), with a progress line per torchtune metric line.
 - Failed: raise with the condition reason/message, each failing pod's termination reason (OOMKilled, exit code)
@@ -74,6 +76,11 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.following impo
     keep_watching,
     listed_pods,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.kueue import (
+    QUEUE_REPORT_INTERVAL,
+    QueueWait,
+    queue_of,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import POD_NAME_ENV
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import RankZeroLog
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import (
@@ -120,6 +127,10 @@ class TrainJobLauncher:
         lease_path: The lease file the node pods watch (`lease.py`: `<run folder>/launcher.lease` on the shared
             workspace); None: no lease (the TrainJob trains on if this step is killed).
         lease_duration: Seconds without a renewal after which the node pods stop training.
+        queue_timeout: Seconds a TrainJob in a Kueue queue may wait for admission, all waits together, before it
+            is deleted and the step fails (None: no limit); `timeout` then counts from the latest admission
+            (kueue.py).
+        queue_report_interval: Seconds between the step log's lines about a TrainJob waiting in its queue.
     """
 
     def __init__(
@@ -144,6 +155,8 @@ class TrainJobLauncher:
         delete_retry_seconds: float = DELETE_RETRY_SECONDS,
         lease_path: Path | None = None,
         lease_duration: float = DEFAULT_LEASE_SECONDS,
+        queue_timeout: float | None = None,
+        queue_report_interval: float = QUEUE_REPORT_INTERVAL,
     ) -> None:
         from kubernetes import client
 
@@ -173,6 +186,15 @@ class TrainJobLauncher:
         self.delete_retry_seconds = delete_retry_seconds
         self.lease_path, self.lease_duration = lease_path, lease_duration
         self.log = get_logger("kfp_finetune.trainjob")
+        self._queue = QueueWait(
+            self.custom,
+            self.namespace,
+            self.name,
+            queued=bool(queue_of(self.manifest)),
+            timeout=queue_timeout,
+            report_interval=queue_report_interval,
+            log=self.log,
+        )
         self._creation_watch = CreationWatch(
             self.core,
             self.namespace,
@@ -325,8 +347,18 @@ class TrainJobLauncher:
             if seen and job is None:
                 self._stop.set()
                 raise TrainJobError(f"TrainJob {self.namespace}/{self.name} was deleted by someone else")
-            elapsed = time.monotonic() - self._started
-            if self.timeout is not None and elapsed > self.timeout:
+            now = time.monotonic()
+            if self._queue.waiting(job, now, api=self._api):  # in a Kueue queue: no pods until admitted
+                if self._queue.overdue(now):
+                    self.log.error("TrainJob %s was not admitted in time: deleting it", self.name)
+                    deletion = self._delete(reason="queue timeout")
+                    self._stop.set()
+                    raise self._queue.timeout_error(job, deletion.words(self.namespace, self.name))
+                pending_since = None
+                continue
+            # Training time: from Kueue's latest admission (as the Trainer's activeDeadlineSeconds), else the launch.
+            since = self._queue.training_since(self._started)
+            if self.timeout is not None and since is not None and now - since > self.timeout:
                 self.log.error("TrainJob %s did not finish within %ss: deleting it", self.name, self.timeout)
                 deletion = self._delete(reason="timeout")
                 self._stop.set()
@@ -334,7 +366,7 @@ class TrainJobLauncher:
                     f"TrainJob {self.namespace}/{self.name} did not finish within {self.timeout:g}s "
                     f"({deletion.words(self.namespace, self.name)}).{self._rank0_log.tail_text()}"
                 )
-            if condition(job, "Suspended"):  # e.g. queued by Kueue: no pods until it is admitted
+            if condition(job, "Suspended"):  # suspended by someone, not in a Kueue queue
                 if not reported_suspended:
                     self.log.info("TrainJob %s is suspended; waiting for it to be resumed", self.name)
                 reported_suspended, pending_since = True, None

@@ -28,6 +28,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kfp_finetune.components._shared.launch_settings import queue_problems
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.kueue import queue_labels
+
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -297,6 +300,8 @@ def build_trainjob(
     task_name: str | None = None,
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    queue_name: str = "",
+    priority_class: str = "",
 ) -> dict[str, Any]:
     """A complete TrainJob manifest (a dict ready for the API), validated against the typed models.
 
@@ -316,6 +321,9 @@ def build_trainjob(
         task_name: KFP task name, likewise.
         labels: Extra metadata labels.
         annotations: Extra metadata annotations.
+        queue_name: Kueue LocalQueue to wait in ("": none): Kueue's labels, and `spec.suspend` until admitted
+            (kueue.py).
+        priority_class: Kueue WorkloadPriorityClass ("": the queue's default).
     """
     validate_name(name)
     if runtime_kind not in RUNTIME_KINDS:
@@ -332,9 +340,13 @@ def build_trainjob(
         raise ValueError(f"num_proc_per_node must be at least 1, got {num_proc_per_node}")
     if active_deadline_seconds is not None and active_deadline_seconds < 1:
         raise ValueError(f"tune_timeout_seconds must be a positive integer, got {active_deadline_seconds}")
+    if problems := queue_problems(
+        queue_name=queue_name, priority_class=priority_class, queue_timeout_seconds=0
+    ):
+        raise ValueError(problems[0].named(f"tune_{problems[0].setting}"))
     pod = pod or NodePodSettings()
 
-    meta_labels = dict(labels or {})
+    meta_labels = {**(labels or {}), **queue_labels(queue_name, priority_class)}
     meta_annotations = dict(annotations or {})
     if run_id and task_name:
         meta_labels.update(run_labels(run_id, task_name))
@@ -388,6 +400,8 @@ def build_trainjob(
                 "trainer": trainer,
                 "runtimePatches": runtime_patches,
                 "activeDeadlineSeconds": active_deadline_seconds,
+                # As Kueue's webhook would set it: the Trainer creates nothing until Kueue admits the TrainJob.
+                "suspend": True if queue_name else None,
             }
         ),
     }

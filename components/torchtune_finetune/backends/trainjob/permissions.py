@@ -1,7 +1,8 @@
-"""What the launcher checks before it creates or touches anything: the runtime exists, a TrainJob is ours.
+"""What the launcher checks before it creates or touches anything: the runtime exists, the Kueue LocalQueue
+exists, a TrainJob is ours.
 
-The step's ServiceAccount may lack `get` on (cluster) training runtimes (runtimes/rbac.yaml grants it, a tighter
-Role may not): a 403 there is no reason to stop, since creating the TrainJob is the real test.
+The step's ServiceAccount may lack `get` on (cluster) training runtimes or LocalQueues (runtimes/rbac.yaml grants
+both, a tighter Role may not): a 403 there is no reason to stop, since creating the TrainJob is the real test.
 """
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff, training_runtime_exists
+from kfp_finetune.components._shared.kube import (
+    Backoff,
+    local_queue_exists,
+    missing_local_queue,
+    training_runtime_exists,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobConflict,
@@ -48,6 +54,28 @@ def check_runtime(
         )
     if exists is None:
         log.info("cannot read %s %r (forbidden); creating the TrainJob anyway", kind, name)
+
+
+def check_local_queue(
+    api_client: Any,
+    queue_name: str,
+    namespace: str,
+    *,
+    backoff: Backoff,
+    on_retry: Callable[[BaseException, float], None],
+    log: Any,
+) -> None:
+    """Raise TrainJobError naming the fix when the TrainJob's Kueue LocalQueue does not exist ("": no queue): a
+    TrainJob in a missing queue would wait for ever (Kueue's Workload only says "LocalQueue ... doesn't exist")."""
+    if not queue_name:
+        return
+    exists = local_queue_exists(api_client, queue_name, namespace, backoff=backoff, on_retry=on_retry)
+    if exists is False:
+        raise TrainJobError(
+            f"tune_queue_name: {missing_local_queue(queue_name, namespace)}; nothing was created"
+        )
+    if exists is None:
+        log.info("cannot read LocalQueue %r (forbidden); creating the TrainJob in it anyway", queue_name)
 
 
 def require_ours(manifest: Mapping[str, Any], existing: Mapping[str, Any]) -> None:
