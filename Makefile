@@ -9,15 +9,16 @@ PYTEST_ARGS ?=
 # The trainer image's stack (extras train + lm-eval): lm-eval needs transformers<5, so huggingface_hub<1 and an
 # older datasets than the main environment gets (pyproject.toml). It lives in a second environment, where the
 # tests of what that stack changes run again: evaluation (lm-eval tasks, transformers 4), export and storage
-# (huggingface_hub 0.x), training with every method on the tiny families (the datasets torchtune reads with),
-# every family's logit parity with transformers 4 (test_parity.py), the Qwen3, Gemma 3, SmolLM2 and Mistral-Nemo
+# (huggingface_hub 0.x), training with every method and every tiny family once (the datasets torchtune reads
+# with), every family's logit parity with transformers 4 (test_parity.py), the Qwen3, Gemma 3, SmolLM2 and Mistral-Nemo
 # builders' logits against transformers 4's (users load exports with either) and the tokenizer.json tokenizer
 # against transformers 4's tokenizers and chat templates.
 # The rest of test_training.py (loss curves, process handling) does not touch those versions.
 LM_EVAL_ENV_DIR := $(CURDIR)/.venv-lm-eval
 LM_EVAL_PY := $(LM_EVAL_ENV_DIR)/bin/python
 LM_EVAL_STAMP := $(LM_EVAL_ENV_DIR)/.kfp-finetune-setup
-LM_EVAL_TESTS ?= tests/components/torchtune_finetune/test_training.py::test_every_method_trains_and_writes_its_checkpoint tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py tests/components/_shared/torchtune/families/test_smollm2.py tests/components/_shared/torchtune/families/test_mistral_nemo.py tests/components/_shared/torchtune/test_hf_tokenizer.py
+LM_EVAL_TRAINING := $(foreach case,full-gemma3 full-smollm2 lora-llama3_2 lora-mistral_nemo dora-qwen2_5 qlora-qwen3,'tests/components/torchtune_finetune/test_training.py::test_every_method_trains_and_writes_its_checkpoint[$(case)]')
+LM_EVAL_TESTS ?= $(LM_EVAL_TRAINING) tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py tests/components/_shared/torchtune/families/test_smollm2.py tests/components/_shared/torchtune/families/test_mistral_nemo.py tests/components/_shared/torchtune/test_hf_tokenizer.py
 MAIN_EXTRAS := train,test
 LM_EVAL_EXTRAS := train,test,lm-eval
 
@@ -49,8 +50,8 @@ test: setup lint check-compiled
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-lm-eval
 
-# The inner loop (under 5 minutes on 2 cores): lint, the compiled-YAML check and every test not marked slow (no
-# real torchtune training, no whole-pipeline kfp.local run). `make test` runs everything.
+# The inner loop (under 5 minutes on 2 cores): lint, the compiled-YAML check and every test not marked slow (none
+# that takes over a second: no real torchtune training, no kfp.local run). `make test` runs everything.
 test-quick: setup lint check-compiled
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 

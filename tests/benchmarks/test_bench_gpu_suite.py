@@ -3,9 +3,12 @@ defaults, the expert config and Kubeflow's torchtune runtime settings differ."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import bench_gpu_suite
 
 
+@pytest.mark.slow
 def test_plan_prints_the_jobs_and_the_three_configs_differing_keys(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_gpu_suite, "_gpus", lambda: (1, 80.0))  # as on one H100
     assert bench_gpu_suite.main(["--plan", "--workdir", str(tmp_path), "--steps", "5"]) == 0

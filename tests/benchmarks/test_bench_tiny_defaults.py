@@ -3,10 +3,13 @@ and each CPU run differs from its CUDA plan only in what cannot run on CPU."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import bench_tiny_defaults as bench
 from kfp_finetune.components._shared.seq_len import choose_max_seq_len
 
 
+@pytest.mark.slow
 def test_the_sides_differ_as_claimed_and_move_to_cpu_changing_only_what_cannot_run_there(tmp_path):
     model_dir, data = bench.fixtures(tmp_path, rows=3000)
     sides = bench.plan(tmp_path, model_dir, data, steps=4)
@@ -57,6 +60,7 @@ def test_the_sides_differ_as_claimed_and_move_to_cpu_changing_only_what_cannot_r
         assert s["cpu"].yaml_path.is_file()
 
 
+@pytest.mark.slow
 def test_run_gives_each_repeat_a_fresh_folder_and_the_ratios_of_median_trained_tokens(tmp_path, monkeypatch):
     speeds = {"defaults": [900.0, 1100.0], "expert": [1000.0, 1000.0], "kubeflow": [400.0, 600.0]}
     seen: list = []

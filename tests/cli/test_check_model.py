@@ -33,6 +33,7 @@ def _edit_config(folder, **fields) -> None:
     (folder / "config.json").write_text(json.dumps({**config, **fields}))
 
 
+@pytest.mark.slow
 def test_a_proven_layout_passes_with_every_field_and_direction_shown(config_only, capsys):
     code, out, _ = check_model(capsys, config_only)
     assert code == 0, out
@@ -44,6 +45,7 @@ def test_a_proven_layout_passes_with_every_field_and_direction_shown(config_only
     assert "NOT PROVEN" not in out and out.rstrip().endswith("every direction is within 2e-05"), out
 
 
+@pytest.mark.slow
 def test_an_unproven_field_fails_naming_it(config_only, capsys):
     _edit_config(config_only, tie_word_embeddings=False)
     code, out, err = check_model(capsys, config_only)

@@ -89,6 +89,7 @@ def _sent(body: dict) -> dict:
     return {key: parameters[key] for key in EXPECTED}
 
 
+@pytest.mark.slow
 def test_run_schedule_and_run_local_read_the_same_text_as_the_same_value(capsys, kfp_standin, tmp_path):
     from kfp_finetune.commands.run_local import local_arguments
     from kfp_finetune.pipelines import finetune_pipeline

@@ -79,6 +79,7 @@ def test_a_params_file_is_checked_the_same_way(capsys, kfp_standin, tmp_path):
         "https://example.com/public/train.jsonl",
     ],
 )
+@pytest.mark.slow
 def test_uris_without_credentials_pass(capsys, kfp_standin, value):
     code = main(
         ["run", "finetune-pipeline", "--host", kfp_standin.url]

@@ -75,6 +75,7 @@ def test_upload_creates_the_pipeline_with_the_compiled_spec_and_the_token(capsys
     assert kfp_standin.versions[version_id]["pipeline_id"] == pipeline_id
 
 
+@pytest.mark.slow
 def test_upload_of_an_existing_pipeline_adds_a_version_under_the_same_parent(capsys, kfp_standin, tmp_path):
     pipeline_id, first_version = upload(capsys, kfp_standin)
     changed = tmp_path / "changed.yaml"
@@ -96,6 +97,7 @@ def test_upload_of_an_existing_pipeline_adds_a_version_under_the_same_parent(cap
     assert len(versions) == 2 and "new version" in out
 
 
+@pytest.mark.slow
 def test_upload_of_an_unchanged_pipeline_adds_nothing(capsys, kfp_standin):
     pipeline_id, version_id = upload(capsys, kfp_standin)
     again_pipeline, again_version = upload(capsys, kfp_standin)
@@ -147,6 +149,7 @@ def test_upload_unknown_pipeline_name_is_a_usage_error(capsys, kfp_standin):
     assert kfp_standin.requests == []
 
 
+@pytest.mark.slow
 def test_multi_user_namespace_reaches_upload_and_experiment(capsys):
     with kfp_support.KfpStandin(token=TOKEN, multi_user=True) as standin:
         upload(capsys, standin, "--namespace", "team-a")
@@ -176,6 +179,7 @@ def test_multi_user_namespace_reaches_upload_and_experiment(capsys):
 # --- run ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_an_uploaded_version_with_typed_parameters(capsys, kfp_standin):
     pipeline_id, version_id = upload(capsys, kfp_standin)
     code, out, err = cli(
@@ -258,6 +262,7 @@ def test_run_a_local_pipeline_sends_its_spec_inline(capsys, kfp_standin, tmp_pat
         ("no-equals-sign", "--param expects KEY=VALUE, got 'no-equals-sign'"),
     ],
 )
+@pytest.mark.slow
 def test_bad_parameters_are_usage_errors_and_nothing_is_sent(capsys, kfp_standin, param, message):
     code, _, err = cli(
         capsys, "run", "finetune-pipeline", "--host", kfp_standin.url,
@@ -299,6 +304,7 @@ def test_unreachable_host_exits_1(capsys, kfp_standin):
     assert code == 1 and f"cannot reach KFP at {url}" in err
 
 
+@pytest.mark.slow
 def test_kubeconfig_credentials_reach_kfp_through_the_service_proxy(tmp_path):
     """No --host and no KFP_TOKEN: kfp.Client goes through the kubeconfig's API server with its token."""
     with kfp_support.KfpStandin(token="kube-token") as standin:
@@ -369,6 +375,7 @@ def test_upload_checks_name_lengths_first(capsys, kfp_standin, flag, longest):
 # --- schedule -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_schedule_cron_defaults_to_one_at_a_time_without_catchup(capsys, kfp_standin):
     pipeline_id, version_id = upload(capsys, kfp_standin)
     code, out, err = cli(
@@ -578,6 +585,7 @@ def test_list_runtimes_errors(capsys, kube_standin, tmp_path):
 @pytest.mark.parametrize(
     "name", ["finetune-pipeline", "sweep-pipeline", "prepare-inputs", "tune-and-evaluate"]
 )
+@pytest.mark.slow
 def test_golden_pipelines_carry_a_complete_workspace_claim(name):
     """A stock KFP without an admin workspace default accepts them (the size and access mode travel with them)."""
     _, platform = yaml.safe_load_all((COMPILED / f"{name}.yaml").read_text())

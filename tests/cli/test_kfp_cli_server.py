@@ -63,6 +63,7 @@ def no_cli_checks(monkeypatch):
         ([*FINETUNE_PARAMS, "tune_overrides=[a]"], "input parameter tune_overrides requires type struct"),
     ],
 )
+@pytest.mark.slow
 def test_server_refuses_bad_runtime_parameters_and_the_cli_shows_it(
     capsys, kfp_standin, no_cli_checks, params, message
 ):
@@ -79,6 +80,7 @@ def test_server_refuses_bad_runtime_parameters_and_the_cli_shows_it(
     assert kfp_standin.runs == {}
 
 
+@pytest.mark.slow
 def test_server_takes_any_number_for_an_integer_parameter(capsys, kfp_standin, no_cli_checks):
     """Never stricter than upstream: v2_template.go checks only for a number value (the CLI refuses 1.5 itself)."""
     code, _, err = cli(
@@ -88,6 +90,7 @@ def test_server_takes_any_number_for_an_integer_parameter(capsys, kfp_standin, n
     assert next(iter(kfp_standin.runs.values()))["runtime_config"]["parameters"]["tune_seed"] == 1.5
 
 
+@pytest.mark.slow
 def test_uploaded_version_parameters_are_checked_by_the_server(capsys, kfp_standin, no_cli_checks):
     upload(capsys, kfp_standin)
     code, _, err = cli(

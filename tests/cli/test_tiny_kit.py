@@ -146,6 +146,7 @@ def test_config_matches_weights(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_transformers_loads_it_with_torchtunes_logits(models, family, tmp_path):
     """The kit's weights are what transformers computes with: fp32, within 1e-5 of the torchtune model's logits."""
     from safetensors import safe_open
@@ -281,6 +282,7 @@ def test_tokenizer_round_trips_task_text(models, dataset, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_dim_256_builds_for_qlora(family, tmp_path):
     from safetensors import safe_open
 

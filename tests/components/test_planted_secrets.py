@@ -113,6 +113,7 @@ def _leaks(name: str, data: bytes) -> list[str]:
     return [f"{value[:12]}… in {name}" for value in (*PLANTED.values(), *SIGNED) if value.encode() in data]
 
 
+@pytest.mark.slow
 def test_no_planted_credential_or_signed_url_reaches_any_output(planted_run, tmp_path):
     log, exported, requests = planted_run
     # Every path that could echo was taken: the signed CDN URL failed once and was retried, S3 throttled.

@@ -24,6 +24,7 @@ def wheel(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_wheel_maps_components_and_pipelines_into_the_package(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for expected in (
@@ -40,6 +41,7 @@ def test_wheel_maps_components_and_pipelines_into_the_package(wheel):
     assert "kfp-finetune = kfp_finetune.cli:main" in entry_points
 
 
+@pytest.mark.slow
 def test_installed_wheel_imports_without_the_source_tree(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run(

@@ -117,6 +117,7 @@ def full_launches(kube: KubeStandin, monkeypatch: pytest.MonkeyPatch) -> None:
     admitter.join()
 
 
+@pytest.mark.slow
 def test_every_call_of_the_trainjob_backend_is_granted_by_rbac_yaml(monkeypatch):
     documents = rbac_documents()
     with KubeStandin(namespace=NAMESPACE) as kube:
@@ -134,6 +135,7 @@ def test_every_call_of_the_trainjob_backend_is_granted_by_rbac_yaml(monkeypatch)
     assert granted(documents) - used == set()
 
 
+@pytest.mark.slow
 def test_a_call_rbac_yaml_does_not_grant_is_caught(monkeypatch):
     """Without `list` on events, the slow start's diagnostics are denied: the same launches fail the check."""
     documents = rbac_documents()

@@ -218,6 +218,7 @@ def test_object_names_are_unique_per_kind_and_namespace():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", RUNTIME_NAMES)
+@pytest.mark.slow
 def test_runtime_validates_against_crd_and_typed_models(variant, name):
     from kubeflow_trainer_api.models import TrainerV1alpha1ClusterTrainingRuntime
 

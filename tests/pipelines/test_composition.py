@@ -70,6 +70,7 @@ def _tasks(spec: dict):
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.slow
 def test_every_step_that_writes_gets_its_task_id(name, tmp_path):
     target = tmp_path / f"{name}.yaml"
     compiler.Compiler().compile(PIPELINES[name], str(target))
@@ -190,6 +191,7 @@ def readme_nesting_example() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow
 def test_the_readme_nesting_example_compiles_to_a_pipeline_a_stock_kfp_accepts(tmp_path, monkeypatch):
     """Compiled as shown (with the reader's own `notify`), the outer pipeline passes what a stock KFP 2.15+ API
     server checks on upload and run (tests/support/kfp_validation.py names the upstream rules), with no admin

@@ -31,6 +31,7 @@ def _tasks(spec: dict):
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.slow
 def test_no_step_has_a_kfp_retry_policy(name, tmp_path):
     """KFP cannot tell a typo from a network blip: a retry policy repeats a permanent error for minutes."""
     target = tmp_path / f"{name}.yaml"
@@ -74,6 +75,7 @@ def _qa_file(tmp_path):
         ("model_uri typo", "preflight", r"error: .*model_uri: .*tiny-lama.*no such file or directory"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_fails_its_step_at_once_with_one_clear_message(
     case, failing_step, error, tiny_llama, tiny_dataset, tmp_path, capfd
 ):
@@ -140,6 +142,7 @@ def test_a_missing_bucket_or_prefix_is_asked_for_once(s3, uri, message):
     assert len(_listings(s3)) == 1, s3.requests
 
 
+@pytest.mark.slow
 def test_a_503_burst_is_retried_until_it_passes(s3):
     s3.fail_next(4)  # all of botocore's own attempts (1 + max_attempts=3 retries): our retry takes over
     listing = storage.list_files("s3://data/sets", endpoint_url=s3.url)
@@ -147,6 +150,7 @@ def test_a_503_burst_is_retried_until_it_passes(s3):
     assert _listings(s3) == [503, 503, 503, 503, 200]
 
 
+@pytest.mark.slow
 def test_a_503_burst_longer_than_every_attempt_fails_with_the_servers_answer(s3, monkeypatch):
     monkeypatch.setenv("KFP_FINETUNE_RETRIES", "2")
     s3.fail_next(100)

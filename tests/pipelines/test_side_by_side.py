@@ -16,6 +16,7 @@ def _tasks(spec: dict):
 
 
 @pytest.mark.parametrize("name", ["prepare-inputs", "finetune-pipeline", "sweep-pipeline"])
+@pytest.mark.slow
 def test_dataset_initialize_does_not_wait_for_model_initialize(name, tmp_path):
     target = tmp_path / f"{name}.yaml"
     compiler.Compiler().compile(PIPELINES[name], str(target))

@@ -51,6 +51,7 @@ def client(hub: HubStandin, tmp_path, *args: str) -> dict:
     return result(run_python(CLIENT, hub_env(hub.endpoint, tmp_path), *args))
 
 
+@pytest.mark.slow
 def test_a_gated_repo_is_listed_but_its_files_need_an_accepted_token(repo_dir, tmp_path):
     with HubStandin() as hub:
         hub.add_repo("org/gated", repo_dir, gated=True, tokens=("accepted",))
@@ -64,6 +65,7 @@ def test_a_gated_repo_is_listed_but_its_files_need_an_accepted_token(repo_dir, t
     assert accepted == {"bytes": len('{"a": 1}')}
 
 
+@pytest.mark.slow
 def test_lfs_files_come_through_a_redirect_to_a_cdn_that_refuses_the_token(repo_dir, tmp_path):
     with HubStandin() as hub:
         hub.add_repo("org/private", repo_dir, private=True, tokens=("owner",))

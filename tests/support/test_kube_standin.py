@@ -237,6 +237,7 @@ def events_of(response: urllib3.HTTPResponse) -> list[dict]:
     return [json.loads(line) for line in watch.watch.iter_resp_lines(response)]
 
 
+@pytest.mark.slow
 def test_watch_bookmarks_carry_only_the_newest_resource_version(kube_standin, custom):
     rv = custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs")["metadata"][
         "resourceVersion"
@@ -275,6 +276,7 @@ def test_watch_bookmarks_carry_only_the_newest_resource_version(kube_standin, cu
     ]
 
 
+@pytest.mark.slow
 def test_watch_cache_bookmarks_before_the_timeout_by_itself(kube_standin, custom):
     """cache_watcher.go: a watch that allows bookmarks gets one 2s before its timeoutSeconds ends."""
     events = events_of(
@@ -283,6 +285,7 @@ def test_watch_cache_bookmarks_before_the_timeout_by_itself(kube_standin, custom
     assert [e["type"] for e in events] == ["BOOKMARK"]
 
 
+@pytest.mark.slow
 def test_compacted_history_answers_410_expired(kube_standin, custom):
     first = create(custom, trainjob("c1"))["metadata"]["resourceVersion"]
     compacted = kube_standin.compact_history()
@@ -391,6 +394,7 @@ def test_resources_per_node_are_merged_into_the_runtimes(kube_standin, custom, c
     assert resources.requests == {"cpu": "2", "memory": "8Gi"}
 
 
+@pytest.mark.slow
 def test_failure_oom_and_stuck_pending(kube_standin, custom, core):
     kube_standin.scenario("boom", Scenario.failure("FailedJobs", "job boom-node-0 failed"))
     kube_standin.scenario("oom", Scenario.oom())
@@ -458,6 +462,7 @@ def job_events(kube: KubeStandin, job: str) -> list[tuple[str, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_runtime_without_restart_policy_restarts_the_trainer_in_place_then_deletes_its_pods(
     kube_standin, custom, core
 ):
@@ -552,6 +557,7 @@ def test_restart_policy_never_fails_the_job_and_keeps_the_failed_pods(
         )
 
 
+@pytest.mark.slow
 def test_active_deadline_and_seeded_job(kube_standin, custom):
     kube_standin.scenario("late", Scenario.stuck_pending())
     create(custom, trainjob("late", activeDeadlineSeconds=1))
@@ -635,6 +641,7 @@ def test_expand_kube_vars_like_the_kubelet():
     assert expand_kube_vars("$(A)/$(B)-$(C)-$$(A)-$A", env) == "x/y-$(C)-$(A)-$A"
 
 
+@pytest.mark.slow
 def test_foreground_delete_dry_run_and_generate_name(kube_standin, custom):
     dry = custom.create_namespaced_custom_object(
         TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", trainjob("dry"), dry_run="All"

@@ -44,6 +44,7 @@ def events_of(response) -> list[dict]:
     return [json.loads(line) for line in watch.watch.iter_resp_lines(response)]
 
 
+@pytest.mark.slow
 def test_a_lagging_pod_watch_delivers_late_while_a_list_is_fresh(kube_standin, core, custom):
     rv = core.list_namespaced_pod(NS).metadata.resource_version
     kube_standin.delay_watch_events("pods", 3600)
@@ -155,6 +156,7 @@ IGNORE_DISRUPTIONS = {
 
 
 @pytest.mark.parametrize(("policy", "outcome"), [(IGNORE_DISRUPTIONS, "Complete"), (None, "Failed")])
+@pytest.mark.slow
 def test_a_lost_node_fails_its_pod_and_the_job_replaces_it_as_the_pod_failure_policy_says(
     kube_standin, custom, policy, outcome
 ):

@@ -32,6 +32,7 @@ KINDS = {
 
 
 @pytest.mark.parametrize("output", sorted(KINDS))
+@pytest.mark.slow
 def test_every_key_a_component_wrote_is_a_field_and_round_trips(component_pipeline_run, output):
     written = dict(component_pipeline_run.outputs[output].metadata)
     assert written, f"{output} has no metadata"

@@ -89,6 +89,7 @@ def hub_runs(tmp_path_factory):
     ("scenario", "checksum"),
     [("lfs corrupt", "sha256"), ("regular corrupt", "git blob id"), ("lfs truncated", "")],
 )
+@pytest.mark.slow
 def test_hub_corruption_that_persists_is_refused_naming_file_and_checksums(hub_runs, scenario, checksum):
     src, runs = hub_runs
     outcome, gets, workspace = runs[scenario]
@@ -108,6 +109,7 @@ def test_hub_corruption_that_persists_is_refused_naming_file_and_checksums(hub_r
 
 
 @pytest.mark.parametrize("scenario", ["lfs corrupt once", "regular corrupt once"])
+@pytest.mark.slow
 def test_hub_one_time_corruption_is_fetched_again(hub_runs, scenario):
     src, runs = hub_runs
     outcome, gets, workspace = runs[scenario]
@@ -130,6 +132,7 @@ except Exception as exc:
 """
 
 
+@pytest.mark.slow
 def test_hub_dataset_files_read_by_datasets_are_checked_and_fetched_again_once(tmp_path):
     build_tiny_dataset(tmp_path / "repo", train_rows=60, eval_rows=6)
     expected = sha256(tmp_path / "repo" / "train.parquet")
@@ -182,6 +185,7 @@ def gets(proxy: FaultProxy, key: str) -> int:
     return sum(1 for m, p, _ in proxy.requests if m == "GET" and p.split("?")[0] == f"/store/{key}")
 
 
+@pytest.mark.slow
 def test_s3_model_corrupt_or_truncated_is_refused_and_a_one_time_corruption_fetched_again(s3, tmp_path):
     src = write_fake_model(tmp_path / "src", extra_bin=False)
     upload(s3.client, src, "tiny")
@@ -205,6 +209,7 @@ def test_s3_model_corrupt_or_truncated_is_refused_and_a_one_time_corruption_fetc
     assert gets(s3.proxy, "tiny/model.safetensors") == 6
 
 
+@pytest.mark.slow
 def test_s3_object_with_a_crc_is_refused_by_the_client_check_naming_the_key(s3, tmp_path):
     src = write_fake_model(tmp_path / "src", extra_bin=False)
     boto3.client("s3", endpoint_url=s3.endpoint).upload_file(  # boto3's default: a CRC32 the reader checks
@@ -221,6 +226,7 @@ def test_s3_object_with_a_crc_is_refused_by_the_client_check_naming_the_key(s3, 
     nothing_finished(tmp_path / "ws", "models")
 
 
+@pytest.mark.slow
 def test_s3_dataset_corrupt_or_truncated_is_refused_and_a_one_time_corruption_fetched_again(s3, tmp_path):
     build_tiny_dataset(tmp_path / "tiny", train_rows=40, eval_rows=5)
     upload(s3.client, tmp_path / "tiny", "reverse")
@@ -243,6 +249,7 @@ def test_s3_dataset_corrupt_or_truncated_is_refused_and_a_one_time_corruption_fe
     assert res.train_metadata["num_rows"] == 40
 
 
+@pytest.mark.slow
 def test_publish_read_back_of_other_bytes_fails_and_leaves_no_completion_marker(s3, tmp_path):
     """What export does (publish_directory with its checksums file as the marker) when reading back finds other
     content than was uploaded: an error naming the file, and no marker saying the copy is complete (the manifest

@@ -61,6 +61,7 @@ def in_background(target) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_bookmarks_only_advance_the_resource_version(kube):
     """A bookmark is never passed on as an object, and the next watch starts from its resourceVersion."""
     watch = new_watch(timeout_seconds=1)
@@ -95,6 +96,7 @@ class Messages(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@pytest.mark.slow
 def test_410_relists_and_goes_on(kube):
     """A resourceVersion compacted away: the watch is answered 410 Expired, so the Watch lists again."""
     kube.add_object(pod("early", app="mine"))

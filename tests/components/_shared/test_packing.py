@@ -97,6 +97,7 @@ SYSTEM_PROMPT = {"train_on_input": True, "new_system_prompt": "Answer in the wor
      ("instruct", SYSTEM_PROMPT), ("chat", SYSTEM_PROMPT)],
     indirect=True,
 )  # fmt: skip
+@pytest.mark.slow
 def test_packs_equal_torchtune_packing(split, tiny_llama, tmp_path):
     import torch
 

@@ -117,6 +117,7 @@ def s3(monkeypatch):
         yield endpoint
 
 
+@pytest.mark.slow
 def test_an_s3_endpoint_with_userinfo_is_never_shown_with_it(s3, log_lines):
     host = s3.split("://", 1)[1]
     with pytest.raises(storage.StorageError, match="bucket 'no-bucket' does not exist") as missing:
@@ -167,6 +168,7 @@ def hub_echoes(tmp_path_factory):
     return result(proc), proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_signed_cdn_url_is_redacted_in_the_retry_warnings_and_the_final_error(hub_echoes):
     outcome, output = hub_echoes
     assert outcome["cdn"].startswith("StorageError: download of hf://org/tiny failed: "), outcome

@@ -66,6 +66,7 @@ def truncate_and_extend_sparse(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [damage_in_place, truncate_and_extend_sparse])
+@pytest.mark.slow
 def test_a_journaled_file_damaged_with_its_size_and_mtime_kept_is_fetched_again(interrupted, damage):
     s3_store, _, _, dest = interrupted
     damage(dest / "a.bin")
@@ -74,6 +75,7 @@ def test_a_journaled_file_damaged_with_its_size_and_mtime_kept_is_fetched_again(
     assert gets(s3_store.proxy, "data/b.bin") == 1  # kept: hashed in this attempt and found as journaled
 
 
+@pytest.mark.slow
 def test_a_journaled_file_rewritten_in_place_is_fetched_again(interrupted):
     s3_store, _, _, dest = interrupted
     (dest / "a.bin").write_bytes(b"\0" * (dest / "a.bin").stat().st_size)  # same size, a new mtime
@@ -81,6 +83,7 @@ def test_a_journaled_file_rewritten_in_place_is_fetched_again(interrupted):
     assert gets(s3_store.proxy, "data/a.bin") == 2 and gets(s3_store.proxy, "data/b.bin") == 1
 
 
+@pytest.mark.slow
 def test_a_leftover_of_the_right_size_that_no_journal_vouches_for_is_fetched_again(interrupted):
     s3_store, _, src, dest = interrupted
     (dest / PARTIAL_JOURNAL).unlink()  # a leftover whose source states no checksum: its size proves nothing
@@ -89,6 +92,7 @@ def test_a_leftover_of_the_right_size_that_no_journal_vouches_for_is_fetched_aga
     assert gets(s3_store.proxy, "data/a.bin") == 2 and gets(s3_store.proxy, "data/b.bin") == 2
 
 
+@pytest.mark.slow
 def test_kept_files_are_hashed_once_in_the_retry(interrupted):
     s3_store, _, _, dest = interrupted
     kept = os.stat(dest / "b.bin")
@@ -113,6 +117,7 @@ def test_content_a_source_states_nothing_about_but_its_size_is_never_taken_as_un
     assert journal.recorded_sha256(remote) == "0" * 64
 
 
+@pytest.mark.slow
 def test_an_s3_version_id_and_whole_object_sha256_are_part_of_the_identity(s3_store, tmp_path):
     """What only a HEAD states: a versioned bucket's version id, and the x-amz-checksum-sha256 of an object put
     whole, which is its sha256: a leftover is then proven by S3's own checksum, with no journal."""

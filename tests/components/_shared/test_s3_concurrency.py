@@ -26,6 +26,7 @@ def s3(monkeypatch):
         yield SimpleNamespace(proxy=proxy, client=client)
 
 
+@pytest.mark.slow
 def test_a_download_of_many_objects_has_32_requests_in_flight(s3, tmp_path):
     for i in range(40):
         s3.client.put_object(Bucket="store", Key=f"data/shard-{i:02d}.parquet", Body=f"rows {i}".encode())
@@ -37,6 +38,7 @@ def test_a_download_of_many_objects_has_32_requests_in_flight(s3, tmp_path):
     assert s3.proxy.peak >= IN_FLIGHT, f"at most {s3.proxy.peak} GETs in flight at once"
 
 
+@pytest.mark.slow
 def test_a_multipart_upload_has_32_parts_in_flight(s3, tmp_path, monkeypatch):
     # S3's smallest part (5 MiB) keeps the file small; the pool and concurrency are the real settings.
     part = 5 << 20

@@ -38,6 +38,7 @@ def one_line(error: BaseException) -> str:
     return message
 
 
+@pytest.mark.slow
 def test_a_listing_that_keeps_getting_slow_down_names_the_prefix_and_the_status(s3):
     s3.fail_next(ALWAYS)
     with pytest.raises(storage.StorageError) as gave_up:
@@ -58,6 +59,7 @@ def test_a_download_that_keeps_getting_503_names_the_key_and_the_status(s3, tmp_
     )
 
 
+@pytest.mark.slow
 def test_a_download_whose_connection_keeps_dropping_names_the_key(s3, tmp_path):
     listing = storage.list_files("s3://retries/base", endpoint_url=s3.url)
     s3.drop("retries/base/model.safetensors", times=ALWAYS)
@@ -70,6 +72,7 @@ def test_a_download_whose_connection_keeps_dropping_names_the_key(s3, tmp_path):
     assert len(drops) > 1, "s3transfer retried before giving up"
 
 
+@pytest.mark.slow
 def test_an_upload_that_keeps_getting_slow_down_names_the_key_and_the_status(s3, tmp_path):
     folder = tmp_path / "tuned"
     folder.mkdir()
@@ -82,6 +85,7 @@ def test_an_upload_that_keeps_getting_slow_down_names_the_key_and_the_status(s3,
     )
 
 
+@pytest.mark.slow
 def test_the_step_fails_with_that_one_line_and_no_traceback(s3, tmp_path, capsys):
     s3.fail_next(
         ALWAYS, method="HEAD"

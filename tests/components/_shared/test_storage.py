@@ -142,6 +142,7 @@ def s3(tmp_path, monkeypatch):
         yield endpoint, src
 
 
+@pytest.mark.slow
 def test_s3_list_and_download_with_custom_endpoint(s3, tmp_path):
     endpoint, src = s3
     listing = storage.list_files("s3://models/tiny", endpoint_url=endpoint)
@@ -155,6 +156,7 @@ def test_s3_list_and_download_with_custom_endpoint(s3, tmp_path):
     assert records[0].sha256 == hashlib.sha256((src / "config.json").read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_publish_to_s3_and_back(s3, tmp_path):
     endpoint, src = s3
     published = storage.publish_directory(src, "s3://models/exported/v1", endpoint_url=endpoint)
@@ -166,6 +168,7 @@ def test_publish_to_s3_and_back(s3, tmp_path):
         storage.publish_directory(src, "s3://nope/x", endpoint_url=endpoint)
 
 
+@pytest.mark.slow
 def test_s3_endpoint_from_env(s3, monkeypatch):
     endpoint, _ = s3
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
@@ -178,6 +181,7 @@ def test_s3_missing_bucket_names_the_bucket(s3):
         storage.list_files("s3://nope/x", endpoint_url=endpoint)
 
 
+@pytest.mark.slow
 def test_s3_bad_credentials_are_reported_without_leaking_them(s3, monkeypatch):
     endpoint, _ = s3
     secret = "not-the-real-secret-123"
@@ -266,6 +270,7 @@ def hf_results(tmp_path_factory):
         }
 
 
+@pytest.mark.slow
 def test_hf_revision_resolves_to_commit_sha(hf_results):
     out, repo = hf_results["anonymous"], hf_results["repo"]
     assert out["main"]["commit"] == repo.revisions["main"].commit
@@ -276,6 +281,7 @@ def test_hf_revision_resolves_to_commit_sha(hf_results):
     assert out["v1"]["records"]["model.safetensors"] == hashlib.sha256(v1_weights).hexdigest()
 
 
+@pytest.mark.slow
 def test_hf_lfs_files_carry_sha256_and_small_files_a_git_blob_id(hf_results):
     files = hf_results["anonymous"]["main"]["files"]
     weights = (hf_results["main"] / "model.safetensors").read_bytes()

@@ -89,6 +89,7 @@ def _entries(root: Path) -> list[str]:
 
 @pytest.mark.parametrize("kind", list(HOSTILE_KEYS))
 @pytest.mark.parametrize("initializer", ["model", "dataset"])
+@pytest.mark.slow
 def test_hostile_s3_keys_are_refused_by_both_initializers_before_anything_is_written(
     s3, tmp_path, initializer, kind
 ):

@@ -453,6 +453,7 @@ def test_https_single_file(tmp_path, workspace, monkeypatch):
     assert (res.train_metadata["num_rows"], res.eval_metadata["num_rows"]) == (15, 5)
 
 
+@pytest.mark.slow
 def test_s3_folder(tmp_path, workspace, monkeypatch):
     use_s3_credentials(monkeypatch)
     build_tiny_dataset(tmp_path / "tiny", train_rows=40, eval_rows=5)
@@ -479,6 +480,7 @@ INIT_FROM_HUB = """
 """
 
 
+@pytest.mark.slow
 def test_hf_dataset_repo_through_the_datasets_library(tmp_path, workspace):
     build_tiny_dataset(tmp_path / "repo", train_rows=60, eval_rows=6)
     (tmp_path / "repo" / "README.md").write_text("# reverse\n")

@@ -159,6 +159,7 @@ def test_a_folder_with_two_configs_names_data_subset_and_reads_the_chosen_config
     assert "data_subset='en'" in line and "no configs" in line, line
 
 
+@pytest.mark.slow
 def test_an_s3_copy_of_a_two_config_folder_reads_the_chosen_config(tmp_path, monkeypatch):
     use_s3_credentials(monkeypatch)
     content = two_config_folder(tmp_path / "repo")
@@ -193,6 +194,7 @@ STEP_FROM_HUB = """
 """
 
 
+@pytest.mark.slow
 def test_a_hub_dataset_with_two_configs_names_data_subset_and_loads_with_it(tmp_path):
     two_config_folder(tmp_path / "repo")
     with HubStandin() as hub:

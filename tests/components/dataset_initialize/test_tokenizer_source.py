@@ -33,6 +33,7 @@ print(json.dumps(train.metadata))
 PACKED = ("tokenizer_fingerprint", "pack_fingerprint", "max_seq_len", "token_stats", "pack_template")
 
 
+@pytest.mark.slow
 def test_packs_from_the_models_uri_match_packs_from_its_full_copy(tiny_llama, tmp_path):
     source = build_tiny_dataset(tmp_path / "tiny", train_rows=60, eval_rows=5)["train.jsonl"]
     with HubStandin() as hub:

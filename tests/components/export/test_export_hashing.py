@@ -79,6 +79,7 @@ def test_finalisation_hashes_every_final_byte_once_and_records_size_mtime_sha256
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.slow
 def test_export_hashes_no_unchanged_byte_again(trained, where, tmp_path, monkeypatch):
     if where == "s3":
         use_s3_credentials(monkeypatch)

@@ -109,6 +109,7 @@ def s3_tree(client, prefix: str) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_overwrite_under_a_shared_s3_prefix_deletes_only_what_the_previous_export_wrote(tmp_path, s3):
     endpoint, client = s3
     for rel, body in FOREIGN.items():
@@ -136,6 +137,7 @@ class Killed(BaseException):
     """The step's pod killed mid-way (not an Exception: nothing may catch it)."""
 
 
+@pytest.mark.slow
 def test_s3_overwrite_killed_after_its_deletions_is_finished_by_the_next_run(tmp_path, s3, monkeypatch):
     """An overwrite killed right after its first batch of changes: whatever it left, the rerun still knows which
     files the earlier export wrote and removes them; the team's files stay."""
@@ -253,6 +255,7 @@ def test_a_users_checksums_readme_config_and_other_model_survive_overwrite_byte_
     assert tree(dest) == users_folder()
 
 
+@pytest.mark.slow
 def test_a_users_files_under_a_shared_s3_prefix_survive_overwrite_byte_for_byte(tmp_path, s3):
     endpoint, client = s3
     for rel, body in users_folder().items():
@@ -330,6 +333,7 @@ def test_the_same_export_a_day_later_is_unchanged_and_keeps_the_first_exports_li
 
 
 @pytest.mark.parametrize("scheme", ["local", "s3"])
+@pytest.mark.slow
 def test_an_export_killed_while_copying_leaves_its_files_owned_and_incomplete(
     tmp_path, s3, monkeypatch, scheme
 ):

@@ -36,6 +36,7 @@ def same_weights(model_dir: Path, src: Path) -> bool:
     return all((model_dir / s).read_bytes() == (src / s).read_bytes() for s in SHARDS)
 
 
+@pytest.mark.slow
 def test_a_model_re_uploaded_with_the_same_sizes_reaches_the_next_run_through_the_cache(s3_store, tmp_path):
     old, new = model_versions(tmp_path)
     upload_multipart(s3_store.client, old, "store", "base")
@@ -52,6 +53,7 @@ def test_a_model_re_uploaded_with_the_same_sizes_reaches_the_next_run_through_th
     assert same_weights(Path(first.metadata["cache"]["entry"]), old)  # the entry another run may train from
 
 
+@pytest.mark.slow
 def test_a_model_re_uploaded_with_the_same_sizes_reaches_a_re_run_into_the_same_workspace(s3_store, tmp_path):
     old, new = model_versions(tmp_path)
     upload_multipart(s3_store.client, old, "store", "base")
@@ -63,6 +65,7 @@ def test_a_model_re_uploaded_with_the_same_sizes_reaches_a_re_run_into_the_same_
     assert same_weights(again.path, new)
 
 
+@pytest.mark.slow
 def test_a_retry_after_the_source_changed_fetches_the_new_version_whole(s3_store, tmp_path, log_lines):
     """A first attempt ends with shards 1-2 verified in the partial folder and 3-4 failed (as a kill leaves it);
     the model is re-uploaded; the retry must not keep shards 1-2 of the old model beside 3-4 of the new one."""
@@ -84,6 +87,7 @@ def test_a_retry_after_the_source_changed_fetches_the_new_version_whole(s3_store
     assert all(gets(s3_store.proxy, f"base/{s}") == 2 for s in SHARDS[:2])  # fetched again, not kept
 
 
+@pytest.mark.slow
 def test_an_object_replaced_during_the_fetch_is_refused_not_mixed(s3_store, tmp_path):
     """Listed, then replaced before its bytes are read: the read is pinned to the listed ETag (If-Match)."""
     old, new = model_versions(tmp_path)

@@ -183,6 +183,7 @@ INIT_FROM_HUB = """
 """
 
 
+@pytest.mark.slow
 def test_hf_model_end_to_end_with_commit_and_repo_id(tmp_path, workspace):
     src = write_fake_model(tmp_path / "src", shards=2)
     with HubStandin() as hub:
@@ -198,6 +199,7 @@ def test_hf_model_end_to_end_with_commit_and_repo_id(tmp_path, workspace):
     assert not list(model_dir.glob(".*"))  # no hub client folder, no journal
 
 
+@pytest.mark.slow
 def test_hf_download_killed_midway_resumes_keeping_verified_files(tmp_path, workspace):
     """A step killed while the weights are half-sent, then retried: the files that had landed (and verify against
     the hub's sha256 / git blob ids) are not requested again; one cut short in the partial folder is."""
@@ -233,6 +235,7 @@ def test_hf_download_killed_midway_resumes_keeping_verified_files(tmp_path, work
     assert not list((models / "tiny").glob(".*"))
 
 
+@pytest.mark.slow
 def test_s3_model_with_custom_endpoint(tmp_path, workspace, monkeypatch):
     use_s3_credentials(monkeypatch)
     src = write_fake_model(tmp_path / "src", family="qwen")

@@ -112,10 +112,12 @@ def outcomes(tiny_llama, tmp_path_factory):
         yield outcomes
 
 
+@pytest.mark.slow
 def test_a_valid_run_passes_with_the_model_resolved_from_its_config_and_tokenizer(outcomes):
     assert outcomes["valid"]["done"] == ["model_uri", "model", "tune_runtime"], outcomes["valid"]
 
 
+@pytest.mark.slow
 def test_preflight_imports_no_torch(outcomes):
     """It runs on the component image, which has torchtune's files and no torch."""
     assert outcomes["heavy modules"] == []

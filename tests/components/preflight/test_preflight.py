@@ -34,6 +34,7 @@ def _problems(error: PreflightError) -> str:
 # --- s3:// against moto's S3 server -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_writable_bucket_passes_and_keeps_no_probe_object(s3):
     assert "export_destination" in run_preflight(
         export_destination="s3://models/team/tuned", s3_endpoint_url=s3.url, **LOCAL
@@ -166,6 +167,7 @@ def hub_results(tmp_path_factory, tiny_llama):
         yield results
 
 
+@pytest.mark.slow
 def test_a_write_token_passes_for_its_namespaces_and_creates_nothing(hub_results):
     assert hub_results["hf_write"]["own"] == {"done": ["export_destination"]}
     assert hub_results["hf_write"]["org"] == {"done": ["export_destination", "model_uri", "model"]}
@@ -189,6 +191,7 @@ def test_a_write_token_passes_for_its_namespaces_and_creates_nothing(hub_results
         ("hf_fine", "unscoped", r"export_destination: .*no repo.write permission on 'bob'"),
     ],
 )
+@pytest.mark.slow
 def test_a_token_that_cannot_push_fails_naming_why(hub_results, token, case, expected):
     assert re.search(expected, hub_results[token][case]["error"]), hub_results[token][case]
 
@@ -229,6 +232,7 @@ def test_the_runtime_must_exist_on_the_cluster(kube_standin, monkeypatch):
     assert run_preflight(tune_runtime="torchtune", tune_backend="local") == [], "skipped for local"
 
 
+@pytest.mark.slow
 def test_every_problem_is_listed_in_one_line(kube_standin, s3, monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(kube_standin.kubeconfig_path))
     with pytest.raises(PreflightError) as failed:
@@ -245,6 +249,7 @@ def test_every_problem_is_listed_in_one_line(kube_standin, s3, monkeypatch, tmp_
 # --- the pipeline: the first step fails in seconds, nothing downstream starts ----------------------------------
 
 
+@pytest.mark.slow
 def test_a_bad_destination_fails_the_first_step_and_nothing_downstream_starts(s3, tmp_path, capfd):
     failure, output, seconds = _run_until_a_step_fails(
         tmp_path, capfd, model_uri=str(tmp_path / "model"), data_uri=str(tmp_path / "data.jsonl"),
@@ -277,6 +282,7 @@ def test_a_bad_tune_setting_fails_the_first_step_before_model_initialize_starts(
         "mean 'lora'?" in errors[0], errors  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_s3_model_is_resolved_from_its_config_and_tokenizer_alone(s3, tiny_llama):
     bucket = boto3.client("s3", endpoint_url=s3.url)
     for path in (p for p in tiny_llama.rglob("*") if p.is_file()):

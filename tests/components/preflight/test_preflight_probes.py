@@ -41,6 +41,7 @@ def objects(bucket, prefix: str) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_the_probe_of_a_killed_preflight_is_removed_by_the_next_one_and_nothing_else(s3):
     bucket = boto3.client("s3", endpoint_url=s3.upstream)  # the test's own view, not through the proxy
     destination, folder = "s3://models/team/tuned", "team/tuned/"

@@ -41,6 +41,7 @@ def test_a_prefix_without_objects_fails_naming_the_parameter_and_the_secret(s3):
     assert "s3_secret, 'team-s3'" in message
 
 
+@pytest.mark.slow
 def test_a_missing_bucket_fails_before_the_model_is_fetched(s3):
     message = refused(model_uri="s3://no-such-bucket/base", s3_endpoint_url=s3.url)
     assert (
@@ -61,6 +62,7 @@ def test_a_missing_bucket_fails_before_the_model_is_fetched(s3):
     ],
     ids=["list-only", "read-only"],
 )
+@pytest.mark.slow
 def test_credentials_that_cannot_list_or_read_the_source_fail(s3, data, s3_user, actions, expected):
     s3_user(*actions)
     message = refused(data_uri=data, s3_endpoint_url=s3.url)
@@ -69,6 +71,7 @@ def test_credentials_that_cannot_list_or_read_the_source_fail(s3, data, s3_user,
         assert "HEAD data/train.jsonl: 403): grant s3:GetObject on the prefix" in message
 
 
+@pytest.mark.slow
 def test_credentials_that_may_list_and_read_pass(s3, data, s3_user):
     s3_user("s3:ListBucket", "s3:GetObject")
     assert run_preflight(data_uri=data, s3_endpoint_url=s3.url, **LOCAL) == ["data_uri"]

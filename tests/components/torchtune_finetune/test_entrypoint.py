@@ -34,6 +34,7 @@ def execs(monkeypatch):
     return became
 
 
+@pytest.mark.slow
 def test_a_layout_that_computes_another_model_is_refused_with_one_line(node_argv, execs, monkeypatch, capsys):
     # Llama's q/k rows loaded without their RoPE reordering (Qwen2's conversion): another model than transformers'.
     llama = conversions.CONVERSIONS["LLAMA3_2"]
@@ -46,6 +47,7 @@ def test_a_layout_that_computes_another_model_is_refused_with_one_line(node_argv
     assert execs == []
 
 
+@pytest.mark.slow
 def test_a_proven_layout_is_measured_then_trained(node_argv, execs, capsys):
     entrypoint.main(node_argv)
     out = capsys.readouterr().out
@@ -53,6 +55,7 @@ def test_a_proven_layout_is_measured_then_trained(node_argv, execs, capsys):
     assert [argv[1:] for argv in execs] == [node_argv[1:]]
 
 
+@pytest.mark.slow
 def test_without_transformers_the_check_says_so_and_training_goes_on(node_argv, execs, monkeypatch, capsys):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(

@@ -57,6 +57,7 @@ def finish(process: subprocess.Popen) -> None:
     process.wait(10)
 
 
+@pytest.mark.slow
 def test_a_lapsed_lease_stops_the_trainer_saying_why(tmp_path):
     write_lease(tmp_path / LEASE_FILE, Lease("step-pod-1", 1, duration=1.0))
     trainer = start_trainer(tmp_path)
@@ -74,6 +75,7 @@ class Log(list):
         self.append(args)
 
 
+@pytest.mark.slow
 def test_a_renewed_or_released_lease_lets_the_trainer_run(tmp_path):
     lease = LeaseRenewer(tmp_path / LEASE_FILE, "step-pod-1", duration=1.0, log=Log())
     lease.start()  # renews every 0.1 s
@@ -89,6 +91,7 @@ def test_a_renewed_or_released_lease_lets_the_trainer_run(tmp_path):
         finish(trainer)
 
 
+@pytest.mark.slow
 def test_no_lease_no_watchdog(tmp_path):
     trainer = start_trainer(tmp_path)
     try:
@@ -110,6 +113,7 @@ TrainJobLauncher(manifest, api, namespace="team-a", tick=0.05, lease_path=Path(l
 
 
 @pytest.mark.parametrize("killed", [True, False])
+@pytest.mark.slow
 def test_a_sigkilled_step_leaves_no_trainjob_training(kube, tmp_path, killed):
     """The step's process is SIGKILLed (OOM, eviction) while its TrainJob trains: without a renewal the node pods
     stop within the lease's duration and the TrainJob fails, freeing its nodes. Alive, the step sees it complete."""
@@ -147,6 +151,7 @@ def test_a_sigkilled_step_leaves_no_trainjob_training(kube, tmp_path, killed):
     assert "stopped renewing its lease" in kube.pod_log(pod["metadata"]["name"])
 
 
+@pytest.mark.slow
 def test_the_node_entrypoint_stops_tune_run_when_the_lease_lapses(tiny_llama, tiny_dataset, tmp_path):
     """The real node command (entrypoint: checks, then `tune run`) under a lease nobody renews: the watchdog it
     starts stops the training and says why in the node log."""

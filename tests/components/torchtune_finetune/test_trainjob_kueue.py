@@ -48,6 +48,7 @@ def wait_for_workload_reads(kube: KubeStandin, count: int) -> None:
 # --- the manifest ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_queued_manifest_carries_kueues_labels_waits_suspended_and_is_valid():
     job = queued(active_deadline_seconds=3600)
     labels = job["metadata"]["labels"]
@@ -106,6 +107,7 @@ def test_the_stand_ins_kueue_webhook_denies_a_queue_name_that_is_no_object_name(
 # --- waiting for admission -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_wait_for_admission_is_said_every_interval_and_training_is_timed_from_admission(kube, user_log):
     """Queued longer than the training timeout (and the TrainJob's activeDeadlineSeconds): neither fires, because
     both count from the admission; the lines name the queue, the time waited and the Workload's message."""
@@ -136,6 +138,7 @@ def test_the_wait_for_admission_is_said_every_interval_and_training_is_timed_fro
     )  # the queue's words, not a plain suspension
 
 
+@pytest.mark.slow
 def test_a_trainjob_never_admitted_is_deleted_after_the_queue_timeout(kube, user_log):
     kube.add_local_queue(QUEUE)
     with pytest.raises(TrainJobQueueTimeout) as timed_out:
@@ -150,6 +153,7 @@ def test_a_trainjob_never_admitted_is_deleted_after_the_queue_timeout(kube, user
     assert [r.status for r in kube.requests_for("DELETE", "trainjobs")] == [200]
 
 
+@pytest.mark.slow
 def test_a_preempted_trainjob_is_re_queued_said_and_waited_on_again(kube, user_log):
     kube.add_local_queue(QUEUE)
     kube.scenario(NAME, Scenario.success([f"Step {i} | loss:1.0" for i in range(1, 401)], line_interval=0.05))
@@ -188,6 +192,7 @@ def test_a_missing_local_queue_fails_before_anything_is_created(kube):
     assert not kube.requests_for("POST", "trainjobs")
 
 
+@pytest.mark.slow
 def test_a_role_that_may_not_read_workloads_still_waits_and_says_so_once(kube, user_log):
     """runtimes/rbac.yaml without its Workload rule, bound in the stand-in's namespace."""
     documents = rbac_documents()

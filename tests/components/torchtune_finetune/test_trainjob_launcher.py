@@ -148,6 +148,7 @@ def test_success_streams_logs_shows_progress_and_deletes_the_trainjob(kube, user
     assert len(plain_lists(kube, "trainjobs")) == 1
 
 
+@pytest.mark.slow
 def test_slow_start_waits_through_pending_then_streams(kube, user_log):
     kube.scenario(None, Scenario.success(pending_seconds=0.6))
     result = launcher(kube, pending_warning_after=30).run()
@@ -155,6 +156,7 @@ def test_slow_start_waits_through_pending_then_streams(kube, user_log):
     assert "Pending" not in user_log.text
 
 
+@pytest.mark.slow
 def test_log_reconnects_do_not_repeat_lines(kube):
     lines = [f"line {i}" for i in range(8)]
     kube.scenario(None, Scenario.success(lines, line_interval=0.15))
@@ -220,6 +222,7 @@ def test_crash_is_reported_after_one_attempt_with_the_reason_and_last_lines(kube
 
 
 @pytest.mark.parametrize("cleanup, deleted", [("on-success", True), ("always", True), ("never", False)])
+@pytest.mark.slow
 def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_fix(
     kube, user_log, cleanup, deleted
 ):
@@ -278,6 +281,7 @@ def test_nan_loss_fails_at_once_with_the_step_and_the_fixes(kube, user_log, clea
     assert f"loss diverged at step 3 (loss=nan) in TrainJob team-a/{NAME}" in user_log.text
 
 
+@pytest.mark.slow
 def test_nan_loss_of_a_trainjob_that_completed_still_fails(kube):
     """Attached after the end, the log read only after the Complete condition was seen (its first reads get 503s):
     the shown log decides, not the condition."""
@@ -323,6 +327,7 @@ def test_failing_other_rank_is_reported(kube):
         ),
     ],
 )
+@pytest.mark.slow
 def test_stuck_pending_logs_why_then_times_out_and_deletes(kube, user_log, scenario, expected):
     kube.scenario(None, scenario)
     with pytest.raises(TrainJobTimeout, match=r"did not finish within 0\.8s \(deleted\)"):
@@ -338,6 +343,7 @@ def test_stuck_pending_logs_why_then_times_out_and_deletes(kube, user_log, scena
     assert kube.requests_for("GET", "events")
 
 
+@pytest.mark.slow
 def test_timeout_while_running_deletes_and_fails_with_the_last_lines(kube):
     kube.scenario(None, Scenario.success([f"Step {i} | loss:1.0" for i in range(1, 200)], line_interval=0.05))
     with pytest.raises(TrainJobTimeout) as raised:
@@ -354,6 +360,7 @@ def test_quiet_streams_are_cut_when_run_returns(kube):
     assert not launcher_threads()
 
 
+@pytest.mark.slow
 def test_suspended_trainjob_is_reported_and_waited_on(kube, user_log):
     job = manifest()
     job["spec"]["suspend"] = True
@@ -367,6 +374,7 @@ def test_suspended_trainjob_is_reported_and_waited_on(kube, user_log):
 
 
 @pytest.mark.parametrize("abrupt", [False, True])
+@pytest.mark.slow
 def test_dropped_watches_are_reopened(kube, abrupt):
     kube.scenario(None, Scenario.success(line_interval=0.1))
     kube.drop_watch_after(0, times=2, abrupt=abrupt)  # each closes when its first event is due
@@ -376,6 +384,7 @@ def test_dropped_watches_are_reopened(kube, abrupt):
 
 
 @pytest.mark.parametrize("as_http_error", [False, True])
+@pytest.mark.slow
 def test_410_gone_relists(kube, user_log, as_http_error):
     kube.scenario(None, Scenario.success(line_interval=0.1))
     kube.drop_watch_after(
@@ -391,6 +400,7 @@ def test_410_gone_relists(kube, user_log, as_http_error):
     assert len(plain_lists) >= 3  # the first two lists + at least one re-list
 
 
+@pytest.mark.slow
 def test_watch_bookmarks_are_not_taken_for_objects(kube):
     """BOOKMARK events (no name, only a resourceVersion) reach both watches mid-run; the run goes on unharmed."""
     kube.scenario(None, Scenario.success(line_interval=0.1))
@@ -407,6 +417,7 @@ def test_watch_bookmarks_are_not_taken_for_objects(kube):
     assert opened and all(r.query.get("allowWatchBookmarks") == "True" for r in opened)
 
 
+@pytest.mark.slow
 def test_5xx_and_429_bursts_are_retried_with_backoff(kube, user_log):
     sleeps = Sleeps()
     kube.fail_next(3, status=503, method="POST", path_contains="/trainjobs")
@@ -471,6 +482,7 @@ def test_existing_trainjob_of_this_run_is_attached_not_recreated(kube, user_log)
     assert "already exists for this run and task: attaching" in user_log.text
 
 
+@pytest.mark.slow
 def test_second_launcher_for_the_same_task_attaches(kube):
     kube.scenario(None, Scenario.success(line_interval=0.1))
     first = launcher(kube, cleanup="never")
@@ -486,6 +498,7 @@ def test_second_launcher_for_the_same_task_attaches(kube):
     assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [201, 409]
 
 
+@pytest.mark.slow
 def test_failed_trainjob_of_this_run_is_replaced_on_retry(kube, user_log):
     old = manifest()
     kube.add_object(old, scenario=Scenario.failure(pending_seconds=0.0, log_lines=[]))
@@ -554,6 +567,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_signal_during_a_running_job_deletes_it_and_exits_nonzero(kube, signum):
     import json
 

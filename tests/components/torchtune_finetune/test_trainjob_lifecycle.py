@@ -49,6 +49,7 @@ def log_request_open(request) -> bool:
 # --- transient API errors -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_api_errors_after_the_log_stream_ends_never_delete_a_running_trainjob(kube, user_log):
     """The rank-0 log stream ends while training goes on and the pod GETs that follow meet a 503/429 burst longer
     than one call's retries: the launcher keeps retrying with back-off, and the run finishes."""
@@ -178,6 +179,7 @@ HF_TOKEN_SECRET = {
     ],
     ids=["image", "secret", "unschedulable"],
 )
+@pytest.mark.slow
 def test_each_problem_is_given_its_own_grace_period(kube, scenario, job, own_grace, other_grace):
     """The image-pull / container-config grace and the unschedulable grace are apart: with its own grace long and
     the other one 0 a problem is waited on until the timeout; with its own grace 0 it fails the step at once."""
@@ -255,6 +257,7 @@ def next_move(kube, mark: int):
     return None
 
 
+@pytest.mark.slow
 def test_replacing_a_failed_trainjob_waits_until_its_jobset_and_pods_are_gone(kube, user_log):
     kube.add_object(base.manifest(), scenario=Scenario.failure(pending_seconds=0.0, log_lines=["old run"]))
     kube.wait_for_trainjob(NAME, condition="Failed")

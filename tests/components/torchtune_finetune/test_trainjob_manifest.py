@@ -452,6 +452,7 @@ def dry_run(*argv: str) -> tuple[dict, str]:
 ENTRYPOINT = ["python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint"]
 
 
+@pytest.mark.slow
 def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     manifest, notes = dry_run(
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "0",
@@ -472,6 +473,7 @@ def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_dry_run_names_the_trainjob_as_the_pipeline_task_would(tiny_llama, tiny_dataset, tmp_path):
     manifest, _ = dry_run(
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "0",
@@ -481,6 +483,7 @@ def test_dry_run_names_the_trainjob_as_the_pipeline_task_would(tiny_llama, tiny_
     assert manifest["metadata"]["name"] != tj.trainjob_name(RUN_ID, TASK)
 
 
+@pytest.mark.slow
 def test_dry_run_multi_node_gpus_with_workspace_pvc(tiny_llama, tiny_dataset, tmp_path):
     manifest, notes = dry_run(
         "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"]), "--gpus", "4",

@@ -60,12 +60,14 @@ def test_a_jobset_the_trainer_cannot_create_fails_the_step_with_its_event(kube):
     assert kube.trainjob(NAME) is None
 
 
+@pytest.mark.slow
 def test_a_creation_failure_is_given_the_start_failure_grace(kube):
     job = asking_more_than_the_runtime_allows(kube)
     with pytest.raises(TrainJobTimeout):
         base.launcher(kube, job, start_failure_grace=600, event_poll_interval=0.05, timeout=0.5).run()
 
 
+@pytest.mark.slow
 def test_events_of_an_earlier_trainjob_of_the_same_name_are_ignored(kube):
     """A suspended TrainJob (queued) has no pods for a long time; the FailedCreate event left by an earlier
     TrainJob of its name must not fail it."""

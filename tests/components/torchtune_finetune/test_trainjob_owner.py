@@ -46,6 +46,7 @@ def test_a_trainjob_in_another_namespace_than_the_step_pod_is_not_owned_by_it(ku
     )
 
 
+@pytest.mark.slow
 def test_a_retry_that_attaches_becomes_an_owner_so_the_killed_attempts_pod_can_go(
     kube, monkeypatch, user_log
 ):

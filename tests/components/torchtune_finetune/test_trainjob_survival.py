@@ -66,6 +66,7 @@ def test_a_permission_the_launcher_cannot_do_without_stops_it_before_anything_is
     assert isinstance(raised.value, ValueError)  # a ConfigError: the step prints it as one line
 
 
+@pytest.mark.slow
 def test_a_log_stream_error_stops_the_log_not_the_training(kube, user_log):
     lines = [f"Step {i} | loss:1.0" for i in range(1, 31)]
     kube.scenario(None, Scenario.success(lines, line_interval=0.05))
@@ -80,6 +81,7 @@ def test_a_log_stream_error_stops_the_log_not_the_training(kube, user_log):
     assert "403" in user_log.text and "kubectl logs -n team-a" in user_log.text
 
 
+@pytest.mark.slow
 def test_a_watch_error_is_said_and_relisted_never_deleting(kube, user_log):
     kube.scenario(None, Scenario.success([f"l{i}" for i in range(60)], line_interval=0.05))
     running = Running(base.launcher(kube, cleanup="never"))
@@ -91,6 +93,7 @@ def test_a_watch_error_is_said_and_relisted_never_deleting(kube, user_log):
     assert f"watching TrainJob {NAME} failed (400" in user_log.text and "re-listing in" in user_log.text
 
 
+@pytest.mark.slow
 def test_a_retry_waits_for_its_own_terminating_trainjob_then_creates(kube, user_log):
     """An earlier attempt's TrainJob, deleted in the foreground, is still readable (deletionTimestamp) while its
     JobSet and pods go: the retry must not attach to it (it would fail "deleted by someone else")."""
@@ -139,6 +142,7 @@ def wait_for_text(log, text: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_lost_node_and_its_replacement_pod_are_said_while_the_trainjob_runs(kube, user_log):
     """runtimes/torchtune-cpu.yaml ignores DisruptionTarget: the Job replaces the pod and the trainer starts over.
     Both are in the step log at once (from the pod watch), not after the TrainJob ended or timed out."""

@@ -61,6 +61,7 @@ def test_a_delete_whose_answer_is_lost_is_reported_as_gone(kube, user_log):
     assert kube.trainjob(NAME) is None
 
 
+@pytest.mark.slow
 def test_a_failing_delete_is_retried_then_reported_and_never_called_deleted(kube, user_log):
     """Timeout on a job that never starts; every DELETE answers 503: retried with back-off for
     `delete_retry_seconds`, then the final line says the TrainJob may still run and how to delete it."""
@@ -108,6 +109,7 @@ def interrupt_when_training(kube) -> threading.Thread:
     ],
     ids=["delete-fails", "delete-answer-lost"],
 )
+@pytest.mark.slow
 def test_a_cancelled_step_says_deleted_only_when_the_api_did(kube, user_log, committed, said):
     kube.scenario(None, Scenario.success([f"Step {i} | loss:1.0" for i in range(1, 500)], line_interval=0.05))
     kube.fail_next(
@@ -126,6 +128,7 @@ def test_a_cancelled_step_says_deleted_only_when_the_api_did(kube, user_log, com
         delete_by_hand(kube)
 
 
+@pytest.mark.slow
 def test_a_trainjob_that_cannot_start_and_cannot_be_deleted_says_so_in_the_error(kube, user_log):
     kube.scenario(None, Scenario.stuck_pending())
     kube.fail_next(10_000, status=503, method="DELETE")

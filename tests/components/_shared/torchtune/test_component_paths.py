@@ -31,6 +31,7 @@ def test_the_torch_table_is_the_installed_torchs_optimizers_and_schedulers():
     assert defined == torch_names.LR_SCHEDULERS
 
 
+@pytest.mark.slow
 def test_every_component_of_every_torchtune_config_is_known():
     """No false alarm: each `_component_` of torchtune 0.6.1's own configs passes (bitsandbytes is not ours to
     check without importing it)."""

@@ -239,6 +239,7 @@ def test_warmup_is_capped_at_five_percent_of_the_planned_steps(tmp_path, data):
     assert 1 <= full.config["lr_scheduler"]["num_warmup_steps"] <= 0.05 * planned(full.config)
 
 
+@pytest.mark.slow
 def test_lora_alpha_keeps_the_base_ratio_when_only_the_rank_changes(tiny_llama, tiny_dataset, tmp_path):
     run = resolve(tiny_llama, tiny_dataset["train.jsonl"], tmp_path, method="lora", lora={"lora_rank": 32})
     assert run.config_name == "llama3_2/1B_lora_single_device"  # base rank 64, alpha 128
@@ -301,6 +302,7 @@ def test_an_override_of_a_whole_node_wins_over_the_defaults_inside_it(tmp_path, 
     assert "num_warmup_steps" not in chosen(run)
 
 
+@pytest.mark.slow
 def test_the_local_backend_samples_lengths_with_the_training_tokenizer(tiny_llama, tiny_dataset, tmp_path):
     """Where torch is at hand (the local backend), the sample is tokenized exactly as training does: the lengths are
     those of torchtune's own dataset rows, not a character estimate."""

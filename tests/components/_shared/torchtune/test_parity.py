@@ -39,6 +39,7 @@ def expected_unmeasured(case) -> set[str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+@pytest.mark.slow
 def test_each_proven_layout_computes_what_transformers_computes_in_every_direction(case):
     measured = parity.measure(case.config, case.family)
     assert {m.direction for m in measured.measurements} == set(parity.DIRECTIONS)
@@ -146,6 +147,7 @@ def test_torchtune_peft_adapter_order_fails_the_parity_check_by_far(monkeypatch,
     assert measured.difference > FAILS_BY_FAR, measured.line()
 
 
+@pytest.mark.slow
 def test_torchtune_dora_with_biases_fails_the_parity_check_by_far(monkeypatch):
     """torchtune's DoRALinear scales Qwen2's q/k/v biases with the magnitude; the merged model does not."""
     torchtune_lora = dataclasses.replace(FAMILIES["qwen2"], lora_builder="torchtune.models.qwen2.lora_qwen2")

@@ -159,6 +159,7 @@ def test_auto_selection(family, method, devices, nodes, recipe, config, tmp_path
     assert ("lora_rank" in run.config["model"]) == (method != "full")
 
 
+@pytest.mark.slow
 def test_tiny_models_pick_the_smallest_family_config(tiny_llama, tiny_qwen, data_file, tmp_path):
     llama = resolve(tiny_llama, data_file, tmp_path, method="lora")
     assert llama.config_name == "llama3_2/1B_lora_single_device"
@@ -170,6 +171,7 @@ def test_tiny_models_pick_the_smallest_family_config(tiny_llama, tiny_qwen, data
     assert qwen.config["tokenizer"]["merges_file"].endswith("merges.txt")
 
 
+@pytest.mark.slow
 def test_explicit_recipe_and_config_win(tiny_llama, data_file, tmp_path):
     run = resolve(
         tiny_llama,
@@ -311,12 +313,14 @@ def test_only_the_qwen_families_gemma3_and_the_tokenizer_json_families_use_our_o
     assert reading_tokenizer_json == {"smollm2", "mistral_nemo"}
 
 
+@pytest.mark.slow
 def test_data_folder_uses_its_train_files(tiny_dataset, tiny_llama, tmp_path):
     run = resolve(tiny_llama, tiny_dataset["train.parquet"].parent, tmp_path)
     assert run.config["dataset"]["source"] == "parquet"
     assert run.config["dataset"]["data_files"] == [str(tiny_dataset["train.parquet"])]
 
 
+@pytest.mark.slow
 def test_precedence_base_then_fields_then_overrides(tiny_llama, data_file, tmp_path):
     base = resolve(tiny_llama, data_file, tmp_path)
     assert base.config["optimizer"]["lr"] == 3e-4  # llama3_2/1B_lora_single_device's own value
@@ -332,6 +336,7 @@ def test_precedence_base_then_fields_then_overrides(tiny_llama, data_file, tmp_p
     assert both.config["clip_grad_norm"] == 1.0
 
 
+@pytest.mark.slow
 def test_cpu_runs_get_cpu_safe_settings(tiny_llama, data_file, tmp_path):
     full = resolve(tiny_llama, data_file, tmp_path, method="full", device="cpu")
     assert full.config["optimizer"]["_component_"] == "torch.optim.AdamW"  # not bitsandbytes' PagedAdamW8bit
@@ -339,6 +344,7 @@ def test_cpu_runs_get_cpu_safe_settings(tiny_llama, data_file, tmp_path):
     assert (full.config["dtype"], full.config["log_peak_memory_stats"]) == ("fp32", False)
 
 
+@pytest.mark.slow
 def test_all_outputs_inside_the_run_dir_and_written_atomically(tiny_llama, data_file, tmp_path):
     run = resolve(tiny_llama, data_file, tmp_path)
     run_dir = str(tmp_path / "run")

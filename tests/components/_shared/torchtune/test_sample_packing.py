@@ -140,6 +140,7 @@ def instantiate(node: dict, *args):
     return config.instantiate(OmegaConf.create(node), *args)
 
 
+@pytest.mark.slow
 def test_packed_loss_is_the_sum_of_the_samples_losses(data, tmp_path):
     from kfp_finetune.components.evaluate.model_eval import load_model
 

@@ -91,6 +91,7 @@ def max_difference(a, b):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.slow
 def test_logits_equal_transformers_both_ways(layout, tmp_path):
     folder, hf_model = hf_gemma3(tmp_path, layout)
     model = torchtune_gemma3(folder, tmp_path / "run")
@@ -219,6 +220,7 @@ def test_a_packed_sequence_computes_each_sample_as_alone(tmp_path):
     assert max_difference(logits, alone) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_packed_blockmask_is_narrowed_to_the_window_once_per_batch(tmp_path):
     """On CUDA packed batches arrive as a BlockMask for flex attention: the local layers narrow it to their
     window (one BlockMask for all of them) and compute what the tensor mask computes. Flex attention eager here
@@ -248,6 +250,7 @@ def test_a_packed_blockmask_is_narrowed_to_the_window_once_per_batch(tmp_path):
     assert max_difference(logits, dense) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients(tmp_path):
     """What the recipes wrap each layer in: torchtune's activation checkpointing and FSDP2 sharding (one-process
     gloo group), and torch.compile per layer (aot_eager: the graph dynamo captures, without a C++ compiler;

@@ -101,6 +101,7 @@ def test_kv_cached_greedy_generation_matches_transformers(nemo, tmp_path):
     assert ours.tolist() == theirs.tolist()
 
 
+@pytest.mark.slow
 def test_a_packed_sequence_computes_each_sample_as_alone(nemo, tmp_path):
     folder, _ = nemo
     model = torchtune_nemo(folder, tmp_path)

@@ -107,6 +107,7 @@ def test_torchtune_0_6_1s_attention_would_norm_q_and_k_after_rope(tmp_path):
         assert max_difference(model(x), hf_model(x).logits) > 1e-2
 
 
+@pytest.mark.slow
 def test_kv_cached_greedy_generation_matches_transformers(tmp_path):
     folder, hf_model = hf_qwen3(tmp_path, **LAYOUTS["untied, head_dim != hidden / heads (32B)"])
     model = torchtune_qwen3(folder, tmp_path / "run")
@@ -161,6 +162,7 @@ def test_the_peft_adapter_loads_onto_transformers_qwen3_with_the_lora_models_log
         assert max_difference(tuned(x).logits, model(x)) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients(tmp_path):
     """What the recipes wrap each layer in: torchtune's activation checkpointing and FSDP2 sharding (one-process
     gloo group), and torch.compile per layer (aot_eager: the graph dynamo captures, without a C++ compiler;

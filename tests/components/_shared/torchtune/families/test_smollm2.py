@@ -66,6 +66,7 @@ def test_the_llama3_2_builder_with_scale_factor_1_computes_plain_rope():
     assert (scaled.cache - plain.cache).abs().max().item() <= 1e-5
 
 
+@pytest.mark.slow
 def test_the_logits_and_greedy_generation_are_transformers_llamas(smollm2, tmp_path):
     folder, hf_model = smollm2
     model = torchtune_smollm2(folder, tmp_path)
