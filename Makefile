@@ -6,6 +6,11 @@ STAMP := $(ENV_DIR)/.kfp-finetune-setup
 # torch first and exactly: a CPU wheel for 2.13.0 lies on local disk, while an unpinned torch pulls a CUDA build.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+# Test worker processes (pytest-xdist). Most tests keep one core busy (a kfp.local step, a torchtune run of a tiny
+# model), so two workers halve the suite's time on two cores; each test file runs whole in one worker, where its
+# module- and session-scoped fixtures are built once.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 # The trainer image's stack (extras train + lm-eval): lm-eval needs transformers<5, so huggingface_hub<1 and an
 # older datasets than the main environment gets (pyproject.toml). It lives in a second environment, where the
 # tests of what that stack changes run again: evaluation (lm-eval tasks, transformers 4), export and storage
@@ -47,17 +52,17 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(PY) -m kfp_finetune.cli demo --output demo_output
 
 test: setup lint check-compiled
-	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-lm-eval
 
 # The inner loop (under 5 minutes on 2 cores): lint, the compiled-YAML check and every test not marked slow (none
 # that takes over a second: no real torchtune training, no kfp.local run). `make test` runs everything.
 test-quick: setup lint check-compiled
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # KFP_FINETUNE_REQUIRE_LM_EVAL: the lm-eval test fails here instead of skipping when lm-eval does not import.
 test-lm-eval: setup-lm-eval
-	HF_HUB_OFFLINE=1 KFP_FINETUNE_REQUIRE_LM_EVAL=1 $(LM_EVAL_PY) -m pytest $(LM_EVAL_TESTS)
+	HF_HUB_OFFLINE=1 KFP_FINETUNE_REQUIRE_LM_EVAL=1 $(LM_EVAL_PY) -m pytest $(XDIST) $(LM_EVAL_TESTS)
 
 compile: setup
 	$(PY) -m kfp_finetune.cli compile --output compiled

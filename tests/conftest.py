@@ -1,3 +1,4 @@
+import builtins
 import contextlib
 import logging
 import os
@@ -28,6 +29,18 @@ def root_logger_restored():
 def _root_logger_restored():
     with root_logger_restored():
         yield
+
+
+_PRINT = builtins.print
+
+
+@pytest.fixture(autouse=True)
+def _print_restored():
+    """kfp.local indents a step's output by swapping `builtins.print` (kfp/local/logging_utils.py indented_print);
+    two of its context managers interleaved in threads can restore each other's indenting print, which then leaks
+    into every later test of the same process (seen as resolve-config output indented by 4 spaces)."""
+    yield
+    builtins.print = _PRINT
 
 
 @pytest.fixture
