@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _STEP_LINE = re.compile(r"Step (\d+) \| (.*)$")
+#: Written by the metric logger when a run resumes from the checkpoint after step N: the steps after N logged
+#: before it were trained again, and their lines after it are the ones that count.
+RESUMED = "Resumed after step"
+_RESUMED_LINE = re.compile(re.escape(RESUMED) + r" (\d+)\b")
 _PAIR = re.compile(r"([A-Za-z_][\w/.-]*):(\S+)")
 
 
@@ -44,10 +48,26 @@ def parse_metric_line(line: str) -> StepMetrics | None:
     return StepMetrics(int(match.group(1)), values) if values else None
 
 
+def resumed_after(line: str) -> int | None:
+    """N for a `Resumed after step N ...` line, else None."""
+    match = _RESUMED_LINE.search(line)
+    return int(match.group(1)) if match else None
+
+
+def resume_points(lines: Iterable[str]) -> list[int]:
+    """The steps a run resumed after, in order."""
+    return [step for line in lines for step in [resumed_after(line)] if step is not None]
+
+
 def collect_steps(lines: Iterable[str]) -> list[StepMetrics]:
-    """Step metrics from lines, one entry per step (values logged separately for a step are merged)."""
+    """Step metrics from lines, one entry per step (values logged separately for a step are merged). After a
+    `Resumed after step N` line, the steps after N logged before it are dropped: they were trained again."""
     by_step: dict[int, StepMetrics] = {}
     for line in lines:
+        resumed = resumed_after(line)
+        if resumed is not None:
+            by_step = {step: metrics for step, metrics in by_step.items() if step <= resumed}
+            continue
         parsed = parse_metric_line(line)
         if parsed:
             by_step.setdefault(parsed.step, StepMetrics(parsed.step)).values.update(parsed.values)

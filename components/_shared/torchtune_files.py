@@ -56,6 +56,11 @@ def recipes() -> dict[str, Any]:
     return {recipe.name: recipe for recipe in _registry_module().get_all_recipes()}
 
 
+def recipe_file(name: str) -> Path:
+    """The file of torchtune's recipe `name` (`recipes/` beside the package: not importable as a package)."""
+    return package_dir().parent / "recipes" / recipes()[name].file_path
+
+
 def config_file(file_path: str) -> Path:
     """A registry config's file (e.g. 'llama3_2/1B_lora_single_device.yaml')."""
     return package_dir().parent / "recipes" / "configs" / file_path

@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kfp_finetune.components._shared.metrics_file import (
+    RESUMED,
     StepMetrics,
 )
 from kfp_finetune.components.torchtune_finetune.throughput import STEP_SECONDS
@@ -129,6 +130,11 @@ class TeeMetricLogger:
             payload = {**payload, STEP_SECONDS: round(seconds, 6)}
         self._last = (step, now)
         self._write(f"Step {step} | " + " ".join(f"{name}:{value}" for name, value in payload.items()))
+
+    def mark_resume(self, step: int, reason: str) -> None:
+        """Say in the file that training continues after `step` (metrics_file.collect_steps reads it)."""
+        self._last = None  # no step time across the restart
+        self._write(f"{RESUMED} {step} (from the checkpoint saved on {reason})")
 
     def log_config(self, config: object) -> None:
         """The resolved config is already written next to the outputs by the engine."""

@@ -82,6 +82,10 @@ class TorchtuneConfig:
     seed: int | None = None
     save_adapter_weights_only: bool | None = None
     log_every_n_steps: int | None = None
+    # Resume (resume.py): None keeps the defaults (on; every 30 minutes; no step interval); 0 turns an interval off.
+    resume: bool | None = None
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_minutes: float | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -152,6 +156,10 @@ class TorchtuneConfig:
             )
         if self.seed is not None and self.seed < 0:
             found.append(SettingError("seed", f"must be 0 or more (got {self.seed}){_unset_hint(self.seed)}"))
+        for name in ("checkpoint_every_steps", "checkpoint_every_minutes"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                found.append(SettingError(name, f"must be 0 (no interval) or more (got {value})"))
         if self.log_every_n_steps is not None and self.log_every_n_steps < 1:
             found.append(
                 SettingError("log_every_n_steps", f"must be at least 1 (got {self.log_every_n_steps})")

@@ -23,7 +23,7 @@ import yaml
 from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune import flex_attention, sample_packing
+from kfp_finetune.components._shared.torchtune import flex_attention, resume, sample_packing
 from kfp_finetune.components._shared.torchtune.choices import user_set
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
@@ -88,8 +88,10 @@ class ResolvedRun:
 def tune_command(
     recipe: str, config_path: str | os.PathLike, torchrun_args: tuple[str, ...] | list[str] = ()
 ) -> list[str]:
-    """`tune run [torchrun flags] <recipe> --config <file>`; no flags keeps a single-device recipe in-process."""
-    return ["tune", "run", *torchrun_args, recipe, "--config", str(config_path)]
+    """`tune run [torchrun flags] <recipe> --config <file>`; no flags keeps a single-device recipe in-process. The
+    four fine-tuning recipes run as our recipe module, which extends them with resume (resume.py)."""
+    runs = resume.RECIPE_PATH if recipe in resume.RESUMABLE else recipe
+    return ["tune", "run", *torchrun_args, runs, "--config", str(config_path)]
 
 
 # --- torchtune's registry -------------------------------------------------------------------------------
@@ -241,6 +243,7 @@ def resolve_run(
     _apply_data(config, cfg, data)
     _apply_training(config, cfg, recipe)
     _apply_paths(config, run_dir)
+    _apply_checkpoints(config, cfg, recipe)
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
@@ -466,6 +469,26 @@ def _apply_paths(config: dict, run_dir: Path) -> None:
     }
     if isinstance(config.get("profiler"), dict):
         config["profiler"]["output_dir"] = str(run_dir / "profiling")
+
+
+def _apply_checkpoints(config: dict, cfg: TorchtuneConfig, recipe: str) -> None:
+    """The recipe module's block (resume.CheckpointSettings): which torchtune recipe it extends, and when it saves."""
+    if recipe not in resume.RESUMABLE:
+        if cfg.resume or cfg.checkpoint_every_steps or cfg.checkpoint_every_minutes:
+            log.info(
+                "recipe %s checkpoints only at epoch ends: resume and its intervals do not apply", recipe
+            )
+        return
+    every_minutes = (
+        resume.DEFAULT_EVERY_MINUTES if cfg.checkpoint_every_minutes is None else cfg.checkpoint_every_minutes
+    )
+    settings = resume.CheckpointSettings(
+        recipe=recipe,
+        resume=cfg.resume is not False,
+        every_steps=cfg.checkpoint_every_steps or 0,
+        every_minutes=float(every_minutes),
+    )
+    config[resume.CONFIG_KEY] = settings.as_config()
 
 
 def _apply_cpu(config: dict, recipe: str, dtype_chosen: bool) -> None:

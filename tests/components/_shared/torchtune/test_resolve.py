@@ -359,8 +359,10 @@ def test_all_outputs_inside_the_run_dir_and_written_atomically(tiny_llama, data_
 
 
 def test_tune_command():
+    # The fine-tuning recipes run as our recipe module (resume); `tune run` turns its path into a module name.
     assert tune_command("lora_finetune_single_device", "/w/c.yaml") == [
-        "tune", "run", "lora_finetune_single_device", "--config", "/w/c.yaml"]  # fmt: skip
+        "tune", "run", "kfp_finetune/components/torchtune_finetune/recipe.py", "--config", "/w/c.yaml"]  # fmt: skip
+    assert tune_command("qat_distributed", "c.yaml")[2] == "qat_distributed"  # not extended: torchtune's own
     assert tune_command("full_finetune_distributed", "c.yaml", ["--nnodes", "2"])[:4] == [
         "tune",
         "run",

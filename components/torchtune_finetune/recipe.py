@@ -1,0 +1,364 @@
+"""torchtune 0.6.1's four fine-tuning recipes, resumable at any optimizer step.
+
+    tune run kfp_finetune/components/torchtune_finetune/recipe.py [torchrun flags] --config <resolved yaml>
+
+`tune run` runs a recipe path that is not in its registry as a module, so this file works wherever kfp_finetune is
+installed. The resolved YAML's `kfp_finetune:` block (resume.CheckpointSettings) names the torchtune recipe this
+extends, whether to resume, and the checkpoint intervals.
+
+torchtune 0.6.1 checkpoints only at epoch ends, and its resume restarts the epoch's data and, in the distributed
+recipes, the whole data order (their `_setup_data` never loads the saved dataloader state). Here the recipe's own
+training loop runs unchanged; its dataloader is wrapped (`StepBoundaries`) so that between two optimizer steps —
+before the next batch is drawn — the recipe may save its whole training state: trainable weights, optimizer, LR
+scheduler, the dataloader's position, the step and epoch counters and every RNG. That happens every
+`checkpoint_every_steps` steps / `checkpoint_every_minutes` minutes, and at once on SIGTERM (a preempted or
+evicted pod gets a grace period before SIGKILL), after which the process exits 143 as if the signal had ended it.
+A run started on a run folder with a complete checkpoint of the same config continues from it: the steps, the
+learning rate at every step and the data order are an uninterrupted run's.
+
+Single device: one `state.pt`. Several processes: model and optimizer through torch.distributed.checkpoint (each
+rank writes its shards), the dataloader position and RNG per rank; rank 0 marks the checkpoint complete once every
+rank has written (resume.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from kfp_finetune.components._shared import torchtune_files
+from kfp_finetune.components._shared.cancel import StopSignals
+from kfp_finetune.components._shared.torchtune import resume
+from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
+
+#: How a process that saved its state on SIGTERM exits: as the signal would have ended it.
+EXIT_AFTER_SIGTERM = 128 + signal.SIGTERM
+PREFIX = "kfp-finetune: "
+
+
+def _say(text: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(PREFIX + text, flush=True)
+
+
+def config_sha256(cfg: DictConfig) -> str:
+    """The training config's identity (everything but the checkpoint settings): another config must not resume."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop(resume.CONFIG_KEY, None)
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(plain)).encode()).hexdigest()
+
+
+class StepBoundaries:
+    """The recipe's StatefulDataLoader, with a pause between optimizer steps (before the next batch is drawn).
+
+    Ends an epoch after `max_batches` batches even when resumed mid-epoch (the recipe's own cap counts from the
+    loop's start). Everything else is the wrapped loader's.
+    """
+
+    def __init__(
+        self, loader: Any, *, batches_per_step: int, max_batches: int | None, on_boundary: Any
+    ) -> None:
+        self.loader = loader
+        self.sampler = loader.sampler
+        self._batches_per_step = batches_per_step
+        self._max_batches = max_batches
+        self._on_boundary = on_boundary  # (batches drawn this epoch) -> None
+        self.resume_position = 0  # batches of the current epoch already trained before a resume
+        self.on_iter: Any = None  # called once the epoch's iterator exists (RNG restored there)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+    def __iter__(self):
+        position, self.resume_position = self.resume_position, 0
+        iterator = iter(self.loader)
+        if self.on_iter is not None:
+            # Creating the iterator draws from the global RNG: restore after it, as the interrupted run had it.
+            self.on_iter, on_iter = None, self.on_iter
+            on_iter()
+        while True:
+            if position and position % self._batches_per_step == 0:
+                self._on_boundary(position)
+            if self._max_batches is not None and position >= self._max_batches:
+                return
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            position += 1
+            yield batch
+
+
+class Resumable:
+    """Mixed in before a torchtune recipe class: interval and SIGTERM checkpoints, and resume from them."""
+
+    def setup(self, cfg: DictConfig) -> None:
+        self._checkpoints = CheckpointSettings.from_config(cfg)
+        self._run_dir = Path(cfg.output_dir)
+        self._config_sha256 = config_sha256(cfg)
+        self._distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        # SIGTERM is noted and acted on between two steps (a checkpoint, then exit); without checkpoints it ends us.
+        self._stop = StopSignals(lambda signum: None, enabled=self._checkpoints.checkpoints).__enter__()
+        super().setup(cfg)
+        steps_per_epoch = self._steps_per_epoch
+        self._total_steps = self.total_epochs * steps_per_epoch
+        self._dataloader = StepBoundaries(
+            self._dataloader,
+            batches_per_step=self._gradient_accumulation_steps,
+            max_batches=steps_per_epoch * self._gradient_accumulation_steps,
+            on_boundary=self._between_steps,
+        )
+        self._last_saved_step = 0
+        self._last_saved_time = time.monotonic()
+        point = resume.latest(self._run_dir) if self._checkpoints.resume else None
+        if point is not None and point.config_sha256 != self._config_sha256:
+            _say(f"not resuming from {point.describe()}: it was trained with another config; starting over")
+            point = None
+        if point is not None:
+            self._restore(point)
+        self._say_plan(point)
+
+    def _say_plan(self, point: ResumePoint | None) -> None:
+        every = [f"every {self._checkpoints.every_steps} steps"] if self._checkpoints.every_steps else []
+        if self._checkpoints.every_minutes:
+            every.append(f"every {self._checkpoints.every_minutes:g} minutes")
+        _say(
+            f"checkpoints for resuming: {' and '.join(every) or 'on SIGTERM only'}, and on SIGTERM, "
+            f"in {resume.resume_root(self._run_dir)}"
+        )
+        if point is None and not self._checkpoints.resume:
+            _say("resume is off: training starts from the base model")
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """The recipe's epoch-end checkpoint, without its side effect on a CPU model's weights.
+
+        torchtune 0.6.1's LoRA single-device recipe merges the adapter into `{k: v.cpu() ...}` of the model's state
+        dict with `+=`: on CPU `.cpu()` returns the weights themselves, so every epoch end adds the adapter into
+        the live base weights and later epochs train (and the final merge counts) it twice.
+        """
+        base = self._weights_merged_into() if self._device.type == "cpu" else {}
+        saved = {name: weight.detach().clone() for name, weight in base.items()}
+        super().save_checkpoint(*args, **kwargs)
+        with torch.no_grad():
+            for name, weight in base.items():
+                weight.copy_(saved[name])
+
+    def _weights_merged_into(self) -> dict[str, torch.Tensor]:
+        """The base weights of the LoRA'd modules (`<module>.weight` beside `<module>.lora_a.weight`)."""
+        state = self._model.state_dict(keep_vars=True)
+        return {
+            name.removesuffix(".lora_a.weight") + ".weight": state[name.removesuffix(".lora_a.weight") + ".weight"]
+            for name in state
+            if name.endswith(".lora_a.weight") and name.removesuffix(".lora_a.weight") + ".weight" in state
+        }
+
+    # --- between two optimizer steps ----------------------------------------------------------------------------
+
+    def _between_steps(self, position: int) -> None:
+        step = self.global_step
+        if not self._checkpoints.checkpoints or step >= self._total_steps or step == self._last_saved_step:
+            return
+        stop = self._stop.received is not None
+        due = (
+            bool(self._checkpoints.every_steps)
+            and step - self._last_saved_step >= self._checkpoints.every_steps
+        )
+        minutes = self._checkpoints.every_minutes
+        due = due or bool(minutes) and time.monotonic() - self._last_saved_time >= minutes * 60
+        if self._distributed:  # one decision for all ranks: a signal may reach one node only, clocks differ
+            flags = torch.tensor([float(stop), float(due)], device=self._device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            stop, due = bool(flags[0].item()), bool(flags[1].item())
+        if not (stop or due):
+            return
+        reason = "SIGTERM" if stop else "interval"
+        started = time.monotonic()
+        point = resume.new_point(
+            step=step,
+            epoch=self.epochs_run,
+            batches_in_epoch=position,
+            reason=reason,
+            config_sha256=self._config_sha256,
+        )
+        self._save(point)
+        self._last_saved_step, self._last_saved_time = step, time.monotonic()
+        _say(f"checkpoint at {point.describe()} written in {time.monotonic() - started:.1f}s")
+        if stop:
+            _say(f"stopping after the checkpoint at step {step} (SIGTERM): a retry resumes from it")
+            sys.stdout.flush()
+            os._exit(EXIT_AFTER_SIGTERM)  # no teardown: the grace period is short, the state is on disk
+
+    # --- the training state -------------------------------------------------------------------------------------
+
+    def _optimizer_object(self) -> Any:
+        return self._optim_ckpt_wrapper if getattr(self, "_optimizer_in_bwd", False) else self._optimizer
+
+    def _trainable(self) -> dict[str, torch.Tensor]:
+        return {name: p for name, p in self._model.named_parameters() if p.requires_grad}
+
+    def _rank_state(self, point: ResumePoint) -> dict[str, Any]:
+        return {
+            "dataloader": self._dataloader.state_dict(),
+            "rng": _rng_state(),
+            "global_step": self.global_step,
+            "epochs_run": self.epochs_run,
+            "batches_in_epoch": point.batches_in_epoch,
+            "lr_scheduler": self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
+        }
+
+    def _save(self, point: ResumePoint) -> None:
+        partial = resume.partial_dir(self._run_dir, point.step)
+        if not self._distributed:
+            partial.mkdir(parents=True, exist_ok=True)
+            state = {
+                "model": {name: p.detach() for name, p in self._trainable().items()},
+                "optimizer": self._optimizer_object().state_dict(),
+                **self._rank_state(point),
+            }
+            _save_file(state, partial / "state.pt")
+            resume.publish(partial, point)
+            return
+        import torch.distributed.checkpoint as dcp
+
+        rank = torch.distributed.get_rank()
+        if rank == 0:
+            partial.mkdir(parents=True, exist_ok=True)
+        torch.distributed.barrier()
+        model_state, optimizer_state = self._sharded_state()
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+        _save_file(self._rank_state(point), partial / f"rank_{rank:05d}.pt")
+        torch.distributed.barrier()  # every rank's files are on disk before the marker says so
+        if rank == 0:
+            resume.publish(partial, point)
+        torch.distributed.barrier()
+
+    def _sharded_state(self) -> tuple[dict, dict]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self._model, self._optimizer)
+        trainable = {_clean_name(name) for name in self._trainable()}
+        return {k: v for k, v in model_state.items() if k in trainable}, optimizer_state
+
+    def _restore(self, point: ResumePoint) -> None:
+        if not self._distributed:
+            state = torch.load(point.path / "state.pt", map_location="cpu", weights_only=False)
+            trainable = self._trainable()
+            missing = sorted(set(trainable) - set(state["model"]))
+            if missing:
+                raise RuntimeError(f"checkpoint {point.path} lacks trainable weights {missing[:3]}")
+            with torch.no_grad():
+                for name, parameter in trainable.items():
+                    parameter.copy_(state["model"][name])
+            self._optimizer_object().load_state_dict(state["optimizer"])
+        else:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            model_state, optimizer_state = self._sharded_state()
+            loaded = {"model": model_state, "optimizer": optimizer_state}
+            dcp.load(loaded, checkpoint_id=str(point.path))
+            set_state_dict(
+                self._model,
+                self._optimizer,
+                model_state_dict=loaded["model"],
+                optim_state_dict=loaded["optimizer"],
+                options=StateDictOptions(strict=False),
+            )
+            rank = torch.distributed.get_rank()
+            state = torch.load(point.path / f"rank_{rank:05d}.pt", map_location="cpu", weights_only=False)
+        if self._lr_scheduler is not None and state["lr_scheduler"] is not None:
+            self._lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self._dataloader.load_state_dict(state["dataloader"])
+        self._dataloader.resume_position = state["batches_in_epoch"]
+        self._dataloader.on_iter = lambda: _set_rng_state(state["rng"])
+        self.global_step = state["global_step"]
+        self.epochs_run = state["epochs_run"]
+        self._last_saved_step = self.global_step
+        if getattr(self, "_metric_logger", None) is not None and hasattr(self._metric_logger, "mark_resume"):
+            self._metric_logger.mark_resume(point.step, point.reason)
+        _say(f"resuming from the checkpoint at {point.describe()}: {point.path}")
+
+
+def _clean_name(name: str) -> str:
+    """A parameter's name as torch.distributed.checkpoint's state dicts spell it (wrappers' prefixes removed)."""
+    return name.replace("._checkpoint_wrapped_module", "").replace("_orig_mod.", "")
+
+
+def _save_file(state: dict, path: Path) -> None:
+    torch.save(state, path)
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
+
+
+def recipe_module(name: str) -> Any:
+    """torchtune's recipe module `name`, its recipe class replaced by the same class with resume mixed in.
+
+    Its own `recipe_main` then runs as shipped (process group, threads, config logging) with our class: the
+    module's global is rebound in this process only; no installed file changes.
+    """
+    if name not in resume.RESUMABLE:
+        raise SystemExit(
+            f"{PREFIX}{name!r} is not one of the recipes this module extends: {', '.join(resume.RESUMABLE)}"
+        )
+    # torchtune's recipes/ is not a package (its __init__ refuses imports): the file is loaded as `tune run` does.
+    path = torchtune_files.recipe_file(name)
+    spec = importlib.util.spec_from_file_location(f"torchtune_recipe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = getattr(module, resume.RESUMABLE[name])
+    if not issubclass(base, Resumable):
+        setattr(
+            module, resume.RESUMABLE[name], type(base.__name__, (Resumable, base), {"__module__": __name__})
+        )
+    return module
+
+
+def base_recipe(argv: list[str]) -> str:
+    """The torchtune recipe the resolved YAML (`--config`) names in its `kfp_finetune:` block."""
+    import yaml
+
+    try:
+        path = argv[argv.index("--config") + 1]
+    except (ValueError, IndexError):
+        raise SystemExit(f"{PREFIX}usage: tune run {resume.RECIPE_PATH} --config <resolved yaml>") from None
+    return CheckpointSettings.from_config(yaml.safe_load(Path(path).read_text())).recipe
+
+
+def main() -> None:
+    recipe_module(base_recipe(sys.argv)).recipe_main()
+
+
+if __name__ == "__main__":
+    main()
