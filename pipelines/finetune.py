@@ -154,6 +154,10 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
         **p.feeding("torchtune_finetune"),
     )
     step(tune, "Fine-tune (torchtune)", settings.TRAIN_STEP_TIMEOUT_SECONDS)
+    backoff, factor, longest = settings.TRAIN_RETRY_BACKOFF
+    tune.set_retry(
+        settings.TRAIN_RETRIES, backoff_duration=backoff, backoff_factor=factor, backoff_max_duration=longest
+    )
     with_model_cache(tune)
     # Reaches the TrainJob's node pods through the task config, not this launcher pod.
     tune.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.outputs["tune_gpus"])

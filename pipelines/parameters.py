@@ -198,6 +198,17 @@ TABLE: tuple[Parameter, ...] = (
        "on; elsewhere the base config's).",
        "torchtune_finetune.compile", "preflight.tune_compile"),
     _p("tune_seed", int, -1, "Random seed; -1: the base config's.", "torchtune_finetune.seed", "preflight.tune_seed"),
+    _p("tune_resume", str, "auto",
+       "Continue a retried or preempted fine-tune from its newest checkpoint (the same steps, learning rates and "
+       "data order as an uninterrupted run): true, false or auto (on).",
+       "torchtune_finetune.resume", "preflight.tune_resume"),
+    _p("tune_checkpoint_every_steps", int, -1,
+       "Save the training state for resuming every this many optimizer steps (0: no step interval); -1: none. "
+       "Also saved on SIGTERM (preemption, eviction).",
+       "torchtune_finetune.checkpoint_every_steps", "preflight.tune_checkpoint_every_steps"),
+    _p("tune_checkpoint_every_minutes", float, -1.0,
+       "Save the training state for resuming every this many minutes (0: no time interval); -1: every 30 minutes.",
+       "torchtune_finetune.checkpoint_every_minutes", "preflight.tune_checkpoint_every_minutes"),
     _p("tune_overrides", dict, {},
        'Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the typed tune_ settings; empty: none.',
        "torchtune_finetune.overrides", "preflight.tune_overrides"),

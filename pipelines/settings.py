@@ -41,6 +41,11 @@ INITIALIZE_TIMEOUT_SECONDS = 6 * 3600
 TRAIN_STEP_TIMEOUT_SECONDS = 7 * 24 * 3600
 EVALUATE_TIMEOUT_SECONDS = 12 * 3600
 EXPORT_TIMEOUT_SECONDS = 6 * 3600
+# The fine-tune's KFP retry: 3 more attempts, 1, 2 and 4 minutes apart. It trains again only after preemption,
+# eviction or node loss, from the newest checkpoint; any other failure fails the retry at once
+# (components/torchtune_finetune/attempts.py, whose window outlasts this back-off).
+TRAIN_RETRIES = 3
+TRAIN_RETRY_BACKOFF = ("60s", 2.0, "4m")
 
 
 def pipeline_config() -> dsl.PipelineConfig:

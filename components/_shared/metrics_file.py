@@ -76,3 +76,8 @@ def collect_steps(lines: Iterable[str]) -> list[StepMetrics]:
 
 def read_metrics_file(path: str | Path) -> list[StepMetrics]:
     return collect_steps(Path(path).read_text().splitlines())
+
+
+def read_resume_points(path: str | Path) -> list[int]:
+    """The steps the run in this file resumed after (0: it started over), in order."""
+    return resume_points(Path(path).read_text().splitlines())

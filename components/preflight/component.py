@@ -46,6 +46,9 @@ def preflight(
     tune_enable_activation_offloading: str = "auto",
     tune_compile: str = "auto",
     tune_seed: int = -1,
+    tune_resume: str = "auto",
+    tune_checkpoint_every_steps: int = -1,
+    tune_checkpoint_every_minutes: float = -1.0,
     tune_overrides: dict = {},  # noqa: B006
     tune_device: str = "auto",
     tune_num_nodes: int = 1,
@@ -150,6 +153,11 @@ def preflight(
         tune_compile: torch.compile the model and loss (faster steps after a slower first one): true, false or
             auto (on CUDA: on; elsewhere the base config's).
         tune_seed: Random seed; -1: the base config's.
+        tune_resume: Continue a retried or preempted fine-tune from its newest checkpoint: true, false or auto (on).
+        tune_checkpoint_every_steps: Save the training state for resuming every this many optimizer steps (0: no
+            step interval); -1: none. Also saved on SIGTERM.
+        tune_checkpoint_every_minutes: Save the training state for resuming every this many minutes (0: no time
+            interval); -1: every 30 minutes.
         tune_overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the
             typed tune_ settings; empty: none.
         tune_device: cuda, cpu or auto (cuda when GPUs are requested).
@@ -216,6 +224,9 @@ def preflight(
         "tune_enable_activation_offloading": tune_enable_activation_offloading,
         "tune_compile": tune_compile,
         "tune_seed": tune_seed,
+        "tune_resume": tune_resume,
+        "tune_checkpoint_every_steps": tune_checkpoint_every_steps,
+        "tune_checkpoint_every_minutes": tune_checkpoint_every_minutes,
         "tune_overrides": tune_overrides,
         "tune_device": tune_device,
         "tune_num_nodes": tune_num_nodes,

@@ -63,6 +63,9 @@ def torchtune_finetune(
     max_seq_len: int = -1,
     compile: str = "auto",
     seed: int = -1,
+    resume: str = "auto",
+    checkpoint_every_steps: int = -1,
+    checkpoint_every_minutes: float = -1.0,
     overrides: dict = {},  # noqa: B006
     backend: str = "trainjob",
     runtime_name: str = "torchtune",
@@ -153,6 +156,13 @@ def torchtune_finetune(
         compile: torch.compile the model and loss: true, false or auto (on CUDA: on; elsewhere the base
             config's).
         seed: Random seed; -1: the base config's.
+        resume: Continue from the newest complete checkpoint in the run folder when the step is retried or its
+            TrainJob's pods are replaced (the same steps, learning rates and data order as an uninterrupted
+            run): true, false or auto (on). Off: no checkpoints inside an epoch, and a retry starts over.
+        checkpoint_every_steps: Save the training state for resuming every this many optimizer steps (0: no
+            step interval); -1: none. A checkpoint is also saved on SIGTERM (preemption, eviction).
+        checkpoint_every_minutes: Save the training state for resuming every this many minutes (0: no time
+            interval); -1: every 30 minutes.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;
             empty: none.
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with

@@ -17,6 +17,7 @@ import yaml
 
 from kfp_finetune.components._shared import html_report, unset
 from kfp_finetune.components._shared.artifacts import entry_path
+from kfp_finetune.components._shared.cancel import Interrupted
 from kfp_finetune.components._shared.contract import (
     ArtifactInput,
     BaseModel,
@@ -27,12 +28,14 @@ from kfp_finetune.components._shared.contract import (
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.launch_settings import DEFAULT_QUEUE_TIMEOUT_SECONDS, queue_problems
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
+from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file, read_resume_points
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
 from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 from kfp_finetune.components._shared.workspace import area_dir
+from kfp_finetune.components.torchtune_finetune.attempts import INFRASTRUCTURE, RetryRefused, check_retry
+from kfp_finetune.components.torchtune_finetune.attempts import record as record_attempt
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFailed
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
@@ -172,7 +175,7 @@ def run_finetune(
     # The TrainJob's name doubles as the run folder's: deterministic per KFP task instance, so a retry finds both
     # and a second instance (a nested use, a ParallelFor iteration) gets its own.
     run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name, task_id))
-    backend.prepare(run_dir)
+    backend.prepare(run_dir, resume=config.resume is not False)
     resolved = resolve_run(
         config,
         model_dir,
@@ -208,6 +211,9 @@ def run_finetune(
     if diverged:
         raise diverged
     summary = summarize(steps)
+    resumed = read_resume_points(resolved.metrics_path)
+    if resumed:
+        log.info("training resumed after step(s) %s of %d", ", ".join(map(str, resumed)), len(steps))
     base_name = base.repo_id or str(model_dir)
     checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
     same = unchanged(checkpoint, method=config.method, base_dir=model_dir)
@@ -227,6 +233,8 @@ def run_finetune(
     )
     log.info("%s", speed.log_line())
     metrics = {**_metrics(summary, steps, wall), **speed.metrics()}
+    if resumed:
+        metrics["resumes"] = float(len(resumed))
     model_metadata = TunedModel(
         workspace_path=rel(checkpoint.merged_dir or checkpoint.adapter_dir),
         run_dir=rel(run_dir),
@@ -260,7 +268,7 @@ def run_finetune(
         wall_seconds=wall,
         model_metadata=model_metadata,
         metrics=metrics,
-        report_html=render_report(resolved, steps, metrics, model_metadata, speed),
+        report_html=render_report(resolved, steps, metrics, model_metadata, speed, resumed),
         resolved_yaml=resolved.yaml_path.read_text(),
         extra_files=outcome.files,
     )
@@ -284,7 +292,9 @@ def render_report(
     metrics: dict,
     model_metadata: dict,
     throughput: Throughput | None = None,
+    resumed: list[int] | None = None,
 ) -> str:
+    """`resumed`: the steps training resumed after (a retry, replaced pods; 0: started over), shown by the curves."""
     c = run.config
     model = c.get("model", {})
     settings = [
@@ -333,7 +343,9 @@ def render_report(
         f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
         [
             *warned,
-            html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
+            html_report.section(
+                "Curves", f'{_resume_note(resumed)}<div class="charts">{"".join(charts)}</div>'
+            ),
             html_report.section("Results", html_report.table(["metric", "value"], results)),
             *speed,
             html_report.section("Settings", html_report.table(["setting", "value"], settings)),
@@ -346,11 +358,18 @@ def render_report(
     )
 
 
+def _resume_note(resumed: list[int] | None) -> str:
+    if not resumed:
+        return ""
+    points = ", ".join("the start (no checkpoint yet)" if step == 0 else f"step {step}" for step in resumed)
+    return f"<p>Training was interrupted and continued from {html_report.escape(points)}.</p>"
+
+
 # --- the KFP component's entry point -------------------------------------------------------------------------
 
 # Errors whose message says all the user needs (bad input; a failed or diverged run with its reason and last log
 # lines or the usual fixes): the component prints only the message.
-USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged, WeightsUnchanged)
+USAGE_ERRORS = (ConfigError, TrainingFailed, TrainJobError, LossDiverged, WeightsUnchanged, RetryRefused)
 
 
 _STEP_PARAMETERS = {
@@ -408,7 +427,27 @@ def queue_settings(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_component(**params: Any) -> FinetuneResult:
-    """What the component body calls with all its parameters: the rest of them are training settings."""
+    """What the component body calls with all its parameters: the rest of them are training settings. A failure
+    is recorded for the task's KFP retry, which trains again only after an infrastructure failure (attempts.py)."""
+    run_id = params["run_id"] or "local"
+    run_dir = area_dir(
+        params["workspace_path"],
+        "runs",
+        trainjob_name(run_id, params["task_name"], params.get("task_id", "")),
+    )
+    check_retry(run_dir)  # an automatic retry after a crash or a bad setting fails at once (attempts.py)
+    try:
+        return _run_component(params, run_id)
+    except (Exception, Interrupted) as error:
+        attempt = record_attempt(run_dir, error)
+        log.info(
+            "this attempt failed: %s",
+            "a retry trains again" if attempt.outcome == INFRASTRUCTURE else "not retried",
+        )
+        raise
+
+
+def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
     from kfp_finetune.components._shared.artifacts import write_artifact
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
         trainjob_spec_from_task_config,
@@ -425,7 +464,6 @@ def run_component(**params: Any) -> FinetuneResult:
         volume, mount = workspace_volume(params["workspace_pvc"], params["workspace_path"])
         pod.volumes.append(volume)
         pod.volume_mounts.append(mount)
-    run_id = params["run_id"] or "local"
     backend = backend_for(
         params["backend"],
         devices=params["num_proc_per_node"] or max(pod.gpus, 1),

@@ -131,10 +131,15 @@ class TeeMetricLogger:
         self._last = (step, now)
         self._write(f"Step {step} | " + " ".join(f"{name}:{value}" for name, value in payload.items()))
 
-    def mark_resume(self, step: int, reason: str) -> None:
-        """Say in the file that training continues after `step` (metrics_file.collect_steps reads it)."""
+    def mark_resume(self, step: int, how: str) -> None:
+        """Say in the file that training continues after `step` (0: starts over), and `how`; the steps after it
+        logged before are dropped by metrics_file.collect_steps."""
         self._last = None  # no step time across the restart
-        self._write(f"{RESUMED} {step} (from the checkpoint saved on {reason})")
+        self._write(f"{RESUMED} {step} ({how})")
+
+    def has_steps(self) -> bool:
+        """Whether an earlier process already logged steps to the file (a restart)."""
+        return self._path.stat().st_size > 0
 
     def log_config(self, config: object) -> None:
         """The resolved config is already written next to the outputs by the engine."""

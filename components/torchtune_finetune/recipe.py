@@ -133,7 +133,18 @@ class Resumable:
             point = None
         if point is not None:
             self._restore(point)
+        elif self._logged_before():  # killed before its first checkpoint: the curve starts over too
+            self._mark_resume(0, "no complete checkpoint: training started over")
         self._say_plan(point)
+
+    def _mark_resume(self, step: int, how: str) -> None:
+        logger = getattr(self, "_metric_logger", None)  # rank 0's only
+        if logger is not None and hasattr(logger, "mark_resume"):
+            logger.mark_resume(step, how)
+
+    def _logged_before(self) -> bool:
+        logger = getattr(self, "_metric_logger", None)
+        return logger is not None and hasattr(logger, "has_steps") and logger.has_steps()
 
     def _say_plan(self, point: ResumePoint | None) -> None:
         every = [f"every {self._checkpoints.every_steps} steps"] if self._checkpoints.every_steps else []
@@ -163,10 +174,9 @@ class Resumable:
     def _weights_merged_into(self) -> dict[str, torch.Tensor]:
         """The base weights of the LoRA'd modules (`<module>.weight` beside `<module>.lora_a.weight`)."""
         state = self._model.state_dict(keep_vars=True)
+        modules = [name.removesuffix(".lora_a.weight") for name in state if name.endswith(".lora_a.weight")]
         return {
-            name.removesuffix(".lora_a.weight") + ".weight": state[name.removesuffix(".lora_a.weight") + ".weight"]
-            for name in state
-            if name.endswith(".lora_a.weight") and name.removesuffix(".lora_a.weight") + ".weight" in state
+            f"{module}.weight": state[f"{module}.weight"] for module in modules if f"{module}.weight" in state
         }
 
     # --- between two optimizer steps ----------------------------------------------------------------------------
@@ -291,8 +301,7 @@ class Resumable:
         self.global_step = state["global_step"]
         self.epochs_run = state["epochs_run"]
         self._last_saved_step = self.global_step
-        if getattr(self, "_metric_logger", None) is not None and hasattr(self._metric_logger, "mark_resume"):
-            self._metric_logger.mark_resume(point.step, point.reason)
+        self._mark_resume(point.step, f"from the checkpoint saved on {point.reason}")
         _say(f"resuming from the checkpoint at {point.describe()}: {point.path}")
 
 

@@ -48,8 +48,9 @@ class TrainingBackend(Protocol):
         """Whether the training will see GPUs (picks the device when the settings leave it to us)."""
         ...
 
-    def prepare(self, run_dir: Path) -> None:
-        """Before resolving: deal with what an earlier attempt of this task left in the run folder."""
+    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
+        """Before resolving: deal with what an earlier attempt of this task left in the run folder (with `resume`,
+        a complete checkpoint stays for the training to continue from)."""
         ...
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:

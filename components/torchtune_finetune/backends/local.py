@@ -23,6 +23,7 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
+from kfp_finetune.components._shared.torchtune.resume import latest as latest_checkpoint
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence, progress_line
 
@@ -81,8 +82,14 @@ class LocalBackend:
     def gpus_available(self) -> bool:
         return _cuda_available()
 
-    def prepare(self, run_dir: Path) -> None:
-        if run_dir.exists():
+    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
+        point = latest_checkpoint(run_dir) if resume else None
+        if point is not None:
+            log.info(
+                "an earlier attempt of this task left a checkpoint at %s: training resumes from it",
+                point.describe(),
+            )
+        elif run_dir.exists():
             log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)
             shutil.rmtree(run_dir)
 

@@ -12,6 +12,7 @@ from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, rai
 from kfp_finetune.components._shared.metrics_file import collect_steps, parse_metric_line
 from kfp_finetune.components._shared.torchtune.config import ConfigError
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
+from kfp_finetune.components._shared.torchtune.resume import RECIPE_PATH
 from kfp_finetune.components.torchtune_finetune.backends import backend_for
 from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
@@ -54,7 +55,7 @@ def test_trainjob_backend_manifest_is_what_build_trainjob_makes():
     )
     name = tj.trainjob_name("run-1", "finetune")
     command = node_command(
-        ["tune", "run", *tj.torchrun_args(name), "lora_finetune_distributed", "--config", "/ws/runs/x/c.yaml"]
+        ["tune", "run", *tj.torchrun_args(name), RECIPE_PATH, "--config", "/ws/runs/x/c.yaml"]
     )
     assert backend.job_name == name and backend.gpus_available()
     assert backend.manifest(resolved) == tj.build_trainjob(

@@ -74,8 +74,9 @@ class TrainJobBackend:
     def gpus_available(self) -> bool:
         return self.pod.gpus > 0
 
-    def prepare(self, run_dir: Any) -> None:
-        """Nothing to clear: a retry re-attaches to the TrainJob, which writes into the same run folder."""
+    def prepare(self, run_dir: Any, *, resume: bool = True) -> None:
+        """Nothing to clear: a retry re-attaches to the TrainJob, which writes into the same run folder, or
+        replaces a failed one, whose node pods resume from its newest checkpoint (recipe.py)."""
 
     def manifest(self, resolved: ResolvedRun, pod: NodePodSettings | None = None) -> dict[str, Any]:
         """The TrainJob this backend sends for `resolved` (`pod`: placed node-pod settings; default: `self.pod`)."""

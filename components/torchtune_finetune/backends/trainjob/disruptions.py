@@ -4,7 +4,7 @@ shows them, so a lost node is not waited on in silence until the timeout.
 A pod whose node is lost, drained or preempted gets the `DisruptionTarget` condition (PodGC: `DeletionByPodGC`,
 taint eviction: `DeletionByTaintManager`, preemption: `PreemptionByScheduler`, eviction API: `EvictionByEvictionAPI`;
 kubernetes pkg/apis/core/types.go DisruptionTarget). The runtime's podFailurePolicy then decides: `Ignore` (as
-runtimes/torchtune.yaml does) lets the Job replace the pod and the trainer starts over; otherwise the failure counts
+runtimes/torchtune.yaml does) lets the Job replace the pod and the trainer resumes from its newest checkpoint (recipe.py); otherwise the failure counts
 and, with `backoffLimit: 0`, fails the TrainJob.
 """
 
@@ -63,7 +63,7 @@ class PodChanges:
             name, before = pod["metadata"]["name"], self._pod_of_rank.get(rank)
             if before is not None and before != name:
                 lines.append(
-                    f"rank {rank} runs in a new pod {name} (replacing {before}); the trainer starts over"
+                    f"rank {rank} runs in a new pod {name} (replacing {before}); the trainer resumes from its newest checkpoint, if any"
                 )
             self._pod_of_rank[rank] = name
         return lines
