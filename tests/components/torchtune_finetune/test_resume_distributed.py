@@ -1,0 +1,78 @@
+"""Resume across several processes: recipe.py's distributed branches (torch.distributed.checkpoint shards, per-rank
+dataloader position and RNG, one decision for all ranks) on a two-process FSDP2 training over gloo on CPU
+(tests/support/fsdp_resume_probe.py: torchtune's own distributed recipes cannot run on CPU)."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kfp_finetune.components._shared.torchtune import resume
+
+pytestmark = pytest.mark.slow
+
+PROBE = Path(__file__).parents[2] / "support" / "fsdp_resume_probe.py"
+STEPS = 12
+SEED = 20261127
+
+
+def probe(run_dir, *args, kill_after_step=None):
+    """(exit code, {step: (loss, lr)}) of one torchrun of the probe; `kill_after_step`: SIGKILL its whole process
+    group once that step is printed (a node lost: no grace)."""
+    command = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--nproc_per_node",
+        "2",
+        str(PROBE),
+        str(run_dir),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True)  # fmt: skip
+    steps, output = {}, []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("STEP "):
+            _, step, loss, lr = line.split()
+            steps[int(step)] = (loss, lr)
+            if kill_after_step == int(step):
+                os.killpg(process.pid, signal.SIGKILL)
+    return process.wait(timeout=300), steps, "".join(output[-30:])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    code, steps, tail = probe(tmp_path_factory.mktemp("straight"))
+    assert code == 0 and sorted(steps) == list(range(1, STEPS + 1)), tail
+    return steps
+
+
+def test_a_sigterm_on_one_rank_saves_every_rank_and_the_retry_continues_exactly(uninterrupted, tmp_path):
+    after = random.Random(SEED).randint(2, STEPS - 2)
+    code, before, tail = probe(tmp_path, "--signal-rank", "1", "--signal-after-step", str(after))
+    assert code != 0 and "exitcode  : 143" in tail, tail  # each rank exited as SIGTERM ends a process
+    point = resume.latest(tmp_path)
+    assert (point.step, point.reason) == (after, "SIGTERM"), tail  # all ranks stopped at the next boundary
+    assert sorted(p.name for p in point.path.glob("rank_*.pt")) == ["rank_00000.pt", "rank_00001.pt"]
+
+    code, rest, tail = probe(tmp_path)
+    assert code == 0, tail
+    assert sorted(rest) == list(range(after + 1, STEPS + 1)), tail
+    assert {**before, **rest} == uninterrupted, f"signal after step {after} (seed {SEED})"
+
+
+def test_a_lost_node_resumes_from_the_last_interval_checkpoint(uninterrupted, tmp_path):
+    killed = random.Random(SEED + 1).randint(4, STEPS - 1)
+    code, before, tail = probe(tmp_path, kill_after_step=killed)
+    assert code == -signal.SIGKILL, tail
+    point = resume.latest(tmp_path)
+    assert point.reason == "interval" and point.step == killed // 3 * 3, tail  # every 3 steps in the probe
+
+    code, rest, tail = probe(tmp_path)
+    assert code == 0 and sorted(rest) == list(range(point.step + 1, STEPS + 1)), tail
+    assert {**before, **rest} == uninterrupted, f"killed after step {killed} (seed {SEED + 1})"
