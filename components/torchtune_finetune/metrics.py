@@ -23,6 +23,7 @@ from kfp_finetune.components._shared.metrics_file import (
     RESUMED,
     StepMetrics,
 )
+from kfp_finetune.components.torchtune_finetune.progress import ProgressClock, TrainerStatusReporter
 from kfp_finetune.components.torchtune_finetune.throughput import STEP_SECONDS
 
 _KUBELET_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
@@ -79,24 +80,6 @@ def summarize(steps: list[StepMetrics]) -> dict[str, float]:
     return summary
 
 
-def progress_line(
-    metrics: StepMetrics, total_steps: int | None = None, eta_seconds: float | None = None
-) -> str:
-    """One human-readable progress line for the step log."""
-    parts = [f"step {metrics.step}" + (f"/{total_steps}" if total_steps else "")]
-    if metrics.loss is not None:
-        parts.append(f"loss {metrics.loss:.4f}")
-    if (
-        "lr" in metrics.values
-    ):  # torchtune logs it after the scheduler's step: the rate the next step trains with
-        parts.append(f"next step's lr {metrics.values['lr']:.3g}")
-    if metrics.tokens_per_second is not None:
-        parts.append(f"{metrics.tokens_per_second:.1f} tokens/s")
-    if eta_seconds is not None and eta_seconds >= 0:
-        parts.append(f"ETA {int(eta_seconds // 60)}m{int(eta_seconds % 60):02d}s")
-    return "progress: " + " | ".join(parts)
-
-
 class TeeMetricLogger:
     """A torchtune metric logger (`metric_logger._component_`) that writes DiskLogger's format to a file and stdout.
 
@@ -111,6 +94,17 @@ class TeeMetricLogger:
         self._path = path / filename
         self._file = open(self._path, "a")  # noqa: SIM115 - kept open for the whole run, closed in close()
         self._last: tuple[int, float] | None = None  # (step, monotonic time) of the previous step line
+        self._progress = ProgressClock()
+        self._trainer_status = TrainerStatusReporter()
+
+    @property
+    def total_steps(self) -> int | None:
+        """The run's optimizer steps, for percent and ETA (the recipe module sets it once it knows)."""
+        return self._progress.total_steps
+
+    @total_steps.setter
+    def total_steps(self, value: int | None) -> None:
+        self._progress.total_steps = value
 
     def path_to_log_file(self) -> Path:
         return self._path
@@ -130,6 +124,10 @@ class TeeMetricLogger:
             payload = {**payload, STEP_SECONDS: round(seconds, 6)}
         self._last = (step, now)
         self._write(f"Step {step} | " + " ".join(f"{name}:{value}" for name, value in payload.items()))
+        if self._trainer_status.enabled:
+            values = {name: float(value) for name, value in payload.items() if _is_number(value)}
+            progress = self._progress.update(StepMetrics(step, values))
+            self._trainer_status.report(progress, final=step == self.total_steps)
 
     def mark_resume(self, step: int, how: str) -> None:
         """Say in the file that training continues after `step` (0: starts over), and `how`; the steps after it
@@ -150,6 +148,14 @@ class TeeMetricLogger:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _is_number(value: object) -> bool:
+    try:
+        float(value)  # a float, an int or a one-element tensor
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def kubelet_timestamp_ns(line: str) -> tuple[int | None, str]:

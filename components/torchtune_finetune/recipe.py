@@ -127,6 +127,11 @@ class Resumable:
         )
         self._last_saved_step = 0
         self._last_saved_time = time.monotonic()
+        logger = getattr(
+            self, "_metric_logger", None
+        )  # rank 0's: percent and ETA for the Trainer's progress API
+        if logger is not None and hasattr(logger, "total_steps"):
+            logger.total_steps = self._total_steps
         point = resume.latest(self._run_dir) if self._checkpoints.resume else None
         if point is not None and point.config_sha256 != self._config_sha256:
             _say(f"not resuming from {point.describe()}: it was trained with another config; starting over")

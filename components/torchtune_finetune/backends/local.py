@@ -25,7 +25,8 @@ from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metr
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
 from kfp_finetune.components._shared.torchtune.resume import latest as latest_checkpoint
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
-from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence, progress_line
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence
+from kfp_finetune.components.torchtune_finetune.progress import ProgressClock
 
 log = get_logger(__name__)
 
@@ -153,6 +154,7 @@ def run_local(
         start_new_session=True,  # its own process group, so a stop reaches torchrun's workers too
     )
     stop = _ChildStopper(process)
+    progress = ProgressClock(total_steps)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     steps: list[StepMetrics] = []
     diverged: LossDiverged | None = None
@@ -168,7 +170,7 @@ def run_local(
                 metrics = parse_metric_line(line)
                 if metrics:  # shown as a progress line; the raw line is kept in the run's metrics file
                     steps.append(metrics)
-                    echo(progress_line(metrics, total_steps, _eta(started, metrics.step, total_steps)))
+                    echo(progress.update(metrics).line())
                     diverged = divergence(metrics)
                     if diverged:
                         log.error("loss %s at step %d: stopping training", metrics.loss, metrics.step)
@@ -209,12 +211,6 @@ def _lines(stream) -> collections.abc.Iterator[str]:
                 yield raw.decode("utf-8", errors="replace")
     if buffer.strip():
         yield buffer.decode("utf-8", errors="replace")
-
-
-def _eta(started: float, step: int, total_steps: int | None) -> float | None:
-    if not total_steps or step <= 0:
-        return None
-    return (time.monotonic() - started) / step * max(total_steps - step, 0)
 
 
 class _ChildStopper:

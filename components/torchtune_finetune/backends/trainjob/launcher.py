@@ -46,6 +46,7 @@ from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.access import LOG, check_permissions
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.annotations import ProgressAnnotations
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.attach import create_or_attach
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.creation import CreationWatch
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import (
@@ -228,6 +229,7 @@ class TrainJobLauncher:
             total_steps=total_steps,
             log=self.log,
             on_diverged=self._on_diverged,
+            on_progress=ProgressAnnotations(self.custom, self.namespace, self.name, log=self.log),
         )
 
     # Public ---------------------------------------------------------------------------------------------------

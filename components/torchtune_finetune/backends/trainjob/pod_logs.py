@@ -25,8 +25,8 @@ from kfp_finetune.components.torchtune_finetune.metrics import (
     LossDiverged,
     divergence,
     kubelet_timestamp_ns,
-    progress_line,
 )
+from kfp_finetune.components.torchtune_finetune.progress import Progress, ProgressClock
 
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_LOG_LINES = 50
@@ -58,6 +58,7 @@ class RankZeroLog:
         total_steps: Expected number of steps, for progress lines with an ETA.
         log: Where lines and progress go.
         on_diverged: Called (from the log thread) at the first metric line with a NaN or infinite loss.
+        on_progress: Called (from the log thread) with each step's progress (the TrainJob's annotations).
     """
 
     def __init__(
@@ -74,19 +75,21 @@ class RankZeroLog:
         total_steps: int | None,
         log: Any,
         on_diverged: Callable[[LossDiverged], None] = lambda _: None,
+        on_progress: Callable[[Progress], None] = lambda _: None,
     ) -> None:
         self.core, self.namespace = core, namespace
         self._node_pods, self._ended, self._stop = node_pods, ended, stop
         self.backoff, self.tick, self.read_timeout = backoff, tick, read_timeout
         self.total_steps, self.log = total_steps, log
         self._on_diverged = on_diverged
+        self._on_progress = on_progress
         self._diverged = False
         self.streams = Streams()  # the log being followed, cut when the run ends
         self._lock = threading.Lock()
         self._lines: list[str] = []
         self._tail: deque[str] = deque(maxlen=FAILURE_LOG_LINES)
         self._steps: list[StepMetrics] = []
-        self._first_step_at: tuple[float, int] | None = None
+        self._progress = ProgressClock(total_steps)
 
     def shown(self) -> tuple[list[str], list[StepMetrics]]:
         """The lines shown so far and the step metrics parsed from them."""
@@ -189,16 +192,11 @@ class RankZeroLog:
         metrics = parse_metric_line(line)
         if metrics is None:
             return
-        now = time.monotonic()
         with self._lock:
             self._steps.append(metrics)
-            self._first_step_at = self._first_step_at or (now, metrics.step)
-            first_at, first_step = self._first_step_at
-        eta = None
-        if self.total_steps and metrics.step > first_step:
-            rate = (now - first_at) / (metrics.step - first_step)
-            eta = rate * (self.total_steps - metrics.step)
-        self.log.info("%s", progress_line(metrics, self.total_steps, eta))
+            progress = self._progress.update(metrics)
+        self.log.info("%s", progress.line())
+        self._on_progress(progress)
         diverged = divergence(metrics)
         if diverged and not self._diverged:
             self._diverged = True
