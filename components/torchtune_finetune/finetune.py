@@ -430,6 +430,8 @@ def run_component(**params: Any) -> FinetuneResult:
     """What the component body calls with all its parameters: the rest of them are training settings. A failure
     is recorded for the task's KFP retry, which trains again only after an infrastructure failure (attempts.py)."""
     run_id = params["run_id"] or "local"
+    if not params["run_id"]:  # not under KFP: no retry to sort failures for
+        return _run_component(params, run_id)
     run_dir = area_dir(
         params["workspace_path"],
         "runs",

@@ -363,6 +363,27 @@ def _cut_length(config: dict, model: ModelDir, lengths: TokenLengths | None, cho
     choices.append(Choice("max_seq_len", config["tokenizer"]["max_seq_len"], f"rows are cut there ({how})"))
 
 
+#: torchtune's distributed recipes read it (FSDP2's reshard_after_forward; False is ZeRO-2 / SHARD_GRAD_OP).
+RESHARD_KEY = "fsdp_reshard_after_forward"
+
+
+def _reshard_after_forward(
+    config: dict, total: float, unsharded_rest: float, budget: float, nodes: int, choices: list[Choice]
+) -> None:
+    """Several nodes: keep each layer's gathered weights from its forward to its backward where the whole model
+    fits unsharded beside the rest (SHARD_GRAD_OP): one all-gather of the weights per step instead of two, a third
+    less FSDP traffic over the nodes' network. torchtune 0.6.1 offers no hybrid (HSDP) sharding."""
+    keep = total + unsharded_rest <= budget
+    config[RESHARD_KEY] = not keep
+    if keep:
+        why = (f"{nodes} nodes: the gathered weights stay from forward to backward ({total + unsharded_rest:.1f} GiB "
+               "per GPU fits): one all-gather per step instead of two, a third less traffic between the nodes")  # fmt: skip
+    else:
+        why = (f"{nodes} nodes, but keeping the gathered weights would need {total + unsharded_rest:.1f} GiB per GPU: "
+               "resharded after forward (two all-gathers per step)")  # fmt: skip
+    choices.append(Choice(RESHARD_KEY, not keep, why))
+
+
 def _memory_and_batch(
     config: dict,
     base: dict,
@@ -422,6 +443,10 @@ def _memory_and_batch(
         estimate_text += (
             f" — OVER {MEMORY_MARGIN:.0%} of it: expect out-of-memory; lower tune_max_seq_len or "
             "tune_batch_size"
+        )
+    if nodes > 1 and not user_set(cfg, None, RESHARD_KEY):
+        _reshard_after_forward(
+            config, mem.total(ckpt, offload), mem.parameters * (world - 1), budget, nodes, choices
         )
     if not ckpt_set:
         config["enable_activation_checkpointing"] = ckpt

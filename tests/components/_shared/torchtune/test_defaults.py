@@ -422,7 +422,7 @@ def test_gpu_memory_from_the_task_placement_an_explicit_value_or_80(tmp_path, da
     )
 
 
-def test_the_component_passes_gpu_memory_to_the_resolver(monkeypatch):
+def test_the_component_passes_gpu_memory_to_the_resolver(monkeypatch, tmp_path):
     """run_component reads gpu_memory_gib as a step parameter (not a torchtune setting) and hands the placement's
     memory to run_finetune."""
     from kfp import dsl
@@ -441,15 +441,15 @@ def test_the_component_passes_gpu_memory_to_the_resolver(monkeypatch):
     monkeypatch.setattr(finetune, "run_finetune", run_finetune)
     monkeypatch.setattr(finetune, "backend_for", lambda *a, **kw: None)
     params = {
-        "workspace_path": "/w", "train_data": None, "base_model": None, "eval_data": None, "run_id": "r",
+        "workspace_path": str(tmp_path), "train_data": None, "base_model": None, "eval_data": None, "run_id": "r",
         "task_name": "t", "backend": "local", "num_nodes": 1, "num_proc_per_node": 0, "runtime_name": "x",
         "runtime_kind": "x", "trainer_image": "", "timeout_seconds": 0, "cleanup_policy": "on-success",
         "workspace_pvc": "", "method": "lora",
     }  # fmt: skip
     h200 = dsl.TaskConfig(node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"})
-    for given, expected in ((-1.0, 141.0), (96.0, 96.0)):
-        with pytest.raises(Stop):
-            finetune.run_component(**params, kubernetes_config=h200, gpu_memory_gib=given)
+    for task, (given, expected) in enumerate(((-1.0, 141.0), (96.0, 96.0))):
+        with pytest.raises(Stop):  # each its own task: a second attempt of one would be refused (attempts.py)
+            finetune.run_component(**params, kubernetes_config=h200, gpu_memory_gib=given, task_id=str(task))
         assert seen["gpu_memory_gib"] == expected and "gpu_memory_gib" not in seen["settings"]
 
 
@@ -539,6 +539,30 @@ def test_several_nodes_take_a_32k_micro_batch_only_where_it_fits_without_checkpo
     # Checkpointing the user turned on does not make room for 32k either: the bigger micro-batch is never checkpointed.
     forced = plan("llama3_2", 141, 8, 2, enable_activation_checkpointing=True)
     assert forced[:2] == (16384, True)
+
+
+def test_several_nodes_keep_gathered_weights_where_the_whole_model_fits(tmp_path, data):
+    """Fewer all-gathers over the nodes' network (FSDP2 reshard_after_forward=False) where the memory model fits
+    the unsharded weights; resharded where it does not; never decided for one node, never over the user's say."""
+    from kfp_finetune.components._shared.torchtune.defaults import RESHARD_KEY
+
+    models = {family: fake_model_dir(tmp_path, family) for family in ("llama3_2", "llama3_1")}
+
+    def plan(family, gib, devices, nodes, **settings):
+        run = on_gpu(models[family], tmp_path, lengths=LENGTHS, method="full",
+                     gpu_memory_gib=gib, devices=devices, nodes=nodes, **settings)  # fmt: skip
+        return run.config.get(RESHARD_KEY), {c.setting: c.reason for c in run.defaults}.get(RESHARD_KEY, "")
+
+    kept, why = plan("llama3_2", 80, 8, 2)  # 1B: 2.5 GB of bf16 weights beside the rest
+    assert kept is False and "a third less traffic between the nodes" in why
+    assert plan("llama3_2", 80, 16, 1) == (None, "")  # one node: torchtune's default (resharded)
+    resharded, why = plan(
+        "llama3_1", 24, 8, 2
+    )  # 8B: 16 GB of weights cannot stay gathered beside the rest on 24 GB
+    assert resharded is True and "would need" in why
+    assert (
+        plan("llama3_2", 80, 8, 2, overrides={f"+{RESHARD_KEY}": True})[0] is True
+    )  # the user's choice stands
 
 
 def test_a_pipeline_user_who_sets_nothing_gets_packing_and_compile_on_cuda(tmp_path, data):
