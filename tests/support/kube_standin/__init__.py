@@ -41,7 +41,9 @@ Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log fol
 ``add_object`` (the retry/attach case), pods that cannot start (an image not in the registry list, ``images=`` /
 ``push_image``; a Secret the env needs that was not added; ``Scenario.stuck_pending``, unschedulable until
 ``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``),
-``delay_watch_events`` (a watch that trails the lists), a lost node (``Scenario.lost_node_after_lines``),
+``delay_watch_events`` (a watch that trails the lists), a lost node (``Scenario.lost_node_after_lines``; in
+execute mode ``Scenario.lose_node_on_line``), a preempted node pod in execute mode (``Scenario.preempt_on_line``:
+SIGTERM, SIGKILL after the grace period, a replacement pod running the same command, _disruption.py),
 ``delete_pod`` (a step pod evicted or gone: the TrainJobs it owned are collected). Note that urllib3 under the
 kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
 
@@ -78,8 +80,10 @@ Known deviations from a real API server:
   * Unless ``hold_garbage_collection()`` was called, a TrainJob's JobSet and pods are deleted (and the pods
     terminated) within its DELETE request; held, each step waits for ``collect_garbage()`` (_gc.py).
   * Execute mode does not restart a failing command (a non-zero exit fails the job at once, whatever the
-    runtime's restartPolicy); Job objects are not served (their failure shows as an Event on ``<job>-node-0``);
-    a lost node (``Scenario.lost_node_after_lines``, _disruption.py) is simulated; preemption and drains are not.
+    runtime's restartPolicy) unless the pod was disrupted (then the podFailurePolicy applies); Job objects are not
+    served (their failure shows as an Event on ``<job>-node-0``); a lost node and scheduler preemption are
+    simulated (_disruption.py), drains and kubelet evictions are not; a preempted pod's replacement always finds
+    room (the preemptor is not simulated as holding the node).
   * Secrets are seeded (``add_object``), not created through the API, and hold no data the kubelet reads. The
     controllers' retries are not repeated as events: one ``FailedCreate`` / ``TrainJobResourcesCreationFailed``
     event (count 1) stands for the series a cluster aggregates. Pod validation covers resource requests and

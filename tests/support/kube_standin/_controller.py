@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
 from ._disruption import mark_disrupted
-from ._execute import run_processes
+from ._execute import JobControls, NodeProcesses
 from ._gc import mark_terminating
 from ._jobpolicy import (
     BACKOFF_LIMIT_EXCEEDED,
@@ -36,13 +36,21 @@ from ._workload import (
     mark_running,
     mark_scheduled,
     mark_terminated,
+    mark_unschedulable,
     multi_attach_error,
     new_condition,
     new_jobset,
     new_pod,
     node_pod_template,
     node_replicated_job,
+    required_node,
     unschedulable_event,
+)
+
+# kube-scheduler's message for a pod whose required node affinity matches no node (NodeAffinity plugin).
+NO_NODE_MATCHES = (
+    "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/1 nodes are "
+    "available: 1 Preemption is not helpful for scheduling."
 )
 
 # What ended a phase of a job's life: None (the phase ran out), "cancel" (deleted / stand-in stopped),
@@ -194,9 +202,14 @@ class Controller:
                 store.record_event(namespace, "Pod", pod, "Started", "Started container node", "Normal")
             self._set_status(namespace, name, None, build_jobs_status(runtime, active=1, ready=1))
             if execute is not None:
-                outcome = run_processes(
-                    self.store, namespace, pods, execute, run.processes, wait, delete_pod=self._delete_pod
+                controls = JobControls(
+                    policy=node_job_policy(node_replicated_job(runtime)),
+                    delete_pod=self._delete_pod,
+                    replace_pod=lambda rank, lost: self._replace_pod(job, template, rank, scenario, lost),
+                    fail_job=lambda ended: self._fail_node_job(job, ended, delete=[]),
                 )
+                nodes = NodeProcesses(store, namespace, execute, run.processes, scenario, controls)
+                outcome = nodes.run(pods, wait)
             else:
                 policy = node_job_policy(node_replicated_job(runtime))
                 outcome = self._simulate_run(job, pods, template, scenario, policy, wait)
@@ -473,6 +486,35 @@ class Controller:
         pods[rank] = self._create_pod(job, template, rank, dataclasses.replace(scenario, pending_events=()))
         self.store.update("pods", namespace, pods[rank], mark_running)
         return "replaced"
+
+    def _replace_pod(
+        self, job: dict, template: dict, rank: int, scenario: Scenario, lost_node: str | None
+    ) -> str | None:
+        """The Job controller's new pod for ``rank`` after a disrupted one, scheduled and started; None when it
+        cannot be scheduled: pinned (required node affinity) to ``lost_node``, a node that no longer exists."""
+        namespace = job["metadata"]["namespace"]
+        name = self._create_pod(job, template, rank, dataclasses.replace(scenario, pending_events=()))
+        pod = self.store.find("pods", namespace, name) or {}
+        if lost_node and pod.get("spec", {}).get("nodeName") == lost_node:
+            if required_node(pod["spec"]) == lost_node:
+                self.store.update("pods", namespace, name, lambda p: mark_unschedulable(p, NO_NODE_MATCHES))
+                self.store.record_event(namespace, "Pod", name, "FailedScheduling", NO_NODE_MATCHES)
+                return None
+            self.store.update(
+                "pods", namespace, name, lambda p: p["spec"].update(nodeName=f"{lost_node}-spare")
+            )
+        self.store.update("pods", namespace, name, mark_running)
+        node = (self.store.find("pods", namespace, name) or pod)["spec"].get("nodeName")
+        self.store.record_event(
+            namespace,
+            "Pod",
+            name,
+            "Scheduled",
+            f"Successfully assigned {namespace}/{name} to {node}",
+            "Normal",
+        )
+        self.store.record_event(namespace, "Pod", name, "Started", "Started container node", "Normal")
+        return name
 
     def _fail_node_job(self, job: dict, ended: tuple[str, str], delete: list[str]) -> None:
         """The Job controller fails the ``node`` Job: a Warning event with its reason, then deletes active pods

@@ -1,36 +1,119 @@
 """Execute mode: a TrainJob's node commands as local subprocesses, their output as the pods' logs (see
-``KubeStandin.execute``)."""
+``KubeStandin.execute``), and a node pod disrupted while it trains (``Scenario.preempt_on_line`` /
+``lose_node_on_line``; _disruption.py names the upstream behaviour)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import signal
 import subprocess
 import threading
+import time
+import uuid
 from collections.abc import Callable
 
+from ._disruption import PREEMPTION, Disruption, mark_disrupted, mark_preempted
+from ._gc import DEFAULT_TERMINATION_GRACE_SECONDS, mark_terminating
+from ._jobpolicy import BACKOFF_LIMIT_EXCEEDED, JobPolicy, crash_loop_delay, match_pod_failure_policy
 from ._store import Store
+from ._types import Scenario
 from ._workload import ExecuteConfig, free_port, kill_processes, local_command, mark_terminated
 
+Wait = Callable[[float], str | None]
 
-def run_processes(
-    store: Store,
-    namespace: str,
-    pods: list[str],
-    config: ExecuteConfig,
-    processes: list[subprocess.Popen],
-    wait: Callable[[float], str | None],
-    *,
-    delete_pod: Callable[[str, str], None],
-) -> str | None:
-    """Each node pod's command as a local process until all ended: "succeeded", "failed", or what ended the
-    wait (``wait``'s outcome)."""
-    master_port = free_port()  # not 29400: jobs of parallel tests must not meet on one rendezvous port
-    readers = []
-    for pod_name in pods:
-        pod = store.find("pods", namespace, pod_name)
-        process = None
+
+@dataclasses.dataclass
+class NodeProcess:
+    """One node pod's container process (None: it could not start) and the thread copying its output."""
+
+    pod: str
+    process: subprocess.Popen | None
+    reader: threading.Thread | None = None
+    kill_at: float | None = None  # when a graceful delete's grace period ends: SIGKILL
+    disruption: Disruption | None = None
+
+
+@dataclasses.dataclass
+class JobControls:
+    """What the Job controller does for the node pods, from the simulated controller (_controller.py)."""
+
+    policy: JobPolicy
+    delete_pod: Callable[[str, str], None]  # a graceful delete of an active pod (the Job failed)
+    replace_pod: Callable[[int, str | None], str | None]  # rank, lost node -> the new running pod, or None
+    fail_job: Callable[[tuple[str, str]], None]  # the Job's failure event (reason, message)
+
+
+class NodeProcesses:
+    """The node pods of one start of a TrainJob, their commands run as local processes."""
+
+    def __init__(
+        self,
+        store: Store,
+        namespace: str,
+        config: ExecuteConfig,
+        processes: list[subprocess.Popen],
+        scenario: Scenario,
+        controls: JobControls,
+    ) -> None:
+        self.store, self.namespace, self.config = store, namespace, config
+        self.processes, self.scenario, self.controls = processes, scenario, controls
+        self.master_port = (
+            free_port()
+        )  # not 29400: jobs of parallel tests must not meet on one rendezvous port
+        self.nodes: dict[int, NodeProcess] = {}
+        self._planned = Disruption.of(scenario)  # once: None after it happened
+        self._lock = threading.Lock()
+        self._failed_pods = 0  # the Job's pod-failure back-off counts every failed pod (ignored ones too)
+        self._counted_failures = 0  # failures counted against backoffLimit
+
+    def run(self, pods: list[str], wait: Wait) -> str | None:
+        """Until every pod ended: "succeeded", "failed", or what ended the wait (``wait``'s outcome)."""
+        for rank, pod_name in enumerate(pods):
+            self._start(rank, pod_name)
+        exit_codes: dict[int, int] = {}
+        failed = False
+        while len(exit_codes) < len(self.nodes):
+            for rank, node in list(self.nodes.items()):
+                if rank in exit_codes or (code := self._poll(node)) is None:
+                    continue
+                # An active pod of the failed Job: the Job controller deletes it (deleteActivePods).
+                if failed:
+                    exit_codes[rank] = code
+                    self.controls.delete_pod(self.namespace, node.pod)
+                    continue
+                if node.disruption is not None:
+                    ended = self._disrupted_pod_ended(rank, node, code, wait)
+                    if ended == "replaced":
+                        continue
+                    if ended not in ("succeeded", "failed"):
+                        return ended
+                    exit_codes[rank] = 0 if ended == "succeeded" else code or 1
+                    if ended == "failed":
+                        failed = True
+                        kill_processes(self.processes)  # the Job fails, its other pods are deleted
+                    continue
+                reason = "Completed" if code == 0 else "Error"
+                self.store.update(
+                    "pods", self.namespace, node.pod, lambda p, c=code, r=reason: mark_terminated(p, c, r)
+                )
+                exit_codes[rank] = code
+                if code != 0:
+                    failed = True
+                    kill_processes(self.processes)  # the Job fails, its other pods are deleted
+            if len(exit_codes) < len(self.nodes) and (outcome := wait(0.02)):
+                return outcome
+        return "succeeded" if not any(exit_codes.values()) else "failed"
+
+    # One pod's process ------------------------------------------------------------------------------------------
+
+    def _start(self, rank: int, pod_name: str) -> None:
+        pod = self.store.find("pods", self.namespace, pod_name)
+        node = NodeProcess(pod_name, None)
         try:
-            argv, env, cwd = local_command(pod, config, master_port)
-            process = subprocess.Popen(
+            argv, env, cwd = local_command(pod, self.config, self.master_port)
+            node.process = subprocess.Popen(
                 argv,
                 env=env,
                 cwd=cwd,
@@ -39,40 +122,116 @@ def run_processes(
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # so a kill reaches the whole process group (torchrun's workers)
             )
-            processes.append(process)
+            self.processes.append(node.process)
         except (OSError, ValueError) as error:
-            store.append_log(namespace, pod_name, f"kube-standin: cannot start node command: {error}\n")
-        reader = threading.Thread(target=_pump_log, args=(store, namespace, pod_name, process), daemon=True)
-        reader.start()
-        readers.append((pod_name, process, reader))
-    exit_codes: dict[str, int] = {}
-    failed = False
-    while len(exit_codes) < len(readers):
-        for pod_name, process, reader in readers:
-            code = 127 if process is None else process.poll()
-            if pod_name in exit_codes or code is None:
-                continue
-            reader.join(timeout=5)  # the whole log is in before the pod turns terminal
-            exit_code = exit_codes[pod_name] = 128 - code if code < 0 else code
-            # An active pod of the failed Job: the Job controller deletes it (deleteActivePods).
-            if failed:
-                delete_pod(namespace, pod_name)
-                continue
-            reason = "Completed" if exit_code == 0 else "Error"
-            store.update(
-                "pods", namespace, pod_name, lambda p, c=exit_code, r=reason: mark_terminated(p, c, r)
+            self.store.append_log(
+                self.namespace, pod_name, f"kube-standin: cannot start node command: {error}\n"
             )
-            if exit_code != 0:
-                failed = True
-                kill_processes(processes)  # the Job fails, its other pods are deleted
-        if len(exit_codes) < len(readers) and (outcome := wait(0.02)):
+        self.nodes[rank] = node
+        node.reader = threading.Thread(target=self._pump_log, args=(rank, node), daemon=True)
+        node.reader.start()
+
+    def _poll(self, node: NodeProcess) -> int | None:
+        """The container's exit code once it ended (signals as 128+N), its whole log read by then."""
+        if node.kill_at is not None and time.monotonic() >= node.kill_at:
+            node.kill_at = None
+            _signal_group(node.process, signal.SIGKILL)  # the grace period is over
+        code = 127 if node.process is None else node.process.poll()
+        if code is None:
+            return None
+        if node.disruption is not None:  # the container's other processes go with its main one
+            _signal_group(node.process, signal.SIGKILL)
+        if node.reader is not None:
+            node.reader.join(timeout=5)  # the whole log is in before the pod turns terminal
+        return 128 - code if code < 0 else code
+
+    def _pump_log(self, rank: int, node: NodeProcess) -> None:
+        process = node.process
+        if process is None or process.stdout is None:
+            return
+        for raw in iter(process.stdout.readline, b""):
+            line = raw.decode(errors="replace")
+            self.store.append_log(self.namespace, node.pod, line)
+            self._maybe_disrupt(rank, node, line)
+        process.stdout.close()
+
+    # Disruption ---------------------------------------------------------------------------------------------
+
+    def _maybe_disrupt(self, rank: int, node: NodeProcess, line: str) -> None:
+        """At the scenario's line (in the reader thread, so the process has gone no further than a pipe's worth):
+        the scheduler preempts the pod, or its node is lost."""
+        with self._lock:
+            planned = self._planned
+            if planned is None or planned.rank != rank or planned.on_line not in line:
+                return
+            self._planned, node.disruption = None, planned
+        if planned.kind == PREEMPTION:
+            pod = self.store.update("pods", self.namespace, node.pod, mark_preempted)
+            if pod is None:
+                return
+            self.store.record_event(
+                self.namespace,
+                "Pod",
+                node.pod,
+                "Preempted",
+                f"Preempted by pod {uuid.uuid4()} on node {pod['spec'].get('nodeName')}",
+                "Normal",
+            )
+            grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
+            self.store.update("pods", self.namespace, node.pod, mark_terminating)  # the scheduler's DELETE
+            self.store.record_event(
+                self.namespace, "Pod", node.pod, "Killing", "Stopping container node", "Normal"
+            )
+            node.kill_at = time.monotonic() + grace
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    node.process.send_signal(signal.SIGTERM)  # the container's main process only
+        else:  # the node is gone, and every process of the pod with it
+            _signal_group(node.process, signal.SIGKILL)
+
+    def _disrupted_pod_ended(self, rank: int, node: NodeProcess, code: int, wait: Wait) -> str | None:
+        """The disrupted pod's process ended: the kubelet's (or PodGC's) last word on the pod, then the Job
+        controller's: "replaced", "succeeded", "failed", or what ended the wait."""
+        namespace = self.namespace
+        if node.disruption is not None and node.disruption.kind == PREEMPTION:
+            reason = "Completed" if code == 0 else "Error"
+            pod = self.store.update("pods", namespace, node.pod, lambda p: mark_terminated(p, code, reason))
+        else:  # PodGC: phase Failed, container statuses as the lost kubelet last reported them
+            pod = self.store.update("pods", namespace, node.pod, mark_disrupted)
+        lost_node = (
+            None if node.disruption.kind == PREEMPTION else (pod or {}).get("spec", {}).get("nodeName")
+        )
+        if pod is not None and pod["status"]["phase"] == "Succeeded":
+            self._remove(node.pod)
+            return "succeeded"
+        action, message = match_pod_failure_policy(self.controls.policy, pod or {}) or ("Count", "")
+        self._failed_pods += 1
+        self._counted_failures += action == "Count"
+        if action == "FailJob" or self._counted_failures > self.controls.policy.backoff_limit:
+            self.controls.fail_job(
+                ("PodFailurePolicy", message) if action == "FailJob" else BACKOFF_LIMIT_EXCEEDED
+            )
+            self._remove(node.pod)
+            return "failed"
+        # podReplacementPolicy Failed: a replacement once the pod is terminal, after the pod-failure back-off
+        if outcome := wait(crash_loop_delay(self._failed_pods, self.scenario.restart_backoff_scale)):
             return outcome
-    return "succeeded" if not any(exit_codes.values()) else "failed"
+        self._remove(node.pod)
+        replacement = self.controls.replace_pod(rank, lost_node)
+        if replacement is None:  # it can never start: the job waits for its deadline or deletion
+            del self.nodes[rank]
+            return wait(float("inf"))
+        self._start(rank, replacement)
+        return "replaced"
+
+    def _remove(self, pod_name: str) -> None:
+        """The terminal pod goes (the deleting controller's request completes once the Job has counted it)."""
+        with self.store.cond:
+            if (pod := self.store.find("pods", self.namespace, pod_name)) is not None:
+                self.store.put("pods", pod, "DELETED")
 
 
-def _pump_log(store: Store, namespace: str, pod: str, process: subprocess.Popen | None) -> None:
-    if process is None or process.stdout is None:
-        return
-    for raw in iter(process.stdout.readline, b""):
-        store.append_log(namespace, pod, raw.decode(errors="replace"))
-    process.stdout.close()
+def _signal_group(process: subprocess.Popen | None, signum: int) -> None:
+    if process is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)

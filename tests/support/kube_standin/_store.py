@@ -167,7 +167,7 @@ class Store:
         component = {"TrainJob": "trainjob-controller", "Pod": "kubelet"}.get(
             kind, f"{kind.lower()}-controller"
         )
-        if reason in ("FailedScheduling", "Scheduled"):
+        if reason in ("FailedScheduling", "Scheduled", "Preempted"):
             component = "default-scheduler"
         now = utc_now()
         event = {

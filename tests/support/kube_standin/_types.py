@@ -50,6 +50,18 @@ class Scenario:
             its pod gets a ``DisruptionTarget`` condition and fails, and the Job controller applies the runtime's
             podFailurePolicy (``_disruption.py``): ``Ignore`` replaces the pod (the trainer starts over, once).
         lost_node_rank: Which rank's node is lost.
+        preempt_on_line: Execute mode: at the first output line of rank ``preempted_rank`` that contains this text
+            (e.g. ``"Step 3 |"``), the scheduler preempts the pod (``_disruption.py``): ``DisruptionTarget``
+            (``PreemptionByScheduler``), a graceful delete, SIGTERM to the command, SIGKILL to all its processes
+            after the pod's ``terminationGracePeriodSeconds`` (default 30); the pod fails with the command's exit
+            code and the Job controller applies the runtime's podFailurePolicy: ``Ignore`` replaces the pod (after
+            the pod back-off, scaled by ``restart_backoff_scale``) and the replacement runs the same command. Once
+            per TrainJob start.
+        preempted_rank: Which rank ``preempt_on_line`` preempts.
+        lose_node_on_line: Execute mode: as ``preempt_on_line``, but the node of rank ``lost_node_rank`` is lost:
+            every process of the pod is SIGKILLed at once, PodGC marks the pod (``DeletionByPodGC``, phase Failed,
+            container statuses as last reported) and deletes it, and the podFailurePolicy decides as above. A
+            replacement pinned to the lost node (required node affinity) can never be scheduled.
         restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
             controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
             ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
@@ -73,6 +85,9 @@ class Scenario:
     restart_backoff_scale: float = 0.001
     lost_node_after_lines: int | None = None
     lost_node_rank: int = 0
+    preempt_on_line: str | None = None
+    preempted_rank: int = 0
+    lose_node_on_line: str | None = None
 
     @classmethod
     def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:

@@ -467,6 +467,24 @@ def mark_scheduled(pod: dict, rank: int, scenario: Scenario, blocked: tuple[dict
     ]
 
 
+def mark_unschedulable(pod: dict, message: str) -> None:
+    """Not bound to any node: PodScheduled False (Unschedulable), no container statuses."""
+    pod["spec"].pop("nodeName", None)
+    pod["status"] = {
+        "phase": "Pending",
+        "qosClass": pod["status"].get("qosClass", "BestEffort"),
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": utc_now(),
+            }
+        ],
+    }
+
+
 def required_node(spec: dict) -> str | None:
     """The node a required node affinity pins the pod to (``matchFields`` on ``metadata.name``), as the
     scheduler would place it; other node-selector terms are not simulated."""
