@@ -219,6 +219,10 @@ TABLE: tuple[Parameter, ...] = (
        "torchtune_finetune.runtime_name", "preflight.tune_runtime"),
     _p("tune_num_nodes", int, 1, "TrainJob nodes; more than 1 needs a ReadWriteMany workspace.",
        "torchtune_finetune.num_nodes", "preflight.tune_num_nodes"),
+    _p("tune_allow_slow_network", bool, False,
+       "Train on several nodes even when the runtime requests no RDMA network (kfp-finetune.io/network: rdma); "
+       "otherwise refused before any download.",
+       "torchtune_finetune.allow_slow_network", "preflight.tune_allow_slow_network"),
     _p("tune_gpus_per_node", int, 1, "GPUs per TrainJob node (nvidia.com/gpu); 0 for CPU training.",
        "gpu_counts.tune_gpus_per_node", "preflight.tune_gpus_per_node"),
     _p("tune_gpu_memory_gib", float, -1.0,

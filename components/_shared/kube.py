@@ -181,6 +181,19 @@ def training_runtime_exists(
     """Whether the Kubeflow Trainer (Cluster)TrainingRuntime `name` exists (a TrainingRuntime in `namespace`);
     None when the ServiceAccount may not read it (403: a tighter Role than runtimes/rbac.yaml; creating the
     TrainJob is then the real test). Raises ValueError for an unknown `kind`."""
+    return read_training_runtime(api_client, name, kind, namespace, backoff=backoff, on_retry=on_retry)[0]
+
+
+def read_training_runtime(
+    api_client: Any,
+    name: str,
+    kind: str,
+    namespace: str,
+    *,
+    backoff: Backoff | None = None,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> tuple[bool | None, dict]:
+    """(whether it exists, as `training_runtime_exists` says; the runtime object, {} when not read)."""
     from kubernetes import client
 
     if kind not in RUNTIME_PLURALS:
@@ -188,43 +201,30 @@ def training_runtime_exists(
     custom = client.CustomObjectsApi(api_client)
     group = (TRAINER_GROUP, TRAINER_VERSION)
     if kind == "ClusterTrainingRuntime":
-        return _exists(
-            custom.get_cluster_custom_object,
-            *group,
-            RUNTIME_PLURALS[kind],
-            name,
-            backoff=backoff,
-            on_retry=on_retry,
-        )
-    return _exists(
-        custom.get_namespaced_custom_object,
-        *group,
-        namespace,
-        RUNTIME_PLURALS[kind],
-        name,
-        backoff=backoff,
-        on_retry=on_retry,
-    )
+        args = (custom.get_cluster_custom_object, *group, RUNTIME_PLURALS[kind], name)
+    else:
+        args = (custom.get_namespaced_custom_object, *group, namespace, RUNTIME_PLURALS[kind], name)
+    return _read(*args, backoff=backoff, on_retry=on_retry)
 
 
-def _exists(
+def _read(
     get: Callable[..., Any],
     *args: Any,
     backoff: Backoff | None,
     on_retry: Callable[[BaseException, float], None] | None,
-) -> bool | None:
-    """Whether `get(*args)` finds the object: False on 404, None on 403 (the ServiceAccount may not read it)."""
+) -> tuple[bool | None, dict]:
+    """(found, object) of `get(*args)`: (False, {}) on 404, (None, {}) on 403 (the ServiceAccount may not read it)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        call_with_retry(get, *args, backoff=backoff, on_retry=on_retry)
+        found = call_with_retry(get, *args, backoff=backoff, on_retry=on_retry)
     except ApiException as error:
         if error.status == 404:
-            return False
+            return False, {}
         if error.status == 403:
-            return None
+            return None, {}
         raise
-    return True
+    return True, found if isinstance(found, dict) else {}
 
 
 # Kueue's API as every release since v0.5 serves it (v1beta1 stays served next to v1beta2 from v0.15 on).
@@ -244,7 +244,7 @@ def local_queue_exists(
     from kubernetes import client
 
     custom = client.CustomObjectsApi(api_client)
-    return _exists(
+    return _read(
         custom.get_namespaced_custom_object,
         KUEUE_GROUP,
         KUEUE_VERSION,
@@ -253,7 +253,7 @@ def local_queue_exists(
         name,
         backoff=backoff,
         on_retry=on_retry,
-    )
+    )[0]
 
 
 def missing_local_queue(name: str, namespace: str) -> str:

@@ -1,7 +1,7 @@
 """The fine-tune step's own settings (where and how it trains, not what torchtune does): their vocabularies and
 checks, here so that pre-flight checks the pipeline's tune_backend, tune_cleanup_policy, tune_timeout_seconds,
-tune_gpu_memory_gib and the Kueue settings (tune_queue_name, tune_priority_class, tune_queue_timeout_seconds) with
-the rules the step applies, before anything is downloaded."""
+tune_gpu_memory_gib, the Kueue settings (tune_queue_name, tune_priority_class, tune_queue_timeout_seconds) and the
+network several nodes need with the rules the step applies, before anything is downloaded."""
 
 from __future__ import annotations
 
@@ -75,4 +75,32 @@ def _queue_object_name_problem(value: str) -> str:
         f"must name a Kueue object as a label value: at most {MAX_LABEL_VALUE_LENGTH} lower-case letters, "
         f"digits, '-' or '.', starting and ending with a letter or digit (got {value!r}); "
         "`kubectl get localqueues` lists the queues of the namespace"
+    )
+
+
+# Several nodes need a fast network between them. FSDP moves about three times the model's weights between the
+# GPUs every optimizer step; on an ordinary pod network (TCP, ~10-25 Gb/s) two nodes reach an estimated ~20 % of
+# linear scaling, with InfiniBand / RoCE (RDMA, 200-400 Gb/s per GPU) ~80-90 %. A runtime says what it requests:
+# the `rdma` kustomize component (runtimes/components/rdma) labels it `kfp-finetune.io/network: rdma`.
+NETWORK_LABEL = "kfp-finetune.io/network"
+RDMA = "rdma"
+
+
+def network_problem(runtime: dict, kind: str, name: str, nodes: int, gpus_per_node: int) -> str | None:
+    """Why `nodes` nodes with GPUs on this runtime object would train over a slow network, or None (one node, no
+    GPUs — CPU training is not network-bound the same way —, or RDMA)."""
+    network = ((runtime.get("metadata") or {}).get("labels") or {}).get(NETWORK_LABEL)
+    if nodes < 2 or gpus_per_node < 1 or network == RDMA:
+        return None
+    return (
+        f"{nodes} nodes on {kind} {name!r}, which requests no RDMA network (no label {NETWORK_LABEL}: {RDMA}): "
+        "FSDP's traffic between the nodes would go over the pod network, an estimated ~20% of linear scaling "
+        "(InfiniBand/RoCE: 80-90%)"
+    )
+
+
+def slow_network_fix() -> str:
+    return (
+        "use a runtime with the rdma component (docs/cluster-install.md, 'Which runtime?'), train on one node "
+        "with more GPUs, or set tune_allow_slow_network=true"
     )

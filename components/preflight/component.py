@@ -58,6 +58,7 @@ def preflight(
     tune_queue_name: str = "",
     tune_priority_class: str = "",
     tune_queue_timeout_seconds: int = 86400,
+    tune_allow_slow_network: bool = False,
     tune_cleanup_policy: str = "on-success",
     tune_trainer_image: str = "",
     eval_max_samples: int = 200,
@@ -172,6 +173,7 @@ def preflight(
         tune_priority_class: Kueue WorkloadPriorityClass of the TrainJob; empty: the queue's default.
         tune_queue_timeout_seconds: The TrainJob is deleted and the step fails when Kueue has not admitted it
             after this long in its queue (all waits, re-queues after preemption included); 0: no limit.
+        tune_allow_slow_network: Allow several TrainJob nodes on a runtime that requests no RDMA network.
         tune_cleanup_policy: on-success (keep TrainJobs that failed by themselves; delete those the step
             stopped), always or never.
         tune_trainer_image: Container image of the TrainJob's node pods, e.g. ghcr.io/org/trainer:1.0; empty:
@@ -238,6 +240,7 @@ def preflight(
         "tune_queue_name": tune_queue_name,
         "tune_priority_class": tune_priority_class,
         "tune_queue_timeout_seconds": tune_queue_timeout_seconds,
+        "tune_allow_slow_network": tune_allow_slow_network,
         "eval_max_samples": eval_max_samples,
         "eval_max_new_tokens": eval_max_new_tokens,
         "eval_gate_metric": eval_gate_metric,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared.launch_settings import network_problem, slow_network_fix
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.preflight import run_settings
 from kfp_finetune.components.preflight.problems import Problem
@@ -130,20 +131,23 @@ def check_source(
     return []
 
 
-def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
-    """On a cluster (backend trainjob) the runtime the TrainJob names exists."""
+def check_runtime(
+    backend: str, name: str, kind: str, nodes: int = 1, gpus: int = 0, allow_slow_network: bool = False
+) -> list[Problem]:
+    """On a cluster (backend trainjob) the runtime the TrainJob names exists, and requests RDMA for several nodes
+    (unless allowed)."""
     from kfp_finetune.components._shared.kube import (
         Backoff,
         current_namespace,
         load_api_client,
-        training_runtime_exists,
+        read_training_runtime,
     )
 
     if backend != "trainjob":
         return []
     try:
         namespace = current_namespace()
-        exists = training_runtime_exists(
+        exists, runtime = read_training_runtime(
             load_api_client(), name, kind, namespace, backoff=Backoff(attempts=3)
         )
     except ValueError as error:
@@ -158,6 +162,11 @@ def check_runtime(backend: str, name: str, kind: str) -> list[Problem]:
                                         "with `kubectl apply -k runtimes/`, or name an existing runtime")]  # fmt: skip
     else:
         log.info("tune_runtime: %s %r exists", kind, name)
+        slow = network_problem(runtime, kind, name, nodes, gpus)
+        if slow and not allow_slow_network:
+            return [Problem("tune_num_nodes", f"{slow}: {slow_network_fix()}")]
+        if slow:
+            log.warning("%s; allowed by tune_allow_slow_network", slow)
     return []
 
 
@@ -245,8 +254,11 @@ def run_preflight(
     if "model_uri" in uris:  # after the access check: a repo the token cannot read is not fetched from
         checks.append(("model", "model_uri", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster
+        given = settings or {}
+        nodes, gpus = given.get("tune_num_nodes", 1), given.get("tune_gpus_per_node", 1)
+        allow_slow = bool(given.get("tune_allow_slow_network"))
         checks.append(("tune_runtime", "tune_runtime", lambda: check_runtime(
-            tune_backend, tune_runtime, tune_runtime_kind)))  # fmt: skip
+            tune_backend, tune_runtime, tune_runtime_kind, nodes, gpus, allow_slow)))  # fmt: skip
         if queue := (settings or {}).get("tune_queue_name"):
             # Not again when the runtime's check found no cluster (its problem names tune_backend).
             checks.append(("tune_queue_name", "tune_queue_name", lambda: [] if "tune_backend" in blocked

@@ -34,7 +34,7 @@ TUNE = "tune_"
 STEP_PARAMETERS = (
     "tune_backend", "tune_runtime", "tune_num_nodes", "tune_gpus_per_node", "tune_gpu_memory_gib",
     "tune_trainer_image", "tune_cleanup_policy", "tune_timeout_seconds", "tune_queue_name", "tune_priority_class",
-    "tune_queue_timeout_seconds",
+    "tune_queue_timeout_seconds", "tune_allow_slow_network",
 )  # fmt: skip
 # The settings the pipeline parameters give each step, by the step's name for them.
 EVAL_PARAMETERS = {

@@ -71,6 +71,7 @@ def torchtune_finetune(
     runtime_name: str = "torchtune",
     runtime_kind: str = "ClusterTrainingRuntime",
     num_nodes: int = 1,
+    allow_slow_network: bool = False,
     num_proc_per_node: int = 0,
     gpu_memory_gib: float = -1.0,
     timeout_seconds: int = 86400,
@@ -172,6 +173,8 @@ def torchtune_finetune(
         runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune).
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         num_nodes: Nodes (pods) for the TrainJob; more than 1 needs a ReadWriteMany workspace.
+        allow_slow_network: Train on several nodes even when the runtime requests no RDMA network (label
+            kfp-finetune.io/network: rdma); otherwise such a TrainJob is refused before it is created.
         num_proc_per_node: Processes per node; 0: one per GPU requested on this task (1 without GPUs).
         gpu_memory_gib: Memory of one training GPU, for the activation checkpointing and micro-batch defaults; -1:
             from the GPU product (nvidia.com/gpu.product) this task's node selector or affinity names, else 80.

@@ -376,7 +376,7 @@ _STEP_PARAMETERS = {
     "workspace_path", "train_data", "base_model", "eval_data", "model", "metrics", "report", "train_config",
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
-    "export_format", "gpu_memory_gib", "queue_name", "priority_class", "queue_timeout_seconds",
+    "export_format", "gpu_memory_gib", "queue_name", "priority_class", "queue_timeout_seconds", "allow_slow_network",
 }  # fmt: skip
 
 
@@ -481,6 +481,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         task_name=params["task_name"],
         task_id=params.get("task_id", ""),
         **queue_settings(params),
+        **({"allow_slow_network": True} if params.get("allow_slow_network") else {}),
     )
 
     result = run_finetune(

@@ -19,6 +19,10 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifes
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import Deletion
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import TrainJobError, api_message
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.kueue import queue_of
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.network import (
+    ANNOTATION_ALLOW_SLOW_NETWORK,
+    gpus_per_node,
+)
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.owner import add_owner, step_pod_reference
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.permissions import (
     check_local_queue,
@@ -61,6 +65,10 @@ def create_or_attach(
         backoff=backoff,
         on_retry=on_retry,
         log=log,
+        nodes=int((manifest["spec"].get("trainer") or {}).get("numNodes") or 1),
+        gpus=gpus_per_node(manifest),
+        allow_slow_network=manifest["metadata"].get("annotations", {}).get(ANNOTATION_ALLOW_SLOW_NETWORK)
+        == "true",
     )
     check_local_queue(
         custom.api_client, queue_of(manifest), namespace, backoff=backoff, on_retry=on_retry, log=log

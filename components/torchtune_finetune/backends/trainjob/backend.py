@@ -20,6 +20,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
     trainjob_name,
     unmounted_paths,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.network import ANNOTATION_ALLOW_SLOW_NETWORK
 from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
 from kfp_finetune.components.torchtune_finetune.lease import LEASE_FILE
 
@@ -46,6 +47,7 @@ class TrainJobBackend:
         queue_name: Kueue LocalQueue the TrainJob waits in for admission ("": none; kueue.py).
         priority_class: Kueue WorkloadPriorityClass of the TrainJob ("": the queue's default).
         queue_timeout: Seconds the TrainJob may wait in its queue, all waits together (None: no limit).
+        allow_slow_network: Allow several nodes on a runtime that requests no RDMA network (network.py).
     """
 
     name = "trainjob"
@@ -67,6 +69,7 @@ class TrainJobBackend:
     queue_name: str = ""
     priority_class: str = ""
     queue_timeout: int | None = None
+    allow_slow_network: bool = False
 
     def __post_init__(self) -> None:
         self.job_name = self.job_name or trainjob_name(self.run_id, self.task_name, self.task_id)
@@ -96,6 +99,7 @@ class TrainJobBackend:
             task_name=self.task_name,
             queue_name=self.queue_name,
             priority_class=self.priority_class,
+            annotations={ANNOTATION_ALLOW_SLOW_NETWORK: "true"} if self.allow_slow_network else None,
         )
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:

@@ -14,13 +14,14 @@ from kfp_finetune.components._shared.kube import (
     Backoff,
     local_queue_exists,
     missing_local_queue,
-    training_runtime_exists,
+    read_training_runtime,
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobConflict,
     TrainJobError,
 )
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.network import check_network
 
 
 def check_runtime(
@@ -31,8 +32,12 @@ def check_runtime(
     backoff: Backoff,
     on_retry: Callable[[BaseException, float], None],
     log: Any,
+    nodes: int = 1,
+    gpus: int = 0,
+    allow_slow_network: bool = False,
 ) -> None:
-    """Raise TrainJobError naming the fix when the TrainJob's (Cluster)TrainingRuntime does not exist.
+    """Raise TrainJobError naming the fix when the TrainJob's (Cluster)TrainingRuntime does not exist, or when
+    `nodes` > 1 with `gpus` each would train over a slow network on it (network.py) and that is not allowed.
 
     Args:
         custom: A `kubernetes.client.CustomObjectsApi`.
@@ -43,7 +48,7 @@ def check_runtime(
     """
     kind = runtime_ref.get("kind") or tj.CLUSTER_RUNTIME_KIND
     name = runtime_ref["name"]
-    exists = training_runtime_exists(
+    exists, runtime = read_training_runtime(
         custom.api_client, name, kind, namespace, backoff=backoff, on_retry=on_retry
     )
     if exists is False:
@@ -54,6 +59,8 @@ def check_runtime(
         )
     if exists is None:
         log.info("cannot read %s %r (forbidden); creating the TrainJob anyway", kind, name)
+    else:
+        check_network(runtime, kind, name, nodes, gpus, allowed=allow_slow_network, log=log)
 
 
 def check_local_queue(
