@@ -6,7 +6,8 @@ The launcher step resolves the config without torch (it runs on the component im
 (torch_checks.py: torchtune's config validation, prompts against max_seq_len, the model layout's logit parity
 with transformers on a tiny random copy) runs here, in the trainer image, within seconds of the pod starting. A
 bad config fails the TrainJob with one clear line (exit code 2) instead of a traceback minutes into model loading;
-a good one is replaced by `tune run` (exec: same pid, same signals).
+a good one is replaced by `tune run` (exec: same pid, same signals). On several nodes, the network between them is
+measured first (network_probe.py): far too slow, and the TrainJob fails the same way before training.
 """
 
 from __future__ import annotations
@@ -51,6 +52,34 @@ def note_device(run_dir: Path) -> None:
     )
 
 
+def probe_network(run_dir: Path, rank: str) -> bool:
+    """Several nodes: measure the network between them (network_probe.py); False when it is far too slow to train.
+    A probe that cannot run (a port the cluster blocks) is said and training goes on: it meets the network itself."""
+    from kfp_finetune.components.torchtune_finetune.network_probe import (
+        measure,
+        too_slow_message,
+        write_result,
+    )
+
+    try:
+        result = measure()
+    except Exception as error:  # noqa: BLE001 - the probe must not be why a run fails
+        print(
+            f"{PREFIX}network between the nodes not measured (node {rank}: {error}); training goes on",
+            flush=True,
+        )
+        return True
+    if result is None:
+        return True
+    if rank == "0":
+        write_result(run_dir, result)
+        print(f"{PREFIX}{result.line()}", flush=True)
+    if result.too_slow:
+        print(f"{PREFIX}{too_slow_message(result)}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
     from kfp_finetune.components._shared.errors import ConfigError
     from kfp_finetune.components._shared.torchtune.torch_checks import check_layout_parity, check_resolved
@@ -75,6 +104,8 @@ def main(argv: list[str]) -> int:
     print(f"{PREFIX}{parity}", flush=True)
     if rank == "0":
         note_device(path.parent)
+    if not probe_network(path.parent, rank):
+        return CONFIG_REFUSED
     guard_with_lease(path.parent)  # the training stops if the step that launched it is gone (lease.py)
     beside = Path(sys.executable).parent / "tune"  # this interpreter's environment first (a venv, the image)
     tune = str(beside) if beside.exists() else shutil.which("tune") or "tune"

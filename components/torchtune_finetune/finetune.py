@@ -42,6 +42,7 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJo
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
+from kfp_finetune.components.torchtune_finetune.network_probe import read_result as read_network
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
     finalize_checkpoint,
@@ -233,6 +234,10 @@ def run_finetune(
     )
     log.info("%s", speed.log_line())
     metrics = {**_metrics(summary, steps, wall), **speed.metrics()}
+    network = read_network(run_dir)
+    if network is not None:  # several nodes: the all-reduce probe before training (network_probe.py)
+        metrics["allreduce_busbw_gbps"] = round(network.busbw_gbps, 2)
+        log.info("%s", network.line())
     if resumed:
         metrics["resumes"] = float(len(resumed))
     model_metadata = TunedModel(
