@@ -36,6 +36,7 @@ BENCHMARKS = {
     "export": "benchmarks.bench_export",
     "gpu_suite": "benchmarks.bench_gpu_suite",
     "tiny_defaults": "benchmarks.bench_tiny_defaults",
+    "training_resume": "benchmarks.bench_training_resume",
 }
 
 
