@@ -29,12 +29,10 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import 
 
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
 VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")  # the newest first: see the module docstring
-PENDING_WORKLOADS = (
-    "localqueues/{name}/pendingworkloads"  # under /apis/<group>/<version>/namespaces/{namespace}/
-)
-NOT_SERVED = frozenset(
-    {403, 404, 503}
-)  # no RBAC grant, no visibility API, or Kueue's API server not reachable
+# Under /apis/<group>/<version>/namespaces/{namespace}/.
+PENDING_WORKLOADS = "localqueues/{name}/pendingworkloads"
+# No RBAC grant, no visibility API, or Kueue's API server not reachable: said once, not asked again.
+NOT_SERVED = frozenset({403, 404, 503})
 
 
 class _NotServed(Exception):
