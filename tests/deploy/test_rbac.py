@@ -103,12 +103,14 @@ def full_launches(kube: KubeStandin, monkeypatch: pytest.MonkeyPatch) -> None:
     kube.scenario(None, Scenario.success())
     kube.add_object(manifest("attach"))
     assert not launch(kube, manifest("attach")).created
-    # A TrainJob in a Kueue queue: the LocalQueue is read before creating, the Workload while it waits.
+    # A TrainJob in a Kueue queue: the LocalQueue is read before creating, the Workload and its position in the
+    # queue (Kueue's visibility API) while it waits.
     kube.add_local_queue("team-queue", namespace=NAMESPACE)
     queued = manifest("queued", queue_name="team-queue")
 
     def admit_once_waiting() -> None:
         kube.wait_for_request("GET", "workloads")
+        kube.wait_for_request("GET", where=lambda r: r.path.endswith("/pendingworkloads"))
         kube.admit(queued["metadata"]["name"], namespace=NAMESPACE)
 
     admitter = threading.Thread(target=admit_once_waiting, daemon=True)

@@ -6,6 +6,8 @@ happen when a test says so."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -43,6 +45,45 @@ def workload_reads(kube: KubeStandin) -> int:
 def wait_for_workload_reads(kube: KubeStandin, count: int) -> None:
     """Until the launcher has read the TrainJob's Workload `count` times (one read per line about the wait)."""
     kube.wait_for_request("GET", "workloads", where=lambda _: workload_reads(kube) >= count)
+
+
+def position_reads(kube: KubeStandin) -> list:
+    """The launcher's reads of Kueue's visibility API (the pendingworkloads of a LocalQueue)."""
+    return [r for r in kube.requests_for("GET") if r.path.endswith("/pendingworkloads")]
+
+
+def wait_for_position_reads(kube: KubeStandin, count: int) -> None:
+    kube.wait_for_request("GET", where=lambda _: len(position_reads(kube)) >= count)
+
+
+def positions(user_log) -> list[tuple[int, int]]:
+    """(in the queue, in the cluster queue) of each line about the wait, in order."""
+    found = (
+        re.search(r"; position (\d+) in queue \S+ \((\d+) in the cluster queue\)$", m)
+        for m in user_log.messages
+    )
+    return [(int(f[1]), int(f[2])) for f in found if f]
+
+
+def seed_waiting(kube: KubeStandin, name: str, queue: str, hours_ago: float) -> None:
+    """Another queued TrainJob, created `hours_ago` (so ahead of ours in Kueue's order), waiting suspended."""
+    job = base.manifest(task=name, queue_name=queue)
+    job["metadata"]["creationTimestamp"] = (datetime.now(timezone.utc) - timedelta(hours=hours_ago)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    kube.add_object(job)
+
+
+def rbac_without(resource: str) -> list[dict]:
+    """runtimes/rbac.yaml without its rule for `resource`, bound in the stand-in's namespace."""
+    documents = rbac_documents()
+    for doc in documents:
+        doc["rules"] = [r for r in doc.get("rules", []) if resource not in r["resources"]]
+        if doc["kind"] == "RoleBinding":
+            doc["metadata"]["namespace"] = "team-a"
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = "team-a"
+    return documents
 
 
 # --- the manifest ----------------------------------------------------------------------------------------------------
@@ -176,9 +217,9 @@ def test_a_preempted_trainjob_is_re_queued_said_and_waited_on_again(kube, user_l
         and "Preempted to accommodate a workload" in text
     )
     assert text.count(f"TrainJob {NAME} admitted by Kueue (queue {QUEUE})") == 2
-    assert (
-        "rank-0 pod restarted as" in text and first["metadata"]["name"] not in text.split("restarted as")[1]
-    )
+    # The log thread names the new pod (the main thread's line about the pod change may come after it).
+    restarted = [m for m in user_log.messages if "rank-0 pod restarted as" in m]
+    assert restarted and all(first["metadata"]["name"] not in m for m in restarted)
 
 
 def test_a_missing_local_queue_fails_before_anything_is_created(kube):
@@ -194,24 +235,125 @@ def test_a_missing_local_queue_fails_before_anything_is_created(kube):
 
 @pytest.mark.slow
 def test_a_role_that_may_not_read_workloads_still_waits_and_says_so_once(kube, user_log):
-    """runtimes/rbac.yaml without its Workload rule, bound in the stand-in's namespace."""
-    documents = rbac_documents()
-    for doc in documents:
-        doc["rules"] = [r for r in doc.get("rules", []) if "workloads" not in r["resources"]]
-        if doc["kind"] == "RoleBinding":
-            doc["metadata"]["namespace"] = "team-a"
-        for subject in doc.get("subjects", []):
-            subject["namespace"] = "team-a"
-    kube.enforce_rbac(documents, service_account="team-a:pipeline-runner")
+    """runtimes/rbac.yaml without its Workload rule: the position is still found, by the Workload's owner."""
+    kube.enforce_rbac(rbac_without("workloads"), service_account="team-a:pipeline-runner")
     kube.add_local_queue(QUEUE)
     running = Running(base.launcher(kube, queued(), queue_report_interval=0.05))
-    kube.wait_for_request("GET", "workloads")
+    wait_for_position_reads(kube, 2)
     kube.admit(NAME)
     assert running.result().status == "Complete"
     assert [r.status for r in kube.requests_for("GET", "workloads")] == [403]  # asked once, then not again
     forbidden = [m for m in user_log.messages if m.startswith("cannot read Kueue Workloads")]
     assert len(forbidden) == 1 and "(runtimes/rbac.yaml grants the read)" in forbidden[0]
     assert any(m.startswith(f"TrainJob {NAME} still waits for admission") for m in user_log.messages)
+    assert positions(user_log)[:2] == [(1, 1), (1, 1)]
+
+
+# --- the position in the queue (Kueue's visibility API) ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_wait_lines_show_the_position_which_moves_up_as_those_ahead_are_admitted(kube, user_log):
+    """Two TrainJobs ahead in our LocalQueue and one in another LocalQueue of the same ClusterQueue: each admission
+    moves ours up, in the queue and in the cluster queue (the stand-in orders them as Kueue does)."""
+    kube.add_local_queue(QUEUE)
+    kube.add_local_queue("other-queue")  # the same ClusterQueue
+    seed_waiting(kube, "ahead-1", QUEUE, hours_ago=2)
+    seed_waiting(kube, "ahead-2", QUEUE, hours_ago=1)
+    seed_waiting(kube, "elsewhere", "other-queue", hours_ago=3)
+    running = Running(base.launcher(kube, queued(), queue_report_interval=0.05))
+    reads = 2
+    wait_for_position_reads(kube, reads)
+    for ahead in ("ahead-1", "elsewhere", "ahead-2"):
+        kube.admit(tj.trainjob_name(base.RUN_ID, ahead))
+        # The read after the next one began after the admission (the launcher reads one at a time).
+        reads = len(position_reads(kube)) + 2
+        wait_for_position_reads(kube, reads)
+    kube.admit(NAME)
+    assert running.result().status == "Complete"
+    seen = positions(user_log)
+    assert [p for i, p in enumerate(seen) if i == 0 or p != seen[i - 1]] == [(3, 4), (2, 3), (2, 2), (1, 1)]
+    waiting = [m for m in user_log.messages if m.startswith(f"TrainJob {NAME} still waits for admission")]
+    assert all(
+        re.search(
+            r"so far; Workload trainjob-\S+: couldn't assign flavors .*; position \d+ in queue " + QUEUE, m
+        )
+        for m in waiting
+    ), waiting[:2]
+    assert len(seen) == len(waiting)  # every line has it
+    assert {r.path.split("/")[3] for r in position_reads(kube)} == {"v1beta2"}
+
+
+@pytest.mark.slow
+def test_an_older_kueue_serving_only_v1beta1_is_asked_there(kube, user_log):
+    """Kueue v0.9 to v0.14: v1beta2 is a 404 once, then v1beta1 serves the position."""
+    kube.kueue_visibility(versions=("v1beta1",))
+    kube.add_local_queue(QUEUE)
+    running = Running(base.launcher(kube, queued(), queue_report_interval=0.05))
+    wait_for_position_reads(kube, 4)
+    kube.admit(NAME)
+    assert running.result().status == "Complete"
+    asked = [(r.path.split("/")[3], r.status) for r in position_reads(kube)]
+    assert asked[:3] == [("v1beta2", 404), ("v1beta1", 200), ("v1beta1", 200)]
+    assert ("v1beta2", 404) not in asked[1:]
+    assert positions(user_log)[:2] == [(1, 1), (1, 1)]
+    assert not [m for m in user_log.messages if m.startswith("cannot read the position")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "cluster, statuses, reason, fix",
+    [
+        (
+            "no-rbac",
+            [403],
+            'cannot get resource "localqueues/pendingworkloads"',
+            "runtimes/rbac.yaml grants it",
+        ),
+        ("no-api", [404, 404], "404 Not Found", "visibility API is not installed or not available"),
+        ("unreachable", [503], "503 Service Unavailable", "visibility API is not installed or not available"),
+    ],
+)
+def test_a_position_that_cannot_be_read_is_said_once_and_the_wait_goes_on(
+    kube, user_log, cluster, statuses, reason, fix
+):
+    if cluster == "no-rbac":
+        kube.enforce_rbac(
+            rbac_without("localqueues/pendingworkloads"), service_account="team-a:pipeline-runner"
+        )
+    else:
+        kube.kueue_visibility(
+            versions=() if cluster == "no-api" else ("v1beta2", "v1beta1"), available=cluster != "unreachable"
+        )
+    kube.add_local_queue(QUEUE)
+    running = Running(base.launcher(kube, queued(), queue_report_interval=0.05))
+    wait_for_workload_reads(kube, 4)
+    kube.admit(NAME)
+    assert running.result().status == "Complete"
+    assert [r.status for r in position_reads(kube)] == statuses  # said once, then not asked again
+    (said,) = [m for m in user_log.messages if m.startswith("cannot read the position")]
+    assert f"in Kueue queue {QUEUE} (" in said and reason in said and fix in said, said
+    waiting = [m for m in user_log.messages if m.startswith(f"TrainJob {NAME} still waits for admission")]
+    assert len(waiting) >= 3 and all("insufficient unused quota" in m for m in waiting)
+    assert not positions(user_log)
+    if cluster == "no-rbac":  # the self-check said it before the launch
+        assert (
+            "may not get localqueues/pendingworkloads (visibility.kueue.x-k8s.io) in namespace team-a"
+            in user_log.text
+        )
+
+
+@pytest.mark.slow
+def test_other_errors_of_the_visibility_api_are_retried(kube, user_log):
+    kube.add_local_queue(QUEUE)
+    kube.fail_next(2, status=500, path_contains="/pendingworkloads")
+    running = Running(base.launcher(kube, queued(), queue_report_interval=0.05))
+    wait_for_position_reads(kube, 4)
+    kube.admit(NAME)
+    assert running.result().status == "Complete"
+    assert [r.status for r in position_reads(kube)][:3] == [500, 500, 200]
+    assert user_log.text.count("Kubernetes API 500; retrying") == 2
+    assert positions(user_log)[0] == (1, 1)
 
 
 def test_the_step_checks_its_kueue_settings_before_anything_and_hands_them_to_the_trainjob_backend():

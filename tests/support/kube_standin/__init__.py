@@ -24,7 +24,10 @@ Served (anything else answers 404 like an unknown path):
     and owned by it; a new TrainJob that finds an old JobSet of its name adopts its state, as the Trainer does.
   * ``/apis/kueue.x-k8s.io/v1beta1``: localqueues (namespaced get/list/watch; seeded with ``add_local_queue``) and
     workloads (namespaced get/list/watch), one per TrainJob labelled ``kueue.x-k8s.io/queue-name``: such a TrainJob
-    is suspended by Kueue's webhook and waits until ``admit``; ``preempt`` suspends it again (its pods deleted).
+    is suspended by Kueue's webhook and waits until ``admit``; ``preempt`` suspends it again (its pods deleted);
+    workloadpriorityclasses (seeded; their ``value`` is the Workload's priority).
+  * ``/apis/visibility.kueue.x-k8s.io/{v1beta2,v1beta1}``: ``localqueues/{name}/pendingworkloads`` (get), the
+    positions of the LocalQueue's pending Workloads (_kueue.py; ``kueue_visibility`` makes it absent/unreachable).
   * ``/api/v1``: pods (namespaced list/watch/get), ``pods/{name}/log`` (container, follow, tailLines, sinceSeconds,
     timestamps, limitBytes), events (namespaced list/watch), secrets (namespaced get/list/watch).
   * ``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`` (create): the caller's RBAC decision for the
@@ -74,7 +77,8 @@ Known deviations from a real API server:
     gets ``Suspended=True`` and stays so unless it is queued and a test admits it (``_kueue.py``). Kueue admits
     and preempts only when a test says so (no quota, flavors, cohorts or priorities are simulated); the
     Workload appears within the TrainJob's create (Kueue's reconciler makes it a moment later); the visibility
-    API (pending positions) is not served. No pagination (``limit``/``continue`` ignored); the watch history
+    API serves only LocalQueues' pending workloads (``kueue_visibility``; _kueue.py lists what it leaves out).
+    No pagination (``limit``/``continue`` ignored); the watch history
     is compacted only when a test asks (the real watch cache keeps a bounded window); ``events.k8s.io`` is not
     served. RBAC: no aggregated ClusterRoles, no non-resource URLs, no impersonation.
   * Unless ``hold_garbage_collection()`` was called, a TrainJob's JobSet and pods are deleted (and the pods

@@ -30,7 +30,7 @@ from ._common import (
 from ._controller import Controller
 from ._gc import GarbageCollector
 from ._http import Handler
-from ._kueue import Kueue, admit_queued_trainjob
+from ._kueue import VISIBILITY_GROUP, Kueue, admit_queued_trainjob
 from ._owners import json_merge_patch, owner_reference_errors
 from ._rbac import (
     ACCESS_REVIEW_PATH,
@@ -251,6 +251,8 @@ class ApiServer:
             with self.store.cond:
                 return 201, self_subject_access_review(self.rbac, body), None
         self.authorize(method, path, query)
+        if path.startswith(f"/apis/{VISIBILITY_GROUP}/"):  # Kueue's aggregated API server (_kueue.py)
+            return self.kueue.visibility(method, path, query)
         route = parse_route(path)
         if (
             route is None

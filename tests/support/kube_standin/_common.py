@@ -45,6 +45,7 @@ KINDS = {  # plural -> (api group ("" = core), kind, namespaced)
     "secrets": ("", "Secret", True),
     "localqueues": (KUEUE_GROUP, "LocalQueue", True),
     "workloads": (KUEUE_GROUP, "Workload", True),
+    "workloadpriorityclasses": (KUEUE_GROUP, "WorkloadPriorityClass", False),
 }
 PLURAL_OF_KIND = {kind: plural for plural, (_, kind, _) in KINDS.items()}
 

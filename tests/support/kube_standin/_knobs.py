@@ -188,6 +188,17 @@ class ScenarioAndFaultKnobs:
         TrainJob is unsuspended and the Trainer starts it (activeDeadlineSeconds counts from now)."""
         self._api.kueue.admit(namespace or self.namespace, job)
 
+    def kueue_visibility(
+        self, *, versions: tuple[str, ...] = ("v1beta2", "v1beta1"), available: bool = True
+    ) -> None:
+        """Kueue's visibility API (pending positions, _kueue.py) as a cluster serves it: ``versions`` the
+        APIServices registered (default Kueue v0.15 and later; ``("v1beta1",)`` v0.9 to v0.14; ``()`` none: the
+        path answers kube-apiserver's plain 404), ``available=False`` registered but Kueue's server unreachable
+        (the aggregator's plain 503)."""
+        with self._store.cond:
+            self._api.kueue.visibility_versions = tuple(versions)
+            self._api.kueue.visibility_available = available
+
     def preempt(self, job: str, namespace: str | None = None) -> None:
         """Kueue preempts the admitted TrainJob ``job``: its Workload is Evicted (Preempted), the TrainJob is
         suspended again and its node pods are deleted; it waits in its queue until :meth:`admit`."""

@@ -19,8 +19,26 @@ Upstream (kubernetes-sigs/kueue):
     prioritization in the ClusterQueue"), QuotaReserved and Admitted False, and the TrainJob suspended again
     (trainjob_controller.go Stop); the Trainer then stops the JobSet, whose pods are deleted.
 
+  * Priority (jobframework reconciler.go prepareWorkload, pkg/util/priority): ``spec.priority`` is the ``value`` of
+    the WorkloadPriorityClass the ``kueue.x-k8s.io/priority-class`` label names, else 0.
+  * The visibility API (pkg/visibility/server.go, an aggregated API server behind the APIServices
+    ``v1beta2.visibility.kueue.x-k8s.io`` (Kueue v0.15 on) and ``v1beta1`` (v0.9 on)): ``GET /apis/visibility.kueue.
+    x-k8s.io/<v>/namespaces/<ns>/localqueues/<name>/pendingworkloads?limit=&offset=`` answers a
+    PendingWorkloadsSummary (apis/visibility/v1beta2/types.go; pkg/visibility/storage/pending_workloads_lq.go, utils.go
+    newPendingWorkload, boundedLimitOffset: limit 1000 by default, at most 100000), a 404 ``localqueue.visibility...
+    not found`` for a LocalQueue Kueue does not know. The positions count from 0 over the ClusterQueue's pending
+    Workloads (no quota reserved, their LocalQueue pointing at it) in queue order (pkg/cache/queue/cluster_queue.go
+    baseCompareFunc: higher ``spec.priority`` first, then the earlier queue-order timestamp, which is the
+    creationTimestamp for the evictions simulated here (pkg/workload/workload.go GetQueueOrderTimestamp), then UID).
+    Authorization is kube-apiserver's (_rbac.py: ``get`` on ``localqueues/pendingworkloads``). ``visibility(versions=
+    ())``: no APIService, the path is unknown (apiserver pkg/util/notfoundhandler: plain-text ``404 page not found``);
+    ``visibility(available=False)``: registered but Kueue's server unreachable (kube-aggregator handler_proxy.go:
+    plain-text 503 ``service unavailable``).
+
 Admission and preemption happen only when a test calls ``KubeStandin.admit`` / ``preempt`` (a real cluster admits
-when quota frees up); a TrainJob no test admits waits for ever, as in a queue whose quota never frees.
+when quota frees up); a TrainJob no test admits waits for ever, as in a queue whose quota never frees. Deviations:
+no fair sharing, StrictFIFO head blocking, sticky workloads or ClusterQueue objects (every LocalQueue's ClusterQueue
+exists); a priority class that does not exist counts as 0 (Kueue would not make the Workload).
 """
 
 from __future__ import annotations
@@ -28,8 +46,10 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import Callable
+from typing import Any
 
-from ._common import KUEUE_GROUP, KUEUE_VERSION, TRAINER_API_VERSION, ApiError, utc_now
+from ._common import KUEUE_GROUP, KUEUE_VERSION, TRAINER_API_VERSION, ApiError
 from ._store import Store
 from ._workload import new_condition
 
@@ -43,6 +63,9 @@ PENDING_MESSAGE = (
     "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor "
     "default-flavor, 1 more needed"
 )
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")  # what Kueue v0.15 and later serve
+DEFAULT_PENDING_LIMIT, MAX_PENDING_LIMIT = 1000, 100_000  # pkg/constants
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -82,6 +105,8 @@ class Kueue:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.visibility_versions: tuple[str, ...] = VISIBILITY_VERSIONS  # () : no APIService
+        self.visibility_available = True
 
     def create_workload(self, job: dict) -> None:
         """The job reconciler makes the queued TrainJob's Workload, pending."""
@@ -90,6 +115,9 @@ class Kueue:
             return
         namespace = job["metadata"]["namespace"]
         labels = job["metadata"].get("labels") or {}
+        priority_class = self.store.find(
+            "workloadpriorityclasses", None, labels.get(PRIORITY_CLASS_LABEL, "")
+        )
         workload = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
             "kind": "Workload",
@@ -97,7 +125,8 @@ class Kueue:
                 "name": workload_name(job),
                 "namespace": namespace,
                 "uid": str(uuid.uuid4()),
-                "creationTimestamp": utc_now(),
+                # Made within the TrainJob's create (a seeded TrainJob's Workload: as if made with it).
+                "creationTimestamp": job["metadata"]["creationTimestamp"],
                 "generation": 1,
                 "labels": {JOB_UID_LABEL: job["metadata"]["uid"]},
                 "ownerReferences": [
@@ -116,6 +145,7 @@ class Kueue:
                 "podSets": [
                     {"name": "node", "count": int((job["spec"].get("trainer") or {}).get("numNodes") or 1)}
                 ],
+                "priority": int((priority_class or {}).get("value") or 0),
                 **(
                     {"priorityClassName": labels[PRIORITY_CLASS_LABEL]}
                     if PRIORITY_CLASS_LABEL in labels
@@ -178,6 +208,97 @@ class Kueue:
             self.store.update("workloads", namespace, workload["metadata"]["name"], evicted)
             self.store.update("trainjobs", namespace, job["metadata"]["name"], _suspend(True))
 
+    def visibility(self, method: str, path: str, query: dict[str, str]) -> tuple[int, Any, Callable | None]:
+        """A request under ``/apis/visibility.kueue.x-k8s.io/`` (authorized already): the pending Workloads of a
+        LocalQueue, or what kube-apiserver answers when the API is missing or unreachable."""
+        parts = [p for p in path.split("/") if p]
+        if len(parts) < 3 or parts[2] not in self.visibility_versions:
+            return 404, None, plain_text(404, "404 page not found")
+        if not self.visibility_available:
+            return 503, None, plain_text(503, "service unavailable")
+        rest = parts[3:]
+        if len(rest) != 5 or rest[0] != "namespaces" or rest[2:5:2] != ["localqueues", "pendingworkloads"]:
+            raise ApiError(404, "the server could not find the requested resource", details={})
+        if method != "GET":
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        namespace, name = rest[1], rest[3]
+        try:
+            limit, offset = int(query.get("limit") or 0), int(query.get("offset") or 0)
+        except ValueError as error:
+            raise ApiError(400, f"invalid query: {error}") from None
+        limit = min(
+            max(limit or DEFAULT_PENDING_LIMIT, 0), MAX_PENDING_LIMIT
+        )  # defaults.go, boundedLimitOffset
+        offset = max(offset, 0)
+        with self.store.cond:
+            local_queue = self.store.find("localqueues", namespace, name)
+            if local_queue is None:
+                raise ApiError(
+                    404,
+                    f'localqueue.{VISIBILITY_GROUP} "{name}" not found',
+                    details={"name": name, "group": VISIBILITY_GROUP, "kind": "localqueue"},
+                )
+            pending = self._pending_in(local_queue["spec"]["clusterQueue"])
+        items = []
+        in_local_queue = [
+            (index, wl)
+            for index, wl in enumerate(pending)
+            if (wl["metadata"]["namespace"], wl["spec"]["queueName"]) == (namespace, name)
+        ]
+        for position, (index, wl) in enumerate(in_local_queue[offset : offset + limit], start=offset):
+            meta = wl["metadata"]
+            owners = [
+                {k: ref[k] for k in ("apiVersion", "kind", "name", "uid")}
+                for ref in meta.get("ownerReferences") or []
+            ]
+            items.append(
+                {
+                    "metadata": {
+                        "name": meta["name"],
+                        "namespace": meta["namespace"],
+                        "creationTimestamp": meta["creationTimestamp"],
+                        **({"ownerReferences": owners} if owners else {}),  # omitempty
+                    },
+                    "priority": wl["spec"].get("priority", 0),
+                    "localQueueName": wl["spec"]["queueName"],
+                    "positionInClusterQueue": index,
+                    "positionInLocalQueue": position,
+                }
+            )
+        summary = {
+            "kind": "PendingWorkloadsSummary",
+            "apiVersion": f"{VISIBILITY_GROUP}/{parts[2]}",
+            "metadata": {"creationTimestamp": None},
+            "items": items,
+        }
+        return 200, summary, None
+
+    def _pending_in(self, cluster_queue: str) -> list[dict]:
+        """The ClusterQueue's Workloads without reserved quota whose LocalQueue points at it, in queue order."""
+        queues = {
+            (q["metadata"]["namespace"], q["metadata"]["name"]): (q.get("spec") or {}).get("clusterQueue")
+            for q in self.store.list_objects("localqueues", None)
+        }
+        pending = [
+            wl
+            for wl in self.store.list_objects("workloads", None)
+            if queues.get((wl["metadata"]["namespace"], wl["spec"]["queueName"])) == cluster_queue
+            and not any(
+                c["type"] == "QuotaReserved" and c["status"] == "True"
+                for c in wl["status"].get("conditions", [])
+            )
+        ]
+        # baseCompareFunc: priority (higher first), the queue-order timestamp, then UID. RFC 3339 in UTC at
+        # second granularity sorts as text.
+        return sorted(
+            pending,
+            key=lambda wl: (
+                -wl["spec"].get("priority", 0),
+                wl["metadata"]["creationTimestamp"],
+                wl["metadata"]["uid"],
+            ),
+        )
+
     def _workload_and_job(self, namespace: str, job_name: str) -> tuple[dict, dict]:
         job = self.store.find("trainjobs", namespace, job_name)
         if job is None:
@@ -213,6 +334,22 @@ def _suspend(suspend: bool):
         job["metadata"]["generation"] = job["metadata"].get("generation", 1) + 1
 
     return mutate
+
+
+def plain_text(status: int, text: str) -> Callable:
+    """Go's http.Error: a text/plain body (what kube-apiserver's not-found handler and the aggregator's proxy write,
+    where the API group's own handlers would write a Status)."""
+
+    def write(handler: Any) -> None:
+        data = f"{text}\n".encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "text/plain; charset=utf-8")
+        handler.send_header("X-Content-Type-Options", "nosniff")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    return write
 
 
 def local_queue(name: str, namespace: str, cluster_queue: str) -> dict:

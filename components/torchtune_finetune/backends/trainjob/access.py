@@ -69,6 +69,13 @@ LAUNCHER_PERMISSIONS = (
     Permission("get", "", "pods", without="a rank-0 log stream that ends cannot tell a finished pod"),
     LOG,
     Permission("list", "", "events", without="pods that do not start are reported without their events"),
+    Permission(
+        "get",
+        "visibility.kueue.x-k8s.io",
+        "localqueues",
+        "pendingworkloads",
+        without="a queued TrainJob's wait is reported without its position in the queue",
+    ),
 )
 
 

@@ -18,8 +18,9 @@ What Kueue's TrainJob integration (kubernetes-sigs/kueue pkg/controller/jobs/tra
 
 So the launcher counts the time a queued TrainJob waits apart from its training (`queue_timeout_seconds`, all
 waits together), and its training timeout from the latest admission, as the Trainer's deadline does. Each
-minute of waiting gives one line in the step log: the queue, the time waited, and the Workload's message where
-the step's Role may list Workloads (a 403 is said once, and the lines go on without it).
+minute of waiting gives one line in the step log: the queue, the time waited, the Workload's message where
+the step's Role may list Workloads (a 403 is said once, and the lines go on without it), and the Workload's
+position in its LocalQueue and ClusterQueue where Kueue's visibility API answers (queue_position.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from kfp_finetune.components._shared.kube import KUEUE_GROUP, KUEUE_VERSION
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import TrainJobTimeout, api_message
+from kfp_finetune.components.torchtune_finetune.backends.trainjob.queue_position import QueuePosition
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import condition
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -96,6 +98,8 @@ class QueueWait:
         self._since: float | None = None  # when the current wait began
         self._next_report = 0.0
         self._workloads_readable = True
+        self._workload_name = ""  # the TrainJob's Workload, once read
+        self._position = QueuePosition(custom.api_client, namespace, log=log)
 
     def waiting(self, job: Mapping[str, Any] | None, now: float, *, api: Callable[..., Any]) -> bool:
         """Whether the TrainJob waits in a Kueue queue now; says so when a wait begins and every interval."""
@@ -134,12 +138,19 @@ class QueueWait:
                 )
         elif now >= self._next_report:
             self._next_report += self.report_interval
+            workload_words = self._workload_words(job, api=api)
             self.log.info(
-                "TrainJob %s still waits for admission in Kueue queue %s: %s so far%s",
+                "TrainJob %s still waits for admission in Kueue queue %s: %s so far%s%s",
                 self.name,
                 queue,
                 _duration(self.waited(now)),
-                self._workload_words(job, api=api),
+                workload_words,
+                self._position.words(
+                    queue,
+                    workload=self._workload_name,
+                    job_uid=job.get("metadata", {}).get("uid", ""),
+                    api=api,
+                ),
             )
         return True
 
@@ -202,6 +213,7 @@ class QueueWait:
         if not workloads:
             return "; Kueue has not made its Workload yet"
         workload = workloads[0]
+        self._workload_name = workload["metadata"]["name"]
         for type_ in ("Evicted", "Preempted") if evicted else ("QuotaReserved", "Admitted"):
             found = next(
                 (c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") == type_),
