@@ -115,6 +115,13 @@ def run(s: Settings, echo=print) -> dict:
         "title": TITLE,
         "target": "report: overhead per interval; training time lost per preemption (SIGTERM and SIGKILL)",
         "met": None,
+        "settings": {
+            "model": f"llama3_2 layout dim {s.big_dim}, {s.big_layers} layers, full fine-tune",
+            "steps": steps,
+            "batch": f"{s.batch_size} x {s.seq_len}",
+            "repeats": s.repeats,
+            "intervals": intervals,
+        },  # fmt: skip
         "headline": (
             f"checkpoint every 10 / 5 / 1 steps: +{100 * overhead[10]:.1f} / +{100 * overhead[5]:.1f} / "
             f"+{100 * overhead[1]:.1f} % wall ({write_seconds:.2f} s a write, step {step_seconds:.2f} s); a "
@@ -129,6 +136,9 @@ def run(s: Settings, echo=print) -> dict:
             "checkpoint_bytes": sizes,
             "restart_to_first_new_step_seconds": restarts,
             "fresh_start_to_first_step_seconds": fresh_starts,
-            "lost_per_preemption_seconds": {"sigterm": restart, **{f"sigkill_every_{e}": v for e, v in lost.items()}},
+            "lost_per_preemption_seconds": {
+                "sigterm": restart,
+                **{f"sigkill_every_{e}": v for e, v in lost.items()},
+            },
         },
     }
