@@ -14,6 +14,8 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.network import
 from tests.components.torchtune_finetune import test_trainjob_launcher as base
 from tests.support.kube_standin import Scenario
 
+pytestmark = pytest.mark.slow  # a Kubernetes stand-in per test
+
 kube = base.kube
 user_log = base.user_log
 GPUS = tj.NodePodSettings(resources={"limits": {"nvidia.com/gpu": "8"}})

@@ -1,8 +1,12 @@
 """The launcher keeps the TrainJob's progress annotations current from the rank-0 log (against the stand-in)."""
 
+import pytest
+
 from kfp_finetune.components.torchtune_finetune import progress as pg
 from tests.components.torchtune_finetune import test_trainjob_launcher as base
 from tests.support.kube_standin import Scenario
+
+pytestmark = pytest.mark.slow  # a Kubernetes stand-in per test
 
 NAME = base.NAME
 kube = base.kube
