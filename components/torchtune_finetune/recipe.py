@@ -23,6 +23,7 @@ rank has written (resume.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -114,6 +115,10 @@ class Resumable:
         self._run_dir = Path(cfg.output_dir)
         self._config_sha256 = config_sha256(cfg)
         self._distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self._distributed and getattr(self, "_optimizer_in_bwd", False) and self._checkpoints.resume:
+            # Its per-parameter optimizers have no distributed state dict here: no checkpoint rather than a crash.
+            _say("optimizer_in_bwd on several processes: no checkpoints for resuming; a retry starts over")
+            self._checkpoints = dataclasses.replace(self._checkpoints, resume=False)
         # SIGTERM is noted and acted on between two steps (a checkpoint, then exit); without checkpoints it ends us.
         self._stop = StopSignals(lambda signum: None, enabled=self._checkpoints.checkpoints).__enter__()
         super().setup(cfg)

@@ -31,8 +31,11 @@ EPOCHS, BATCHES_PER_STEP, ROWS, BATCH = 2, 2, 48, 2
 class ProbeRecipe:
     """The parts of a torchtune distributed recipe the mixin reads and drives."""
 
-    def __init__(self, signal_rank: int | None, signal_after: int | None) -> None:
+    def __init__(
+        self, signal_rank: int | None, signal_after: int | None, optimizer_in_bwd: bool = False
+    ) -> None:
         self._signal = (signal_rank, signal_after)
+        self._optimizer_in_bwd = optimizer_in_bwd  # as the recipes' __init__ sets it from the config
 
     def setup(self, cfg) -> None:
         torch.manual_seed(0)
@@ -93,11 +96,12 @@ def main() -> None:
     parser.add_argument("run_dir")
     parser.add_argument("--signal-rank", type=int)
     parser.add_argument("--signal-after-step", type=int)
+    parser.add_argument("--optimizer-in-bwd", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     settings = resume.CheckpointSettings("full_finetune_distributed", every_steps=3, every_minutes=0)
     cfg = OmegaConf.create({"output_dir": args.run_dir, resume.CONFIG_KEY: settings.as_config()})
-    recipe = ResumableProbe(args.signal_rank, args.signal_after_step)
+    recipe = ResumableProbe(args.signal_rank, args.signal_after_step, args.optimizer_in_bwd)
     recipe.setup(cfg)
     recipe.train()
     dist.destroy_process_group()

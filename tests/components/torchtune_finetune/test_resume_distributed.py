@@ -76,3 +76,11 @@ def test_a_lost_node_resumes_from_the_last_interval_checkpoint(uninterrupted, tm
     code, rest, tail = probe(tmp_path)
     assert code == 0 and sorted(rest) == list(range(point.step + 1, STEPS + 1)), tail
     assert {**before, **rest} == uninterrupted, f"killed after step {killed} (seed {SEED + 1})"
+
+
+def test_optimizer_in_backward_on_several_processes_trains_without_checkpoints(tmp_path):
+    """Its per-parameter optimizers have no distributed state dict here: said, and no checkpoint is attempted."""
+    code, steps, tail = probe(tmp_path, "--optimizer-in-bwd")
+    assert code == 0 and sorted(steps) == list(range(1, STEPS + 1)), tail
+    assert "optimizer_in_bwd on several processes: no checkpoints for resuming" in tail
+    assert resume.latest(tmp_path) is None
