@@ -3,8 +3,8 @@
 `choose_defaults` runs on the assembled config after the user's typed settings and `overrides`: a setting the user
 gave (typed or as an override key) is never touched. On CUDA it decides packing + a data-derived `max_seq_len`,
 `compile`, activation checkpointing / offloading from a memory model (`estimate_memory`), the micro-batch (~8-16k
-tokens; on several nodes ~32k where that fits without checkpointing; never more than the GPUs' share of the base
-config's tokens per optimizer step, down to 8k) and gradient accumulation (the base config's tokens per optimizer
+tokens, down to 4k where that spares activation checkpointing; on several nodes ~32k where that fits without
+checkpointing; never more than the GPUs' share of the base config's tokens per optimizer step, down to 8k) and gradient accumulation (the base config's tokens per optimizer
 step, over all devices). On every device the run names, run_length.py then keeps the run at least
 MIN_OPTIMIZER_STEPS long where the data allows (refusing data too small for that), scales the learning rate where
 the global batch grew, and fits the LR schedule to the planned steps (no step at lr 0). On every device it keeps
@@ -46,6 +46,10 @@ DEFAULT_GPU_MEMORY_GIB = 80.0
 MEMORY_MARGIN = 0.85
 #: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
 MICRO_BATCH_TOKENS = (16384, 8192)
+#: The smallest micro-batch tried without activation checkpointing before checkpointing is turned on: recomputing
+#: every layer's forward costs ~30 % of the step, more than a micro-batch of 4-8k tokens loses (a 1B+ model's
+#: matmuls are still thousands of rows tall).
+MIN_UNCHECKPOINTED_TOKENS = 4096
 #: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
 #: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
 MULTI_NODE_MICRO_BATCH_TOKENS = 32768
@@ -421,12 +425,22 @@ def _memory_and_batch(
     if nodes > 1 and not batch_set and seq:
         multi_node = max(1, round(MULTI_NODE_MICRO_BATCH_TOKENS / seq)) * seq
         multi_node = multi_node if options[0] < multi_node <= share else 0
+    # Whole sequences below the smallest busy micro-batch (which rounds to the nearest, so may lie above 8k): tried
+    # without checkpointing before any checkpointed plan, down to MIN_UNCHECKPOINTED_TOKENS.
+    smaller = []
+    if not batch_set and seq:
+        smaller = [
+            k * seq
+            for k in range(options[-1] // seq, 0, -1)
+            if MIN_UNCHECKPOINTED_TOKENS <= k * seq < options[-1]
+        ]
     ckpt_set = user_set(cfg, "enable_activation_checkpointing", "enable_activation_checkpointing")
     offload_set = user_set(cfg, "enable_activation_offloading", "enable_activation_offloading")
     # The largest micro-batch that fits without checkpointing, else with it, else offloaded.
     plans = (
         [(multi_node, False, False)] * bool(multi_node)
         + [(t, False, False) for t in options]
+        + [(t, False, False) for t in smaller]
         + [(t, True, False) for t in options]
         + [(options[-1], True, True)]
     )
@@ -459,6 +473,10 @@ def _memory_and_batch(
     if not batch_set and seq:
         config["batch_size"] = max(1, tokens // seq)
         why = "8-16k keeps the GPU busy"
+        if tokens in smaller and not ckpt:
+            why = (
+                "the largest that fits without activation checkpointing, which would cost ~30 % of each step"
+            )
         if capped:
             why += (
                 f"; not more: {world} GPU(s) share the base config's ~{target:,.0f} tokens per optimizer step"
