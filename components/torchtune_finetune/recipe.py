@@ -132,9 +132,8 @@ class Resumable:
         )
         self._last_saved_step = 0
         self._last_saved_time = time.monotonic()
-        logger = getattr(
-            self, "_metric_logger", None
-        )  # rank 0's: percent and ETA for the Trainer's progress API
+        # Rank 0's logger: the run's steps give percent and ETA for the Trainer's progress API.
+        logger = getattr(self, "_metric_logger", None)
         if logger is not None and hasattr(logger, "total_steps"):
             logger.total_steps = self._total_steps
         point = resume.latest(self._run_dir) if self._checkpoints.resume else None
@@ -145,7 +144,7 @@ class Resumable:
             self._restore(point)
         elif self._logged_before():  # killed before its first checkpoint: the curve starts over too
             self._mark_resume(0, "no complete checkpoint: training started over")
-        self._say_plan(point)
+        self._say_plan()
 
     def _mark_resume(self, step: int, how: str) -> None:
         logger = getattr(self, "_metric_logger", None)  # rank 0's only
@@ -156,16 +155,15 @@ class Resumable:
         logger = getattr(self, "_metric_logger", None)
         return logger is not None and hasattr(logger, "has_steps") and logger.has_steps()
 
-    def _say_plan(self, point: ResumePoint | None) -> None:
+    def _say_plan(self) -> None:
+        if not self._checkpoints.checkpoints:
+            _say("resume is off: no checkpoints for resuming are written")
+            return
         every = [f"every {self._checkpoints.every_steps} steps"] if self._checkpoints.every_steps else []
         if self._checkpoints.every_minutes:
             every.append(f"every {self._checkpoints.every_minutes:g} minutes")
-        _say(
-            f"checkpoints for resuming: {' and '.join(every) or 'on SIGTERM only'}, and on SIGTERM, "
-            f"in {resume.resume_root(self._run_dir)}"
-        )
-        if point is None and not self._checkpoints.resume:
-            _say("resume is off: training starts from the base model")
+        when = f"{' and '.join(every)}, and on SIGTERM" if every else "on SIGTERM"
+        _say(f"checkpoints for resuming: {when}, in {resume.resume_root(self._run_dir)}")
 
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """The recipe's epoch-end checkpoint, without its side effect on a CPU model's weights.
