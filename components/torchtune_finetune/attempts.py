@@ -12,7 +12,8 @@ loss) or stopped by SIGTERM (exit 143, after saving a checkpoint); the Kubernete
 killed outright (node loss) records nothing, and its retry trains again.
 
 A failure older than the window is not held against a new attempt: that is a person retrying the run, after
-fixing what failed.
+fixing what failed. A setting refused before anything is downloaded or launched is not recorded at all: its
+retry refuses it again, in seconds.
 """
 
 from __future__ import annotations

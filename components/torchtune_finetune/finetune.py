@@ -445,6 +445,8 @@ def run_component(**params: Any) -> FinetuneResult:
     check_retry(run_dir)  # an automatic retry after a crash or a bad setting fails at once (attempts.py)
     try:
         return _run_component(params, run_id)
+    except ConfigError:
+        raise  # refused before anything was downloaded or launched: a retry refuses again, in seconds
     except (Exception, Interrupted) as error:
         attempt = record_attempt(run_dir, error)
         log.info(

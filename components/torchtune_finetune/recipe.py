@@ -32,16 +32,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING, Any
 
 from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.cancel import StopSignals
 from kfp_finetune.components._shared.torchtune import resume
 from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
+
+if TYPE_CHECKING:  # torch is imported where it runs: the trainer image; the component image imports no torch
+    import torch
+    from omegaconf import DictConfig
 
 #: How a process that saved its state on SIGTERM exits: as the signal would have ended it.
 EXIT_AFTER_SIGTERM = 128 + signal.SIGTERM
@@ -55,6 +55,8 @@ def _say(text: str) -> None:
 
 def config_sha256(cfg: DictConfig) -> str:
     """The training config's identity (everything but the checkpoint settings): another config must not resume."""
+    from omegaconf import OmegaConf
+
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop(resume.CONFIG_KEY, None)
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(plain)).encode()).hexdigest()
@@ -111,6 +113,8 @@ class Resumable:
     """Mixed in before a torchtune recipe class: interval and SIGTERM checkpoints, and resume from them."""
 
     def setup(self, cfg: DictConfig) -> None:
+        import torch
+
         self._checkpoints = CheckpointSettings.from_config(cfg)
         self._run_dir = Path(cfg.output_dir)
         self._config_sha256 = config_sha256(cfg)
@@ -172,6 +176,8 @@ class Resumable:
         dict with `+=`: on CPU `.cpu()` returns the weights themselves, so every epoch end adds the adapter into
         the live base weights and later epochs train (and the final merge counts) it twice.
         """
+        import torch
+
         base = self._weights_merged_into() if self._device.type == "cpu" else {}
         saved = {name: weight.detach().clone() for name, weight in base.items()}
         super().save_checkpoint(*args, **kwargs)
@@ -190,6 +196,8 @@ class Resumable:
     # --- between two optimizer steps ----------------------------------------------------------------------------
 
     def _between_steps(self, position: int) -> None:
+        import torch
+
         step = self.global_step
         if not self._checkpoints.checkpoints or step >= self._total_steps or step == self._last_saved_step:
             return
@@ -242,6 +250,8 @@ class Resumable:
         }
 
     def _save(self, point: ResumePoint) -> None:
+        import torch
+
         partial = resume.partial_dir(self._run_dir, point.step)
         if not self._distributed:
             partial.mkdir(parents=True, exist_ok=True)
@@ -275,6 +285,8 @@ class Resumable:
         return {k: v for k, v in model_state.items() if k in trainable}, optimizer_state
 
     def _restore(self, point: ResumePoint) -> None:
+        import torch
+
         if not self._distributed:
             state = torch.load(point.path / "state.pt", map_location="cpu", weights_only=False)
             trainable = self._trainable()
@@ -319,12 +331,17 @@ def _clean_name(name: str) -> str:
 
 
 def _save_file(state: dict, path: Path) -> None:
+    import torch
+
     torch.save(state, path)
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
 
 
 def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
@@ -332,6 +349,9 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

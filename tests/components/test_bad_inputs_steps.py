@@ -53,7 +53,7 @@ class RecordingBackend:
     def gpus_available(self) -> bool:
         return False
 
-    def prepare(self, run_dir: Path) -> None:
+    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
         pass
 
     def run(self, resolved, *, total_steps):

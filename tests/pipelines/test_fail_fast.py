@@ -32,15 +32,19 @@ def _tasks(spec: dict):
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 @pytest.mark.slow
-def test_no_step_has_a_kfp_retry_policy(name, tmp_path):
-    """KFP cannot tell a typo from a network blip: a retry policy repeats a permanent error for minutes."""
+def test_only_the_fine_tune_has_a_kfp_retry_policy(name, tmp_path):
+    """KFP cannot tell a typo from a network blip: a retry policy repeats a permanent error for minutes. The one
+    exception is the fine-tune, which sorts its own failures (attempts.py: only preemption, eviction and node loss
+    train again, from the newest checkpoint)."""
     target = tmp_path / f"{name}.yaml"
     compiler.Compiler().compile(PIPELINES[name], str(target))
     spec = next(yaml.safe_load_all(target.read_text()))
     tasks = dict(_tasks(spec))
     assert tasks, "the pipeline has tasks"
     retried = sorted(task for task, body in tasks.items() if "retryPolicy" in body)
-    assert retried == [], f"tasks with a KFP retry policy: {retried}"
+    assert retried in ([], ["torchtune-finetune"]), f"tasks with a KFP retry policy: {retried}"
+    if "torchtune-finetune" in tasks:
+        assert retried == ["torchtune-finetune"]
 
 
 # --- bad input fails its step at once, with one clear line ----------------------------------------------------

@@ -346,7 +346,7 @@ def test_finetune_pipeline_with_the_trainjob_backend(
     # The entrypoint runs torch's checks first in the node pod, then `tune run` (the launcher imports no torch).
     assert spec["trainer"]["command"][:6] == [
         "python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint",
-        "tune", "run", "lora_finetune_single_device",
+        "tune", "run", "kfp_finetune/components/torchtune_finetune/recipe.py",
     ]  # fmt: skip
     assert task.outputs["model"].metadata["backend"] == "trainjob"
     assert task.outputs["train_metrics"].metadata["steps"] == 12

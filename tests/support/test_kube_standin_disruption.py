@@ -203,7 +203,11 @@ def test_a_lost_node_kills_the_pod_at_once_and_pod_gc_marks_it(kube_standin, cus
         start_trainer(
             kube_standin, custom, tmp_path, "lost", pod_spec={"affinity": {"nodeAffinity": required}}
         )
-        stuck = kube_standin.wait_for_pod("lost", lambda p: "nodeName" not in p["spec"], timeout=30)
+        stuck = kube_standin.wait_for_pod(  # the scheduler's event comes after the pod's status
+            "lost",
+            lambda p: "nodeName" not in p["spec"] and node_events(kube_standin, p["metadata"]["name"]),
+            timeout=30,
+        )
         (scheduled,) = [c for c in stuck["status"]["conditions"] if c["type"] == "PodScheduled"]
         assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
         assert (

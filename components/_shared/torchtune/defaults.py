@@ -144,7 +144,14 @@ def lora_parameters(model: ModelDir, lora: dict) -> int:
 
 
 def estimate_memory(
-    model: ModelDir, method: str, lora: dict | None, dtype: str, optimizer: str, world: int, tokens: int
+    model: ModelDir,
+    method: str,
+    lora: dict | None,
+    dtype: str,
+    optimizer: str,
+    world: int,
+    tokens: int,
+    loss_chunks: int = 1,
 ) -> MemoryEstimate:
     """Parameters (QLoRA: 4-bit base linears), gradients and AdamW state (two fp32 moments; 8-bit optimizers one
     byte each) of the trained parameters, divided by the FSDP sharding over `world` GPUs; activations per token
@@ -157,7 +164,8 @@ def estimate_memory(
     MLP outputs pass a norm before the residual (Gemma 2, 3); q and kv are heads x head_dim, which need not
     be dim. With checkpointing only each layer's input (dim) is kept, plus one layer recomputed at a time;
     offloading moves the kept inputs to CPU. The logits add vocab x (2 bytes + 4 bytes for the fp32 loss) per
-    token in every case."""
+    token in every case; with torchtune's chunked cross-entropy (`loss_chunks` output chunks, 8 by default) only one
+    chunk at a time is upcast to fp32: vocab x (2 + 4 / loss_chunks) bytes."""
     d = _dims(model)
     width = 4 if dtype == "fp32" else 2
     total = model.num_parameters
@@ -174,7 +182,7 @@ def estimate_memory(
         per_layer += 2 * (d["q"] + d["kv"])
     if model.family.post_norms:
         per_layer += 2 * d["dim"]
-    logits = d["vocab"] * (2 + 4)
+    logits = d["vocab"] * (2 + 4 / max(loss_chunks, 1))
     act = tokens * (d["layers"] * per_layer * width + logits)
     act_ckpt = tokens * (d["layers"] * d["dim"] * width + per_layer * width + logits)
     act_offload = tokens * (per_layer * width + logits)
@@ -367,6 +375,14 @@ def _cut_length(config: dict, model: ModelDir, lengths: TokenLengths | None, cho
     choices.append(Choice("max_seq_len", config["tokenizer"]["max_seq_len"], f"rows are cut there ({how})"))
 
 
+def loss_chunks(config: dict) -> int:
+    """How many output chunks the config's loss computes the fp32 cross-entropy in (1: not chunked)."""
+    loss = config.get("loss") or {}
+    if not str(loss.get("_component_", "")).endswith("CEWithChunkedOutputLoss"):
+        return 1
+    return int(loss.get("num_output_chunks") or 8)  # torchtune's CEWithChunkedOutputLoss default
+
+
 #: torchtune's distributed recipes read it (FSDP2's reshard_after_forward; False is ZeRO-2 / SHARD_GRAD_OP).
 RESHARD_KEY = "fsdp_reshard_after_forward"
 
@@ -406,7 +422,16 @@ def _memory_and_batch(
     optimizer = str((config.get("optimizer") or {}).get("_component_", ""))
 
     def estimate(tokens: int) -> MemoryEstimate:
-        return estimate_memory(model, cfg.method, lora, config.get("dtype", "bf16"), optimizer, world, tokens)
+        return estimate_memory(
+            model,
+            cfg.method,
+            lora,
+            config.get("dtype", "bf16"),
+            optimizer,
+            world,
+            tokens,
+            loss_chunks(config),
+        )
 
     batch_set = user_set(cfg, "batch_size", "batch_size")
     accumulation_set = user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps")

@@ -122,7 +122,11 @@ def test_trainjob_backend_matches_local_backend(inputs, cpu_runtime, tmp_path, m
     name = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
     created = kube.requests_for("POST", "trainjobs")[0].body
     spec = created["spec"]
-    assert spec["trainer"]["command"][3:6] == ["tune", "run", "lora_finetune_single_device"]
+    assert spec["trainer"]["command"][3:6] == [
+        "tune",
+        "run",
+        "kfp_finetune/components/torchtune_finetune/recipe.py",
+    ]  # our recipe module (resume)
     assert spec["trainer"]["resourcesPerNode"]["requests"] == {"cpu": "2", "memory": "4Gi"}
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in spec["trainer"]["env"]
     pod_patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
@@ -199,7 +203,7 @@ class MetricLinesOnly:
     def gpus_available(self) -> bool:
         return False
 
-    def prepare(self, run_dir: Path) -> None:
+    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
         pass
 
     def run(self, resolved, *, total_steps):

@@ -60,7 +60,7 @@ def test_the_trainjob_step_imports_no_torch(inputs, cpu_runtime, tmp_path):
     assert command[:3] == ["python", "-m", MODULE] and command[3:6] == [
         "tune",
         "run",
-        "lora_finetune_single_device",
+        "kfp_finetune/components/torchtune_finetune/recipe.py",
     ]
 
 

@@ -463,7 +463,7 @@ def test_dry_run_single_device_cpu(tiny_llama, tiny_dataset, tmp_path):
     assert manifest["spec"]["runtimeRef"]["name"] == "torchtune-cpu"
     # A single-device recipe gets no torchrun flag, so `tune run` stays in-process.
     assert manifest["spec"]["trainer"]["command"] == [
-        *ENTRYPOINT, "tune", "run", "lora_finetune_single_device", "--config",
+        *ENTRYPOINT, "tune", "run", "kfp_finetune/components/torchtune_finetune/recipe.py", "--config",
         str(tmp_path / "runs" / name / "torchtune_config.yaml"),
     ]  # fmt: skip
     assert "resourcesPerNode" not in manifest["spec"]["trainer"]
@@ -493,7 +493,7 @@ def test_dry_run_multi_node_gpus_with_workspace_pvc(tiny_llama, tiny_dataset, tm
     trainer = manifest["spec"]["trainer"]
     assert manifest["metadata"] == {**manifest["metadata"], "name": "nightly-tune", "namespace": "team-a"}
     assert trainer["command"] == [
-        *ENTRYPOINT, "tune", "run", *tj.torchrun_args("nightly-tune"), "lora_finetune_distributed", "--config",
+        *ENTRYPOINT, "tune", "run", *tj.torchrun_args("nightly-tune"), "kfp_finetune/components/torchtune_finetune/recipe.py", "--config",
         str(tmp_path / "runs" / "nightly-tune" / "torchtune_config.yaml"),
     ]  # fmt: skip
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)

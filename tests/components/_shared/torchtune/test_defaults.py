@@ -178,6 +178,12 @@ def test_memory_model_matches_hand_computed_values_for_llama3_8b(tmp_path):
     assert qlora.parameters == pytest.approx((linear * 0.5 + (params - linear) * 2 + adapter * 2) / gib)
     paged = estimate_memory(model, "full", None, "bf16", "bitsandbytes.optim.PagedAdamW8bit", 1, 8192)
     assert paged.optimizer == pytest.approx(params * 2 / gib)
+    # torchtune's chunked cross-entropy upcasts one of its 8 output chunks at a time (issue 27: the logits term was
+    # 2-3x too high for it): vocab x (2 + 4 / 8) bytes a token instead of vocab x 6.
+    chunked = estimate_memory(
+        model, "lora", lora, "bf16", "torch.optim.AdamW", world=1, tokens=8192, loss_chunks=8
+    )
+    assert chunked.activations == pytest.approx(8192 * (32 * per_token_layer * 2 + 128256 * 2.5) / gib)
 
 
 def test_checkpointing_and_offloading_only_when_the_memory_needs_them(tmp_path, data):
@@ -599,6 +605,45 @@ def test_no_activation_checkpointing_cliff_at_lengths_between_the_busy_micro_bat
         tokens = run.config["batch_size"] * n
         assert run.config["enable_activation_checkpointing"] is False, (n, tokens)
         assert tokens >= 4096, (n, tokens)
-    reasons = {c.setting: c.reason for c in on_gpu(model, tmp_path, method="lora", max_seq_len=2304,
-               lengths=TokenLengths([1152] * 100, 100_000, "the test"), gpu_memory_gib=80).defaults}  # fmt: skip
-    assert "the largest that fits without activation checkpointing" in reasons["batch_size"]
+    # On a 48 GB GPU some lengths take a micro-batch under 8k to stay unchecked, and say why.
+    smaller = []
+    for n in (2304, 2560, 3072, 3328):
+        run = on_gpu(model, tmp_path, lengths=TokenLengths([n // 2] * 100, 100_000, "the test"), method="lora",
+                     max_seq_len=n, gpu_memory_gib=48)  # fmt: skip
+        reasons = {c.setting: c.reason for c in run.defaults}
+        if run.config["batch_size"] * n < 8192 and not run.config["enable_activation_checkpointing"]:
+            smaller.append(n)
+            assert "the largest that fits without activation checkpointing" in reasons["batch_size"]
+    assert smaller, "no length took a smaller micro-batch: the case this test checks did not occur"
+
+
+@pytest.mark.parametrize(("family", "method", "gib"), [("llama3_1", "lora", 80), ("llama3_1", "full", 80),
+                                                        ("llama3_2", "full", 24), ("qwen2_5", "lora", 24)])  # fmt: skip
+def test_no_length_turns_checkpointing_on_while_a_smaller_micro_batch_fits_without(
+    tmp_path, data, family, method, gib
+):
+    """Issue 27's sweep: at every max_seq_len from 512 to 8192 (steps of 256), checkpointing is on only when no
+    whole-sequence micro-batch down to the floor fits without it, by the same memory model."""
+    from kfp_finetune.components._shared.torchtune.defaults import (
+        MEMORY_MARGIN,
+        MIN_UNCHECKPOINTED_TOKENS,
+        loss_chunks,
+    )
+
+    model_dir = fake_model_dir(tmp_path, family)
+    world = 1 if method == "lora" else 8
+    for n in range(512, 8192 + 1, 256):
+        run = on_gpu(model_dir, tmp_path, lengths=TokenLengths([n // 2] * 100, 100_000, "the test"), method=method,
+                     max_seq_len=n, gpu_memory_gib=gib, devices=world)  # fmt: skip
+        c = run.config
+        if not c["enable_activation_checkpointing"]:
+            continue
+        lora = c["model"] if method != "full" else None
+        for k in range(1, 16384 // n + 1):
+            if k * n < MIN_UNCHECKPOINTED_TOKENS:
+                continue
+            estimate = estimate_memory(run.model, method, lora, c["dtype"], c["optimizer"]["_component_"], world,
+                                       k * n, loss_chunks(c))  # fmt: skip
+            assert estimate.total(False) > gib * MEMORY_MARGIN, (
+                f"max_seq_len {n}: {k * n} tokens fit unchecked"
+            )

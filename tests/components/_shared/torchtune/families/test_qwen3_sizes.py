@@ -94,8 +94,11 @@ def test_resolve_config_resolves_real_qwen3_8b_and_32b(size, method, devices, da
         line for line in out.splitlines() if line.startswith("# default enable_activation_checkpointing")
     )
     assert "GiB per GPU" in memory
-    # On one 80 GiB GPU a full fine-tune cannot fit, nor 32B's bf16 weights (61 GiB) with LoRA: the step log says so.
-    assert ("OVER" in memory) == (devices == 1 and (method == "full" or size == "32B")), memory
+    # On one 80 GiB GPU a full fine-tune cannot fit (the step log says so); 32B's bf16 weights (61 GiB) with LoRA fit
+    # only with activation checkpointing (the logits of torchtune's chunked cross-entropy: issue 27).
+    assert ("OVER" in memory) == (devices == 1 and method == "full"), memory
+    if (size, method, devices) == ("32B", "lora", 1):
+        assert config["enable_activation_checkpointing"] is True, memory
 
 
 def test_qwen3_32b_qlora_fits_one_gpu(data, tmp_path, capsys):
