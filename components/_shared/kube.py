@@ -169,21 +169,6 @@ TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 RUNTIME_PLURALS = {"ClusterTrainingRuntime": "clustertrainingruntimes", "TrainingRuntime": "trainingruntimes"}
 
 
-def training_runtime_exists(
-    api_client: Any,
-    name: str,
-    kind: str,
-    namespace: str,
-    *,
-    backoff: Backoff | None = None,
-    on_retry: Callable[[BaseException, float], None] | None = None,
-) -> bool | None:
-    """Whether the Kubeflow Trainer (Cluster)TrainingRuntime `name` exists (a TrainingRuntime in `namespace`);
-    None when the ServiceAccount may not read it (403: a tighter Role than runtimes/rbac.yaml; creating the
-    TrainJob is then the real test). Raises ValueError for an unknown `kind`."""
-    return read_training_runtime(api_client, name, kind, namespace, backoff=backoff, on_retry=on_retry)[0]
-
-
 def read_training_runtime(
     api_client: Any,
     name: str,
@@ -193,7 +178,10 @@ def read_training_runtime(
     backoff: Backoff | None = None,
     on_retry: Callable[[BaseException, float], None] | None = None,
 ) -> tuple[bool | None, dict]:
-    """(whether it exists, as `training_runtime_exists` says; the runtime object, {} when not read)."""
+    """(whether the Kubeflow Trainer (Cluster)TrainingRuntime `name` exists — a TrainingRuntime in `namespace` —,
+    the runtime object). (False, {}) when it does not; (None, {}) when the ServiceAccount may not read it (403: a
+    tighter Role than runtimes/rbac.yaml; creating the TrainJob is then the real test). Raises ValueError for an
+    unknown `kind`."""
     from kubernetes import client
 
     if kind not in RUNTIME_PLURALS:
