@@ -1,8 +1,13 @@
 """GPU reference suite: our defaults vs an expert-tuned config vs Kubeflow's torchtune runtime settings.
 
-    python -m benchmarks.bench_gpu_suite --plan     # CPU, seconds: the job matrix and each job's differing keys
+    python -m benchmarks.bench_gpu_suite --plan     # no training: the job matrix and each job's differing keys
+    python -m benchmarks.bench_gpu_suite --smoke    # 3 steps per side on 2 000 rows: minutes on one GPU
     python -m benchmarks.bench_gpu_suite            # on GPUs: every job that fits them, 3 configs each
     python -m benchmarks.run --only gpu_suite       # the same, inside the suite's report
+    (--jobs / --sides: a selection; --steps, --rows, --run-timeout, --deadline; --fresh forgets earlier results)
+
+On a bare GPU machine the Python packages come as wheels: benchmarks/gpu_setup.sh (download here, install there).
+Without a GPU the run machinery trains the tiny kit's model on the CPU instead (what the test suite runs).
 
 Jobs (real model shapes, random weights: nothing is downloaded): Llama-3.2-1B LoRA on 1 GPU, Llama-3.1-8B LoRA on
 1 GPU, Llama-3.1-8B full on 8 GPUs, Qwen2.5-7B full on 2 nodes x 8 GPUs, Llama-3.1-8B QLoRA on 1 GPU. Each model
@@ -22,10 +27,12 @@ Three configs per job, all resolved by our resolver (one `tune run` YAML each) w
   activation checkpointing and batch size). Here: our resolve without `device` (so none of the CUDA defaults);
   its schedule defaults (warmup cap) remain and do not change the step time.
 
-Measured per run (`tune run` on the resolved YAML; torchrun flags for several GPUs): trained tokens/s per GPU
-(torchtune's), processed tokens/s per GPU and MFU (components/torchtune_finetune/throughput.py, median step time
-after warm-up), peak memory (torchtune's peak_memory_*), time from process start to the first logged step.
-A job needing more GPUs (or nodes) than present is listed as skipped with the reason.
+Measured per run (`tune run` on the resolved YAML; torchrun flags for several GPUs; stopped once it has logged its
+steps, before any checkpoint: gpu_suite_runs.py): trained tokens/s per GPU (torchtune's; the headline compares
+these, as pack padding is no work), processed tokens/s per GPU and MFU (components/torchtune_finetune/throughput.py,
+median step time after warm-up), peak memory (torchtune's peak_memory_*), time from process start to the first
+logged step. A job needing more GPUs (or nodes) than present is listed as skipped with the reason. results.json
+is rewritten after every run; a second invocation skips the runs recorded there.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import ROOT, Settings, bench_env, fresh_dir, long_tailed_rows, median, write_json
+from benchmarks.common import ROOT, Settings, bench_env, fresh_dir, long_tailed_rows, tiny_model
+from benchmarks.gpu_suite_runs import ResultsStore, gpus_present, run_measured
 
 NAME = "gpu_suite"
 TITLE = "GPU reference suite: defaults vs expert vs Kubeflow runtime"
@@ -178,15 +186,18 @@ def _write_random_shards(out: Path, config: dict, plan: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
     shapes = _shapes(config)
-    generator = torch.Generator().manual_seed(0)
+    device = (
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )  # 8B normal samples: seconds on a GPU, minutes here
+    generator = torch.Generator(device).manual_seed(0)
     for shard in sorted(set(plan.values())):
         tensors = {}
         for name in (n for n, s in plan.items() if s == shard):
             if name.endswith("norm.weight"):
                 tensors[name] = torch.ones(shapes[name], dtype=torch.bfloat16)
             else:
-                t = torch.empty(shapes[name], dtype=torch.float32).normal_(0.0, 0.02, generator=generator)
-                tensors[name] = t.to(torch.bfloat16)
+                t = torch.empty(shapes[name], dtype=torch.float32, device=device)
+                tensors[name] = t.normal_(0.0, 0.02, generator=generator).to(torch.bfloat16).cpu()
         save_file(tensors, str(out / shard), metadata={"format": "pt"})
 
 
@@ -224,7 +235,7 @@ def resolve_side(job: Job, side: str, model_dir: Path, data: Path, run_dir: Path
     from kfp_finetune.components._shared.torchtune.config import from_flat
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
-    cfg = from_flat(side_settings(job, side, steps))
+    cfg = from_flat(side_settings_here(job, side, steps))
     return resolve_run(
         cfg, model_dir, data, run_dir, devices=job.gpus, nodes=job.nodes, write=write,
         gpu_memory_gib=gpu_memory_gib, token_lengths=lengths,
@@ -232,7 +243,8 @@ def resolve_side(job: Job, side: str, model_dir: Path, data: Path, run_dir: Path
 
 
 def token_lengths(job: Job, model_dir: Path, data: Path, workdir: Path, tokenize: bool, cache: dict):
-    """The data's token lengths for the job's tokenizer, sampled once per model (as the step does per run)."""
+    """The data's token lengths for the job's tokenizer, sampled once per model (as the step does per run): the
+    plan tokenizes too, so that plan and run resolve the same configuration."""
     from kfp_finetune.components._shared.torchtune.defaults import sample_token_lengths
 
     if job.model not in cache:  # the kubeflow side applies no CUDA defaults: nothing is sampled there
@@ -276,23 +288,24 @@ def fits(job: Job, gpus_present: int, nodes_present: int = 1) -> str:
     return ""
 
 
-def plan(workdir: Path, steps: int = 30, gpus_present: int = 0, gpu_memory_gib: float = 80.0) -> dict:
-    """Each job: whether it runs here (and why not) and the keys its three resolved configs differ in."""
-    data = suite_data(workdir, rows=1000)
+def plan(workdir: Path, steps: int, rows: int, gpus: int = 0, gpu_memory_gib: float = 80.0) -> dict:
+    """Each job: whether it runs here (and why not) and the keys its three resolved configs differ in, resolved
+    from the same data, token lengths and steps as the run (`steps` + 2: the run's spare steps)."""
+    data = suite_data(workdir, rows)
     jobs, cache = {}, {}
     for job in JOBS:
         model_dir = model_folder(workdir, job, weights=False)
-        lengths = token_lengths(job, model_dir, data, workdir, False, cache)  # estimated: no torch needed
+        lengths = token_lengths(job, model_dir, data, workdir, True, cache)
         configs, run_dirs = {}, {}
         for side in SIDES:
             run_dirs[side] = workdir / "plan" / job.name / side
             resolved = resolve_side(
-                job, side, model_dir, data, run_dirs[side], steps, gpu_memory_gib, lengths
+                job, side, model_dir, data, run_dirs[side], steps + 2, gpu_memory_gib, lengths
             )
             configs[side] = resolved.config
         jobs[job.name] = {
             "recipe": resolved.recipe, "config": resolved.config_name, "nodes": job.nodes, "gpus": job.gpus,
-            "skipped": fits(job, gpus_present), "differing": differing_keys(configs, run_dirs),
+            "skipped": fits(job, gpus), "differing": differing_keys(configs, run_dirs),
         }  # fmt: skip
     return jobs
 
@@ -318,129 +331,178 @@ def print_plan(jobs: dict, echo=print) -> None:
 
 # --- the runs ---------------------------------------------------------------------------------------------------
 
-
-def tune_run_timed(resolved, gpus: int, log_path: Path) -> float | None:
-    """`tune run` on the resolved YAML; seconds from process start to the first logged step (None: none)."""
-    from kfp_finetune.components._shared.metrics_file import parse_metric_line
-
-    tune = str(Path(sys.executable).parent / "tune")
-    torchrun = ["--nproc_per_node", str(gpus)] if resolved.distributed else []
-    command = [tune, "run", *torchrun, resolved.recipe, "--config", str(resolved.yaml_path)]
-    started, first = time.perf_counter(), None
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   cwd=resolved.run_dir, env=bench_env())  # fmt: skip
-        for line in process.stdout:
-            log.write(line)
-            if first is None and parse_metric_line(line):
-                first = time.perf_counter() - started
-        if process.wait():
-            raise subprocess.CalledProcessError(process.returncode, command)
-    return first
+SMOKE_STEPS, SMOKE_ROWS, SMOKE_RUN_TIMEOUT = 3, 2000, 300.0
+STEPS, ROWS, RUN_TIMEOUT = 30, 20000, 1200.0
+# Without a GPU (the test suite's CPU smoke): the tiny kit's Llama-3.2-style model, every side on the CPU.
+TINY_JOB = Job(
+    "tiny-llama3_2-lora-cpu", "tiny", "llama3_2", {}, "lora", 1, 1,
+    {"packed": True, "max_seq_len": 1024, "batch_size": 4, "gradient_accumulation_steps": 1,
+     "enable_activation_checkpointing": False},
+)  # fmt: skip
+ON_CPU = {"device": "cpu", "dtype": "fp32", "compile": False}
+TINY_MAX_POSITIONS = 2048
+KEY_SETTINGS = {
+    "packed": ("dataset", "packed"), "max_seq_len": ("tokenizer", "max_seq_len"), "batch_size": ("batch_size",),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps",), "compile": ("compile",),
+    "enable_activation_checkpointing": ("enable_activation_checkpointing",),
+}  # fmt: skip
 
 
-def run_job(job: Job, side: str, workdir: Path, data: Path, steps: int, memory: float, cache: dict,
-            echo=print) -> dict:  # fmt: skip
-    model_dir = model_folder(workdir, job, weights=True)
-    run_dir = fresh_dir(workdir / "runs" / job.name / side)
+def _get(config: dict, path: tuple[str, ...]):
+    for key in path:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+def prepare_model(workdir: Path, job: Job) -> Path:
+    """The job's model folder with weights, written by a child process (on the GPU where there is one: 8B random
+    weights are minutes of CPU work) so that this process never holds a CUDA context."""
+    if job is TINY_JOB:
+        return tiny_model(workdir)
+    out = workdir / "models" / job.model
+    if not (out / ".complete").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_gpu_suite", "--write-weights", job.name,
+             "--workdir", str(workdir.parent)],
+            check=True, env=bench_env(), cwd=workdir,
+        )  # fmt: skip
+    return out
+
+
+def run_suite(workdir: Path, output: Path, job_names: list[str], sides: list[str], steps: int, rows: int,
+              run_timeout: float, deadline: float | None, fresh: bool, echo=print) -> dict:  # fmt: skip
+    """Every chosen job x side that fits the GPUs here, in order; results.json rewritten after each run and runs
+    already recorded there skipped. Without GPUs, the tiny kit's job on the CPU (the machinery, not a result)."""
+    gpus, memory, gpu_name = gpus_present()
+    jobs = [job for job in JOBS if job.name in job_names] if gpus else [TINY_JOB]
+    device = {"name": gpu_name or "cpu", "count": max(gpus, 1), "cuda": bool(gpus)}
+    store = ResultsStore(output / "results.json", fresh)
+    store.data["settings"] = {"steps": steps, "rows": rows, "gpus": gpus, "gpu": gpu_name,
+                              "gpu_memory_gib": round(memory, 1), "run_timeout_s": run_timeout}  # fmt: skip
+    data = suite_data(workdir, rows)
+    started, cache = time.monotonic(), {}
+    for job in jobs:
+        why = fits(job, gpus or 1)
+        for side in sides:
+            if store.done(job.name, side):
+                echo(f"  {job.name} {side}: recorded earlier, skipped")
+                continue
+            left = deadline - (time.monotonic() - started) if deadline else run_timeout
+            if why or left < 60:
+                store.record(job.name, side, {"status": "skipped", "why": why} if why
+                             else {"status": "not run", "why": "the suite's --deadline"})  # fmt: skip
+                continue
+            result = _run_side(job, side, workdir, data, steps, memory, min(run_timeout, left), cache, device)
+            store.record(job.name, side, result)
+            echo(f"  {job.name} {side}: {_line(result)}")
+    store.data["headline"] = headline(store.data["runs"])
+    store.save()
+    return store.data
+
+
+def _run_side(job: Job, side: str, workdir: Path, data: Path, steps: int, memory: float, timeout: float,
+              cache: dict, device: dict) -> dict:  # fmt: skip
+    model_dir = prepare_model(workdir, job)
     lengths = token_lengths(job, model_dir, data, workdir, True, cache)  # tokenized as training does
-    resolved = resolve_side(job, side, model_dir, data, run_dir, steps, memory, lengths)
-    result = timed_run(resolved, run_dir.parent / f"{side}.log", job.gpus, job.nodes)
-    echo(f"  {job.name} {side}: {json.dumps(result, default=str)}")
-    return result
+    run_dir = fresh_dir(workdir / "runs" / job.name / side)
+    # Two spare steps: the epoch (and its checkpoint) cannot end before the run is stopped at `steps`.
+    resolved = resolve_side(job, side, model_dir, data, run_dir, steps + 2, memory, lengths)
+    settings = {name: _get(resolved.config, path) for name, path in KEY_SETTINGS.items()}
+    log = workdir / "logs" / f"{job.name}-{side}.log"
+    return {"settings": settings, **run_measured(resolved, job.gpus, job.nodes, steps, timeout, log, device)}
 
 
-def timed_run(resolved, log_path: Path, gpus: int = 1, nodes: int = 1) -> dict:
-    """`tune run` on a resolved run and its measurements: trained tokens/s (torchtune's, median after two warm-up
-    steps), processed tokens/s and MFU (throughput.py), peak memory, seconds from process start to step 1."""
-    from kfp_finetune.components._shared.metrics_file import read_metrics_file
-    from kfp_finetune.components.torchtune_finetune.throughput import measure, record_device
+def _line(result: dict) -> str:
+    if result.get("trained_tokens_per_second"):
+        mfu = f", MFU {result['mfu']:.2f}" if result.get("mfu") else ""
+        return (f"{result['status']}: {result['trained_tokens_per_second']:.0f} trained tok/s per GPU{mfu}, "
+                f"first step at {result['first_step_seconds']:.0f} s")  # fmt: skip
+    return f"{result['status']}" + (f" ({result['why']})" if result.get("why") else "")
 
-    device = record_device(resolved.run_dir)
-    try:
-        first_step = tune_run_timed(resolved, gpus, log_path)
-    except subprocess.CalledProcessError as error:
-        return {"error": f"exit {error.returncode}: see {log_path}"}
-    steps_logged = read_metrics_file(resolved.metrics_path)
-    warm = steps_logged[2:] or steps_logged  # compile and warm-up steps left out
-    speed = measure(resolved.config, resolved.model.hf_config, resolved.model.num_parameters, warm, device,
-                    world_size=gpus * nodes)  # fmt: skip
-    peaks = [v for s in steps_logged for k, v in s.values.items() if k.startswith("peak_memory")]
-    return {
-        "trained_tokens_per_second": median([s.tokens_per_second for s in warm if s.tokens_per_second]),
-        "processed_tokens_per_second": speed.processed_tokens_per_second,
-        "mfu": speed.mfu, "mfu_note": speed.mfu_note, "peak_memory_gib": max(peaks, default=None),
-        "first_step_seconds": first_step, "steps": len(steps_logged), "device": speed.device,
-    }  # fmt: skip
+
+def headline(runs: dict) -> str:
+    """defaults / expert trained tokens/s over the jobs where both sides ran."""
+    ratios = {
+        job: sides["defaults"]["trained_tokens_per_second"] / sides["expert"]["trained_tokens_per_second"]
+        for job, sides in runs.items()
+        if all((sides.get(s) or {}).get("trained_tokens_per_second") for s in ("defaults", "expert"))
+    }
+    if not ratios:
+        return "no job ran both the defaults and the expert side"
+    return f"defaults / expert trained tokens/s: min {min(ratios.values()):.2f} over {len(ratios)} job(s)"
+
+
+def side_settings_here(job: Job, side: str, steps: int) -> dict:
+    """The side's settings, moved to the CPU for the tiny job (what cannot run on a CPU)."""
+    settings = side_settings(job, side, steps)
+    if job is not TINY_JOB:
+        return settings
+    if side == "kubeflow":  # the base config's null max_seq_len would pass the tiny model's 2048 positions
+        settings = {**settings, "overrides": {"tokenizer.max_seq_len": TINY_MAX_POSITIONS}}
+    return {**settings, **ON_CPU}
 
 
 def run(s: Settings, echo=print) -> dict:
-    """benchmarks.run's entry: every job that fits the GPUs here; the others listed as skipped with the reason."""
-    steps = int(s.extra.get("gpu_steps", 30))
+    """benchmarks.run's entry: every job that fits the GPUs here (without GPUs: the tiny kit's job on the CPU)."""
     workdir = s.workdir / NAME
-    gpus, memory = _gpus()
-    jobs = plan(workdir, steps, gpus, memory)
-    results: dict[str, dict] = {}
-    cache: dict = {}
-    data = suite_data(workdir, rows=int(s.extra.get("gpu_rows", 20000)))
-    for job in JOBS:
-        why = jobs[job.name]["skipped"]
-        if why:
-            results[job.name] = {"skipped": why}
-            echo(f"  {job.name}: skipped ({why})")
-            continue
-        results[job.name] = {
-            side: run_job(job, side, workdir, data, steps, memory, cache, echo) for side in SIDES
-        }
-        d, e = (results[job.name][k].get("processed_tokens_per_second") for k in ("defaults", "expert"))
-        results[job.name]["defaults_vs_expert"] = d / e if d and e else None
-    ratios = [r["defaults_vs_expert"] for r in results.values() if r.get("defaults_vs_expert")]
-    ran = len(ratios)
-    headline = (
-        f"defaults / expert processed tokens/s: min {min(ratios):.2f} over {ran} job(s)"
-        if ratios else f"no job ran ({gpus} GPU(s) here): ready to run on GPUs"
+    data = run_suite(
+        workdir, workdir / "results", [job.name for job in JOBS], list(SIDES), int(s.extra.get("gpu_steps", STEPS)),
+        int(s.extra.get("gpu_rows", ROWS)), RUN_TIMEOUT, None, fresh=True, echo=echo,
     )  # fmt: skip
-    return {
-        "name": NAME, "title": TITLE, "target": TARGET, "headline": headline,
-        "met": (min(ratios) >= 0.8) if ratios else None, "results": results,
-        "settings": {"steps": steps, "gpus": gpus, "gpu_memory_gib": memory},
-    }  # fmt: skip
-
-
-def _gpus() -> tuple[int, float]:
-    try:
-        import torch
-    except ImportError:
-        return 0, 80.0
-    if not torch.cuda.is_available():
-        return 0, 80.0
-    return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / 2**30
+    return {"name": NAME, "title": TITLE, "target": TARGET, "headline": data["headline"], "met": None,
+            "results": data["runs"], "settings": data["settings"]}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_gpu_suite", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--plan", action="store_true", help="print the job matrix and differing keys (CPU, quick)")
+    p.add_argument(
+        "--plan", action="store_true", help="print the job matrix and differing keys (no training)"
+    )
+    p.add_argument("--smoke", action="store_true",
+                   help=f"{SMOKE_STEPS} steps per side on {SMOKE_ROWS} rows, {SMOKE_RUN_TIMEOUT:.0f} s per run")  # fmt: skip
+    p.add_argument(
+        "--jobs", default=",".join(j.name for j in JOBS), help="comma-separated job names (default all)"
+    )
+    p.add_argument("--sides", default=",".join(SIDES), help="comma-separated sides (default all three)")
+    p.add_argument(
+        "--steps", type=int, help=f"measured steps per run (default {STEPS}; --smoke {SMOKE_STEPS})"
+    )
+    p.add_argument("--rows", type=int, help=f"long-tailed rows (default {ROWS}; --smoke {SMOKE_ROWS})")
+    p.add_argument("--run-timeout", type=float, help=f"seconds per run (default {RUN_TIMEOUT:.0f})")
+    p.add_argument(
+        "--deadline", type=float, help="seconds for the whole suite: later runs are recorded as not run"
+    )
+    p.add_argument(
+        "--fresh", action="store_true", help="forget results.json's runs (default: skip those done)"
+    )
     p.add_argument("--workdir", default=str(ROOT / ".bench"), help="scratch folder (default .bench/)")
     p.add_argument("--output", default=str(ROOT / ".bench" / "results-gpu"), help="folder for results.json")
-    p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
+    p.add_argument("--write-weights", metavar="JOB", help=argparse.SUPPRESS)  # the suite's own child process
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    workdir = Path(args.workdir).resolve()
+    workdir = Path(args.workdir).resolve() / NAME
+    if args.write_weights:
+        model_folder(workdir, next(j for j in JOBS if j.name == args.write_weights), weights=True)
+        return 0
+    steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
+    rows = args.rows or (SMOKE_ROWS if args.smoke else ROWS)
     if args.plan:
         logging.disable(
             logging.INFO
         )  # the defaults' reasons, one line each: see `kfp-finetune resolve-config`
         try:
-            print_plan(plan(workdir / NAME, args.steps, *_gpus()))
+            gpus, memory, _ = gpus_present()
+            print_plan(plan(workdir, steps, rows, gpus, memory))
         finally:
             logging.disable(logging.NOTSET)
         return 0
-    settings = Settings(workdir=workdir, repeats=1, quick=False, extra={"gpu_steps": str(args.steps)})
-    report = run(settings)
-    write_json(Path(args.output) / "results.json", report)
-    print(report["headline"])
+    data = run_suite(
+        workdir, Path(args.output), args.jobs.split(","), args.sides.split(","), steps, rows,
+        args.run_timeout or (SMOKE_RUN_TIMEOUT if args.smoke else RUN_TIMEOUT), args.deadline, args.fresh,
+    )  # fmt: skip
+    print(data["headline"])
     return 0
 
 

@@ -28,7 +28,7 @@ attention); and what resolve does for every CPU run (resolve._apply_cpu: no peak
 offloading). Every other decision (packing, max_seq_len,
 batch size, accumulation, activation checkpointing, warmup) is pinned to the CUDA plan's value.
 
-Measured per run (`tune run` on the resolved YAML, bench_gpu_suite.timed_run): trained tokens/s (torchtune's
+Measured per run (`tune run` on the resolved YAML, gpu_suite_runs.timed_run): trained tokens/s (torchtune's
 tokens_per_second_per_gpu, unmasked label tokens; median after two warm-up steps), processed tokens/s (packed:
 batch x max_seq_len x accumulation per median step time; unpacked: the trained rate, a lower bound), seconds
 from process start to the first logged step (torchtune tokenizes and packs the data before it). Sides alternate
@@ -56,7 +56,6 @@ from benchmarks.bench_gpu_suite import (
     differing_keys,
     resolve_side,
     side_settings,
-    timed_run,
     token_lengths,
 )
 from benchmarks.common import (
@@ -69,6 +68,7 @@ from benchmarks.common import (
     tiny_model,
     write_json,
 )
+from benchmarks.gpu_suite_runs import timed_run
 
 NAME = "tiny_defaults"
 TITLE = "11. Defaults vs expert vs Kubeflow runtime on the tiny kit (CPU)"
