@@ -15,6 +15,14 @@ Part 2 ("once", issue 18): dataset-initialize's tokenize-and-pack step (_shared/
   packing `start_rows` long-tailed rows itself (tokenized and packed in the trainer process, on every rank).
   Same model, data, max_seq_len, seed.
 Only part 2: `--only packing --set packing_parts=once`.
+
+Part 3 ("fill", issue 27): how full dataset-initialize's packs of whole rows are, greedy in row order (the packer
+before bin_packing.py) vs best-fit decreasing (bin_packing.py), at max_seq_len 1024 / 2048 / 4096 / 8192, on the
+GPU suite's rows (bench_gpu_suite.suite_data: `fill_rows`, default 20,000) tokenized by torchtune's instruct builder
+with the tiny kit's llama3_2 tokenizer; a row longer than the pack counts as cut to it. Fill: the rows' tokens over
+packs x max_seq_len. Also the planning rate (rows/s) of both for `fill_plan_rows` (default 1M) lengths drawn from
+those, and dataset-initialize's whole pack step (`pack_split`, tokenizing included) on the suite's rows at 2048:
+its packs (the plan's, as rows are cut by the tokenizer) and seconds. Only part 3: `--only packing --set packing_parts=fill`.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ TITLE = "5. Packing (packed vs unpacked on long-tailed lengths)"
 
 
 def run(s: Settings, echo=print) -> dict:
-    parts = str(s.extra.get("packing_parts", "gain,once")).split(",")
+    parts = str(s.extra.get("packing_parts", "gain,once,fill")).split(",")
     result = (
         run_gain(s, echo)
         if "gain" in parts
@@ -57,7 +65,104 @@ def run(s: Settings, echo=print) -> dict:
         result["headline"] = f"{result['headline']}; {headline}" if result.get("headline") else headline
         result.setdefault("target", ">= 20k rows/s packing on 2 cores (tiny tokenizer)")
         result["met"] = once["tiny_rows_per_second"] >= 20_000
+    if "fill" in parts:
+        fill = run_fill(s, echo)
+        result["results"]["fill"] = fill
+        headline = "fill greedy -> best-fit decreasing: " + ", ".join(
+            f"{n} {f['greedy']:.3f} -> {f['best_fit_decreasing']:.3f}" for n, f in fill["fill"].items()
+        )
+        result["headline"] = f"{result['headline']}; {headline}" if result.get("headline") else headline
+        result.setdefault("target", ">= 0.98 of each pack filled at max_seq_len 2048-8192 (GPU suite's rows)")
+        if result.get("met") is not False:
+            result["met"] = all(
+                fill["fill"][n]["best_fit_decreasing"] >= 0.98 for n in ("2048", "4096", "8192")
+            )
     return result
+
+
+FILL_LENGTHS = (1024, 2048, 4096, 8192)
+
+
+def _greedy_packs(lengths, max_seq_len: int) -> int:
+    """The number of packs of the greedy in-order packer bin_packing.py replaced (torchtune's PackedDataset with
+    split_across_pack=False): a pack closes when the next row does not fit."""
+    packs, filled = 0, max_seq_len
+    for n in lengths.tolist():
+        if filled + n > max_seq_len:
+            packs, filled = packs + 1, 0
+        filled += n
+    return packs
+
+
+def run_fill(s: Settings, echo=print) -> dict:
+    import numpy as np
+
+    from benchmarks.bench_gpu_suite import suite_data
+    from kfp_finetune.components._shared.bin_packing import plan_packs
+    from kfp_finetune.components._shared.packing import pack_split, sft_node, tokenize
+    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+
+    rows = int(s.extra.get("fill_rows", 20_000))
+    plan_rows = int(s.extra.get("fill_plan_rows", 1_000_000))
+    model_dir = tiny_model(s.workdir)
+    base = fresh_dir(s.workdir / f"{NAME}-fill")
+    data = _parquet(s.workdir / "data" / f"suite-{rows}.parquet", _jsonl_rows(suite_data(s.workdir, rows)))
+    node = sft_node({"dataset_type": "instruct", "data_style": "input_output"}, [str(data)])
+    tokenizer_node = inspect_model_dir(model_dir).tokenizer_node(None)
+    lengths = tokenize(tokenizer_node, node, num_proc=2).lengths()
+    echo(f"  {rows} suite rows: tokens p50 {int(np.median(lengths))}, max {int(lengths.max())}")
+    fill, rates = {}, {}
+    drawn = np.random.default_rng(0).choice(lengths, plan_rows)
+    for max_seq_len in FILL_LENGTHS:
+        cut = np.minimum(lengths, max_seq_len)
+        greedy, best = _greedy_packs(cut, max_seq_len), len(plan_packs(cut, max_seq_len))
+        fill[str(max_seq_len)] = {
+            "greedy": round(float(cut.sum() / (greedy * max_seq_len)), 4),
+            "best_fit_decreasing": round(float(cut.sum() / (best * max_seq_len)), 4),
+            "greedy_packs": greedy,
+            "best_fit_decreasing_packs": best,
+        }
+        cut = np.minimum(drawn, max_seq_len)
+        started = time.perf_counter()
+        _greedy_packs(cut, max_seq_len)
+        greedy_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        plan_packs(cut, max_seq_len)
+        best_seconds = time.perf_counter() - started
+        rates[str(max_seq_len)] = {
+            "greedy_rows_per_second": round(plan_rows / greedy_seconds),
+            "best_fit_decreasing_rows_per_second": round(plan_rows / best_seconds),
+        }
+        echo(
+            f"  max_seq_len {max_seq_len}: fill {fill[str(max_seq_len)]}, {plan_rows} rows {rates[str(max_seq_len)]}"
+        )
+    result = pack_split(tokenizer_node, node, base / "packs", max_seq_len=2048, num_proc=2)
+    cut = np.minimum(lengths, 2048)
+    return {
+        "rows": rows,
+        "data": f"bench_gpu_suite.suite_data ({data.name}), tiny llama3_2 tokenizer, instruct builder",
+        "token_stats": dict(
+            zip(("p50", "p90", "p99", "max"), np.percentile(lengths, [50, 90, 99, 100]).tolist(), strict=True)
+        ),
+        "fill": fill,
+        "plan_rows": plan_rows,
+        "plan_rates": rates,
+        "pack_split_2048": {
+            "rows": result.stats["count"],
+            "packs": result.num_packs,
+            "truncated_rows": result.truncated_rows,
+            "fill": round(float(cut.sum() / (result.num_packs * 2048)), 4),
+            "tokenize_seconds": round(result.tokenize_seconds, 2),
+            "pack_seconds": round(result.pack_seconds, 2),
+        },  # fmt: skip
+    }
+
+
+def _jsonl_rows(path: Path):
+    import json
+
+    with path.open() as f:
+        yield from (json.loads(line) for line in f)
 
 
 def _parquet(path: Path, rows) -> Path:

@@ -5,11 +5,13 @@ Both sides live here because both components depend on the one file format: data
 (`ArrowPacks`).
 
 Exactness: rows are tokenized by torchtune's own dataset builder (instruct / chat / text, built from the same
-node the fine-tune step would resolve), so tokenizer, prompt template and masking are training's; packs are cut
-by torchtune's own `PackedDataset` algorithm (a subclass that writes each pack instead of keeping it), and each
-sample's first label in a pack is ignored as when torchtune packs in the fine-tune step
-(torchtune/sample_packing.py: no target crosses a sample boundary), so tokens, labels, input_pos and seq_lens are
-identical to `packed: True` in the recipe. Only the work is moved: rows are tokenized by several processes
+node the fine-tune step would resolve), so tokenizer, prompt template and masking are training's. Whole rows
+(instruct, chat) go into packs as bin_packing.py plans them (best-fit decreasing, packs in a seeded order), the
+plan the fine-tune step's own packing follows too; text rows, which flow across pack boundaries, are cut by
+torchtune's own `PackedDataset` algorithm (a subclass that writes each pack instead of keeping it). Each pack is
+laid out as torchtune lays it out, and each sample's first label in a pack is ignored as when torchtune packs in
+the fine-tune step (torchtune/sample_packing.py: no target crosses a sample boundary), so tokens, labels,
+input_pos and seq_lens are identical to `packed: True` in the recipe. Only the work is moved: rows are tokenized by several processes
 (forked, sharing the memory-mapped parquet), once, before any rank starts.
 
 max_seq_len: rows are first tokenized without a limit (their true lengths give the statistics and, unless one is
@@ -123,8 +125,9 @@ def pack_fingerprint(tokenizer_node: dict, dataset_node: dict, max_seq_len: int)
 
 #: Bumped when what a pack folder holds changes for the same inputs (2: `prompt_max` counts the tokens before the
 #: first trained one; 3: the length is the percentile rule's, rows whose prompt fills it are left out; 4: each
-#: sample's first label is ignored), so older folders are not reused, nor their packs trained on (the fingerprint).
-PACK_FORMAT = 4
+#: sample's first label is ignored; 5: whole rows packed best-fit decreasing, bin_packing.py), so older folders are
+#: not reused, nor their packs trained on (the fingerprint).
+PACK_FORMAT = 5
 
 
 def pack_key(tokenizer_fp: str, dataset_node: dict, max_seq_len: int | None) -> str:
@@ -425,24 +428,33 @@ def _replaced(tokenized: Tokenized, rows: dict[int, dict], left_out: set[int]) -
     )
 
 
+def _reordered(tokenized: Tokenized, order) -> Tokenized:
+    """`tokenized` with its rows in this order."""
+    import numpy as np
+
+    lengths = tokenized.lengths()[order]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # each new token's index in the old arrays: its row's old start plus its place in the row
+    index = np.repeat(tokenized.offsets[:-1][order] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return Tokenized(tokenized.tokens[index], tokenized.labels[index], offsets, tokenized.seconds)
+
+
 def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
-    """torchtune's PackedDataset with split_across_pack=False, vectorized: greedy packs of whole rows in order,
-    tokens padded with 0 (its padding_idx), labels with -100, input_pos counting on past the last row (clamped
-    to max_seq_len - 1), the padding as one more seq_len; each row's first label ignored (sample_packing.py). The
-    equality test holds it to the fine-tune step's own packing of the rows."""
+    """Packs of whole rows as bin_packing.py plans them (best-fit decreasing, packs in a seeded order), each laid
+    out as torchtune's PackedDataset lays out a pack: tokens padded with 0 (its padding_idx), labels with -100,
+    input_pos counting on past the last row (clamped to max_seq_len - 1), the padding as one more seq_len; each
+    row's first label ignored (sample_packing.py). The equality test holds it to the fine-tune step's own packing
+    of the rows, which follows the same plan."""
     import numpy as np
     import pyarrow as pa
 
+    from kfp_finetune.components._shared.bin_packing import plan_packs
+
+    plan = plan_packs(tokenized.lengths(), max_seq_len)
+    tokenized = _reordered(tokenized, plan.order)
+    bounds = plan.bounds.tolist()  # the row each pack starts with, in the reordered rows
     lengths = tokenized.lengths()
-    bounds = [0]  # the row each pack starts with
-    filled = 0
-    for i, n in enumerate(lengths.tolist()):
-        if filled + n > max_seq_len:
-            bounds.append(i)
-            filled = 0
-        filled += n
-    if len(lengths):
-        bounds.append(len(lengths))
     positions = np.arange(tokenized.offsets[-1], dtype=np.int64) - np.repeat(tokenized.offsets[:-1], lengths)
     positions = positions.astype(np.int32)
     writer, schema = _arrow_writer(path, max_seq_len)

@@ -9,9 +9,11 @@ has one cross-sample target per boundary. torchtune main moved the shift into th
 (`ignore_sample_starts`), so the recipe's shift finds no target across a boundary and its count of trained tokens
 (labels not ignored, before the shift) equals the targets it trains.
 
-Both ways a run gets packs follow the rule: dataset-initialize's pack writer (_shared/packing.py) and, when
-torchtune packs, `packed` below: resolve.py names it in place of the torchtune builder (`wrap`), which it calls
-unpacked and packs with torchtune's own PackedDataset algorithm. Importing this module imports no torch.
+Both ways a run gets packs follow the rule, and the same plan of which rows share a pack (bin_packing.py:
+best-fit decreasing): dataset-initialize's pack writer (_shared/packing.py) and, when torchtune packs, `packed`
+below: resolve.py names it in place of the torchtune builder (`wrap`), which it calls unpacked and packs into
+torchtune's PackedDataset layout (rows that flow across packs, text completion's default, by torchtune's own
+loop). Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ def unwrap(node: dict) -> dict:
 def packed(
     tokenizer: Any, *, builder: str, packed: bool = True, split_across_pack: bool | None = None, **kwargs
 ):
-    """torchtune's `builder` (e.g. torchtune.datasets.instruct_dataset) with these arguments, packed as it packs
+    """torchtune's `builder` (e.g. torchtune.datasets.instruct_dataset) with these arguments, packed in its layout
     (to `tokenizer.max_seq_len`, padding id 0, across packs only where the builder splits by default or
-    `split_across_pack` says so), each sample's first label ignored. `packed=False`: the builder's unpacked rows."""
+    `split_across_pack` says so; whole rows as bin_packing.py plans), each sample's first label ignored.
+    `packed=False`: the builder's unpacked rows."""
     build = builder_nodes.builder(builder)
     rows = build(tokenizer, packed=False, **kwargs)
     if not packed:
@@ -77,8 +80,27 @@ def packed(
 def _packed_dataset_class():
     from torchtune.datasets import PackedDataset
 
+    from kfp_finetune.components._shared.bin_packing import plan_packs
+
     class SamplePackedDataset(PackedDataset):
-        """torchtune's PackedDataset; each finished pack's sample starts ignored."""
+        """torchtune's PackedDataset, whole rows packed as bin_packing.py plans; each pack's sample starts
+        ignored."""
+
+        def _pack(self) -> None:
+            if self.split_across_pack:  # rows flow over pack boundaries: torchtune's loop, in row order
+                super()._pack()
+                return
+            rows = list(self.ds)
+            plan = plan_packs([len(row["tokens"]) for row in rows], self.max_seq_len)
+            for k in range(len(plan)):
+                pack: dict[str, list] = {"tokens": [], "labels": [], "input_pos": [], "seq_lens": []}
+                for i in plan.order[plan.bounds[k] : plan.bounds[k + 1]].tolist():
+                    size = len(rows[i]["tokens"])
+                    pack["tokens"] += rows[i]["tokens"]
+                    pack["labels"] += rows[i]["labels"]
+                    pack["input_pos"] += range(size)
+                    pack["seq_lens"].append(size)
+                self._add_pack(pack)
 
         def _add_pack(self, pack) -> None:
             super()._add_pack(pack)

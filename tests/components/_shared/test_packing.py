@@ -1,6 +1,7 @@
-"""Packs written once on CPU equal the fine-tune step's own packing (torchtune's, each sample's first label ignored:
+"""Packs written once on CPU equal the fine-tune step's own packing (each sample's first label ignored:
 torchtune/sample_packing.py), token for token, on all three dataset types, with the default masking and with the
-prompt trained on / a new system prompt."""
+prompt trained on / a new system prompt; each pack is laid out as torchtune's PackedDataset lays out its rows
+(bin_packing.py chooses the rows); the loss over the packs is the loss over the rows unpacked."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 pytest.importorskip("torchtune")
 
+from kfp_finetune.components._shared.bin_packing import plan_packs  # noqa: E402
 from kfp_finetune.components._shared.packing import (  # noqa: E402
     ArrowPacks,
     length_stats,
@@ -72,10 +74,21 @@ def split(request, tmp_path):
 
 
 def _torchtune_packs(tokenizer_node: dict, node: dict, max_seq_len: int):
-    """torchtune's packs, and the fine-tune step's (the node a resolved run names when torchtune packs)."""
+    """torchtune's packs, and the fine-tune step's (the node a resolved run names when torchtune packs). Whole
+    rows: torchtune's PackedDataset over each planned pack's rows (one pack each), in the plan's order."""
+    from torchtune.datasets import PackedDataset
+
     tokenizer = instantiate({**tokenizer_node, "max_seq_len": max_seq_len})
-    torchtunes = instantiate({**node, "packed": True, "tokenizer": tokenizer})
-    return torchtunes, instantiate({**sample_packing.wrap({**node, "packed": True}), "tokenizer": tokenizer})
+    theirs = instantiate({**sample_packing.wrap({**node, "packed": True}), "tokenizer": tokenizer})
+    if node["_component_"].endswith("text_completion_dataset"):  # rows flow over packs: torchtune's own loop
+        return instantiate({**node, "packed": True, "tokenizer": tokenizer}), theirs
+    rows = instantiate({**node, "packed": False, "tokenizer": tokenizer})
+    plan = plan_packs([len(row["tokens"]) for row in rows], max_seq_len)
+    torchtunes = []
+    for a, b in zip(plan.bounds[:-1], plan.bounds[1:], strict=True):
+        (pack,) = PackedDataset([rows[i] for i in plan.order[a:b].tolist()], max_seq_len=max_seq_len)
+        torchtunes.append(pack)
+    return torchtunes, theirs
 
 
 def _without(node: dict, rows: list[int], tmp_path) -> dict:
@@ -223,3 +236,69 @@ def test_the_node_takes_masking_where_the_builder_does(tmp_path):
     assert sft_node(alpaca, files, train_on_input=True)["train_on_input"] is True
     with pytest.raises(ValueError, match="new_system_prompt is not supported for alpaca"):
         sft_node(alpaca, files, new_system_prompt="be brief")
+
+
+def _summed_loss(model, tokens, labels, **inputs) -> tuple[float, int]:
+    """The summed cross-entropy and the number of targets, labels shifted as torchtune's recipes shift them."""
+    import torch
+    import torch.nn.functional as F
+
+    targets = torch.hstack([labels[:, 1:], torch.full_like(labels[:, :1], -100)])
+    logits = model(tokens, **inputs).float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
+    return float(loss), int((targets != -100).sum())
+
+
+@pytest.mark.parametrize("split", ["instruct", "chat", ("chat", TRAIN_ON_INPUT)], indirect=True)
+def test_the_loss_over_the_packs_is_the_loss_over_the_rows(split, tiny_llama, tmp_path):
+    """A tiny model's per-token loss over packed batches (collated as the recipe collates them: attention masked
+    to each row by seq_lens) is its loss over every row alone: every trained token once, with its own row's
+    context. test_sample_packing.py holds the same on rows whose first label is trained."""
+    import torch
+    from torchtune.data import padded_collate_packed
+
+    from kfp_finetune.components._shared.torchtune import builder_nodes
+
+    _, node, _ = split
+    model_dir = inspect_model_dir(tiny_llama)
+    max_seq_len = 48
+    result = pack_split(model_dir.tokenizer_node(None), node, tmp_path / "packs", max_seq_len=max_seq_len)
+    packs = ArrowPacks([result.path])
+    tokenizer = instantiate({**model_dir.tokenizer_node(None), "max_seq_len": max_seq_len})
+    rows = instantiate({**_without(node, result.unfit_rows, tmp_path), "tokenizer": tokenizer})
+    model_node = model_dir.model_node()
+    torch.manual_seed(0)
+    model = builder_nodes.builder(model_node["_component_"])(
+        **{k: v for k, v in model_node.items() if k != "_component_"}
+    ).eval()
+    packed, trained = 0.0, 0
+    with torch.no_grad():
+        for first in range(0, len(packs), 4):
+            batch = padded_collate_packed([packs[i] for i in range(first, min(first + 4, len(packs)))])
+            loss, count = _summed_loss(
+                model, batch["tokens"], batch["labels"], mask=batch["mask"], input_pos=batch["input_pos"]
+            )
+            packed, trained = packed + loss, trained + count
+        unpacked, targets = 0.0, 0
+        for row in rows:
+            loss, count = _summed_loss(model, torch.tensor([row["tokens"]]), torch.tensor([row["labels"]]))
+            unpacked, targets = unpacked + loss, targets + count
+    assert len(packs) < len(rows) and trained == targets > 0
+    assert packed / trained == pytest.approx(unpacked / targets, rel=1e-5)
+
+
+@pytest.mark.parametrize("split", ["instruct"], indirect=True)
+def test_the_same_rows_give_the_same_packs(split, tiny_llama, tmp_path):
+    import torch
+
+    _, node, _ = split
+    tokenizer_node = inspect_model_dir(tiny_llama).tokenizer_node(None)
+    first, again = (
+        ArrowPacks([pack_split(tokenizer_node, node, tmp_path / name, max_seq_len=48, num_proc=n).path])
+        for name, n in (("one", 1), ("two", 2))
+    )
+    assert len(first) == len(again) > 1
+    for i in range(len(first)):
+        assert all(
+            torch.equal(first[i][k], again[i][k]) for k in ("tokens", "labels", "input_pos", "seq_lens")
+        )
