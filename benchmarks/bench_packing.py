@@ -23,6 +23,14 @@ with the tiny kit's llama3_2 tokenizer; a row longer than the pack counts as cut
 packs x max_seq_len. Also the planning rate (rows/s) of both for `fill_plan_rows` (default 1M) lengths drawn from
 those, and dataset-initialize's whole pack step (`pack_split`, tokenizing included) on the suite's rows at 2048:
 its packs (the plan's, as rows are cut by the tokenizer) and seconds. Only part 3: `--only packing --set packing_parts=fill`.
+Part 4 ("procs", issue 27): dataset-initialize's tokenize-and-pack rate against its number of processes.
+- `procs_rows` rows (default 200k) of each kind (tiny kit task rows, long-tailed rows), tokenized and packed as
+  in part 2 with `procs_counts` processes (default: 1, 2, this machine's CPUs and twice them, which shows what
+  oversubscribing the CPUs costs); counts alternate order between repeats. rows/s of the whole pack_split.
+- Memory: each run is a fresh spawned interpreter; its peak RSS (the step) and the largest peak RSS of its
+  tokenizing processes (forks: the pages they share with the step copy on write count in full, so this is an
+  upper bound of what one more process costs) — the figure behind _shared/cpus.py's PROCESS_MEMORY.
+Only part 4: `--only packing --set packing_parts=procs`.
 """
 
 from __future__ import annotations
@@ -53,6 +61,12 @@ def run(s: Settings, echo=print) -> dict:
         if "gain" in parts
         else {"name": NAME, "title": TITLE, "results": {}, "settings": {}}
     )
+    if "procs" in parts:
+        procs = run_procs(s, echo)
+        result["results"]["procs"] = procs
+        rates = ", ".join(f"{n}: {r['median']:.0f}" for n, r in procs["long_tailed_rows_per_second"].items())
+        headline = f"tokenize + pack, long-tailed rows/s by processes: {rates}"
+        result["headline"] = f"{result['headline']}; {headline}" if result.get("headline") else headline
     if "once" in parts:
         once = run_once(s, echo)
         result["results"]["once"] = once
@@ -193,6 +207,69 @@ def _pack_rate(model_dir: Path, data: Path, out: Path, procs: int) -> dict:
         "tokenize_seconds": round(result.tokenize_seconds, 2), "pack_seconds": round(result.pack_seconds, 2),
         "packs": result.num_packs, "max_seq_len": result.max_seq_len, "token_stats": result.stats,
     }  # fmt: skip
+
+
+def _measured_pack_rate(model_dir: Path, data: Path, out: Path, procs: int) -> dict:
+    """_pack_rate in this (spawned) interpreter, with its peak RSS and its processes' largest, in MiB."""
+    import resource
+
+    rate = _pack_rate(model_dir, data, out, procs)
+    return {
+        **rate,
+        "step_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+    }
+
+
+def run_procs(s: Settings, echo=print) -> dict:
+    import multiprocessing
+    import os
+    import random
+    from concurrent.futures import ProcessPoolExecutor
+
+    from kfp_finetune.tiny.dataset import make_example
+
+    rows = int(s.extra.get("procs_rows", 200_000))
+    cpus = len(os.sched_getaffinity(0))
+    counts = sorted({int(c) for c in str(s.extra.get("procs_counts", f"1,2,{cpus},{2 * cpus}")).split(",")})
+    model_dir = tiny_model(s.workdir)
+    base = fresh_dir(s.workdir / f"{NAME}-procs")
+    rng = random.Random(0)
+    tiny_rows = ({"input": i, "output": o} for i, o in (make_example(rng) for _ in range(rows)))
+    data = {
+        "tiny": _parquet(s.workdir / "data" / f"tiny-task-{rows}.parquet", tiny_rows),
+        "long_tailed": _parquet(
+            s.workdir / "data" / f"long-tailed-{rows}.parquet", long_tailed_rows(rows, 0)
+        ),
+    }
+    runs: dict[str, dict[int, list[dict]]] = {kind: {n: [] for n in counts} for kind in data}
+    spawn = multiprocessing.get_context("spawn")
+    for repeat in range(s.repeats):
+        for n in counts if repeat % 2 == 0 else counts[::-1]:
+            for kind, path in data.items():
+                # A fresh interpreter per run: its peak RSS is this run's alone.
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    run = pool.submit(_measured_pack_rate, model_dir, path, base / f"{kind}-{n}", n).result()
+                runs[kind][n].append(run)
+                echo(f"  {kind}, {n} processes: {run}")
+
+    def per_count(kind: str, summarize) -> dict:
+        return {n: summarize(runs[kind][n]) for n in counts}
+
+    return {
+        "rows": rows,
+        "cpus": cpus,
+        "process_counts": counts,
+        **{
+            f"{kind}_rows_per_second": per_count(kind, lambda rs: spread([r["rows_per_second"] for r in rs]))
+            for kind in data
+        },
+        **{
+            key: {kind: per_count(kind, lambda rs, k=key: max(r[k] for r in rs)) for kind in data}
+            for key in ("step_peak_rss_mib", "process_peak_rss_mib")
+        },
+        "runs": runs,
+    }
 
 
 def run_once(s: Settings, echo=print) -> dict:

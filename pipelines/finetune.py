@@ -114,6 +114,9 @@ def prepare_inputs(p: parameters.Values) -> PreparedInputs:
     data_task = dataset_initialize(
         workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER, task_id=TASK_ID, **p.feeding("dataset_initialize")
     )
+    # Its processes follow its CPU limit (settings.DATASET_CPUS).
+    data_task.set_cpu_request(settings.DATASET_CPUS).set_cpu_limit(settings.DATASET_CPUS)
+    data_task.set_memory_request(settings.DATASET_MEMORY)
     for task, name in ((model_task, "Initialize model"), (data_task, "Initialize dataset")):
         # No KFP-level retry (see `publish`): transient errors are retried in-process, bad input fails at once.
         step(task, name, settings.INITIALIZE_TIMEOUT_SECONDS)

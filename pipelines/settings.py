@@ -10,6 +10,8 @@
                                          default of `model_cache_path` (default: none, no model cache); the base
                                          model is fetched there once per content. Give it ReadWriteMany unless
                                          every step runs on one node.
+    KFP_FINETUNE_DATASET_CPUS            CPUs of the dataset-initialize step, request and limit (default 4)
+    KFP_FINETUNE_DATASET_MEMORY          memory request of the dataset-initialize step (default 8Gi; no limit)
 
 The compiled workspace is complete on its own (access mode + size), so a stock KFP >= 2.15 API server without an
 admin default (`Workspace.VolumeClaimTemplateSpec` in its config.json) accepts the run. The KFP backend builds the
@@ -35,6 +37,16 @@ MODEL_CACHE_PVC = os.environ.get("KFP_FINETUNE_MODEL_CACHE_PVC", "")
 MODEL_CACHE_MOUNT_PATH = "/kfp-finetune/model-cache"
 # The default of the pipelines' `model_cache_path` parameter: the mount when the PVC is set, else no cache.
 MODEL_CACHE_PATH = MODEL_CACHE_MOUNT_PATH if MODEL_CACHE_PVC else ""
+
+# dataset-initialize parses and tokenizes in as many processes as its pod's CPU limit allows (_shared/cpus.py):
+# tokenizing is CPU-bound, so its CPUs are its speed (benchmarks/results-tokenize-procs). The limit equals the
+# request, so the step counts the CPUs it was given and leaves the node's others to training. The memory request
+# covers 4 processes beside the step itself (cpus.PROCESS_MEMORY, cpus.PARENT_MEMORY); there is no memory limit:
+# the step holds every row's tokens, and a limit sized for a small dataset would OOM-kill a large one that fits the
+# node. Constants, not pipeline parameters: KFP's driver reads a parameterised resource field only as text (see
+# _shared/gpus.py) and a numeric UI field would silently give no limit.
+DATASET_CPUS = os.environ.get("KFP_FINETUNE_DATASET_CPUS", "") or "4"
+DATASET_MEMORY = os.environ.get("KFP_FINETUNE_DATASET_MEMORY", "") or "8Gi"
 
 # Backstops so no step can hang a scheduled run forever (the TrainJob has its own timeout parameter).
 INITIALIZE_TIMEOUT_SECONDS = 6 * 3600

@@ -25,7 +25,7 @@ def dataset_initialize(
     subset: str = "",
     csv_delimiter: str = "",
     rows_per_shard: int = 100000,
-    num_proc: int = 1,
+    num_proc: int = -1,
     s3_endpoint_url: str = "",
     task_id: str = "",
     base_model: Input[Model] = None,
@@ -79,7 +79,9 @@ def dataset_initialize(
         csv_delimiter: Column separator of CSV / TSV files: one character such as `;` or `|`, `\\t` for a
             tab; empty: `,` for .csv files, a tab for .tsv files.
         rows_per_shard: Maximum rows per written parquet shard.
-        num_proc: Processes the datasets library uses to parse source files (JSON Lines are streamed by pyarrow).
+        num_proc: Processes that parse the source files (JSON Lines are streamed by pyarrow) and tokenize the
+            train split; -1: as many as the pod's CPU limit, the CPUs it may run on and its memory limit allow
+            (the step log names the bound).
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
         task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (keeps two datasets whose
             sources end in the same name apart); empty: not under KFP.
@@ -151,7 +153,7 @@ def dataset_initialize(
             subset=subset,
             csv_delimiter=csv_delimiter,
             rows_per_shard=rows_per_shard,
-            num_proc=num_proc,
+            num_proc=unset.value("num_proc", num_proc),
             s3_endpoint_url=s3_endpoint_url,
             task_id=task_id,
             output_train=train,

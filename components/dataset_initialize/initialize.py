@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared import cpus, storage
 from kfp_finetune.components._shared.artifacts import (
     ArtifactLike,
     entry_name,
@@ -160,7 +160,7 @@ def initialize_dataset(
     subset: str = "",
     csv_delimiter: str = "",
     rows_per_shard: int = 100_000,
-    num_proc: int = 1,
+    num_proc: int | None = None,
     s3_endpoint_url: str = "",
     task_id: str = "",
     output_train: ArtifactLike | None = None,
@@ -176,6 +176,7 @@ def initialize_dataset(
     (`<task>`: a hash of `task_id`, see names.instance_name); with `base_model_path`, also tokenize and pack
     the train split with that model's tokenizer, the masking `train_on_input` and the `new_system_prompt` the
     fine-tune step gets (packs.py; None: torchtune's defaults; `max_seq_len` None: chosen from the data).
+    `num_proc` processes parse the sources and tokenize (None: as many as the pod can keep busy, _shared/cpus.py).
     `batch_size` / `gradient_accumulation_steps` (None: unset) are the fine-tune's, when the user set them: a train
     split too small for one optimizer step of them is refused here, before any training."""
     column_map = dict(column_map or {})
@@ -185,6 +186,11 @@ def initialize_dataset(
         raise ValueError(f"data_eval_fraction must be in [0, 1), got {eval_fraction}")
     if rows_per_shard < 1:
         raise ValueError("rows_per_shard must be positive")
+    if num_proc is not None and num_proc < 1:
+        raise ValueError(f"num_proc must be at least 1, or -1 for as many as the pod's CPUs (got {num_proc})")
+    processes = cpus.pod_processes() if num_proc is None else cpus.Processes(num_proc, "set by num_proc")
+    log.info("parsing and tokenizing with %s", processes)
+    num_proc = processes.count
     parsed = storage.parse_uri(source_uri)
     name = entry_name(name, parsed.repo_id or parsed.raw, task_id)
     final = area_dir(workspace_path, "datasets", name)

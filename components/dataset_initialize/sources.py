@@ -174,9 +174,11 @@ class Source:
                     if streamed is not None:
                         return streamed, data_files[split]
                 options = {"delimiter": self.delimiter} if self.delimiter else {}
+                # `datasets` gives each process whole files, and warns when given more processes than files.
+                procs = min(num_proc or 1, len(data_files[split]))
                 ds = datasets.load_dataset(
                     BUILDERS.get(self.format, self.format), data_files={split: data_files[split]}, split=split,
-                    cache_dir=cache_dir, num_proc=num_proc, **options,
+                    cache_dir=cache_dir, num_proc=procs if procs > 1 else None, **options,
                 )  # fmt: skip
             except Exception as exc:  # the libraries' errors name no file: find the file, line and byte
                 raise _unreadable(self.uri, split, self.format, data_files[split], exc) from exc

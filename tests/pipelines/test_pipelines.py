@@ -16,7 +16,7 @@ from kfp.components import load_component_from_file
 
 from kfp_finetune.commands.compile import stale_files
 from kfp_finetune.components._shared.gpus import gpu_counts
-from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, sweep_pipeline
+from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, settings, sweep_pipeline
 from tests.support import kfp_driver
 from tests.support import kube_standin as standin
 
@@ -142,6 +142,23 @@ def test_compiled_finetune_pipeline_carries_secrets_timeouts_and_workspace():
         "a recurring run needs only the essentials"
     )
     assert all(p.get("description") for p in inputs.values()), "every parameter is documented for the UI"
+
+
+def test_dataset_initialize_asks_for_the_cpus_it_tokenizes_with():
+    """Its processes follow the pod's CPU limit (_shared/cpus.py): without one it would get a single process'
+    worth of CPU on a busy node, or count every CPU of an idle one."""
+    expected = {
+        "resourceCpuRequest": settings.DATASET_CPUS,
+        "resourceCpuLimit": settings.DATASET_CPUS,
+        "resourceMemoryRequest": settings.DATASET_MEMORY,
+    }
+    for name in ("finetune-pipeline", "sweep-pipeline", "prepare-inputs"):
+        spec, _ = yaml.safe_load_all((COMPILED / f"{name}.yaml").read_text())
+        resources = spec["deploymentSpec"]["executors"]["exec-dataset-initialize"]["container"]["resources"]
+        assert {k: resources.get(k) for k in (*expected, "resourceMemoryLimit")} == {
+            **expected,
+            "resourceMemoryLimit": None,
+        }, name
 
 
 @pytest.mark.slow

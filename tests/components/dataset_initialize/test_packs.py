@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("torchtune")
 
+from kfp_finetune.components._shared import packing  # noqa: E402
 from kfp_finetune.components._shared.contract import DatasetSplit  # noqa: E402
+from kfp_finetune.components._shared.cpus import pod_processes  # noqa: E402
 from kfp_finetune.components._shared.packing import ArrowPacks  # noqa: E402
 from kfp_finetune.components._shared.seq_len import MULTIPLE  # noqa: E402
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset  # noqa: E402
@@ -165,3 +169,34 @@ def test_a_model_whose_attention_takes_no_packs_has_its_rows_measured_not_packed
     assert run.config["dataset"]["_component_"] == "torchtune.datasets.instruct_dataset"
     assert run.config["dataset"]["packed"] is False
     assert run.config["tokenizer"]["max_seq_len"] == split.max_seq_len
+
+
+def test_by_default_the_rows_are_tokenized_in_as_many_processes_as_the_pod_has(
+    tmp_path, tiny_llama, log_lines, monkeypatch
+):
+    """num_proc unset: the pod's CPUs (here: this machine's, through its cgroup files and affinity) tokenize, each
+    in a process of its own. tokenize gives a process at least 1000 rows, so 2100 rows make 2 processes."""
+    available = pod_processes()
+    if available.count < 2:
+        pytest.skip(f"one process is all this machine allows ({available})")
+    source = build_tiny_dataset(tmp_path / "tiny", train_rows=2100, eval_rows=10)["train.jsonl"]
+    pids, samples = tmp_path / "pids", packing._samples
+
+    def recording(dataset, start, end):  # runs in the tokenizing processes (forked: the patch is inherited)
+        with pids.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return samples(dataset, start, end)
+
+    monkeypatch.setattr(packing, "_samples", recording)
+    result = initialize_dataset(str(source), str(tmp_path / "ws"), base_model_path=tiny_llama)
+    assert result.train_metadata["token_stats"]["count"] == 2100
+    assert f"parsing and tokenizing with {available}" in log_lines
+    workers = set(pids.read_text().split())
+    assert len(workers) == 2 and str(os.getpid()) not in workers
+
+
+def test_num_proc_set_is_used_as_set_and_must_be_positive(source, tmp_path, log_lines):
+    initialize_dataset(str(source), str(tmp_path / "ws"), num_proc=1)
+    assert "parsing and tokenizing with 1 process: set by num_proc" in log_lines
+    with pytest.raises(ValueError, match="num_proc must be at least 1"):
+        initialize_dataset(str(source), str(tmp_path / "ws"), num_proc=0)
