@@ -4,6 +4,7 @@
     <workspace>/models/<name>-<task>/     HF-layout model + manifest.json
     <workspace>/runs/<trainjob name>/     resolved torchtune YAML, logs, checkpoints (exports/ stages the export)
     <workspace>/eval/<name>-<task>/       evaluation report and samples
+    <workspace>/.cache/compile/<key>/     torch.compile's kernels, per torch version and GPU model (warm_start.py)
 
 `<name>` is readable (the source's file or repo name, the fine-tune's tune_run_name); `<task>` is 8 hex characters
 of a hash of KFP's id of the step's task instance (names.instance_name), and the TrainJob's name hashes it too, so
@@ -37,6 +38,12 @@ def area_dir(workspace: str | os.PathLike, area: str, name: str) -> Path:
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"invalid workspace entry name {name!r}: use a plain name without '/'")
     return Path(workspace) / area / name
+
+
+def compile_cache_root(run_dir: str | os.PathLike) -> Path | None:
+    """`<workspace>/.cache/compile` for a run folder of this layout (`<workspace>/runs/<name>`), else None."""
+    run_dir = Path(run_dir)
+    return run_dir.parent.parent / ".cache" / "compile" if run_dir.parent.name == "runs" else None
 
 
 @contextlib.contextmanager

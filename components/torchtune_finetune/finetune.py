@@ -50,6 +50,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
+from kfp_finetune.components.torchtune_finetune.warm_start import read_startup
 from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
 log = get_logger(__name__)
@@ -240,6 +241,10 @@ def run_finetune(
         log.info("%s", network.line())
     if resumed:
         metrics["resumes"] = float(len(resumed))
+    startup = read_startup(run_dir)
+    if startup is not None:  # the training process's start to its first step (warm_start.py)
+        metrics["seconds_to_first_step"] = startup.seconds_to_first_step
+        log.info("%s", startup.line())
     model_metadata = TunedModel(
         workspace_path=rel(checkpoint.merged_dir or checkpoint.adapter_dir),
         run_dir=rel(run_dir),

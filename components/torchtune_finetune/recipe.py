@@ -38,6 +38,7 @@ from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.cancel import StopSignals
 from kfp_finetune.components._shared.torchtune import resume
 from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
+from kfp_finetune.components.torchtune_finetune import warm_start
 
 if TYPE_CHECKING:  # torch is imported where it runs: the trainer image; the component image imports no torch
     import torch
@@ -111,6 +112,9 @@ class StepBoundaries:
 
 class Resumable:
     """Mixed in before a torchtune recipe class: interval and SIGTERM checkpoints, and resume from them."""
+
+    #: (process start, compile cache state) from main(): rank 0 records them at the end of its first step.
+    startup: tuple[float, str] | None = None
 
     def setup(self, cfg: DictConfig) -> None:
         import torch
@@ -198,6 +202,9 @@ class Resumable:
     def _between_steps(self, position: int) -> None:
         import torch
 
+        if self.startup is not None and (not self._distributed or torch.distributed.get_rank() == 0):
+            _say(warm_start.record_startup(self._run_dir, *self.startup).line())
+        self.startup = None  # on this instance: once per process
         step = self.global_step
         if not self._checkpoints.checkpoints or step >= self._total_steps or step == self._last_saved_step:
             return
@@ -382,19 +389,32 @@ def recipe_module(name: str) -> Any:
     return module
 
 
-def base_recipe(argv: list[str]) -> str:
-    """The torchtune recipe the resolved YAML (`--config`) names in its `kfp_finetune:` block."""
+def resolved_config(argv: list[str]) -> dict:
+    """The resolved YAML `--config` names."""
     import yaml
 
     try:
         path = argv[argv.index("--config") + 1]
     except (ValueError, IndexError):
         raise SystemExit(f"{PREFIX}usage: tune run {resume.RECIPE_PATH} --config <resolved yaml>") from None
-    return CheckpointSettings.from_config(yaml.safe_load(Path(path).read_text())).recipe
+    return yaml.safe_load(Path(path).read_text())
 
 
 def main() -> None:
-    recipe_module(base_recipe(sys.argv)).recipe_main()
+    import torch
+
+    started_at = warm_start.process_started_at()
+    config = resolved_config(sys.argv)
+    gpu = (
+        torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", 0)))
+        if torch.cuda.is_available()
+        else "cpu"
+    )
+    cache = warm_start.use_compile_cache(config["output_dir"], torch.__version__, gpu)
+    if config.get("compile") and cache != "off":
+        _say(f"torch.compile caches: {os.environ[warm_start.CACHE_VARIABLES['inductor']]} ({cache})")
+    Resumable.startup = (started_at, cache)
+    recipe_module(CheckpointSettings.from_config(config).recipe).recipe_main()
 
 
 if __name__ == "__main__":

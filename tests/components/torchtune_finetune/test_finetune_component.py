@@ -38,6 +38,7 @@ def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
     values = metrics.metadata
     assert math.isfinite(values["final_loss"]) and values["final_loss"] < values["first_loss"]
     assert values["steps"] == TRAINING_STEPS and values["tokens_per_second"] > 0
+    assert 0 < values["seconds_to_first_step"] < 600  # the training process's start to its first step
 
     check = json.loads(outputs["checkpoint_listing"])
     assert "model-00001-of-00001.safetensors" in check["merged"] and "config.json" in check["merged"]
