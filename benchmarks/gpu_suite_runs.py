@@ -157,8 +157,10 @@ def measured(resolved, steps: int | None, device: dict, world_size: int) -> dict
 
     logged = read_metrics_file(resolved.metrics_path)[:steps]
     warm = logged[2:] or logged  # compile and warm-up steps left out
-    speed = measure(resolved.config, resolved.model.hf_config, resolved.model.num_parameters, warm, device,
-                    world_size=world_size)  # fmt: skip
+    speed = measure(
+        resolved.config, resolved.model.hf_config, resolved.model.num_parameters, warm, device,
+        world_size=world_size, token_lengths=resolved.token_lengths.lengths if resolved.token_lengths else None,
+    )  # fmt: skip
     peaks = [v for s in logged for k, v in s.values.items() if k.startswith("peak_memory")]
     return {
         "trained_tokens_per_second": median([s.tokens_per_second for s in warm if s.tokens_per_second]),

@@ -232,6 +232,7 @@ def run_finetune(
         steps,
         read_device(run_dir),
         world_size=backend.devices * backend.nodes if resolved.distributed else 1,
+        token_lengths=resolved.token_lengths.lengths if resolved.token_lengths else None,
     )
     log.info("%s", speed.log_line())
     metrics = {**_metrics(summary, steps, wall), **speed.metrics()}

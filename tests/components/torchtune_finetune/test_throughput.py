@@ -86,6 +86,21 @@ def test_packed_lora_run_on_an_h100_reports_processed_tokens_and_mfu(tmp_path):
     assert "8,192.0" in line and "65,536.0 on 8 GPU(s)" in line and "H100 SXM" in line and "MFU 27." in line
 
 
+def test_attention_is_charged_over_each_rows_tokens_when_the_lengths_are_known(tmp_path):
+    steps, device = _log(tmp_path, H100)
+    # Rows of 300, 1000 and 3000 tokens packed at 2048: the last is cut to 2048; a token attends within its row.
+    lengths = [300, 1000, 3000]
+    context = (300**2 + 1000**2 + 2048**2) / (300 + 1000 + 2048)  # 1 578.3 tokens, not the pack's 2048
+    speed = measure(_config(), LLAMA_8B, N_8B, steps, device, world_size=8, token_lengths=lengths)
+    whole_pack = measure(_config(), LLAMA_8B, N_8B, steps, device, world_size=8)
+    flops = 4 * N_MATMUL + 6 * LORA_QV + 12 * 32 * 4096 * round(context)
+    assert speed.flops_per_token == pytest.approx(flops)
+    assert speed.mfu == pytest.approx(whole_pack.mfu * flops / whole_pack.flops_per_token)
+    assert speed.mfu < whole_pack.mfu
+    assert "mean context 1,578 of max_seq_len 2048" in speed.mfu_note
+    assert "upper bound" in whole_pack.mfu_note
+
+
 def test_full_fine_tune_counts_6n_per_token(tmp_path):
     steps, device = _log(tmp_path, H100)
     speed = measure(_config(lora=False), LLAMA_8B, N_8B, steps, device)
