@@ -207,8 +207,9 @@ def check_model_and_run(
         unproven = check_layout_proven(model, model_uri)
         if unproven:
             return unproven
+        too_big = check_evaluation_fits(settings, model, model_uri)
         if config is None:
-            return []
+            return too_big
         # The data's files are dataset-initialize's to write: a placeholder source, as `resolve-config` without
         # --data; the data's lengths are unknown here, so the defaults that read them take the base config's.
         config.dataset.source = "parquet"
@@ -236,7 +237,33 @@ def check_model_and_run(
             return [Problem("model_uri", f"{model_uri}: config.json has no {error.args[0]!r}, which the fine-tune "
                                          "reads: is it a complete Hugging Face model config?")]  # fmt: skip
     log.info("tune_*: resolved recipe %s with base config %s", run.recipe, run.config_name or "user file")
-    return []
+    return too_big
+
+
+#: What evaluate holds on its GPU beside the weights: the batch's activations and KV cache, CUDA's own context.
+EVAL_HEADROOM_GIB = 6.0
+DEFAULT_GPU_GIB = 80.0
+
+
+def check_evaluation_fits(settings: RunSettings, model: ModelDir, model_uri: str) -> list[Problem]:
+    """Evaluate builds the whole model on one GPU (placement.py) in the training dtype (bf16): a model whose
+    weights do not fit one GPU would fail after training. Refused here, on a cluster where evaluate gets a GPU."""
+    try:
+        _, eval_gpus = (int(n) for n in gpu_counts(settings.gpus_per_node, settings.get("eval_gpus", -1)))
+    except SettingError:
+        return []  # check_hardware names it
+    if settings.backend != "trainjob" or eval_gpus == 0 or settings.get("eval_device", "auto") == "cpu":
+        return []
+    gpu_gib = _unset_number(settings.get("tune_gpu_memory_gib", -1.0)) or DEFAULT_GPU_GIB
+    weights_gib = model.num_parameters * 2 / 2**30
+    if weights_gib + EVAL_HEADROOM_GIB <= gpu_gib:
+        return []
+    return [Problem("eval_gpus", f"evaluate loads the whole model on one GPU: {model_uri} has "
+                                 f"{model.num_parameters / 1e9:.1f}B parameters, {weights_gib:.0f} GiB in bf16 plus "
+                                 f"~{EVAL_HEADROOM_GIB:.0f} GiB for its batch, more than one {gpu_gib:.0f} GiB GPU "
+                                 "(tune_gpu_memory_gib), so the run would fail after training. Evaluation across "
+                                 "GPUs is not supported yet: fine-tune this model with the torchtune-finetune and "
+                                 "export components alone, or a model that fits one GPU")]  # fmt: skip
 
 
 def check_layout_proven(model: ModelDir, model_uri: str) -> list[Problem]:

@@ -53,6 +53,10 @@ CASES = {
     "eval device without GPU": (
         {"eval_device": "cuda"}, "org/tiny", "eval_device", "set eval_gpus=1",
     ),
+    "model too big to evaluate on one GPU": (
+        {"tune_device": "cuda", "tune_gpus_per_node": 8}, "org/huge", "eval_gpus",
+        "evaluate loads the whole model on one GPU: hf://org/huge has 68.5B parameters, 128 GiB in bf16",
+    ),
     "export format typo": ({"export_format": "merge"}, "org/tiny", "export_format", "must be one of merged"),
     "backend typo": ({"tune_backend": "trainjobs"}, "org/tiny", "tune_backend", "did you mean 'trainjob'?"),
     "cleanup typo": ({"tune_cleanup_policy": "on_success"}, "org/tiny", "tune_cleanup_policy", "did you mean"),
@@ -96,7 +100,17 @@ def outcomes(tiny_llama, tmp_path_factory):
     (no_dims / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
     untied = shutil.copytree(tiny_llama, tmp / "untied")  # Llama 3.2's layers without its tied embeddings
     (untied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    # Llama-3.1-70B's layer dims (meta-llama/Llama-3.1-70B config.json) on the tiny model's vocabulary and tied
+    # embeddings: ~68B parameters, which no single 80 GiB GPU holds for evaluation.
+    huge = shutil.copytree(tiny_llama, tmp / "huge")
+    dims = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "intermediate_size": 28672, "head_dim": 128}  # fmt: skip
+    (huge / "config.json").write_text(json.dumps({**config, **dims}))
     scenarios = {case: _arguments(repo, settings) for case, (settings, repo, _, _) in CASES.items()}
+    # The same model fits one GPU for evaluation where each GPU has 141 GiB (an H200).
+    scenarios["huge model, H200"] = _arguments(
+        "org/huge", {"tune_device": "cuda", "tune_gpus_per_node": 8, "tune_gpu_memory_gib": 141.0}
+    )
     scenarios["valid"] = _arguments("org/tiny", {})
     scenarios["two problems"] = _arguments("org/qwen3-moe", {"tune_method": "lorra"})
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
@@ -105,6 +119,7 @@ def outcomes(tiny_llama, tmp_path_factory):
         hub.add_repo("org/qwen3-moe", moe)
         hub.add_repo("org/no-dims", no_dims)
         hub.add_repo("org/untied", untied)
+        hub.add_repo("org/huge", huge)
         env = {**hub_env(hub.endpoint, tmp), "KUBECONFIG": str(kube.kubeconfig_path)}
         outcomes = result(run_python(SCENARIOS, env, json.dumps(scenarios)))
         files = [f.relative_to(tiny_llama).as_posix() for f in tiny_llama.rglob("*") if f.is_file()]
@@ -115,6 +130,13 @@ def outcomes(tiny_llama, tmp_path_factory):
 @pytest.mark.slow
 def test_a_valid_run_passes_with_the_model_resolved_from_its_config_and_tokenizer(outcomes):
     assert outcomes["valid"]["done"] == ["model_uri", "model", "tune_runtime"], outcomes["valid"]
+
+
+@pytest.mark.slow
+def test_a_model_that_fits_one_gpu_of_the_cluster_passes_the_evaluation_size_check(outcomes):
+    assert outcomes["huge model, H200"].get("done") == ["model_uri", "model", "tune_runtime"], outcomes[
+        "huge model, H200"
+    ]
 
 
 @pytest.mark.slow
