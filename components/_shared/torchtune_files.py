@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -64,6 +65,17 @@ def recipe_file(name: str) -> Path:
 def config_file(file_path: str) -> Path:
     """A registry config's file (e.g. 'llama3_2/1B_lora_single_device.yaml')."""
     return package_dir().parent / "recipes" / "configs" / file_path
+
+
+def written_world_size(config_path: Path) -> int:
+    """The devices a base config was written for: the `--nproc_per_node N` of the launch command in its header
+    comment (torchtune's distributed configs name 2, 4 or 8); 1 where it names none (single-device configs)."""
+    try:
+        header = [line for line in config_path.read_text().splitlines() if line.startswith("#")]
+    except OSError:
+        return 1
+    found = re.search(r"--nproc_per_node[ =](\d+)", "\n".join(header))
+    return int(found.group(1)) if found else 1
 
 
 def parameters(dotted: str) -> dict[str, bool]:

@@ -46,10 +46,13 @@ DEFAULT_GPU_MEMORY_GIB = 80.0
 MEMORY_MARGIN = 0.85
 #: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
 MICRO_BATCH_TOKENS = (16384, 8192)
-#: The smallest micro-batch tried without activation checkpointing before checkpointing is turned on: recomputing
-#: every layer's forward costs ~30 % of the step, more than a micro-batch of 4-8k tokens loses (a 1B+ model's
-#: matmuls are still thousands of rows tall).
-MIN_UNCHECKPOINTED_TOKENS = 4096
+#: The smallest micro-batch that still keeps a GPU's matmuls busy scales inversely with the model's width: tokens x
+#: hidden size of 2^23 (4096 tokens for a 1B model's 2048, 2048 for 8B's 4096, 1024 for 70B's 8192), within
+#: [1024, 8192]. Micro-batches down to it are tried without activation checkpointing before checkpointing is turned
+#: on (recomputing every layer's forward costs ~30 % of the step, more than such a micro-batch loses), and a base
+#: config's small global batch shrinks the micro-batch down to it rather than being outgrown by a fixed 8k.
+BUSY_TOKENS_X_WIDTH = 2**23
+BUSY_FLOOR_RANGE = (1024, 8192)
 #: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
 #: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
 MULTI_NODE_MICRO_BATCH_TOKENS = 32768
@@ -276,9 +279,11 @@ def choose_defaults(
     gpu_memory_gib: float | None = None,
     lengths: TokenLengths | None = None,
     tokenize_sample: bool = True,
+    base_world: int = 1,
 ) -> tuple[list[Choice], TokenLengths | None]:
     """Apply the defaults to `config` in place; return each choice with its reason (also logged, one line each)
-    and the token lengths they were chosen from (None when none were needed or known)."""
+    and the token lengths they were chosen from (None when none were needed or known). `base_world`: the devices
+    the base config was written for (its global batch is that many times its per-device one)."""
     choices: list[Choice] = []
     _lora_alpha(config, base, cfg, choices)
     world = devices * nodes
@@ -290,7 +295,9 @@ def choose_defaults(
         if not user_set(cfg, "compile", "compile"):
             config["compile"] = True
             choices.append(Choice("compile", True, "CUDA: torch.compile speeds training ~1.3x (QLoRA ~3x)"))
-        _memory_and_batch(config, base, cfg, model, world, nodes, gpu_memory_gib, lengths, choices)
+        _memory_and_batch(
+            config, base, cfg, model, world, nodes, gpu_memory_gib, lengths, choices, base_world
+        )
     if not config["tokenizer"].get("max_seq_len") and not user_set(
         cfg, "max_seq_len", "tokenizer.max_seq_len"
     ):
@@ -299,7 +306,7 @@ def choose_defaults(
         if lengths is None:  # on CPU: the rows the floor counts (and, packed, their lengths estimated)
             lengths = sample_token_lengths(config, tokenize=False)
         fit_run_length(config, cfg, world, lengths, choices)
-        scale_learning_rate(config, base, cfg, world, lengths, choices)
+        scale_learning_rate(config, base, cfg, world, lengths, choices, base_world)
     fit_schedule(config, cfg, world, lengths, choices)
     for choice in choices:
         log.log(logging.WARNING if choice.warning else logging.INFO, "%s", choice.line())
@@ -404,6 +411,12 @@ def _reshard_after_forward(
     choices.append(Choice(RESHARD_KEY, not keep, why))
 
 
+def busy_floor_tokens(model: ModelDir) -> int:
+    """The model-size floor of a micro-batch (BUSY_TOKENS_X_WIDTH)."""
+    low, high = BUSY_FLOOR_RANGE
+    return max(low, min(high, BUSY_TOKENS_X_WIDTH // int(model.hf_config["hidden_size"])))
+
+
 def _memory_and_batch(
     config: dict,
     base: dict,
@@ -414,6 +427,7 @@ def _memory_and_batch(
     gpu_memory_gib: float | None,
     lengths: TokenLengths | None,
     choices: list[Choice],
+    base_world: int = 1,
 ) -> None:
     seq = config["tokenizer"].get("max_seq_len")
     gpu = gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
@@ -437,28 +451,30 @@ def _memory_and_batch(
     accumulation_set = user_set(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps")
     # The base config's tokens per optimizer step, kept over all GPUs (gradient accumulation cannot go below 1,
     # so no micro-batch larger than each GPU's share of it is taken, down to the smallest that keeps a GPU busy).
-    target = base_tokens_per_step(base, lengths) if seq and lengths and not accumulation_set else None
+    target = (
+        base_tokens_per_step(base, lengths, base_world) if seq and lengths and not accumulation_set else None
+    )
     share = GLOBAL_GROWTH_ACCEPTED * target / world if target else math.inf
     capped = False  # the base config's global batch, not memory, limits the micro-batch
+    floor = busy_floor_tokens(model)
     if batch_set or not seq:
         options = [int(config.get("batch_size") or 1) * int(seq or 2048)]
     else:
-        busy = [max(1, round(t / seq)) * seq for t in MICRO_BATCH_TOKENS]
-        options = [t for t in busy if t <= share] or busy[-1:]
+        # Whole sequences, rounded down: a micro-batch never grows past the busy sizes to fill a sequence.
+        busy = [max(1, t // seq) * seq for t in MICRO_BATCH_TOKENS]
+        # Below them, the base config's share of each GPU, down to what still keeps this model's matmuls busy.
+        least = min(busy[-1], max(math.ceil(floor / seq), int(share // seq), 1) * seq)
+        options = [t for t in busy if t <= share] or [least]
         capped = options[0] < busy[0]
     multi_node = 0  # the larger micro-batch tried first on several nodes (never with checkpointing)
     if nodes > 1 and not batch_set and seq:
-        multi_node = max(1, round(MULTI_NODE_MICRO_BATCH_TOKENS / seq)) * seq
+        multi_node = max(1, MULTI_NODE_MICRO_BATCH_TOKENS // seq) * seq
         multi_node = multi_node if options[0] < multi_node <= share else 0
-    # Whole sequences below the smallest busy micro-batch (which rounds to the nearest, so may lie above 8k): tried
-    # without checkpointing before any checkpointed plan, down to MIN_UNCHECKPOINTED_TOKENS.
+    # Whole sequences below the smallest busy micro-batch: tried without checkpointing before any checkpointed
+    # plan, down to the model's floor.
     smaller = []
     if not batch_set and seq:
-        smaller = [
-            k * seq
-            for k in range(options[-1] // seq, 0, -1)
-            if MIN_UNCHECKPOINTED_TOKENS <= k * seq < options[-1]
-        ]
+        smaller = [k * seq for k in range(options[-1] // seq, 0, -1) if floor <= k * seq < options[-1]]
     ckpt_set = user_set(cfg, "enable_activation_checkpointing", "enable_activation_checkpointing")
     offload_set = user_set(cfg, "enable_activation_offloading", "enable_activation_offloading")
     # The largest micro-batch that fits without checkpointing, else with it, else offloaded.
@@ -502,7 +518,10 @@ def _memory_and_batch(
             why = (
                 "the largest that fits without activation checkpointing, which would cost ~30 % of each step"
             )
-        if capped:
+        if capped and tokens < MICRO_BATCH_TOKENS[-1]:
+            why = (f"not 8-16k: {world} GPU(s) share the base config's ~{target:,.0f} tokens per optimizer step; "
+                   f"at least {floor:,} tokens keep a {model.hf_config['hidden_size']}-wide model's matmuls busy")  # fmt: skip
+        elif capped:
             why += (
                 f"; not more: {world} GPU(s) share the base config's ~{target:,.0f} tokens per optimizer step"
             )

@@ -249,8 +249,9 @@ def resolve_run(
     _apply_overrides(config, cfg.overrides, config_name or str(config_file))
     _check_packing(config, model)
     choices, token_lengths = choose_defaults(
-        config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample
-    )
+        config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample,
+        base_world=torchtune_files.written_world_size(Path(config_file)),
+    )  # fmt: skip
     _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
     config = _resolve_interpolations(config)
     check_components(config, cfg, config_name or str(config_file))

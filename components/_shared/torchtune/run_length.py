@@ -182,13 +182,22 @@ def _kind(config: dict, packed: bool) -> str:
     return f"{config['tokenizer'].get('max_seq_len')}-token packs" if packed else "rows"
 
 
-def base_tokens_per_step(base: dict, lengths: TokenLengths) -> float:
-    """Tokens the base config trains per optimizer step on one device: batch x accumulation x mean row length."""
+def base_tokens_per_step(base: dict, lengths: TokenLengths, base_world: int = 1) -> float:
+    """Tokens the base config trains per optimizer step on the devices it was written for (`base_world`: its
+    header's `--nproc_per_node`, torchtune_files.written_world_size): batch x accumulation x mean row length x
+    devices."""
     mean = sum(lengths.lengths) / len(lengths.lengths)
-    return int(base.get("batch_size") or 1) * int(base.get("gradient_accumulation_steps") or 1) * mean
+    return (
+        int(base.get("batch_size") or 1)
+        * int(base.get("gradient_accumulation_steps") or 1)
+        * mean
+        * base_world
+    )
 
 
-def global_batch_ratio(config: dict, base: dict, world: int, lengths: TokenLengths | None) -> float | None:
+def global_batch_ratio(
+    config: dict, base: dict, world: int, lengths: TokenLengths | None, base_world: int = 1
+) -> float | None:
     """Tokens per optimizer step over all devices, as a multiple of the base config's; None without lengths."""
     if lengths is None or not lengths.lengths:
         return None
@@ -198,7 +207,7 @@ def global_batch_ratio(config: dict, base: dict, world: int, lengths: TokenLengt
     tokens = (
         int(config.get("batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1) * per_sample
     )
-    return tokens * max(world, 1) / base_tokens_per_step(base, lengths)
+    return tokens * max(world, 1) / base_tokens_per_step(base, lengths, base_world)
 
 
 def scale_learning_rate(
@@ -208,9 +217,10 @@ def scale_learning_rate(
     world: int,
     lengths: TokenLengths | None,
     choices: list[Choice],
+    base_world: int = 1,
 ) -> None:
     """The square-root rule (see the module docstring)."""
-    ratio = global_batch_ratio(config, base, world, lengths)
+    ratio = global_batch_ratio(config, base, world, lengths, base_world)
     optimizer = config.get("optimizer") or {}
     base_lr = (base.get("optimizer") or {}).get("lr")
     if ratio is None or ratio <= GLOBAL_GROWTH_ACCEPTED or not isinstance(base_lr, (int, float)):

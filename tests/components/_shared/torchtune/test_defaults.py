@@ -2,6 +2,7 @@
 user setting wins. GPU behaviour is checked through the resolved config (no GPU here)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,7 @@ from kfp_finetune.components._shared.torchtune.choices import Choice
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import (
     TokenLengths,
+    busy_floor_tokens,
     estimate_memory,
     gpu_memory_from_product,
 )
@@ -65,9 +67,18 @@ def test_gpu_runs_pack_compile_and_decide_checkpointing_from_a_memory_estimate(
     assert isinstance(c["enable_activation_checkpointing"], bool)
     reason = chosen(run)["enable_activation_checkpointing"].reason
     assert "params" in reason and "activations" in reason and "GiB per GPU" in reason
-    # 8-16k tokens; less (down to 4k) only where that spares activation checkpointing (issue 27's cliff).
-    tokens = c["batch_size"] * 768
-    assert 8192 <= tokens <= 16384 or (4096 <= tokens < 8192 and not c["enable_activation_checkpointing"])
+    # 8-16k tokens; less, down to the model's floor, only where that spares activation checkpointing (issue 27's
+    # cliff) or where the base config's global batch is smaller (issue 27: the floor scales with the model).
+    tokens, floor = c["batch_size"] * 768, busy_floor_tokens(run.model)
+    batch_reason = chosen(run)["batch_size"].reason
+    assert (
+        min(floor, 8192 // 768 * 768) <= tokens <= 16384
+    )  # the floor never passes the busy 8k, rounded down
+    assert (
+        tokens >= 8192
+        or not c["enable_activation_checkpointing"]
+        or "share the base config's" in batch_reason
+    ), batch_reason
     if method == "lora":  # gemma has no single-device full config: another family's is used
         assert run.config_name.split("/")[0] == family
 
@@ -190,8 +201,15 @@ def test_checkpointing_and_offloading_only_when_the_memory_needs_them(tmp_path, 
     model_dir = fake_model_dir(tmp_path, "llama3_1")
     roomy = on_gpu(model_dir, tmp_path, method="lora", gpu_memory_gib=141)
     assert roomy.config["enable_activation_checkpointing"] is False
-    assert roomy.config["batch_size"] * 768 > 8192  # the larger micro-batch fits
-    tight = on_gpu(model_dir, tmp_path, method="lora", gpu_memory_gib=40)
+    # The busy 8k rounded down to whole 768-token packs (the base config's global batch allows no 16k).
+    assert roomy.config["batch_size"] * 768 == 7680
+    # 40 GiB: a 3 072-token micro-batch still fits unchecked (8B's floor is 2 048 tokens); 32 GiB: none does.
+    smaller = on_gpu(model_dir, tmp_path, method="lora", gpu_memory_gib=40)
+    assert (smaller.config["batch_size"] * 768, smaller.config["enable_activation_checkpointing"]) == (
+        3072,
+        False,
+    )
+    tight = on_gpu(model_dir, tmp_path, method="lora", gpu_memory_gib=32)
     assert tight.config["enable_activation_checkpointing"] is True
     assert tight.config["enable_activation_offloading"] is False
     assert "needed: params" in chosen(tight)["enable_activation_checkpointing"].reason
@@ -276,20 +294,41 @@ def test_accumulation_keeps_the_global_batch_as_devices_grow(tmp_path, data):
 
 def test_the_micro_batch_is_no_larger_than_the_gpus_share_of_the_base_global_batch(tmp_path, data):
     """Accumulation cannot go below 1: a 16k micro-batch on each of 8 GPUs would make the global batch many times
-    the base config's, so the micro-batch shrinks to the smallest that keeps a GPU busy (8k) and the reason says
-    how much larger the global batch still is; where the base's batch is large enough, 16k stays."""
+    the base config's, so the micro-batch shrinks to each GPU's share of it, down to the model's floor, and the
+    reason says how much larger the global batch still is; where the base's batch is large enough, 16k stays. The
+    base config's global batch counts the devices its header names (issue 27)."""
     model_dir = fake_model_dir(tmp_path, "llama3_2")
     rows = TokenLengths([500] * 100, num_rows=20_000, how="the test")  # 512-token packs
+    # llama3_2/1B_lora: batch 4 x accumulation 8, written for `--nproc_per_node 2`; 500-token rows.
+    base_tokens = 4 * 8 * 500 * 2
     eight = on_gpu(model_dir, tmp_path, lengths=rows, method="lora", devices=8)
     c = eight.config
-    base_tokens = 4 * 8 * 500  # llama3_2 1B lora base config: batch 4 x accumulation 8, 500-token rows
-    assert (c["batch_size"] * 512, c["gradient_accumulation_steps"]) == (8192, 1)
-    reason = chosen(eight)["gradient_accumulation_steps"].reason
-    assert f"the global batch is {8 * 8192:,} tokens, {8 * 8192 / base_tokens:.1f}x the base's" in reason
-    assert "not more: 8 GPU(s) share" in chosen(eight)["batch_size"].reason
+    # Each of 8 GPUs' share, with the accepted growth: 1.5 x 32,000 / 8 = 6,000 tokens -> 11 whole 512-token packs.
+    assert (c["batch_size"] * 512, c["gradient_accumulation_steps"]) == (11 * 512, 1)
+    assert "keeps the base config's ~32,000 tokens" in chosen(eight)["gradient_accumulation_steps"].reason
+    assert "not 8-16k: 8 GPU(s) share the base config's ~32,000 tokens" in chosen(eight)["batch_size"].reason
+    # On 16 GPUs the share (3,000) is below what keeps a 1B model busy: its floor, 4,096 tokens (2^23 / 2048).
+    sixteen = on_gpu(model_dir, tmp_path, lengths=rows, method="lora", devices=16)
+    c = sixteen.config
+    assert (c["batch_size"] * 512, c["gradient_accumulation_steps"]) == (4096, 1)
+    reason = chosen(sixteen)["gradient_accumulation_steps"].reason
+    assert f"the global batch is {16 * 4096:,} tokens, {16 * 4096 / base_tokens:.1f}x the base's" in reason
+    assert (
+        "at least 4,096 tokens keep a 2048-wide model's matmuls busy" in chosen(sixteen)["batch_size"].reason
+    )
     one = on_gpu(model_dir, tmp_path, lengths=rows, method="lora")
+    # One GPU: the single-device base config (batch 4 x accumulation 8, no --nproc_per_node: 16,000 tokens).
     assert (one.config["batch_size"] * 512, one.config["gradient_accumulation_steps"]) == (16384, 1)
     assert "keeps the base config's ~16,000 tokens" in chosen(one)["gradient_accumulation_steps"].reason
+
+
+def test_the_micro_batch_floor_scales_with_the_models_width(tmp_path):
+    from kfp_finetune.components._shared.torchtune.defaults import busy_floor_tokens
+
+    widths = {2048: 4096, 4096: 2048, 8192: 1024, 512: 8192, 16384: 1024}  # 2^23 / width within [1024, 8192]
+    for width, floor in widths.items():
+        model = SimpleNamespace(hf_config={"hidden_size": width})
+        assert busy_floor_tokens(model) == floor, width
 
 
 def test_gpu_memory_from_the_product_label():
@@ -626,7 +665,7 @@ def test_no_length_turns_checkpointing_on_while_a_smaller_micro_batch_fits_witho
     whole-sequence micro-batch down to the floor fits without it, by the same memory model."""
     from kfp_finetune.components._shared.torchtune.defaults import (
         MEMORY_MARGIN,
-        MIN_UNCHECKPOINTED_TOKENS,
+        busy_floor_tokens,
         loss_chunks,
     )
 
@@ -640,7 +679,7 @@ def test_no_length_turns_checkpointing_on_while_a_smaller_micro_batch_fits_witho
             continue
         lora = c["model"] if method != "full" else None
         for k in range(1, 16384 // n + 1):
-            if k * n < MIN_UNCHECKPOINTED_TOKENS:
+            if k * n < busy_floor_tokens(run.model):
                 continue
             estimate = estimate_memory(run.model, method, lora, c["dtype"], c["optimizer"]["_component_"], world,
                                        k * n, loss_chunks(c))  # fmt: skip

@@ -75,8 +75,9 @@ def test_the_resolve_config_cli_prints_the_plan(short_rows, tmp_path, capsys):
 
 def test_the_learning_rate_follows_a_grown_global_batch(short_rows, tmp_path):
     grown = preview(short_rows, tmp_path, "lora", 8)
+    # The base config (batch 2 x accumulation 8) was written for 2 devices: its header's --nproc_per_node 2.
     ratio = global_batch_ratio(grown.config, {"batch_size": 2, "gradient_accumulation_steps": 8}, 8,
-                               grown.token_lengths)  # fmt: skip
+                               grown.token_lengths, base_world=2)  # fmt: skip
     assert ratio > LR_SCALE_CAP**2  # the cap applies
     assert grown.config["optimizer"]["lr"] == pytest.approx(BASE_LR["lora"] * LR_SCALE_CAP)
     reason = next(c for c in grown.defaults if c.setting == "learning_rate").reason
