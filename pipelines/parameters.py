@@ -124,9 +124,10 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_max_steps_per_epoch", int, -1, "Cap on optimizer steps per epoch; -1: the base config's (whole epochs).",
        "torchtune_finetune.max_steps_per_epoch", "preflight.tune_max_steps_per_epoch"),
     _p("tune_batch_size", int, -1,
-       "Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (down to 4k where that spares "
-       "activation checkpointing; 32k on several nodes where it fits without it), on CPU the base config's; "
-       "smaller where the data are too few for 20 optimizer steps.",
+       "Examples per device per step; -1: on GPUs whole sequences of about 8-16k tokens per micro-batch (down to a "
+       "floor by model width, 1-8k tokens, where that spares activation checkpointing or each GPU's share of the "
+       "base config's global batch is smaller; 32k on several nodes where it fits without it), on CPU the base "
+       "config's; smaller where the data are too few for 20 optimizer steps.",
        "torchtune_finetune.batch_size", "preflight.tune_batch_size",
        "dataset_initialize.batch_size"),
     _p("tune_gradient_accumulation_steps", int, -1,

@@ -109,9 +109,10 @@ def preflight(
         tune_epochs: Passes over the training data; -1: the base config's, raised (to at most 3) where the
             data are too few for 20 optimizer steps.
         tune_max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
-        tune_batch_size: Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (down to 4k
-            where that spares activation checkpointing; 32k on several nodes where it fits without it), on CPU
-            the base config's; smaller where the data are too few for 20 optimizer steps.
+        tune_batch_size: Examples per device per step; -1: on GPUs whole sequences of about 8-16k tokens per
+            micro-batch (down to a floor by model width, 1-8k tokens, where that spares activation checkpointing
+            or each GPU's share of the base config's global batch is smaller; 32k on several nodes where it fits
+            without it), on CPU the base config's; smaller where the data are too few for 20 optimizer steps.
         tune_gradient_accumulation_steps: Steps accumulated per optimizer update (a larger effective batch);
             -1: the base config's tokens per optimizer step, fewer where the data are too few for 20 optimizer
             steps.

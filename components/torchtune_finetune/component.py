@@ -112,9 +112,10 @@ def torchtune_finetune(
         epochs: Passes over the training data; -1: the base config's, raised (to at most 3) where the data
             are too few for 20 optimizer steps.
         max_steps_per_epoch: Cap on optimizer steps per epoch; -1: the base config's (whole epochs).
-        batch_size: Examples per device per step; -1: on GPUs about 8-16k tokens per micro-batch (down to 4k where
-            that spares activation checkpointing; 32k on several nodes where it fits without it), on CPU the base
-            config's; smaller where the data are too few for 20 optimizer steps.
+        batch_size: Examples per device per step; -1: on GPUs whole sequences of about 8-16k tokens per
+            micro-batch (down to a floor by model width, 1-8k tokens, where that spares activation checkpointing
+            or each GPU's share of the base config's global batch is smaller; 32k on several nodes where it fits
+            without it), on CPU the base config's; smaller where the data are too few for 20 optimizer steps.
         gradient_accumulation_steps: Steps accumulated per optimizer update; -1: the base config's tokens per
             optimizer step, fewer where the data are too few for 20 optimizer steps.
         learning_rate: Peak learning rate; -1: the base config's, times the square root of how much larger the
