@@ -348,7 +348,8 @@ KEY_SETTINGS = {
 }  # fmt: skip
 
 
-def _get(config: dict, path: tuple[str, ...]):
+def config_value(config: dict, path: tuple[str, ...]):
+    """The value at a dotted path of a resolved config (None where any key is missing)."""
     for key in path:
         config = config.get(key) if isinstance(config, dict) else None
     return config
@@ -407,7 +408,7 @@ def _run_side(job: Job, side: str, workdir: Path, data: Path, steps: int, memory
     run_dir = fresh_dir(workdir / "runs" / job.name / side)
     # Two spare steps: the epoch (and its checkpoint) cannot end before the run is stopped at `steps`.
     resolved = resolve_side(job, side, model_dir, data, run_dir, steps + 2, memory, lengths)
-    settings = {name: _get(resolved.config, path) for name, path in KEY_SETTINGS.items()}
+    settings = {name: config_value(resolved.config, path) for name, path in KEY_SETTINGS.items()}
     log = workdir / "logs" / f"{job.name}-{side}.log"
     return {"settings": settings, **run_measured(resolved, job.gpus, job.nodes, steps, timeout, log, device)}
 

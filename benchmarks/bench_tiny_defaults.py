@@ -52,7 +52,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.bench_gpu_suite import (
+    ON_CPU,
     Job,
+    config_value,
     differing_keys,
     resolve_side,
     side_settings,
@@ -81,9 +83,8 @@ EXPERT = {
     "enable_activation_checkpointing": False, "enable_activation_offloading": False,
 }  # fmt: skip
 JOB = Job("tiny-llama3_2-lora", "tiny", "llama3_2", {}, "lora", 1, 1, EXPERT)
-# What cannot run on this CPU, changed on every side; everything else is pinned to the CUDA plan (PINNED).
-ON_CPU = {"device": "cpu", "dtype": "fp32", "compile": False}
 UNPACKED = "not measured: unpacked batches are padded to their longest row, which torchtune does not log"
+# ON_CPU (the GPU suite's): what cannot run on this CPU, changed on every side; the rest is pinned to the CUDA plan.
 PINNED = {
     "packed": ("dataset", "packed"), "max_seq_len": ("tokenizer", "max_seq_len"), "batch_size": ("batch_size",),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
@@ -93,17 +94,11 @@ PINNED = {
 }  # fmt: skip
 
 
-def _get(config: dict, path: tuple[str, ...]):
-    for key in path:
-        config = config.get(key) if isinstance(config, dict) else None
-    return config
-
-
 def cpu_settings(side: str, steps: int, cuda_plan: dict) -> dict:
     """The side's typed settings for this CPU: its CUDA settings with ON_CPU changed and PINNED copied from the
     CUDA plan's resolved config (a null stays unset: the base config's null)."""
     settings = {k: v for k, v in side_settings(JOB, side, steps).items() if k not in ON_CPU}
-    pinned = {name: _get(cuda_plan, path) for name, path in PINNED.items()}
+    pinned = {name: config_value(cuda_plan, path) for name, path in PINNED.items()}
     return {**settings, **{k: v for k, v in pinned.items() if v is not None}, **ON_CPU}
 
 
@@ -138,7 +133,7 @@ def summary(sides: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for side, s in sides.items():
         c = s["cpu"].config
-        out[side] = {name: _get(c, path) for name, path in PINNED.items()} | {
+        out[side] = {name: config_value(c, path) for name, path in PINNED.items()} | {
             "compile": c.get("compile"), "dtype": c.get("dtype"), "device": c.get("device"),
             "moved_from_cuda_plan": sorted(s["moved"]),
         }  # fmt: skip
