@@ -35,9 +35,8 @@ CACHE_VARIABLES = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACH
 @dataclass(frozen=True)
 class Startup:
     seconds_to_first_step: float
-    compile_cache: (
-        str  # "warm", "cold" or "off" (a run folder outside the workspace layout: the image's caches)
-    )
+    #: "warm", "cold" or "off" (a run folder outside the workspace layout: the image's caches are used)
+    compile_cache: str
 
     def line(self) -> str:
         cache = "" if self.compile_cache == "off" else f" (compile cache {self.compile_cache})"
