@@ -17,7 +17,7 @@ DEFAULT_CONFIDENCE = 0.95
 @dataclass
 class EvalSettings:
     max_samples: int = 200  # 0: every eval row
-    batch_size: int = 8
+    batch_size: int = -1  # -1: by the device and the model (evaluate/placement.py eval_batch_size)
     max_new_tokens: int = 64
     max_seq_len: int = 0  # 0: the training run's (or no limit)
     seed: int = 0
@@ -40,9 +40,12 @@ class EvalSettings:
     def problems(self) -> list[SettingError]:
         """Every problem of these settings, each naming its setting."""
         found = []
-        for name in ("batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                found.append(SettingError(name, f"must be at least 1 (got {getattr(self, name)})"))
+        if self.max_new_tokens < 1:
+            found.append(SettingError("max_new_tokens", f"must be at least 1 (got {self.max_new_tokens})"))
+        if self.batch_size < 1 and self.batch_size != -1:
+            found.append(
+                SettingError("batch_size", f"must be at least 1, or -1 for auto (got {self.batch_size})")
+            )
         for name in ("max_samples", "max_seq_len", "lm_eval_limit", "report_samples"):
             if getattr(self, name) < 0:
                 found.append(SettingError(name, f"must be 0 or more (got {getattr(self, name)})"))

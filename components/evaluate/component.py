@@ -18,7 +18,7 @@ def evaluate(
     samples: Output[Dataset],
     base_model: Input[Model] = None,
     max_samples: int = 200,
-    batch_size: int = 8,
+    batch_size: int = -1,
     max_new_tokens: int = 64,
     max_seq_len: int = 0,
     seed: int = 0,
@@ -37,7 +37,8 @@ def evaluate(
 ) -> NamedTuple("Outputs", [("passed", bool)]):
     """Tell whether fine-tuning helped: the tuned model against its base on held-out data, with a quality gate.
 
-    Loads both models the way training does (torchtune's component builder and HF checkpointer) and builds
+    Loads both models the way training does (torchtune's component builder and HF checkpointer; for a LoRA or
+    DoRA adapter, the base is the same model with its adapter disabled, loaded once) and builds
     the eval examples with the training run's own torchtune dataset builder and tokenizer, so the loss is
     computed on exactly the tokens training learned (the response; the prompt is masked). For every sample it
     measures teacher-forced loss, then generates greedily (deterministic) from the training prompt format and
@@ -60,7 +61,8 @@ def evaluate(
         base_model: The base model to compare with (model-initialize's output); when not connected, the base
             the fine-tune recorded is used if it is in the workspace, else the tuned model is reported alone.
         max_samples: Eval rows used, a seeded random subset; 0: all rows.
-        batch_size: Sequences per forward pass, for both loss and generation.
+        batch_size: Sequences per forward pass, for both loss and generation; -1: 8 on CPU, on a GPU as many
+            as half its memory beside the weights holds (8 to 64).
         max_new_tokens: Generation stops after this many tokens (or at the tokenizer's stop tokens).
         max_seq_len: Truncate examples to this many tokens; 0: the training run's max_seq_len (else no limit).
         seed: Chooses the subset and seeds torch; the same seed gives the same results.

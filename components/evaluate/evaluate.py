@@ -6,6 +6,7 @@ Plain Python: the KFP component only unpacks its artifacts and calls `run_compon
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -27,7 +28,13 @@ from kfp_finetune.components._shared.torchtune import builder_nodes, sample_pack
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, paired, scoring
-from kfp_finetune.components.evaluate.placement import Trained, choose_placement, visible_hardware
+from kfp_finetune.components.evaluate.placement import (
+    Trained,
+    choose_placement,
+    eval_batch_size,
+    gpu_memory_bytes,
+    visible_hardware,
+)
 
 log = get_logger(__name__)
 
@@ -298,17 +305,20 @@ def run_evaluate(
         sum(1 for e in examples if e.prompt_tokens),
     )  # fmt: skip
 
+    longest = max((len(e.tokens) for e in examples), default=1) + settings.max_new_tokens
+    weight_bytes = tuned_dir.num_parameters * (4 if placement.dtype == "fp32" else 2)
+    batch_size, why = eval_batch_size(
+        settings.batch_size, placement, tuned_dir.hf_config, weight_bytes, longest,
+        gpu_memory_bytes() if placement.device != "cpu" else 0,
+    )  # fmt: skip
+    log.info("batch size %s", why)
+    settings = dataclasses.replace(settings, batch_size=batch_size)
+
     scores: dict[str, model_eval.ModelScores] = {}
-    for label, folder in (("tuned", tuned_dir), ("base", base_dir)):
-        if folder is None:
-            continue
-        if label == "tuned" and tuned.adapter_file is not None:
-            log.info("tuned: base model + the fine-tune's adapter %s", tuned.adapter_file)
-            loaded = model_eval.load_adapter_model(folder, tuned.lora_node, tuned.adapter_file, device, dtype)
-        else:
-            loaded = model_eval.load_model(folder, device, dtype)
+    adapter = (tuned.lora_node, tuned.adapter_file) if tuned.adapter_file is not None else None
+    for label, loaded in model_eval.models_to_score(tuned_dir, base_dir, adapter, device, dtype):
         scores[label] = model_eval.score_model(
-            loaded, tokenizer, examples, label=label, batch_size=settings.batch_size,
+            loaded, tokenizer, examples, label=label, batch_size=batch_size,
             max_new_tokens=settings.max_new_tokens, device=device, dtype=dtype, seed=settings.seed,
         )  # fmt: skip
         del loaded

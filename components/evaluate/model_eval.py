@@ -112,6 +112,38 @@ def load_adapter_model(
     return model
 
 
+def models_to_score(
+    tuned_dir: ModelDir,
+    base_dir: ModelDir | None,
+    adapter: tuple[dict, Path] | None,
+    device: Any,
+    dtype: Any,
+) -> Iterator[tuple[str, Any]]:
+    """("tuned", model), then ("base", model) when there is a base, one model in memory at a time (the caller
+    drops each before asking for the next). `adapter`: (the run's LoRA `model` node, its adapter weights) when the
+    fine-tune handed on only an adapter of `base_dir`; the base is then the same model with its adapter disabled
+    (LoRA and DoRA layers return their base layer's output, bit for bit): the weights are loaded once. A QLoRA
+    model's base layers are NF4-quantized, so its base is loaded on its own, in the precision it was published in.
+    """
+    if adapter is None:
+        yield "tuned", load_model(tuned_dir, device, dtype)
+    else:
+        lora_node, adapter_file = adapter
+        log.info("tuned: base model + the fine-tune's adapter %s", adapter_file)
+        model = load_adapter_model(tuned_dir, lora_node, adapter_file, device, dtype)
+        yield "tuned", model
+        if base_dir is not None and not lora_node.get("quantize_base"):
+            from torchtune.modules.peft import disable_adapter
+
+            log.info("base: the same model with its adapter disabled (its weights are not loaded again)")
+            with disable_adapter(model):
+                yield "base", model
+            return
+        del model
+    if base_dir is not None:
+        yield "base", load_model(base_dir, device, dtype)
+
+
 def build_dataset(dataset_node: dict, tokenizer: Any) -> Any:
     from omegaconf import OmegaConf
     from torchtune import config

@@ -79,3 +79,49 @@ def visible_hardware() -> tuple[bool, bool]:
 
     visible = torch.cuda.is_available()
     return visible, bool(visible and torch.cuda.is_bf16_supported())
+
+
+#: Sequences per forward pass on CPU (and the least on a GPU): the step's former fixed batch.
+CPU_BATCH = 8
+#: The most on a GPU: past this, a forward pass is long enough that larger batches gain little.
+MAX_GPU_BATCH = 64
+#: Kept free of the GPU's memory beyond the weights: the CUDA context, the allocator's fragmentation.
+GPU_RESERVE_BYTES = 2 << 30
+
+
+def eval_batch_size(
+    requested: int, placement: Placement, hf_config: dict, weight_bytes: int, longest: int, gpu_bytes: int
+) -> tuple[int, str]:
+    """Sequences per forward pass, and why: `requested` when set (>= 1); -1 (auto) gives CPU_BATCH on CPU and,
+    on a GPU, as many of the longest examples as half the memory beside the weights holds, within
+    [CPU_BATCH, MAX_GPU_BATCH], a multiple of CPU_BATCH. Per sequence: the logits (half precision, then an fp32
+    copy of the trained positions and its log-softmax: 10 bytes a vocabulary entry a token, the teacher-forced
+    peak) and the generation's KV cache."""
+    if requested >= 1:
+        return requested, f"batch_size={requested}"
+    if placement.device == "cpu":
+        return CPU_BATCH, f"{CPU_BATCH} sequences a batch on CPU"
+    vocab = int(hf_config.get("vocab_size") or 0)
+    layers = int(hf_config.get("num_hidden_layers") or 0)
+    heads = int(hf_config.get("num_attention_heads") or 1)
+    kv_heads = int(hf_config.get("num_key_value_heads") or heads)
+    head_dim = int(hf_config.get("head_dim") or int(hf_config.get("hidden_size") or 0) // heads)
+    per_sequence = max(longest, 1) * (10 * vocab + 2 * layers * kv_heads * head_dim * 2)
+    free = (gpu_bytes - weight_bytes - GPU_RESERVE_BYTES) / 2
+    fits = int(free // per_sequence) if per_sequence and free > 0 else 0
+    size = max(CPU_BATCH, min(MAX_GPU_BATCH, fits) // CPU_BATCH * CPU_BATCH)
+    return size, (
+        f"{size} sequences a batch: half the GPU memory beside the weights "
+        f"({max(free, 0) / 2**30:.0f} GiB) holds {fits} of the longest ({longest} tokens)"
+    )
+
+
+def gpu_memory_bytes() -> int:
+    """Total memory of the GPU the step uses (0 without one), as torch sees it."""
+    import torch
+
+    return (
+        torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        if torch.cuda.is_available()
+        else 0
+    )

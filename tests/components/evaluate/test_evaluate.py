@@ -381,9 +381,10 @@ def test_min_improvement_and_the_recorded_base(trained, evaluation):
 
 
 @pytest.mark.slow
-def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset, tmp_path):
+def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset, tmp_path, log_lines):
     """save_adapter_weights_only runs hand on only the adapter: evaluate rebuilds base + adapter as the LoRA
-    recipe does, which must score like the merged weights torchtune writes for the same run."""
+    recipe does, which must score like the merged weights torchtune writes for the same run; the base is that
+    model with its adapter disabled, scoring exactly as the base loaded on its own."""
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
     from kfp_finetune.components.torchtune_finetune.backends.local import run_local
     from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
@@ -417,9 +418,14 @@ def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset,
         "merged_path": "",
         "adapter_path": "runs/lora/adapter",
     }
+    log_lines.clear()
     applied = score(adapter_only)
     assert applied.metrics["tuned_eval_loss"] == pytest.approx(merged.metrics["tuned_eval_loss"], rel=1e-4)
     assert applied.metrics["tuned_eval_loss"] < applied.metrics["base_eval_loss"]
+    assert any("its adapter disabled" in line for line in log_lines)
+    for label in ("base", "base_loss"):
+        assert [s[label] for s in applied.samples] == [s[label] for s in merged.samples]
+    assert applied.metrics["base_eval_loss"] == merged.metrics["base_eval_loss"]
     with pytest.raises(
         ConfigError, match="model is a LoRA adapter without merged weights.*connect base_model"
     ):
