@@ -336,7 +336,7 @@ def run_suite(workdir: Path, output: Path, job_names: list[str], sides: list[str
     (the machinery, not a result; GPU_SUITE_FAKE_GPUS parallel slots)."""
     gpus, memory, gpu_name = gpus_present()
     jobs = [job for job in JOBS if job.name in job_names] if gpus else [TINY_JOB]
-    slots = gpus or int(os.environ.get(FAKE_GPUS_ENV) or 1)
+    slots = gpus or _fake_gpus()
     device = {"name": gpu_name or "cpu", "count": max(gpus, 1), "cuda": bool(gpus)}
     store = ResultsStore(output / "results.json", fresh)
     store.data["settings"] = {"steps": steps, "rows": rows, "data": variant, "gpus": gpus, "gpu": gpu_name,
@@ -372,6 +372,15 @@ def run_suite(workdir: Path, output: Path, job_names: list[str], sides: list[str
     store.data["headline"] = headline(store.data["runs"])
     store.save()
     return store.data
+
+
+def _fake_gpus() -> int:
+    value = os.environ.get(FAKE_GPUS_ENV) or "1"
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(
+            f"{FAKE_GPUS_ENV} must be a whole number of parallel CPU runs, 1 or more (got {value!r})"
+        )
+    return int(value)
 
 
 def _prepare(job: Job, key: str, side: str, workdir: Path, data: Path, steps: int, memory: float,

@@ -6,7 +6,9 @@ the run folder is deleted afterwards, so a 64 GiB disk holds the whole suite. A 
 stopped the same way and recorded as timed out with the steps it logged. Results go to results.json after every
 run; a second invocation skips the runs already recorded (--fresh starts over), so an interrupted suite goes on
 where it stopped. GPU facts come from a child process (nvidia-smi): the suite's own process never holds a CUDA
-context on GPU 0 while the runs train.
+context on GPU 0 while the runs train (it imports torch to tokenize, but calls nothing of torch.cuda; the random
+weights are written by a child process). `schedule` runs one-GPU runs side by side, one per GPU
+(CUDA_VISIBLE_DEVICES), each followed by a thread of this process; results are recorded one at a time.
 """
 
 from __future__ import annotations
