@@ -52,6 +52,7 @@ skips the runs recorded there.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -136,7 +137,7 @@ def resolve_side(job: Job, side: str, model_dir: Path, data: Path, run_dir: Path
         from kfp_finetune.components.torchtune_finetune.packs import use_packs
 
         data, lengths = packed.train_dir, recorded_lengths(packed.split)
-        hook = lambda config: use_packs(config, packed.split, packed.workspace)  # noqa: E731
+        hook = functools.partial(use_packs, split=packed.split, workspace=packed.workspace)
     return resolve_run(
         cfg, model_dir, data, run_dir, devices=job.gpus, nodes=job.nodes, write=write,
         gpu_memory_gib=gpu_memory_gib, token_lengths=lengths, packs=hook,
