@@ -3,220 +3,104 @@
     python -m benchmarks.bench_gpu_suite --plan     # no training: the job matrix and each job's differing keys
     python -m benchmarks.bench_gpu_suite --smoke    # 3 steps per side on 2 000 rows: minutes on one GPU
     python -m benchmarks.bench_gpu_suite            # on GPUs: every job that fits them, 3 configs each
+    python -m benchmarks.bench_gpu_suite --data cliff --jobs llama3.1-8b-lora-1gpu   # at max_seq_len 2304 / 3072
     python -m benchmarks.run --only gpu_suite       # the same, inside the suite's report
-    (--jobs / --sides: a selection; --steps, --rows, --run-timeout, --deadline; --fresh forgets earlier results)
+    (--jobs / --sides: a selection; --steps, --rows, --run-timeout, --deadline; --serial: one run at a time;
+    --fresh forgets earlier results)
 
 On a bare GPU machine the Python packages come as wheels: benchmarks/gpu_setup.sh (download here, install there).
 Without a GPU the run machinery trains the tiny kit's model on the CPU instead (what the test suite runs).
 
-Jobs (real model shapes, random weights: nothing is downloaded): Llama-3.2-1B LoRA on 1 GPU, Llama-3.1-8B LoRA on
-1 GPU, Llama-3.1-8B full on 8 GPUs, Qwen2.5-7B full on 2 nodes x 8 GPUs, Llama-3.1-8B QLoRA on 1 GPU. Each model
-folder holds a config.json with the published dims, random bf16 safetensors of those shapes (made here, sharded
-with an index, as a hub download would be) and the tiny kit's tokenizer of the family (tokenizer speed does not
-enter the step time); the data are synthetic long-tailed instruct rows (benchmarks.common.long_tailed_rows) of
-about 300 tokens median, a few up to ~4k, like instruction-tuning sets.
+Jobs, model folders, data and the expert's rule: gpu_suite_jobs.py (real model shapes, random weights; long-tailed
+instruct rows, or with `--data cliff` two data sets whose data-derived max_seq_len is 2304 and 3072).
 
 Three configs per job, all resolved by our resolver (one `tune run` YAML each) with the same steps and seed:
-- defaults: what the fine-tune step runs (device=cuda: packing + max_seq_len from the data, compile, activation
-  checkpointing from the memory model, ~8-16k-token micro-batches: defaults.py);
-- expert: what an expert sets by hand (JOBS below: packing at 4096, compile, activation checkpointing off where
-  the memory allows, 8-16k-token micro-batches; the base configs already fuse AdamW);
+- defaults: what the pipeline runs (device=cuda): dataset-initialize packs the rows with the model's tokenizer
+  (initialize_dataset, max_seq_len from the data) and the fine-tune's resolve trains on those packs with the
+  lengths dataset-initialize recorded (finetune.recorded_lengths, packs.use_packs), as the pipeline's two steps
+  do; compile, activation checkpointing and the micro-batch from the memory model (defaults.py);
+- expert: what a torchtune expert writes by hand for that GPU (gpu_suite_jobs.expert_settings: packed at 4096 by
+  torchtune, micro-batch and gradient accumulation from GPU memory and model size, compile on, activation
+  checkpointing only when one pack does not fit without it), not our memory model's output;
 - kubeflow: Kubeflow's torchtune ClusterTrainingRuntimes (kubeflow/trainer manifests, reference/runtimes) run
   `tune run [--rdzv_endpoint] <recipe> --config <model>/<size>_<method>` overriding only the dataset, paths and
   tokenizer: torchtune's base config as shipped (packed False, max_seq_len null, compile False, the config's
   activation checkpointing and batch size). Here: our resolve without `device` (so none of the CUDA defaults);
   its schedule defaults (warmup cap) remain and do not change the step time.
+`--plan` resolves exactly what the run resolves (the same data, dataset-initialize's packs and recorded lengths,
+the same tokenized sample for the other sides) and prints the keys the sides differ in and each side's packing,
+max_seq_len, micro-batch, accumulation, compile and activation checkpointing.
+
+Scheduling: on a machine with N GPUs the one-GPU runs go N at a time, each `tune run` with CUDA_VISIBLE_DEVICES
+of its own GPU (gpu_suite_runs.schedule; the parent records every result as it comes); multi-GPU jobs run after,
+alone. The side order alternates per job (defaults first on one, last on the next), so warm-up or thermal order
+does not favour a side. Without GPUs, GPU_SUITE_FAKE_GPUS=N runs the tiny kit's sides N at a time (the
+scheduling, not a measurement). `--serial` runs one at a time.
+
+Scaling (1 node x G GPUs vs 2 nodes x G/2 through the project's TrainJob backend): listed, not run —
+SCALING_SKIPPED says why.
 
 Measured per run (`tune run` on the resolved YAML; torchrun flags for several GPUs; stopped once it has logged its
 steps, before any checkpoint: gpu_suite_runs.py): trained tokens/s per GPU (torchtune's; the headline compares
 these, as pack padding is no work), processed tokens/s per GPU and MFU (components/torchtune_finetune/throughput.py,
-median step time after warm-up), peak memory (torchtune's peak_memory_*), time from process start to the first
-logged step. A job needing more GPUs (or nodes) than present is listed as skipped with the reason. results.json
-is rewritten after every run; a second invocation skips the runs recorded there.
+median step time after warm-up; attention over the tokenized sample's row lengths on every side), peak memory
+(torchtune's peak_memory_*), time from process start to the first logged step. A job needing more GPUs (or nodes)
+than present is listed as skipped with the reason. results.json is rewritten after every run; a second invocation
+skips the runs recorded there.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
-import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import ROOT, Settings, bench_env, fresh_dir, long_tailed_rows, tiny_model
-from benchmarks.gpu_suite_runs import ResultsStore, gpus_present, run_measured
+from benchmarks.common import ROOT, Settings, bench_env, fresh_dir, tiny_model
+from benchmarks.gpu_suite_jobs import (
+    DATA_VARIANTS,
+    JOBS,
+    TINY_JOB,
+    Job,
+    data_sets,
+    expert_settings,
+    model_folder,
+    suite_data,
+)
+from benchmarks.gpu_suite_runs import ResultsStore, gpus_present, run_measured, schedule
+
+__all__ = [
+    "JOBS",
+    "TINY_JOB",
+    "Job",
+    "suite_data",
+]  # imported from here by bench_tiny_defaults / bench_packing
 
 NAME = "gpu_suite"
 TITLE = "GPU reference suite: defaults vs expert vs Kubeflow runtime"
 TARGET = "defaults >= 80 % of the expert config's processed tokens/s on every job"
 SIDES = ("defaults", "expert", "kubeflow")
-
-_LLAMA_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}  # fmt: skip
-# Published config.json dims (meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-7B).
-LLAMA_3_2_1B = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 16,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
-    "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "rope_scaling": {**_LLAMA_ROPE, "factor": 32.0}, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-}  # fmt: skip
-LLAMA_3_1_8B = {
-    **LLAMA_3_2_1B, "hidden_size": 4096, "num_hidden_layers": 32, "head_dim": 128, "intermediate_size": 14336,
-    "rope_scaling": {**_LLAMA_ROPE, "factor": 8.0}, "tie_word_embeddings": False,
-}  # fmt: skip
-QWEN_2_5_7B = {
-    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "num_hidden_layers": 28,
-    "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "sliding_window": 131072,
-    "use_sliding_window": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Job:
-    name: str
-    model: str  # folder name under models/
-    family: str  # the tiny kit's tokenizer family
-    hf_config: dict
-    method: str
-    nodes: int
-    gpus: int  # per node
-    expert: dict  # the expert's explicit settings (on top of the defaults side's)
-
-
-def _expert(batch_size: int) -> dict:
-    # torchtune's optimisation ladder (packing, compile, no activation checkpointing where memory allows) with
-    # micro-batches of batch_size x 4096 tokens and one optimizer step per micro-batch per GPU.
-    return {"packed": True, "max_seq_len": 4096, "compile": True, "batch_size": batch_size,
-            "gradient_accumulation_steps": 1, "enable_activation_checkpointing": False,
-            "enable_activation_offloading": False}  # fmt: skip
-
-
-JOBS = (
-    # 1B: 16k tokens per micro-batch without activation checkpointing fit easily in 80 GiB.
-    Job("llama3.2-1b-lora-1gpu", "llama3.2-1b", "llama3_2", LLAMA_3_2_1B, "lora", 1, 1, _expert(4)),
-    # 7-8B: ~6 GiB of activations per 1k tokens without checkpointing: 8k-token micro-batches (2 x 4096) fit
-    # beside 16 GiB of bf16 weights (LoRA), ~11 GiB of FSDP-sharded weights/grads/AdamW state (full, 8-16 GPUs)
-    # or ~5 GiB of NF4 weights (QLoRA, where compile is the largest gain: ~3.4x).
-    Job("llama3.1-8b-lora-1gpu", "llama3.1-8b", "llama3_2", LLAMA_3_1_8B, "lora", 1, 1, _expert(2)),
-    Job("llama3.1-8b-full-8gpu", "llama3.1-8b", "llama3_2", LLAMA_3_1_8B, "full", 1, 8, _expert(2)),
-    Job("qwen2.5-7b-full-2x8gpu", "qwen2.5-7b", "qwen2_5", QWEN_2_5_7B, "full", 2, 8, _expert(2)),
-    Job("llama3.1-8b-qlora-1gpu", "llama3.1-8b", "llama3_2", LLAMA_3_1_8B, "qlora", 1, 1, _expert(2)),
+SCALING_JOB = "llama3.1-8b-full-trainjob-1x8-vs-2x4"
+SCALING_SKIPPED = (
+    "not run: the TrainJob backend needs a Kubernetes API serving Kubeflow Trainer; the project's stand-in "
+    "(tests/support/kube_standin, execute mode) is test support outside the installed package, and it starts "
+    "every node pod with the same environment (no per-node CUDA_VISIBLE_DEVICES), so 2 local nodes x G/2 "
+    "processes would both take GPUs 0..G/2-1"
 )
-
-
-# --- model folders and data -----------------------------------------------------------------------------------
-
-
-def _shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    """HF tensor names and shapes of a Llama / Qwen2 checkpoint with config.json `c`."""
-    dim, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    head_dim, inter = c.get("head_dim") or dim // heads, c["intermediate_size"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c["vocab_size"], dim)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (heads * head_dim, dim), p + "self_attn.k_proj.weight": (kv * head_dim, dim),
-            p + "self_attn.v_proj.weight": (kv * head_dim, dim), p + "self_attn.o_proj.weight": (dim, heads * head_dim),
-            p + "mlp.gate_proj.weight": (inter, dim), p + "mlp.up_proj.weight": (inter, dim),
-            p + "mlp.down_proj.weight": (dim, inter),
-            p + "input_layernorm.weight": (dim,), p + "post_attention_layernorm.weight": (dim,),
-        })  # fmt: skip
-        if c["model_type"] == "qwen2":  # q/k/v biases
-            shapes.update({p + "self_attn.q_proj.bias": (heads * head_dim,),
-                           p + "self_attn.k_proj.bias": (kv * head_dim,), p + "self_attn.v_proj.bias": (kv * head_dim,)})  # fmt: skip
-    shapes["model.norm.weight"] = (dim,)
-    if not c["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (c["vocab_size"], dim)
-    return shapes
-
-
-def _shard_plan(c: dict, shard_bytes: int = 4 << 30) -> dict[str, str]:
-    """Tensor name -> shard file (bf16, about `shard_bytes` each), as in a hub model's index."""
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name, shape in _shapes(c).items():
-        nbytes = 2 * math.prod(shape)
-        if groups[-1] and size + nbytes > shard_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
-    n = len(groups)
-    return {name: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, g in enumerate(groups) for name in g}
-
-
-def model_folder(root: Path, job: Job, weights: bool) -> Path:
-    """The job's model folder: config.json, the family's tokenizer, the shard index and its shards. Without
-    `weights` (the plan) the shards are empty files in a separate folder: resolving reads no weights."""
-    from kfp_finetune.tiny.tokenizer import write_tokenizer
-
-    out = root / ("models" if weights else "plan-models") / job.model
-    if (out / ".complete").is_file():
-        return out
-    fresh_dir(out)
-    tokens = write_tokenizer(out, job.family)
-    config = dict(job.hf_config)
-    specials = tokens.special_tokens
-    if job.family == "llama3_2":
-        config.update(bos_token_id=specials["<|begin_of_text|>"], eos_token_id=specials["<|eot_id|>"])
-    else:
-        config.update(bos_token_id=specials["<|endoftext|>"], eos_token_id=specials["<|im_end|>"])
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    plan = _shard_plan(config)
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": plan}, indent=2)
-    )
-    if weights:
-        _write_random_shards(out, config, plan)
-    else:
-        for shard in set(plan.values()):
-            (out / shard).touch()
-    (out / ".complete").touch()
-    return out
-
-
-def _write_random_shards(out: Path, config: dict, plan: dict[str, str]) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    shapes = _shapes(config)
-    device = (
-        "cuda" if torch.cuda.is_available() else "cpu"
-    )  # 8B normal samples: seconds on a GPU, minutes here
-    generator = torch.Generator(device).manual_seed(0)
-    for shard in sorted(set(plan.values())):
-        tensors = {}
-        for name in (n for n, s in plan.items() if s == shard):
-            if name.endswith("norm.weight"):
-                tensors[name] = torch.ones(shapes[name], dtype=torch.bfloat16)
-            else:
-                t = torch.empty(shapes[name], dtype=torch.float32, device=device)
-                tensors[name] = t.normal_(0.0, 0.02, generator=generator).to(torch.bfloat16).cpu()
-        save_file(tensors, str(out / shard), metadata={"format": "pt"})
-
-
-def suite_data(workdir: Path, rows: int) -> Path:
-    out = workdir / "data" / f"long-tailed-{rows}.jsonl"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        with tmp.open("w") as f:
-            for row in long_tailed_rows(rows, seed=0, median_words=150.0, sigma=0.8, cap=2000):
-                f.write(json.dumps(row) + "\n")
-        tmp.replace(out)
-    return out
+FAKE_GPUS_ENV = "GPU_SUITE_FAKE_GPUS"
 
 
 # --- the three configs ------------------------------------------------------------------------------------------
 
 
-def side_settings(job: Job, side: str, steps: int) -> dict:
+def side_settings(job: Job, side: str, steps: int, gpu_memory_gib: float = 80.0) -> dict:
     common = {
         "method": job.method,
         "seed": 0,
@@ -227,30 +111,66 @@ def side_settings(job: Job, side: str, steps: int) -> dict:
     if side == "kubeflow":  # no device: the base config's throughput settings, as Kubeflow's runtimes run it
         return {**common, "overrides": {"tokenizer.max_seq_len": None}}  # its null, not our cut length
     settings = {**common, "device": "cuda", "dtype": "bf16"}
-    return {**settings, **job.expert} if side == "expert" else settings
+    return {**settings, **expert_settings(job, gpu_memory_gib)} if side == "expert" else settings
+
+
+@dataclass
+class DefaultsData:
+    """The defaults side's data as the pipeline hands it over: dataset-initialize's written split and packs."""
+
+    train_dir: Path
+    split: object  # contract.DatasetSplit
+    workspace: Path
 
 
 def resolve_side(job: Job, side: str, model_dir: Path, data: Path, run_dir: Path, steps: int,
-                 gpu_memory_gib: float, lengths, write: bool = True):  # fmt: skip
+                 gpu_memory_gib: float, lengths, write: bool = True, packed: DefaultsData | None = None):  # fmt: skip
+    """The side's resolved run; with `packed` (the defaults side) on dataset-initialize's split, its recorded
+    lengths and its packs, as the fine-tune step resolves it."""
     from kfp_finetune.components._shared.torchtune.config import from_flat
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
-    cfg = from_flat(side_settings_here(job, side, steps))
+    cfg = from_flat(side_settings_here(job, side, steps, gpu_memory_gib))
+    hook = None
+    if packed is not None:
+        from kfp_finetune.components.torchtune_finetune.finetune import recorded_lengths
+        from kfp_finetune.components.torchtune_finetune.packs import use_packs
+
+        data, lengths = packed.train_dir, recorded_lengths(packed.split)
+        hook = functools.partial(use_packs, split=packed.split, workspace=packed.workspace)
     return resolve_run(
         cfg, model_dir, data, run_dir, devices=job.gpus, nodes=job.nodes, write=write,
-        gpu_memory_gib=gpu_memory_gib, token_lengths=lengths,
+        gpu_memory_gib=gpu_memory_gib, token_lengths=lengths, packs=hook,
     )  # fmt: skip
 
 
 def token_lengths(job: Job, model_dir: Path, data: Path, workdir: Path, tokenize: bool, cache: dict):
-    """The data's token lengths for the job's tokenizer, sampled once per model (as the step does per run): the
-    plan tokenizes too, so that plan and run resolve the same configuration."""
+    """The data's token lengths for the job's tokenizer, sampled once per model and data (as the step does per run):
+    the plan tokenizes too, so that plan and run resolve the same configuration."""
     from kfp_finetune.components._shared.torchtune.defaults import sample_token_lengths
 
-    if job.model not in cache:  # the kubeflow side applies no CUDA defaults: nothing is sampled there
+    key = (job.model, str(data))
+    if key not in cache:  # the kubeflow side applies no CUDA defaults: nothing is sampled there
         bare = resolve_side(job, "kubeflow", model_dir, data, workdir / "lengths", 1, 80.0, None, write=False)
-        cache[job.model] = sample_token_lengths(bare.config, tokenize=tokenize)
-    return cache[job.model]
+        cache[key] = sample_token_lengths(bare.config, tokenize=tokenize)
+    return cache[key]
+
+
+def defaults_data(job: Job, model_dir: Path, data: Path, workdir: Path, cache: dict) -> DefaultsData:
+    """dataset-initialize's split of `data`, tokenized and packed with the job's tokenizer (max_seq_len from the
+    data), as the pipeline's dataset step writes it; reused across plan and run (same tokenizer, same packs)."""
+    from kfp_finetune.components._shared.contract import DatasetSplit
+    from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+
+    key = (job.family, str(data))
+    if key not in cache:
+        workspace = workdir / "workspace"
+        init = initialize_dataset(
+            str(data), str(workspace), name=f"{data.stem}-{job.family}", base_model_path=model_dir
+        )
+        split = DatasetSplit.from_metadata(init.train_metadata, input_name="train_data")
+        cache[key] = DefaultsData(init.path / "train", split, workspace)
+    return cache[key]
 
 
 def _flatten(value, prefix: str = "") -> dict[str, object]:
@@ -288,25 +208,41 @@ def fits(job: Job, gpus_present: int, nodes_present: int = 1) -> str:
     return ""
 
 
-def plan(workdir: Path, steps: int, rows: int, gpus: int = 0, gpu_memory_gib: float = 80.0) -> dict:
-    """Each job: whether it runs here (and why not) and the keys its three resolved configs differ in, resolved
-    from the same data, token lengths and steps as the run (`steps` + 2: the run's spare steps)."""
-    data = suite_data(workdir, rows)
+def _runs(jobs: list[Job], workdir: Path, rows: int, variant: str) -> list[tuple[Job, str, Path]]:
+    """(job, results key, data) for every chosen job and data set of the variant."""
+    sets = data_sets(workdir, rows, variant)
+    return [
+        (job, f"{job.name}/{label}" if label else job.name, data)
+        for job in jobs
+        for label, data in sets.items()
+    ]
+
+
+def plan(workdir: Path, steps: int, rows: int, gpus: int = 0, gpu_memory_gib: float = 80.0,
+         variant: str = "long-tailed", job_names: list[str] | None = None) -> dict:  # fmt: skip
+    """Each job (and data set): whether it runs here (and why not), the keys its three resolved configs differ in
+    and each side's KEY_SETTINGS, resolved from the same data, token lengths, packs and steps as the run (`steps`
+    + 2: the run's spare steps)."""
+    chosen = [job for job in JOBS if job_names is None or job.name in job_names]
     jobs, cache = {}, {}
-    for job in JOBS:
+    for job, key, data in _runs(chosen, workdir, rows, variant):
         model_dir = model_folder(workdir, job, weights=False)
         lengths = token_lengths(job, model_dir, data, workdir, True, cache)
+        packed = defaults_data(job, model_dir, data, workdir, cache)
         configs, run_dirs = {}, {}
         for side in SIDES:
-            run_dirs[side] = workdir / "plan" / job.name / side
-            resolved = resolve_side(
-                job, side, model_dir, data, run_dirs[side], steps + 2, gpu_memory_gib, lengths
-            )
+            run_dirs[side] = workdir / "plan" / key / side
+            resolved = resolve_side(job, side, model_dir, data, run_dirs[side], steps + 2, gpu_memory_gib, lengths,
+                                    packed=packed if side == "defaults" else None)  # fmt: skip
             configs[side] = resolved.config
-        jobs[job.name] = {
+        jobs[key] = {
             "recipe": resolved.recipe, "config": resolved.config_name, "nodes": job.nodes, "gpus": job.gpus,
             "skipped": fits(job, gpus), "differing": differing_keys(configs, run_dirs),
+            "settings": {side: key_settings(configs[side]) for side in SIDES},
         }  # fmt: skip
+    if job_names is None or SCALING_JOB in job_names:
+        jobs[SCALING_JOB] = {"recipe": "full_finetune_distributed", "config": "llama3_1/8B_full", "nodes": 2,
+                             "gpus": 4, "skipped": SCALING_SKIPPED, "differing": {}, "settings": {}}  # fmt: skip
     return jobs
 
 
@@ -323,22 +259,21 @@ def print_plan(jobs: dict, echo=print) -> None:
         echo(
             f"{name}: {job['recipe']} ({job['config']}), {job['nodes']} node(s) x {job['gpus']} GPU(s); {where}"
         )
-        width = max(map(len, job["differing"]), default=0)
+        if not job["settings"]:
+            continue
+        width = max(map(len, [*job["differing"], *KEY_SETTINGS]), default=0)
         echo(f"  {'key':{width}}  " + "  ".join(f"{s:>30}" for s in SIDES))
         for key, values in job["differing"].items():
             echo(f"  {key:{width}}  " + "  ".join(f"{_short(values[s]):>30}" for s in SIDES))
+        echo("  settings:")
+        for key in KEY_SETTINGS:
+            echo(f"  {key:{width}}  " + "  ".join(f"{_short(job['settings'][s][key]):>30}" for s in SIDES))
 
 
 # --- the runs ---------------------------------------------------------------------------------------------------
 
 SMOKE_STEPS, SMOKE_ROWS, SMOKE_RUN_TIMEOUT = 3, 2000, 300.0
 STEPS, ROWS, RUN_TIMEOUT = 30, 20000, 1200.0
-# Without a GPU (the test suite's CPU smoke): the tiny kit's Llama-3.2-style model, every side on the CPU.
-TINY_JOB = Job(
-    "tiny-llama3_2-lora-cpu", "tiny", "llama3_2", {}, "lora", 1, 1,
-    {"packed": True, "max_seq_len": 1024, "batch_size": 4, "gradient_accumulation_steps": 1,
-     "enable_activation_checkpointing": False},
-)  # fmt: skip
 ON_CPU = {"device": "cpu", "dtype": "fp32", "compile": False}
 TINY_MAX_POSITIONS = 2048
 KEY_SETTINGS = {
@@ -353,6 +288,10 @@ def config_value(config: dict, path: tuple[str, ...]):
     for key in path:
         config = config.get(key) if isinstance(config, dict) else None
     return config
+
+
+def key_settings(config: dict) -> dict:
+    return {name: config_value(config, path) for name, path in KEY_SETTINGS.items()}
 
 
 def prepare_model(workdir: Path, job: Job) -> Path:
@@ -370,47 +309,90 @@ def prepare_model(workdir: Path, job: Job) -> Path:
     return out
 
 
+@dataclass
+class Unit:
+    """One side of one job on one data set, resolved and ready to run."""
+
+    job: Job
+    key: str  # results.json's job key
+    side: str
+    resolved: object = None
+    lengths: object = None
+
+    @property
+    def gpus(self) -> int:
+        return self.job.world_size
+
+
+def run_order(runs: list, sides: list[str]) -> list[tuple[object, str]]:
+    """(run, side) in launch order: the sides as given for the first run, reversed for the next, and so on."""
+    return [(run, side) for i, run in enumerate(runs) for side in (sides if i % 2 == 0 else sides[::-1])]
+
+
 def run_suite(workdir: Path, output: Path, job_names: list[str], sides: list[str], steps: int, rows: int,
-              run_timeout: float, deadline: float | None, fresh: bool, echo=print) -> dict:  # fmt: skip
-    """Every chosen job x side that fits the GPUs here, in order; results.json rewritten after each run and runs
-    already recorded there skipped. Without GPUs, the tiny kit's job on the CPU (the machinery, not a result)."""
+              run_timeout: float, deadline: float | None, fresh: bool, echo=print, variant: str = "long-tailed",
+              serial: bool = False) -> dict:  # fmt: skip
+    """Every chosen job x side that fits the GPUs here, one-GPU runs in parallel (one per GPU); results.json
+    rewritten after each run and runs already recorded there skipped. Without GPUs, the tiny kit's job on the CPU
+    (the machinery, not a result; GPU_SUITE_FAKE_GPUS parallel slots)."""
     gpus, memory, gpu_name = gpus_present()
     jobs = [job for job in JOBS if job.name in job_names] if gpus else [TINY_JOB]
+    slots = gpus or _fake_gpus()
     device = {"name": gpu_name or "cpu", "count": max(gpus, 1), "cuda": bool(gpus)}
     store = ResultsStore(output / "results.json", fresh)
-    store.data["settings"] = {"steps": steps, "rows": rows, "gpus": gpus, "gpu": gpu_name,
-                              "gpu_memory_gib": round(memory, 1), "run_timeout_s": run_timeout}  # fmt: skip
-    data = suite_data(workdir, rows)
-    started, cache = time.monotonic(), {}
-    for job in jobs:
+    store.data["settings"] = {"steps": steps, "rows": rows, "data": variant, "gpus": gpus, "gpu": gpu_name,
+                              "gpu_memory_gib": round(memory, 1), "run_timeout_s": run_timeout,
+                              "parallel_slots": 1 if serial else slots}  # fmt: skip
+    if gpus and SCALING_JOB in job_names and not store.done(SCALING_JOB, "trainjob"):
+        store.record(SCALING_JOB, "trainjob", {"status": "skipped", "why": SCALING_SKIPPED})
+    started, cache, units = time.monotonic(), {}, []
+    for (job, key, data), side in run_order(_runs(jobs, workdir, rows, variant), sides):
         why = fits(job, gpus or 1)
-        for side in sides:
-            if store.done(job.name, side):
-                echo(f"  {job.name} {side}: recorded earlier, skipped")
-                continue
-            left = deadline - (time.monotonic() - started) if deadline else run_timeout
-            if why or left < 60:
-                store.record(job.name, side, {"status": "skipped", "why": why} if why
-                             else {"status": "not run", "why": "the suite's --deadline"})  # fmt: skip
-                continue
-            result = _run_side(job, side, workdir, data, steps, memory, min(run_timeout, left), cache, device)
-            store.record(job.name, side, result)
-            echo(f"  {job.name} {side}: {_line(result)}")
+        if store.done(key, side):
+            echo(f"  {key} {side}: recorded earlier, skipped")
+        elif why:
+            store.record(key, side, {"status": "skipped", "why": why})
+        else:
+            units.append(_prepare(job, key, side, workdir, data, steps, memory, cache))
+
+    def execute(unit: Unit, visible: str) -> dict:
+        left = deadline - (time.monotonic() - started) if deadline else run_timeout
+        if left < 60:
+            shutil.rmtree(unit.resolved.run_dir, ignore_errors=True)
+            return {"status": "not run", "why": "the suite's --deadline"}
+        log = workdir / "logs" / f"{unit.key.replace('/', '-')}-{unit.side}.log"
+        run = run_measured(unit.resolved, unit.job.gpus, unit.job.nodes, steps, min(run_timeout, left), log, device,
+                           env={"CUDA_VISIBLE_DEVICES": visible}, lengths=unit.lengths)  # fmt: skip
+        return {"settings": key_settings(unit.resolved.config), "gpus": visible, **run}
+
+    def record(unit: Unit, result: dict) -> None:
+        store.record(unit.key, unit.side, result)
+        echo(f"  {unit.key} {unit.side}: {_line(result)}")
+
+    schedule(units, 1 if serial else slots, execute, record)
     store.data["headline"] = headline(store.data["runs"])
     store.save()
     return store.data
 
 
-def _run_side(job: Job, side: str, workdir: Path, data: Path, steps: int, memory: float, timeout: float,
-              cache: dict, device: dict) -> dict:  # fmt: skip
+def _fake_gpus() -> int:
+    value = os.environ.get(FAKE_GPUS_ENV) or "1"
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(
+            f"{FAKE_GPUS_ENV} must be a whole number of parallel CPU runs, 1 or more (got {value!r})"
+        )
+    return int(value)
+
+
+def _prepare(job: Job, key: str, side: str, workdir: Path, data: Path, steps: int, memory: float,
+             cache: dict) -> Unit:  # fmt: skip
     model_dir = prepare_model(workdir, job)
     lengths = token_lengths(job, model_dir, data, workdir, True, cache)  # tokenized as training does
-    run_dir = fresh_dir(workdir / "runs" / job.name / side)
+    packed = defaults_data(job, model_dir, data, workdir, cache) if side == "defaults" else None
+    run_dir = fresh_dir(workdir / "runs" / key / side)
     # Two spare steps: the epoch (and its checkpoint) cannot end before the run is stopped at `steps`.
-    resolved = resolve_side(job, side, model_dir, data, run_dir, steps + 2, memory, lengths)
-    settings = {name: config_value(resolved.config, path) for name, path in KEY_SETTINGS.items()}
-    log = workdir / "logs" / f"{job.name}-{side}.log"
-    return {"settings": settings, **run_measured(resolved, job.gpus, job.nodes, steps, timeout, log, device)}
+    resolved = resolve_side(job, side, model_dir, data, run_dir, steps + 2, memory, lengths, packed=packed)
+    return Unit(job, key, side, resolved, lengths)
 
 
 def _line(result: dict) -> str:
@@ -433,9 +415,9 @@ def headline(runs: dict) -> str:
     return f"defaults / expert trained tokens/s: min {min(ratios.values()):.2f} over {len(ratios)} job(s)"
 
 
-def side_settings_here(job: Job, side: str, steps: int) -> dict:
+def side_settings_here(job: Job, side: str, steps: int, gpu_memory_gib: float = 80.0) -> dict:
     """The side's settings, moved to the CPU for the tiny job (what cannot run on a CPU)."""
-    settings = side_settings(job, side, steps)
+    settings = side_settings(job, side, steps, gpu_memory_gib)
     if job is not TINY_JOB:
         return settings
     if side == "kubeflow":  # the base config's null max_seq_len would pass the tiny model's 2048 positions
@@ -463,17 +445,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--smoke", action="store_true",
                    help=f"{SMOKE_STEPS} steps per side on {SMOKE_ROWS} rows, {SMOKE_RUN_TIMEOUT:.0f} s per run")  # fmt: skip
-    p.add_argument(
-        "--jobs", default=",".join(j.name for j in JOBS), help="comma-separated job names (default all)"
-    )
+    p.add_argument("--jobs", default=",".join([*(j.name for j in JOBS), SCALING_JOB]),
+                   help="comma-separated job names (default all)")  # fmt: skip
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated sides (default all three)")
+    p.add_argument("--data", default="long-tailed", choices=DATA_VARIANTS,
+                   help="long-tailed rows, or cliff: two data sets at max_seq_len 2304 and 3072 (default long-tailed)")  # fmt: skip
     p.add_argument(
         "--steps", type=int, help=f"measured steps per run (default {STEPS}; --smoke {SMOKE_STEPS})"
     )
-    p.add_argument("--rows", type=int, help=f"long-tailed rows (default {ROWS}; --smoke {SMOKE_ROWS})")
+    p.add_argument("--rows", type=int, help=f"rows per data set (default {ROWS}; --smoke {SMOKE_ROWS})")
     p.add_argument("--run-timeout", type=float, help=f"seconds per run (default {RUN_TIMEOUT:.0f})")
     p.add_argument(
         "--deadline", type=float, help="seconds for the whole suite: later runs are recorded as not run"
+    )
+    p.add_argument(
+        "--serial", action="store_true", help="one run at a time (default: one-GPU runs, one per GPU)"
     )
     p.add_argument(
         "--fresh", action="store_true", help="forget results.json's runs (default: skip those done)"
@@ -487,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_weights:
         model_folder(workdir, next(j for j in JOBS if j.name == args.write_weights), weights=True)
         return 0
+    known = {*(j.name for j in JOBS), SCALING_JOB}
+    unknown = [name for name in args.jobs.split(",") if name not in known]
+    if unknown:
+        p.error(f"--jobs: unknown {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    unknown = [side for side in args.sides.split(",") if side not in SIDES]
+    if unknown:
+        p.error(f"--sides: unknown {', '.join(unknown)}; choose from {', '.join(SIDES)}")
     steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
     rows = args.rows or (SMOKE_ROWS if args.smoke else ROWS)
     if args.plan:
@@ -495,13 +488,14 @@ def main(argv: list[str] | None = None) -> int:
         )  # the defaults' reasons, one line each: see `kfp-finetune resolve-config`
         try:
             gpus, memory, _ = gpus_present()
-            print_plan(plan(workdir, steps, rows, gpus, memory))
+            print_plan(plan(workdir, steps, rows, gpus, memory, args.data, args.jobs.split(",")))
         finally:
             logging.disable(logging.NOTSET)
         return 0
     data = run_suite(
         workdir, Path(args.output), args.jobs.split(","), args.sides.split(","), steps, rows,
         args.run_timeout or (SMOKE_RUN_TIMEOUT if args.smoke else RUN_TIMEOUT), args.deadline, args.fresh,
+        variant=args.data, serial=args.serial,
     )  # fmt: skip
     print(data["headline"])
     return 0
