@@ -8,8 +8,8 @@ with transformers on a tiny random copy) runs here, in the trainer image, within
 bad config fails the TrainJob with one clear line (exit code 2) instead of a traceback minutes into model loading.
 A good one goes on to torchtune's own `tune` CLI, called in this process: torch is imported once per pod, not
 again by a `tune` process (seconds of every pod start). One device: the recipe runs here (torchtune runs it with
-runpy), so it is this process that receives the pod's SIGTERM and checkpoints on it, as it did when this process
-exec'd `tune`. Several: torchrun's agent runs here and starts the workers, forwarding signals to them. The checks
+runpy), so it is this process that receives the pod's SIGTERM and checkpoints on it (recipe.py). Several:
+torchrun's agent runs here and starts the workers, forwarding signals to them. The checks
 leave the process-wide state training starts from as they found it (process_state.py): RNGs, dtype, grad mode,
 flags, signal handlers, memory.
 
@@ -152,9 +152,8 @@ def main(argv: list[str]) -> int:
     refused = check(argv)
     if refused is not None:
         return refused
-    guard_with_lease(
-        config_path(argv).parent
-    )  # the training stops if the step that launched it is gone (lease.py)
+    # The training stops if the step that launched it is gone (lease.py).
+    guard_with_lease(config_path(argv).parent)
     return run_tune(argv)
 
 

@@ -481,7 +481,7 @@ def dry_run(*argv: str) -> tuple[dict, str]:
     return yaml.safe_load(done.stdout), done.stderr
 
 
-# The node pods check the config with torch first (entrypoint.py), then exec `tune run`.
+# The node pods check the config with torch first (entrypoint.py), then run `tune run` in the same process.
 ENTRYPOINT = ["python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint"]
 
 
