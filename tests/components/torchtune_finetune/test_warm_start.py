@@ -5,6 +5,8 @@ to its first step."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -120,3 +122,34 @@ def test_the_startup_time_is_recorded_and_read_back(tmp_path):
         == f"process start to the end of step 1: {startup.seconds_to_first_step:.0f}s (compile cache warm, on the workspace)"
     )
     assert warm_start.read_startup(tmp_path / "none") is None
+
+
+COMPILE_ONCE = """
+import sys, torch
+from torch._dynamo.utils import counters
+from kfp_finetune.components.torchtune_finetune import warm_start
+cache = warm_start.use_compile_cache(sys.argv[1], torch.__version__, "cpu")
+torch.compile(lambda x: (x.sin() + 1).sum())(torch.ones(8))
+print(cache.state, cache.place, "hits", counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
+@pytest.mark.slow
+def test_a_real_compile_in_the_next_run_hits_the_kernels_the_first_left_on_the_persistent_volume(tmp_path):
+    """Two runs as two processes on two workspaces (two pipeline runs), sharing the model cache volume: the first
+    compiles cold into it, the second starts warm and Inductor loads the compiled graph instead of compiling."""
+    root = warm_start.persistent_compile_root(
+        {"cache": {"entry": str(tmp_path / "model-cache" / "models" / "m")}}
+    )
+    env = {**os.environ, warm_start.COMPILE_CACHE_ENV: root}
+    said = [
+        subprocess.run(
+            [sys.executable, "-c", COMPILE_ONCE, str(tmp_path / f"run-{n}-workspace" / "runs" / "job")],
+            capture_output=True, text=True, timeout=600, env=env, check=True,
+        ).stdout.strip().splitlines()[-1]
+        for n in (1, 2)
+    ]  # fmt: skip
+    assert said == ["cold persistent volume hits 0", "warm persistent volume hits 1"]
+    assert any(
+        (tmp_path / "model-cache" / "compile").rglob("*.py")
+    )  # Inductor's generated kernels live there
