@@ -92,7 +92,8 @@ def restore(state: dict[str, Any]) -> None:
     if "torch._dynamo" in sys.modules:  # what a check compiled must not be found by training's compile
         torch._dynamo.reset()
     gc.collect()  # the tiny model and its tensors
-    if torch.cuda.is_initialized():
+    # Only what a check allocated: emptying an untouched device's cache must not be what makes its context here.
+    if torch.cuda.is_initialized() and torch.cuda.memory_reserved():
         torch.cuda.empty_cache()
 
 
