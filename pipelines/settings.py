@@ -8,8 +8,11 @@
     KFP_FINETUNE_MODEL_CACHE_PVC         a PVC that outlives runs, mounted at /kfp-finetune/model-cache on the
                                          model-initialize, fine-tune, evaluate and export steps and made the
                                          default of `model_cache_path` (default: none, no model cache); the base
-                                         model is fetched there once per content. Give it ReadWriteMany unless
-                                         every step runs on one node.
+                                         model is fetched there once per content. The fine-tune step forwards it
+                                         to the TrainJob's node pods, which also keep torch.compile's kernels on
+                                         it (`<model_cache_path>/compile/<torch>-<gpu>/`), so the next run of a
+                                         schedule starts warm (the workspace PVC is one per run). Give it
+                                         ReadWriteMany unless every step runs on one node.
     KFP_FINETUNE_DATASET_CPUS            CPUs of the dataset-initialize step, request and limit (default 4)
     KFP_FINETUNE_DATASET_MEMORY          memory request of the dataset-initialize step (default 8Gi; no limit)
 
@@ -32,7 +35,8 @@ STORAGE_CLASS = os.environ.get("KFP_FINETUNE_WORKSPACE_STORAGE_CLASS", "")
 # would stay Pending there, so it is the override, not the default.
 ACCESS_MODE = os.environ.get("KFP_FINETUNE_WORKSPACE_ACCESS_MODE", "") or "ReadWriteOnce"
 
-# The persistent model cache (model-initialize's cache_path): a PVC the cluster admin creates once.
+# The persistent model cache (model-initialize's cache_path) and torch.compile's kernels beside it
+# (torchtune_finetune/warm_start.py): a PVC the cluster admin creates once.
 MODEL_CACHE_PVC = os.environ.get("KFP_FINETUNE_MODEL_CACHE_PVC", "")
 MODEL_CACHE_MOUNT_PATH = "/kfp-finetune/model-cache"
 # The default of the pipelines' `model_cache_path` parameter: the mount when the PVC is set, else no cache.

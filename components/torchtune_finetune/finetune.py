@@ -50,7 +50,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
-from kfp_finetune.components.torchtune_finetune.warm_start import read_startup
+from kfp_finetune.components.torchtune_finetune.warm_start import persistent_compile_root, read_startup
 from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
 log = get_logger(__name__)
@@ -495,6 +495,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         task_id=params.get("task_id", ""),
         **queue_settings(params),
         **({"allow_slow_network": True} if params.get("allow_slow_network") else {}),
+        persistent_compile_root=persistent_compile_root(ArtifactInput.of(params["base_model"]).metadata),
     )
 
     result = run_finetune(

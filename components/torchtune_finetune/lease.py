@@ -118,8 +118,9 @@ class LeaseRenewer:
 
 
 def guard_with_lease(run_dir: Path, *, poll: float | None = None) -> None:
-    """In a node pod, before it becomes `tune run`: start a watchdog process that stops this process when the step's
-    lease on the TrainJob lapses. Does nothing without an unreleased lease (a local run, an older launcher).
+    """In a node pod, before it runs `tune run` in this process: start a watchdog process that stops this process
+    when the step's lease on the TrainJob lapses. Does nothing without an unreleased lease (a local run, an older
+    launcher).
 
     The watchdog is a fresh interpreter (not a fork: torch's threads may hold locks) in the same process group, so
     whatever ends the pod's processes ends it too."""

@@ -1,7 +1,7 @@
 """Before a multi-node TrainJob trains: one short all-reduce between its nodes, to measure the network it got.
 
-Each node pod runs it from the entrypoint, before `tune run` (so before torchrun): one process per node (GPU 0,
-NCCL; gloo on CPU) joins a process group over the TrainJob's rendezvous address (PET_MASTER_ADDR, the next port
+Each node pod runs it from the entrypoint, before `tune run` (so before torchrun), in a fresh interpreter whose
+CUDA context ends with it: one process per node (GPU 0, NCCL; gloo on CPU) joins a process group over the TrainJob's rendezvous address (PET_MASTER_ADDR, the next port
 after PET_MASTER_PORT, which torchrun itself uses afterwards), all-reduces a 256 MiB buffer a few times and
 computes the bus bandwidth as nccl-tests defines it (bytes x 2 (n - 1) / n / time). Node 0 prints the result and
 writes `network.json` into the run folder, where the fine-tune step reads it for its report.

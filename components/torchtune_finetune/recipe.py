@@ -113,8 +113,8 @@ class StepBoundaries:
 class Resumable:
     """Mixed in before a torchtune recipe class: interval and SIGTERM checkpoints, and resume from them."""
 
-    #: (process start, compile cache state) from main(): rank 0 records them at the end of its first step.
-    startup: tuple[float, str] | None = None
+    #: (process start, compile cache) from main(): rank 0 records them at the end of its first step.
+    startup: tuple[float, warm_start.CompileCache] | None = None
 
     def setup(self, cfg: DictConfig) -> None:
         import torch
@@ -411,8 +411,8 @@ def main() -> None:
         else "cpu"
     )
     cache = warm_start.use_compile_cache(config["output_dir"], torch.__version__, gpu)
-    if config.get("compile") and cache != "off":
-        _say(f"torch.compile caches: {os.environ[warm_start.CACHE_VARIABLES['inductor']]} ({cache})")
+    if config.get("compile") and cache.folder is not None:
+        _say(f"torch.compile caches: {cache.folder} ({cache.state}, on the {cache.place})")
     Resumable.startup = (started_at, cache)
     recipe_module(CheckpointSettings.from_config(config).recipe).recipe_main()
 

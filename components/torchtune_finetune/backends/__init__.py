@@ -59,7 +59,13 @@ class TrainingBackend(Protocol):
 
 
 def backend_for(
-    name: str, *, devices: int = 1, nodes: int = 1, pod: NodePodSettings | None = None, **trainjob: Any
+    name: str,
+    *,
+    devices: int = 1,
+    nodes: int = 1,
+    pod: NodePodSettings | None = None,
+    persistent_compile_root: str = "",
+    **trainjob: Any,
 ) -> TrainingBackend:
     """The backend called `name`.
 
@@ -68,15 +74,29 @@ def backend_for(
         devices: Processes per node.
         nodes: Nodes (the local backend takes only 1).
         pod: The node-pod settings the step's task forwards (its GPUs; for a TrainJob, all of them).
+        persistent_compile_root: `<model cache>/compile` when the base model came through the persistent model
+            cache (warm_start.persistent_compile_root; "": none): torch.compile's caches go there when training
+            sees that volume, so the next run of a schedule starts warm.
         **trainjob: The TrainJob backend's settings (see `TrainJobBackend`).
     """
     if name == "local":
         from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend
 
-        return LocalBackend(devices=devices, nodes=nodes, gpus=pod.gpus if pod is not None else 0)
+        return LocalBackend(
+            devices=devices,
+            nodes=nodes,
+            gpus=pod.gpus if pod is not None else 0,
+            persistent_compile_root=persistent_compile_root,
+        )
     if name == "trainjob":
         from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
         from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
 
-        return TrainJobBackend(pod=pod or NodePodSettings(), devices=devices, nodes=nodes, **trainjob)
+        return TrainJobBackend(
+            pod=pod or NodePodSettings(),
+            devices=devices,
+            nodes=nodes,
+            persistent_compile_root=persistent_compile_root,
+            **trainjob,
+        )
     raise ConfigError(f"tune_backend must be one of {', '.join(BACKENDS)} (got {name!r})")

@@ -27,6 +27,7 @@ from kfp_finetune.components._shared.torchtune.resume import latest as latest_ch
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence
 from kfp_finetune.components.torchtune_finetune.progress import ProgressClock
+from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
 
 log = get_logger(__name__)
 
@@ -62,11 +63,15 @@ class LocalBackend:
         devices: Processes (GPUs) to train with; 1 without GPUs.
         nodes: Must be 1.
         gpus: GPUs the step's task asks for; they must be visible here.
+        persistent_compile_root: `<model cache>/compile` on the persistent model cache (warm_start.py; "": the
+            run workspace's): where torch.compile's caches go.
     """
 
     name = "local"
 
-    def __init__(self, *, devices: int = 1, nodes: int = 1, gpus: int = 0) -> None:
+    def __init__(
+        self, *, devices: int = 1, nodes: int = 1, gpus: int = 0, persistent_compile_root: str = ""
+    ) -> None:
         if gpus and not _cuda_available():
             # KFP applies the task's accelerator settings to the TrainJob (RESOURCES passthrough), not to this pod.
             raise ConfigError(
@@ -79,6 +84,7 @@ class LocalBackend:
             )
         self.devices = devices if gpus else 1
         self.nodes = nodes
+        self.persistent_compile_root = persistent_compile_root
 
     def gpus_available(self) -> bool:
         return _cuda_available()
@@ -103,7 +109,9 @@ class LocalBackend:
         # Several local GPUs: torchrun in standalone mode starts one process per device.
         torchrun = ["--nproc_per_node", str(self.devices)] if resolved.distributed else []
         command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
-        run_local(command, total_steps=total_steps, cwd=resolved.run_dir)
+        # The model cache is on this machine as it is for this step: the training process reads the choice.
+        env = {COMPILE_CACHE_ENV: self.persistent_compile_root} if self.persistent_compile_root else None
+        run_local(command, env=env, total_steps=total_steps, cwd=resolved.run_dir)
         return TrainingOutcome()
 
 

@@ -33,6 +33,13 @@ def test_backend_for_picks_by_name_and_rejects_unknown_names():
         backend_for("slurm")
 
 
+def test_backend_for_hands_both_backends_the_persistent_compile_root():
+    root = "/kfp-finetune/model-cache/compile"
+    assert backend_for("local", persistent_compile_root=root).persistent_compile_root == root
+    trainjob = backend_for("trainjob", run_id="r1", task_name="t", persistent_compile_root=root)
+    assert trainjob.persistent_compile_root == root
+
+
 def test_local_backend_trains_on_one_node_and_one_device_without_gpus():
     with pytest.raises(ConfigError, match="num_nodes must be 1"):
         backend_for("local", nodes=2)

@@ -1,18 +1,27 @@
-"""The node entrypoint measures the model layout's parity with transformers before `tune run`: a layout that
-differs is refused with one line (CONFIG_REFUSED), a matching one is named with its measured differences, and
-without transformers the check is skipped with one line. `os.execv` is replaced: these tests never train."""
+"""The node entrypoint: its checks measure the model layout's parity with transformers (a layout that differs is
+refused with one line, CONFIG_REFUSED; a matching one is named with its measured differences; without transformers
+the check is skipped with one line), leave the process-wide state training starts from as they found it, and then
+`tune run` trains in the same process, which imports torch once."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
 
+import numpy
 import pytest
+import torch
 
 from kfp_finetune.components._shared.torchtune import conversions
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
 from kfp_finetune.components.torchtune_finetune import entrypoint
+from kfp_finetune.components.torchtune_finetune.warm_start import read_startup
 
 
 @pytest.fixture
@@ -26,44 +35,91 @@ def node_argv(tiny_llama, tiny_dataset, tmp_path):
     return tune_command(run.recipe, run.yaml_path)
 
 
-@pytest.fixture
-def execs(monkeypatch):
-    """The commands the entrypoint would have become."""
-    became: list[list[str]] = []
-    monkeypatch.setattr(entrypoint.os, "execv", lambda path, argv: became.append(argv))
-    return became
-
-
 @pytest.mark.slow
-def test_a_layout_that_computes_another_model_is_refused_with_one_line(node_argv, execs, monkeypatch, capsys):
+def test_a_layout_that_computes_another_model_is_refused_with_one_line(node_argv, monkeypatch, capsys):
     # Llama's q/k rows loaded without their RoPE reordering (Qwen2's conversion): another model than transformers'.
     llama = conversions.CONVERSIONS["LLAMA3_2"]
     unpermuted = dataclasses.replace(llama, hf_to_tune=conversions.CONVERSIONS["QWEN2"].hf_to_tune)
     monkeypatch.setitem(conversions.CONVERSIONS, "LLAMA3_2", unpermuted)
-    assert entrypoint.main(node_argv) == entrypoint.CONFIG_REFUSED
+    assert entrypoint.check(node_argv) == entrypoint.CONFIG_REFUSED
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith(entrypoint.PREFIX)]
     assert len(said) == 1, said
     assert "does not compute what transformers computes (load: max |Δlogit|" in said[0], said
-    assert execs == []
 
 
 @pytest.mark.slow
-def test_a_proven_layout_is_measured_then_trained(node_argv, execs, capsys):
-    entrypoint.main(node_argv)
+def test_a_proven_layout_is_measured_and_may_train(node_argv, capsys):
+    assert entrypoint.check(node_argv) is None
     out = capsys.readouterr().out
     assert "layout parity with transformers (lora): load " in out and "lora merged " in out, out
-    assert [argv[1:] for argv in execs] == [node_argv[1:]]
 
 
 @pytest.mark.slow
-def test_without_transformers_the_check_says_so_and_training_goes_on(node_argv, execs, monkeypatch, capsys):
+def test_without_transformers_the_check_says_so_and_training_goes_on(node_argv, monkeypatch, capsys):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
         "find_spec",
         lambda name, *args: None if name == "transformers" else find_spec(name, *args),
     )
-    entrypoint.main(node_argv)
+    assert entrypoint.check(node_argv) is None
     out = capsys.readouterr().out
     assert "layout parity with transformers not measured (transformers not installed)" in out, out
-    assert len(execs) == 1
+
+
+def training_state() -> dict:
+    """What training would inherit from the checks: RNGs, dtype, grad mode, flags, threads, env, signal handlers."""
+    return {
+        "torch random": torch.random.get_rng_state().tolist(),
+        "numpy random": [
+            part.tolist() if hasattr(part, "tolist") else part for part in numpy.random.get_state()
+        ],
+        "python random": random.getstate(),
+        "default dtype": torch.get_default_dtype(),
+        "grad enabled": torch.is_grad_enabled(),
+        "deterministic": (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        ),
+        "matmul precision": torch.get_float32_matmul_precision(),
+        "threads": torch.get_num_threads(),
+        "environment": dict(os.environ),
+        "SIGTERM handler": signal.getsignal(signal.SIGTERM),
+    }
+
+
+@pytest.mark.slow
+def test_the_checks_leave_the_state_training_starts_from_as_they_found_it(node_argv):
+    """The checks build and run tiny random models (drawing from the global generators) before training starts in
+    this process: nothing of that may reach training."""
+    torch.manual_seed(1234)
+    numpy.random.seed(1234)
+    random.seed(1234)
+    before = training_state()
+    assert entrypoint.check(node_argv) is None
+    assert training_state() == before
+
+
+@pytest.mark.slow
+def test_the_node_command_trains_in_its_own_process_importing_torch_once(tiny_llama, tiny_dataset, tmp_path):
+    """The real node command on one device: checks, then `tune run` in the same process (Python reports every
+    import of every process it starts: torch is imported once), which trains to the end and exits 0."""
+    run = resolve_run(
+        TorchtuneConfig(method="lora", device="cpu", batch_size=2, max_steps_per_epoch=3),
+        tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run",
+    )  # fmt: skip
+    node_argv = tune_command(run.recipe, run.yaml_path)
+    node = subprocess.run(
+        [sys.executable, "-m", entrypoint.MODULE, *node_argv],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+    )  # fmt: skip
+    assert node.returncode == 0, node.stderr[-3000:]
+    torch_imports = [line for line in node.stderr.splitlines() if line.startswith("import time:") and
+                     line.rsplit("|", 1)[-1].strip() == "torch"]  # fmt: skip
+    assert len(torch_imports) == 1, torch_imports
+    assert "checked (torchtune validation, prompts fit max_seq_len)" in node.stdout, node.stdout[-3000:]
+    assert (run.run_dir / "logs" / "metrics.txt").is_file() and list(run.run_dir.glob("epoch_*"))
+    assert (
+        read_startup(run.run_dir).seconds_to_first_step > 0
+    )  # from this process's start: the checks included

@@ -28,6 +28,7 @@ from kfp_finetune.components.torchtune_finetune.finetune import (
     run_finetune,
 )
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
+from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
 from tests.support import kube_standin as standin
 
 pytestmark = pytest.mark.slow
@@ -283,6 +284,32 @@ def test_a_base_model_used_in_place_from_an_unmounted_cache_is_refused_before_la
     ):
         call_component(workspace, cached, train, tmp_path, "trainjob", task_config(workspace))
     assert cpu_runtime.requests_for("POST", "trainjobs") == []
+
+
+def test_a_base_model_from_the_model_cache_puts_the_compile_cache_beside_it_in_the_node_pods(
+    tiny_llama, inputs, cpu_runtime, tmp_path, monkeypatch
+):
+    """The base model came through model-initialize's persistent cache, whose volume the step forwards to the node
+    pods: the TrainJob tells the training process to keep torch.compile's kernels there (the next run starts warm)."""
+    monkeypatch.setenv("KUBECONFIG", str(cpu_runtime.kubeconfig_path))
+    # The TrainJob fails at once: only its manifest matters.
+    cpu_runtime.scenario(None, standin.Scenario.oom())
+    cpu_runtime.add_claim("model-cache", "ReadWriteMany")  # pipelines' KFP_FINETUNE_MODEL_CACHE_PVC
+    workspace, _, train = inputs
+    cached = Model(uri=str(tmp_path / "artifacts" / "cached_model"))
+    model_cache = tmp_path / "model-cache"
+    initialize_model(
+        str(tiny_llama), str(workspace), name="cached", cache_path=str(model_cache), output_model=cached
+    )
+    cache_volume = {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+    config = task_config(workspace)
+    config.volumes.append(cache_volume)
+    config.volume_mounts.append({"name": "model-cache", "mountPath": str(model_cache)})
+    with pytest.raises(TrainJobFailed):
+        call_component(workspace, cached, train, tmp_path, "trainjob", config)
+    job = cpu_runtime.trainjob(trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune"))
+    env = {item["name"]: item.get("value") for item in job["spec"]["trainer"]["env"]}
+    assert env[COMPILE_CACHE_ENV] == str(model_cache / "compile")
 
 
 def test_cancelling_the_step_deletes_the_trainjob(inputs, cpu_runtime, tmp_path):

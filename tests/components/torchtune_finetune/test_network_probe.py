@@ -1,5 +1,6 @@
-"""The all-reduce probe between a TrainJob's nodes (network_probe.py), run as the node pods' entrypoint runs it:
-two processes with the Trainer's PET_* environment on one machine (gloo on CPU)."""
+"""The all-reduce probe between a TrainJob's nodes (network_probe.py), run as the node pods' entrypoint runs it (in
+a fresh interpreter beside the node process, entrypoint.probe_network_apart): two node processes with the Trainer's
+PET_* environment on one machine (gloo on CPU)."""
 
 import json
 import os
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.slow
 SCRIPT = """
 import sys
 from pathlib import Path
-from kfp_finetune.components.torchtune_finetune.entrypoint import probe_network
-sys.exit(0 if probe_network(Path(sys.argv[1]), sys.argv[2]) else 2)
+from kfp_finetune.components.torchtune_finetune.entrypoint import probe_network_apart
+sys.exit(0 if probe_network_apart(Path(sys.argv[1]), sys.argv[2]) else 2)
 """
 
 

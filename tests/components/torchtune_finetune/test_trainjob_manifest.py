@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
+from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
 from tests.deploy.test_runtimes import RUNTIMES, manifest_errors
 from tests.support.kube_standin import KubeStandin, expand_kube_vars
 
@@ -251,6 +255,35 @@ def test_manifest_validates_against_crd_schema_and_typed_models():
     assert model.spec.runtime_patches[0].manager == tj.PATCH_MANAGER
 
 
+def test_the_compile_cache_goes_to_the_model_cache_volume_only_where_the_node_pods_write_it():
+    """The model cache PVC (pipelines' KFP_FINETUNE_MODEL_CACHE_PVC) reaches the node pods among the task's volumes;
+    the training process is told its compile folder through trainer.env (env may not be patched on `node`)."""
+    workspace, workspace_mount = tj.workspace_volume("run-x-kfp-workspace")
+    cache = {"name": "model-cache", "persistentVolumeClaim": {"claimName": "kfp-finetune-model-cache"}}
+    cache_mount = {"name": "model-cache", "mountPath": "/kfp-finetune/model-cache"}
+    resolved = ResolvedRun(
+        "lora_finetune_single_device", "c", {}, Path(CONFIG), Path(CONFIG).parent, None, False
+    )
+
+    def trainer_env(*mounts: dict) -> dict:
+        pod = tj.NodePodSettings(volumes=[workspace, cache], volume_mounts=[workspace_mount, *mounts])
+        backend = TrainJobBackend(
+            pod=pod,
+            run_id=RUN_ID,
+            task_name=TASK,
+            persistent_compile_root="/kfp-finetune/model-cache/compile",
+        )
+        manifest = backend.manifest(resolved)
+        assert manifest_errors(manifest) == []
+        return {item["name"]: item["value"] for item in manifest["spec"]["trainer"].get("env", [])}
+
+    assert trainer_env(cache_mount) == {COMPILE_CACHE_ENV: "/kfp-finetune/model-cache/compile"}
+    assert (
+        trainer_env() == {}
+    )  # not mounted there: the workspace's folder, which the training process finds itself
+    assert trainer_env({**cache_mount, "readOnly": True}) == {}
+
+
 def test_typed_model_check_catches_unknown_and_mistyped_fields():
     manifest = full_manifest()
     broken = json.loads(json.dumps(manifest))
@@ -448,7 +481,7 @@ def dry_run(*argv: str) -> tuple[dict, str]:
     return yaml.safe_load(done.stdout), done.stderr
 
 
-# The node pods check the config with torch first (entrypoint.py), then exec `tune run`.
+# The node pods check the config with torch first (entrypoint.py), then run `tune run` in the same process.
 ENTRYPOINT = ["python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint"]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
@@ -23,6 +24,9 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.network import ANNOTATION_ALLOW_SLOW_NETWORK
 from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
 from kfp_finetune.components.torchtune_finetune.lease import LEASE_FILE
+from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
+
+log = get_logger(__name__)
 
 
 @dataclasses.dataclass
@@ -48,6 +52,9 @@ class TrainJobBackend:
         priority_class: Kueue WorkloadPriorityClass of the TrainJob ("": the queue's default).
         queue_timeout: Seconds the TrainJob may wait in its queue, all waits together (None: no limit).
         allow_slow_network: Allow several nodes on a runtime that requests no RDMA network (network.py).
+        persistent_compile_root: `<model cache>/compile` on the persistent model cache volume
+            (warm_start.persistent_compile_root; "": none): torch.compile's caches go there when the node pods
+            mount that volume writable, so the next run of a schedule starts warm; else into the run workspace.
     """
 
     name = "trainjob"
@@ -70,6 +77,7 @@ class TrainJobBackend:
     priority_class: str = ""
     queue_timeout: int | None = None
     allow_slow_network: bool = False
+    persistent_compile_root: str = ""
 
     def __post_init__(self) -> None:
         self.job_name = self.job_name or trainjob_name(self.run_id, self.task_name, self.task_id)
@@ -84,6 +92,11 @@ class TrainJobBackend:
     def manifest(self, resolved: ResolvedRun, pod: NodePodSettings | None = None) -> dict[str, Any]:
         """The TrainJob this backend sends for `resolved` (`pod`: placed node-pod settings; default: `self.pod`)."""
         torchrun = torchrun_args(self.job_name) if resolved.distributed else ()
+        pod = self.pod if pod is None else pod
+        if self.compile_cache_mounted(pod):  # the training process reads it (warm_start.use_compile_cache)
+            pod = dataclasses.replace(
+                pod, env=[*pod.env, {"name": COMPILE_CACHE_ENV, "value": self.persistent_compile_root}]
+            )
         return build_trainjob(
             self.job_name,
             node_command(tune_command(resolved.recipe, resolved.yaml_path, torchrun)),
@@ -93,13 +106,20 @@ class TrainJobBackend:
             image=self.image,
             num_nodes=self.nodes,
             num_proc_per_node=self.devices,
-            pod=self.pod if pod is None else pod,
+            pod=pod,
             active_deadline_seconds=self.timeout,
             run_id=self.run_id,
             task_name=self.task_name,
             queue_name=self.queue_name,
             priority_class=self.priority_class,
             annotations={ANNOTATION_ALLOW_SLOW_NETWORK: "true"} if self.allow_slow_network else None,
+        )
+
+    def compile_cache_mounted(self, pod: NodePodSettings) -> bool:
+        """Whether the node pods mount the persistent compile cache root, writable."""
+        writable = [mount for mount in pod.volume_mounts if not mount.get("readOnly")]
+        return bool(self.persistent_compile_root) and not unmounted_paths(
+            [self.persistent_compile_root], writable
         )
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
@@ -126,6 +146,12 @@ class TrainJobBackend:
         api_client = load_api_client()
         namespace = current_namespace()
         placed = place_node_pods(self.pod, api_client=api_client, namespace=namespace, num_nodes=self.nodes)
+        if self.persistent_compile_root and not self.compile_cache_mounted(placed):
+            log.info(
+                "torch.compile caches go to the run workspace, not the model cache volume: %s is not on a volume "
+                "the node pods mount writable (the next run starts with a cold compile cache)",
+                self.persistent_compile_root,
+            )
         manifest = self.manifest(resolved, placed)
         launch_trainjob(
             manifest,
