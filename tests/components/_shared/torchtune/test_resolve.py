@@ -453,7 +453,9 @@ def resolve_for_export(model_dir, data, tmp_path, export_format, **settings):
     return resolve_run(cfg, model_dir, data, tmp_path / "run", validate=False, export_format=export_format)
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora", "dora"])
+@pytest.mark.parametrize(
+    "method", ["lora", "dora"]
+)  # QLoRA needs a model wider than tiny_llama; is_peft alike
 def test_an_adapter_method_saves_only_its_adapter_whatever_the_export(
     method, tiny_llama, data_file, tmp_path
 ):
