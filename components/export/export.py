@@ -250,7 +250,7 @@ def _merge_adapter(workspace: Path, meta: TunedModel) -> str:
         raise ExportError(
             f"export_format=merged needs the base model to merge the adapter into, but the fine-tune's base model "
             f"folder {base_dir or '(base_model_path not recorded)'} is not in this step's workspace or volumes: "
-            "export the adapter (export_format=adapter), or mount the volume holding the base model"
+            "mount the volume holding it, or set export_format=adapter"
         )
     log.info("the run saved only its adapter: merging it into the base model %s on CPU", base_dir)
     run_dir = workspace / meta.run_dir
