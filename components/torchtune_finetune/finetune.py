@@ -510,7 +510,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         task_id=params.get("task_id", ""),
         gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
     )
-    kept = keep_local_copy(result.checkpoint, params["task_name"])
+    kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model.path)
     if kept:
         log.info("tuned model kept outside the run workspace: %s", kept)
     write_artifact(

@@ -18,9 +18,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_files
-from kfp_finetune.components._shared.torchtune.merge import MERGED_DIR
+from kfp_finetune.components._shared.torchtune.merge import MERGED_DIR, merged_model_dir
 from kfp_finetune.components._shared.workspace import atomic_dir
+
+log = get_logger(__name__)
 
 # Set by `kfp-finetune run-local` and `demo` (inherited by kfp.local's step processes): a folder outside the run
 # workspace, which kfp.local deletes when the run ends, even when the quality gate stopped the export.
@@ -96,14 +99,22 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
     return result
 
 
-def keep_local_copy(checkpoint: FinalCheckpoint, task_name: str) -> Path | None:
+def keep_local_copy(checkpoint: FinalCheckpoint, task_name: str, base_dir: Path) -> Path | None:
     """Under a local run (LOCAL_OUTPUT_ENV set), link the final model folders into
-    `<that folder>/tuned-model/<task_name>/{merged,adapter}`; returns that folder, or None when not asked."""
+    `<that folder>/tuned-model/<task_name>/{merged,adapter}`; returns that folder, or None when not asked. An
+    adapter run that saved only its adapter is merged into `base_dir` first (on CPU, after training: a local run's
+    user gets a model to load even when the quality gate stops the export; the export reuses the merge)."""
     root = os.environ.get(LOCAL_OUTPUT_ENV)
     if not root:
         return None
     target = Path(root) / TUNED_MODEL_DIR / re.sub(r"[^A-Za-z0-9._-]+", "-", task_name)
-    for folder in (checkpoint.merged_dir, checkpoint.adapter_dir):
+    merged = checkpoint.merged_dir
+    if merged is None and checkpoint.adapter_dir is not None:
+        try:
+            merged = merged_model_dir(checkpoint.epoch_dir.parent, base_dir)
+        except ImportError as err:  # a step without torch: the adapter alone is kept
+            log.warning("tuned model: only the adapter is kept (merging it needs torch: %s)", err)
+    for folder in (merged, checkpoint.adapter_dir):
         if folder is None:
             continue
         with atomic_dir(target / folder.name) as tmp:

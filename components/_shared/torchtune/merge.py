@@ -31,6 +31,7 @@ import yaml
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.workspace import atomic_dir
 
 log = get_logger(__name__)
@@ -83,7 +84,8 @@ def merge_adapter(
     from torchtune import config, training
 
     started = time.monotonic()
-    model_node = run_config.get("model") or {}
+    # The builder without the packed-CUDA attention wrapper: attention does not change the weights.
+    model_node = flex_attention.unwrap(run_config.get("model") or {})
     if "lora_rank" not in model_node or "lora_alpha" not in model_node:
         raise ConfigError(
             "cannot merge: the run's `model` node is not a LoRA model (no lora_rank / lora_alpha)"

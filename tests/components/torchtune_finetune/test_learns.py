@@ -176,10 +176,10 @@ def test_the_readmes_run_local_on_sixty_rows_with_every_default_learns(
     out = capfd.readouterr().out
     steps = int(out.split("training: loss ")[1].split(" in ")[1].split(" steps")[0])
     assert steps >= MIN_OPTIMIZER_STEPS
-    # The step keeps the adapter it trained (no merged weights while training); the export merged it.
-    assert (
-        tmp_path / "out" / "tuned-model" / "torchtune-finetune" / "adapter" / "adapter_model.safetensors"
-    ).is_file()
+    # No merged weights while training: the step merged the adapter after training for the kept copy.
+    tuned = tmp_path / "out" / "tuned-model" / "torchtune-finetune"
+    assert (tuned / "adapter" / "adapter_model.safetensors").is_file()
+    assert same_weights(tuned / "merged", tiny_llama) == 0
     assert same_weights(tmp_path / "exported", tiny_llama) == 0
     eval_loss = next(line for line in out.splitlines() if line.strip().startswith("eval_loss")).split()
     assert float(eval_loss[2]) < float(eval_loss[1])  # tuned below base on the held-out rows
