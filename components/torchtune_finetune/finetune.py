@@ -1,5 +1,6 @@
 """The torchtune-finetune step: resolve the run from the input artifacts, train with the chosen backend (locally or
-as a TrainJob: backends/), hand on the checkpoint as `adapter/` (+ `merged/` when training saved merged weights), and report metrics and curves.
+as a TrainJob: backends/), hand on the checkpoint as `merged/` + `adapter/` (an adapter run: `adapter/` alone, merged
+after training by export or evaluate), and report metrics and curves.
 
 Plain Python: the KFP component only unpacks its artifacts and calls `run_finetune`.
 """
