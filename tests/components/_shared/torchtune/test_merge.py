@@ -48,7 +48,9 @@ def assert_same_model(merged: Path, torchtune_epoch: Path) -> None:
     assert list(ours) == list(theirs)
     for name, tensor in theirs.items():
         assert ours[name].dtype == tensor.dtype and ours[name].shape == tensor.shape, name
-        assert ours[name].view(-1).view(dtype=_int_of(tensor)).equal(tensor.view(-1).view(dtype=_int_of(tensor))), name
+        assert (
+            ours[name].view(-1).view(dtype=_int_of(tensor)).equal(tensor.view(-1).view(dtype=_int_of(tensor)))
+        ), name
     for index in merged.glob("*.index.json"):
         assert json.loads(index.read_text()) == json.loads((torchtune_epoch / index.name).read_text())
 
@@ -75,7 +77,9 @@ CASES = {"lora": "tiny_llama", "dora": "tiny_qwen", "qlora": "wide_llama"}
 @pytest.mark.parametrize("method", list(CASES))
 def test_the_merge_writes_what_torchtunes_recipe_writes(method, tiny_dataset, tmp_path, request):
     base = request.getfixturevalue(CASES[method])
-    run = train(base, tiny_dataset["train.jsonl"], tmp_path / "run", method=method, save_adapter_weights_only=False)
+    run = train(
+        base, tiny_dataset["train.jsonl"], tmp_path / "run", method=method, save_adapter_weights_only=False
+    )
     epoch = run.run_dir / "epoch_0"
     assert (epoch / "model.safetensors.index.json").is_file(), "torchtune merged at the epoch end, as asked"
 
