@@ -80,6 +80,7 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
         **export_arguments,
     )
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
+    task.set_memory_request(settings.EXPORT_MEMORY)  # a merged export of an adapter run merges on CPU
     with_model_cache(task)
     return with_credentials(task, hf_token_secret, s3_secret)
 

@@ -271,7 +271,8 @@ TABLE: tuple[Parameter, ...] = (
        "gpu_counts.eval_gpus", "preflight.eval_gpus"),
     # --- export -----------------------------------------------------------------------------------------------
     _p("export_format", str, "merged",
-       "merged (HF safetensors folder), adapter (PEFT) or both; training saves what it needs.",
+       "merged (HF safetensors folder; an adapter run's adapter is merged into the base at export, on CPU), "
+       "adapter (PEFT) or both.",
        "export.format", "torchtune_finetune.export_format", "preflight.export_format"),
     _p("export_dtype", str, "", "Convert weights to bf16, fp16 or fp32 on export; empty: as trained.",
        "export.dtype", "preflight.export_dtype"),

@@ -15,6 +15,9 @@
                                          ReadWriteMany unless every step runs on one node.
     KFP_FINETUNE_DATASET_CPUS            CPUs of the dataset-initialize step, request and limit (default 4)
     KFP_FINETUNE_DATASET_MEMORY          memory request of the dataset-initialize step (default 8Gi; no limit)
+    KFP_FINETUNE_EXPORT_MEMORY           memory request of the export step (default 20Gi; no limit): a merged
+                                         export of an adapter run merges on CPU, holding the model once in its
+                                         training dtype (2 bytes a parameter in bf16: 20Gi covers 8B)
 
 The compiled workspace is complete on its own (access mode + size), so a stock KFP >= 2.15 API server without an
 admin default (`Workspace.VolumeClaimTemplateSpec` in its config.json) accepts the run. The KFP backend builds the
@@ -51,6 +54,11 @@ MODEL_CACHE_PATH = MODEL_CACHE_MOUNT_PATH if MODEL_CACHE_PVC else ""
 # _shared/gpus.py) and a numeric UI field would silently give no limit.
 DATASET_CPUS = os.environ.get("KFP_FINETUNE_DATASET_CPUS", "") or "4"
 DATASET_MEMORY = os.environ.get("KFP_FINETUNE_DATASET_MEMORY", "") or "8Gi"
+
+# An adapter run saves only its adapter; a merged export merges it into the base on CPU (_shared/torchtune/merge.py),
+# holding the model once in its training dtype, plus the HF files being written. The model's size is not known
+# when the pipeline is compiled: the default covers 8B in bf16; no limit, so a larger model that fits the node runs.
+EXPORT_MEMORY = os.environ.get("KFP_FINETUNE_EXPORT_MEMORY", "") or "20Gi"
 
 # Backstops so no step can hang a scheduled run forever (the TrainJob has its own timeout parameter).
 INITIALIZE_TIMEOUT_SECONDS = 6 * 3600

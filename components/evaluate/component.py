@@ -77,9 +77,10 @@ def evaluate(
             higher asks for stronger evidence before the gate passes.
         thresholds: Absolute bounds the tuned model must meet, e.g. {"exact_match": 0.5, "eval_loss": 1.2}:
             minimums, or maximums for loss and perplexity metrics.
-        lm_eval_tasks: lm-eval-harness task names (e.g. ["arc_easy"]); empty: none. Needs merged weights
-            and Hub access from the step (task data, and the gpt2 torchtune's eleuther_eval loads first), or a
-            local include path plus gpt2 in the image's Hugging Face cache.
+        lm_eval_tasks: lm-eval-harness task names (e.g. ["arc_easy"]); empty: none. An adapter-only fine-tune is
+            merged into its base first (on CPU, once per run). Needs Hub access from the step (task data, and the
+            gpt2 torchtune's eleuther_eval loads first), or a local include path plus gpt2 in the image's Hugging
+            Face cache.
         lm_eval_limit: Examples per lm-eval task; 0: all.
         lm_eval_include_path: A folder of custom lm-eval task YAMLs (e.g. on a mounted volume); empty: none.
         report_samples: Number of samples shown in the report (all are in `samples`).

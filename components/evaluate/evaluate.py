@@ -25,6 +25,7 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
+from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, paired, scoring
@@ -128,6 +129,17 @@ def tuned_model(
             f"({run_dir}) lacks the resolved LoRA config or epoch_N/adapter_model.pt evaluate rebuilds it from"
         )
     return TunedModel(base_dir, epochs[-1], lora_node)
+
+
+def lm_eval_folder(workspace: Path, model: ArtifactInput, tuned: TunedModel) -> ModelDir:
+    """The HF folder lm-eval reads the tuned model from. torchtune's eleuther_eval loads no adapter: an adapter-only
+    fine-tune is merged into its base first, on CPU, once per run (`<run>/merged/`, which export reuses)."""
+    if tuned.adapter_file is None:
+        return tuned.folder
+    run_dir = workspace / contract.TunedModel.from_metadata(model.metadata, input_name="model").run_dir
+    log.info("lm-eval tasks: merging the fine-tune's adapter into the base model (torchtune's eleuther_eval "
+             "loads no adapter)")  # fmt: skip
+    return inspect_model_dir(merged_model_dir(run_dir, tuned.folder.path))
 
 
 def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
@@ -278,11 +290,6 @@ def run_evaluate(
     base_dir = base_folder(workspace, base_model, model)
     tuned = tuned_model(workspace, model, base_dir, train_config)
     tuned_dir = tuned.folder
-    if tuned.adapter_file is not None and settings.lm_eval_tasks:
-        raise ConfigError(
-            "eval_lm_eval_tasks need merged weights (torchtune's eleuther_eval loads no adapter): fine-tune without "
-            "`save_adapter_weights_only` in tune_overrides, or leave eval_lm_eval_tasks empty"
-        )
     if base_dir is not None:
         check_same_tokenizer(tuned_dir, base_dir)
     files = eval_files(workspace, eval_data)
@@ -336,7 +343,7 @@ def run_evaluate(
 
         lm_eval = {
             label: run_lm_eval(folder, settings, device, max_seq_len, label=label)
-            for label, folder in (("tuned", tuned_dir), ("base", base_dir))
+            for label, folder in (("tuned", lm_eval_folder(workspace, model, tuned)), ("base", base_dir))
             if folder is not None
         }
         tuned_values.update(lm_eval["tuned"].values)

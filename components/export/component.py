@@ -30,8 +30,12 @@ def export(
     Exports torchtune-finetune's merged Hugging Face model (safetensors, config, tokenizer; loads with
     `AutoModelForCausalLM.from_pretrained`, serves with vLLM / TGI / KServe), its PEFT adapter (whose
     adapter_config.json names the base model), or both (merged at the root, adapter in `adapter/`), optionally
-    converting the weights to bf16/fp16/fp32. Adds a model card (README.md: base model and revision, dataset,
-    method and hyperparameters, training and evaluation metrics, the pipeline run) and `checksums.sha256`.
+    converting the weights to bf16/fp16/fp32. An adapter run saves only its adapter while training (no GPU idles
+    at an epoch end): a merged export first merges it into the base model on CPU, exactly as torchtune's LoRA
+    recipe merges (bit for bit), into the run folder's `merged/`, which later exports reuse; the step's memory
+    must hold the model once in its training dtype (its request: KFP_FINETUNE_EXPORT_MEMORY when compiling).
+    Adds a model card (README.md: base model and revision, dataset, method and hyperparameters, training and
+    evaluation metrics, the pipeline run) and `checksums.sha256`.
     The upload is resumable and verified: files already at the destination with the same content are not sent
     again (a retry after an interruption sends only the rest; re-exporting the same model transfers nothing),
     and every file's size and checksum is read back afterwards. A destination holding different content is

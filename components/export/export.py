@@ -1,7 +1,9 @@
 """Export a fine-tuned model from the workspace to where serving and registries read it.
 
 1. Check everything that can be checked before a byte moves: format against what training produced, dtype,
-   destination URI, credentials in the environment.
+   destination URI, credentials in the environment. An adapter run saves only its adapter (no GPU idles while
+   the model is merged at each epoch end): a merged export merges it into the base model first, on CPU, into the
+   run folder's `merged/` (_shared/torchtune/merge.py), which a later export or evaluation reuses.
 2. Stage the export in the workspace (`<run>/exports/.<task>.tmp-*`): the merged HF folder and/or the PEFT
    adapter, hard-linked (no copy) unless the weights are converted to another dtype; then the model card
    (README.md) and `checksums.sha256` (sha256sum format, every other file).
@@ -32,11 +34,13 @@ from typing import Any
 import yaml
 
 from kfp_finetune.components._shared import storage
-from kfp_finetune.components._shared.artifacts import ArtifactLike, write_artifact
+from kfp_finetune.components._shared.artifacts import ArtifactLike, entry_path, write_artifact
 from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.export_settings import DTYPES, dtype_problem, format_problem
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.names import instance_name
+from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components.export.model_card import CardInputs, render_card
 
 log = get_logger(__name__)
@@ -90,10 +94,10 @@ def check_request(model: TunedModel, fmt: str, dtype: str, destination: str) -> 
         raise ExportError(
             f"export_format={fmt} needs a PEFT adapter, but {why} (tune_method={method}): set export_format=merged."
         )
-    if fmt in ("merged", "both") and not model.merged_path:
+    if fmt in ("merged", "both") and not model.merged_path and not (model.adapter_path and model.run_dir):
         raise ExportError(
-            f"export_format={fmt} needs merged weights, but the model has none (trained with "
-            "`save_adapter_weights_only`, or not a torchtune-finetune output): set export_format=adapter."
+            f"export_format={fmt} needs merged weights, but the model has neither merged weights nor an adapter "
+            "and its fine-tune run folder to merge them from (connect torchtune-finetune's model output)."
         )
     try:
         uri = storage.parse_uri(destination)
@@ -136,6 +140,8 @@ def export_model(
     model.dataset_source = storage.redact_uri(model.dataset_source) if model.dataset_source else ""
     torch_dtype = normalize_dtype(dtype)
     workspace = Path(workspace)
+    if format in ("merged", "both") and not model.merged_path:
+        model.merged_path = _merge_adapter(workspace, model)
     sources = _sources(workspace, model, format)
     run_dir = _run_dir(workspace, model, sources)
     staging_root = run_dir / "exports"
@@ -234,6 +240,25 @@ def _sources(workspace: Path, meta: TunedModel, fmt: str) -> dict[str, tuple[str
             raise ExportError(f"the {kind} model folder {path} ({key}) is not in the workspace")
         sources[folder] = (kind, path)
     return sources
+
+
+def _merge_adapter(workspace: Path, meta: TunedModel) -> str:
+    """The run's merged model folder (workspace-relative), merged from its adapter unless an earlier export or
+    evaluation already did: adapter runs save no merged weights while training (no GPU waits for it)."""
+    base_dir = entry_path(workspace, meta.base_model_path) if meta.base_model_path else None
+    if base_dir is None or not base_dir.is_dir():
+        raise ExportError(
+            f"export_format=merged needs the base model to merge the adapter into, but the fine-tune's base model "
+            f"folder {base_dir or '(base_model_path not recorded)'} is not in this step's workspace or volumes: "
+            "mount the volume holding it, or set export_format=adapter"
+        )
+    log.info("the run saved only its adapter: merging it into the base model %s on CPU", base_dir)
+    run_dir = workspace / meta.run_dir
+    try:
+        merged = merged_model_dir(run_dir, base_dir)
+    except ConfigError as err:
+        raise ExportError(f"export_format=merged: {err}") from err
+    return merged.relative_to(workspace).as_posix()
 
 
 def _run_dir(workspace: Path, meta: TunedModel, sources: dict[str, tuple[str, Path]]) -> Path:

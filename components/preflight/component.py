@@ -190,7 +190,8 @@ def preflight(
         eval_lm_eval_tasks: lm-eval-harness tasks to run as well; empty: none.
         eval_device: cuda, cpu or auto.
         eval_gpus: GPUs for the evaluate step; -1: one when the fine-tune uses GPUs, else none.
-        export_format: merged (HF safetensors folder), adapter (PEFT) or both; training saves what it needs.
+        export_format: merged (HF safetensors folder; an adapter run's adapter is merged into the base at export,
+            on CPU), adapter (PEFT) or both.
         export_dtype: Convert weights to bf16, fp16 or fp32 on export; empty: as trained.
     """
     from kfp_finetune.components._shared.errors import usage_errors

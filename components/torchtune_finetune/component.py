@@ -141,8 +141,12 @@ def torchtune_finetune(
             the base config's.
         apply_lora_to_mlp: Adapters on the MLP layers too: true, false or auto (the base config's).
         apply_lora_to_output: An adapter on the output projection (not for tied embeddings): true, false or auto.
-        save_adapter_weights_only: Save only the adapter, no merged model (lora/qlora/dora): true, false or auto.
-        export_format: The format export will publish (merged, adapter or both), checked before training; empty: none.
+        save_adapter_weights_only: Save only the adapter, no merged model (lora/qlora/dora): true, false or auto
+            (true: no GPU idles while the merged model is written at every epoch end; export and evaluate merge
+            the adapter into the base after training, on CPU). false: torchtune also writes the merged model at
+            every epoch end.
+        export_format: The format export will publish (merged, adapter or both), checked before training (adapter
+            and both need lora/qlora/dora); empty: none.
         dataset_type: instruct, chat or text; empty: from the train_data artifact.
         column_map: Maps torchtune's column names to the data's, e.g. {"input": "question"}; empty: none.
         train_on_input: Also train on the prompt tokens: true, false or auto (the base config's; usually only
@@ -197,8 +201,9 @@ def torchtune_finetune(
             run its own run folder and TrainJob; a restarted step re-attaches to its own); empty: not under KFP.
 
     Returns:
-        model: manifest.json; metadata gives `workspace_path` (the merged model, or the adapter with
-            save_adapter_weights_only), `merged_path`, `adapter_path`, `run_dir`, base model + revision,
+        model: manifest.json; metadata gives `workspace_path` (the merged model, or the adapter when only the
+            adapter was saved), `merged_path` (empty until export or evaluate merges the adapter into
+            `<run_dir>/merged/`), `adapter_path`, `run_dir`, base model + revision,
             recipe, config, method, steps, final/min loss, tokens/s, files with sha256.
         metrics: final_loss, min_loss, first_loss, steps, tokens_per_second, trained_tokens_estimate,
             wall_seconds (and peak_memory_gib on GPUs).

@@ -1,5 +1,6 @@
 """The torchtune-finetune step: resolve the run from the input artifacts, train with the chosen backend (locally or
-as a TrainJob: backends/), hand on the checkpoint as `merged/` + `adapter/`, and report metrics and curves.
+as a TrainJob: backends/), hand on the checkpoint as `merged/` + `adapter/` (an adapter run: `adapter/` alone, merged
+after training by export or evaluate), and report metrics and curves.
 
 Plain Python: the KFP component only unpacks its artifacts and calls `run_finetune`.
 """
@@ -511,7 +512,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         task_id=params.get("task_id", ""),
         gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
     )
-    kept = keep_local_copy(result.checkpoint, params["task_name"])
+    kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model.path)
     if kept:
         log.info("tuned model kept outside the run workspace: %s", kept)
     write_artifact(

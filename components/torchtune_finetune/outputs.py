@@ -1,6 +1,9 @@
 """Turn torchtune's last `epoch_N/` folder into what consumers load: `merged/` (an HF model folder with no
 adapter files) and, for PEFT methods, `adapter/` (a PEFT adapter whose config names the base model).
 
+An adapter run saves only its adapter by default (no GPU idles while rank 0 merges at each epoch end): then there
+is no `merged/` yet; export and evaluate build it after training, on CPU (_shared/torchtune/merge.py).
+
 torchtune puts both in one folder, and its `adapter_config.json` lacks `base_model_name_or_path` unless the base
 model folder had `original_repo_id.json`, and lacks `use_dora`; PEFT and serving stacks need both.
 Files are hard-linked from `epoch_N/` when the filesystem allows (no second copy of the weights).
@@ -15,14 +18,17 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_files
+from kfp_finetune.components._shared.torchtune.merge import MERGED_DIR, merged_model_dir
 from kfp_finetune.components._shared.workspace import atomic_dir
+
+log = get_logger(__name__)
 
 # Set by `kfp-finetune run-local` and `demo` (inherited by kfp.local's step processes): a folder outside the run
 # workspace, which kfp.local deletes when the run ends, even when the quality gate stopped the export.
 LOCAL_OUTPUT_ENV = "KFP_FINETUNE_LOCAL_OUTPUT"
 TUNED_MODEL_DIR = "tuned-model"
-MERGED_DIR = "merged"
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -68,6 +74,8 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
             for source in merged_files:
                 _link(source, tmp / source.relative_to(epoch))
         result.merged_dir = run_dir / MERGED_DIR
+    else:  # an earlier attempt's merge would be reused for this training's adapter (merge.merged_model_dir)
+        shutil.rmtree(run_dir / MERGED_DIR, ignore_errors=True)
     if method != "full":
         if not (epoch / ADAPTER_WEIGHTS).is_file():
             raise FileNotFoundError(f"{method} training wrote no {ADAPTER_WEIGHTS} in {epoch}")
@@ -91,14 +99,22 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
     return result
 
 
-def keep_local_copy(checkpoint: FinalCheckpoint, task_name: str) -> Path | None:
+def keep_local_copy(checkpoint: FinalCheckpoint, task_name: str, base_dir: Path) -> Path | None:
     """Under a local run (LOCAL_OUTPUT_ENV set), link the final model folders into
-    `<that folder>/tuned-model/<task_name>/{merged,adapter}`; returns that folder, or None when not asked."""
+    `<that folder>/tuned-model/<task_name>/{merged,adapter}`; returns that folder, or None when not asked. An
+    adapter run that saved only its adapter is merged into `base_dir` first (on CPU, after training: a local run's
+    user gets a model to load even when the quality gate stops the export; the export reuses the merge)."""
     root = os.environ.get(LOCAL_OUTPUT_ENV)
     if not root:
         return None
     target = Path(root) / TUNED_MODEL_DIR / re.sub(r"[^A-Za-z0-9._-]+", "-", task_name)
-    for folder in (checkpoint.merged_dir, checkpoint.adapter_dir):
+    merged = checkpoint.merged_dir
+    if merged is None and checkpoint.adapter_dir is not None:
+        try:
+            merged = merged_model_dir(checkpoint.epoch_dir.parent, base_dir)
+        except ImportError as err:  # a step without torch: the adapter alone is kept
+            log.warning("tuned model: only the adapter is kept (merging it needs torch: %s)", err)
+    for folder in (merged, checkpoint.adapter_dir):
         if folder is None:
             continue
         with atomic_dir(target / folder.name) as tmp:

@@ -269,9 +269,18 @@ EXPORT_ROWS = [
         ["full fine-tune has no adapter", "format=merged"],
     ),
     (
-        "merged-of-adapter-only",
+        "merged-of-adapter-only-without-its-base",
         {"model_metadata": {**LORA, "merged_path": ""}},
-        ["needs merged weights", "format=adapter"],
+        ["needs the base model to merge the adapter into", "base_model_path", "set export_format=adapter"],
+    ),
+    (
+        "merged-of-nothing",
+        {"model_metadata": {**LORA, "merged_path": "", "adapter_path": ""}},
+        [
+            "needs merged weights",
+            "neither merged weights nor an adapter",
+            "torchtune-finetune's model output",
+        ],
     ),
     ("hf-without-token", {"destination": "hf://org/tuned"}, ["HF_TOKEN"]),
     ("model-folder-missing", {}, ["merged model folder", "merged_path", "not in the workspace"]),

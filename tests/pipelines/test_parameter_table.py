@@ -141,7 +141,7 @@ KEP_2401 = {
 NOT_PIPELINE_PARAMETERS = {
     "column_map": "dataset-initialize already renames the columns (data_column_map)",
     "dataset_type": "read from the train_data artifact dataset-initialize wrote (data_type)",
-    "save_adapter_weights_only": "follows export_format: training saves what the export needs",
+    "save_adapter_weights_only": "adapter runs save only the adapter; export and evaluate merge it after training",
 }
 
 

@@ -57,9 +57,11 @@ def inspect_checkpoint(workspace_path: str, model: Input[Model]) -> str:
         return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
     adapter = os.path.join(workspace_path, model.metadata["adapter_path"], "adapter_config.json")
+    merged = model.metadata["merged_path"]
     return json.dumps(
         {
-            "merged": listing(model.metadata["merged_path"]),
+            "merged": listing(merged) if merged else None,
+            "last_epoch": listing(os.path.join(model.metadata["run_dir"], "epoch_0")),
             "adapter": listing(model.metadata["adapter_path"]),
             "adapter_config": json.load(open(adapter)),
         }

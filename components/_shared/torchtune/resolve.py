@@ -63,6 +63,10 @@ _DATASET_COMPONENTS = {
 }
 # What export publishes (components/export): merged weights, the PEFT adapter, or both.
 EXPORT_FORMATS = ("merged", "adapter", "both")
+ADAPTER_ONLY_REASON = (
+    "no GPU idles while the merged model is written at each epoch end: export and evaluate merge the adapter "
+    "into the base after training, on CPU"
+)
 # torchao NF4 quantizes in blocks of 64 values with scalers in blocks of 256 (DESIGN.md §5).
 _NF4_MULTIPLE = 64 * 256
 
@@ -211,8 +215,8 @@ def resolve_run(
     that need torch (torchtune's config validation, prompts against max_seq_len: torch_checks.py), which the
     backends otherwise run where training runs, first thing (entrypoint.py in a TrainJob).
 
-    `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the checkpoint
-    is made to hold what that needs, or the run is refused. `gpu_memory_gib` (None: 80) and `token_lengths` (the
+    `export_format` (merged, adapter or both; empty: unknown) is how the model will be exported: the method
+    must train what that needs (an adapter for adapter/both), or the run is refused. `gpu_memory_gib` (None: 80) and `token_lengths` (the
     data's, when dataset-initialize recorded them; None: a sample is tokenized, or with `tokenize_sample=False`
     estimated from characters without torch) feed the defaults (defaults.py). `weights_required=False` resolves
     from config.json and the tokenizer files alone (pre-flight, before any weights are fetched): the
@@ -252,7 +256,7 @@ def resolve_run(
         config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample,
         base_world=torchtune_files.written_world_size(Path(config_file)),
     )  # fmt: skip
-    _fit_checkpoint_to_export(config, cfg, export_format, config_name or str(config_file))
+    choices += _fit_checkpoint_to_export(config, cfg, export_format)
     config = _resolve_interpolations(config)
     check_components(config, cfg, config_name or str(config_file))
     if packs is not None:  # e.g. packs.use_packs: dataset-initialize's packs in place of torchtune's packing
@@ -563,33 +567,23 @@ def _number_checked(key: str, current: Any, value: Any) -> Any:
     )
 
 
-def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format: str, base_name: str) -> None:
-    """Checkpoints the export can publish: found out now, not after training, evaluation and the gate."""
-    if not export_format:
-        return
+def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format: str) -> list[Choice]:
+    """Checkpoints the export can publish, found out now, not after training, evaluation and the gate; and an
+    adapter method saves only its adapter unless the user says otherwise: torchtune's per-epoch merge keeps every
+    GPU idle while rank 0 merges and writes the whole model, and export / evaluate merge it later, off the GPUs
+    (_shared/torchtune/merge.py)."""
     if export_format in ("adapter", "both") and not cfg.is_peft:
         raise SettingError(
             "export_format",
             f"{export_format} needs a LoRA adapter, but tune_method=full trains none: set export_format=merged, or "
             "tune_method=lora/qlora/dora",
         )
-    if export_format == "adapter" or not config.get("save_adapter_weights_only"):
-        return
-    explicit = cfg.save_adapter_weights_only or any(
-        str(key).lstrip("+") == "save_adapter_weights_only" for key in cfg.overrides
-    )
-    if explicit:
-        raise ConfigError(
-            f"save_adapter_weights_only=True saves no merged weights, but export_format={export_format} publishes "
-            "them: set save_adapter_weights_only=False (and remove it from overrides), or export_format=adapter"
-        )
-    log.info(
-        "saving merged weights (save_adapter_weights_only=False; the base config %s saves only the adapter): "
-        "export_format=%s publishes them",
-        base_name,
-        export_format,
-    )
-    config["save_adapter_weights_only"] = False
+    if not cfg.is_peft or user_set(cfg, "save_adapter_weights_only", "save_adapter_weights_only"):
+        return []
+    config["save_adapter_weights_only"] = True
+    choice = Choice("save_adapter_weights_only", True, ADAPTER_ONLY_REASON)
+    log.info("%s", choice.line())
+    return [choice]
 
 
 def _missing_key(key: str, missing: str, base_name: str) -> str:

@@ -15,6 +15,7 @@ import pytest
 from kfp_finetune.components._shared.html_report import escape
 from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
+from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import Interval
 from kfp_finetune.components.evaluate.evaluate import (
@@ -22,8 +23,10 @@ from kfp_finetune.components.evaluate.evaluate import (
     EvalSettings,
     check_columns,
     dataset_node,
+    lm_eval_folder,
     pick_rows,
     run_evaluate,
+    tuned_model,
 )
 from kfp_finetune.tiny import RECOMMENDED_TRAINING
 from kfp_finetune.tiny.dataset import PROMPT_PREFIX
@@ -380,11 +383,18 @@ def test_min_improvement_and_the_recorded_base(trained, evaluation):
     assert not too_much.gate.passed
 
 
+def weights(folder) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: v for path in sorted(folder.glob("model*.safetensors")) for k, v in load_file(path).items()}
+
+
 @pytest.mark.slow
 def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset, tmp_path, log_lines):
-    """save_adapter_weights_only runs hand on only the adapter: evaluate rebuilds base + adapter as the LoRA
-    recipe does, which must score like the merged weights torchtune writes for the same run; the base is that
-    model with its adapter disabled, scoring exactly as the base loaded on its own."""
+    """Adapter runs hand on only the adapter: evaluate rebuilds base + adapter as the LoRA recipe does, which must
+    score like the merged weights torchtune writes for the same run (asked for: save_adapter_weights_only=False);
+    the base is that model with its adapter disabled, scoring exactly as the base loaded on its own; its lm-eval
+    tasks read the adapter merged into the base, which equals torchtune's merged weights."""
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
     from kfp_finetune.components.torchtune_finetune.backends.local import run_local
     from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
@@ -394,7 +404,13 @@ def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset,
     (workspace / "datasets").mkdir()
     shutil.copy(tiny_dataset["eval.parquet"], workspace / "datasets" / "eval.parquet")
     cfg = TorchtuneConfig(
-        method="lora", device="cpu", batch_size=8, max_steps_per_epoch=20, learning_rate=3e-3, seed=0
+        method="lora",
+        device="cpu",
+        batch_size=8,
+        max_steps_per_epoch=20,
+        learning_rate=3e-3,
+        seed=0,
+        save_adapter_weights_only=False,
     )
     run = resolve_run(
         cfg, workspace / "models" / "base", tiny_dataset["train.parquet"], workspace / "runs" / "lora"
@@ -430,6 +446,18 @@ def test_adapter_only_model_matches_its_merged_weights(tiny_llama, tiny_dataset,
         ConfigError, match="model is a LoRA adapter without merged weights.*connect base_model"
     ):
         score(adapter_only, base=None)
+
+    # lm-eval's folder (torchtune's eleuther_eval loads no adapter): merged after training, as torchtune merges
+    shutil.rmtree(run.run_dir / "merged")  # finalize linked torchtune's; the merge must build its own
+    base_dir = inspect_model_dir(workspace / "models" / "base")
+    tuned = tuned_model(
+        workspace, ArtifactInput({"run_dir": "runs/lora", **adapter_only}), base_dir, run.config
+    )
+    assert tuned.adapter_file == run.run_dir / "epoch_0" / "adapter_model.pt"
+    folder = lm_eval_folder(workspace, ArtifactInput({"run_dir": "runs/lora", **adapter_only}), tuned)
+    assert folder.path == run.run_dir / "merged"
+    ours, torchtune = weights(folder.path), weights(run.run_dir / "epoch_0")
+    assert ours.keys() == torchtune.keys() and all(ours[k].equal(torchtune[k]) for k in ours)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,29 +30,38 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def finetuned(tiny_llama, tiny_dataset, tmp_path_factory):
-    """A workspace holding one 2-step LoRA run (merged + adapter) and the metadata finetune would output."""
+    """A workspace holding the base model and one 2-step LoRA run, which saves only its adapter (the default), with
+    the metadata finetune would output; and `reference`: the same run asked to save torchtune's merged weights
+    too (save_adapter_weights_only=False: the recipe's own merge at the epoch end)."""
     from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
     from kfp_finetune.components.torchtune_finetune.backends.local import run_local
     from kfp_finetune.components.torchtune_finetune.outputs import finalize_checkpoint
 
     workspace = tmp_path_factory.mktemp("workspace")
-    run_dir = workspace / "runs" / "r1"
-    config = TorchtuneConfig(
-        method="lora", device="cpu", batch_size=2, gradient_accumulation_steps=1, max_steps_per_epoch=2
-    )
-    run = resolve_run(config, tiny_llama, tiny_dataset["train.jsonl"], run_dir)
-    run_local(tune_command(run.recipe, run.yaml_path), echo=lambda _: None)
-    finalize_checkpoint(run_dir, method="lora", base_model="org/tiny-llama")
+    base = workspace / "models" / "base"
+    shutil.copytree(tiny_llama, base)
+    runs = {}
+    for name, adapter_only in (("r1", None), ("reference", False)):
+        config = TorchtuneConfig(
+            method="lora", device="cpu", batch_size=2, gradient_accumulation_steps=1, max_steps_per_epoch=2,
+            seed=0, save_adapter_weights_only=adapter_only,
+        )  # fmt: skip
+        runs[name] = resolve_run(config, base, tiny_dataset["train.jsonl"], workspace / "runs" / name)
+        run_local(tune_command(runs[name].recipe, runs[name].yaml_path), echo=lambda _: None)
+    checkpoint = finalize_checkpoint(runs["r1"].run_dir, method="lora", base_model="org/tiny-llama")
+    assert checkpoint.merged_dir is None
     metadata = {
-        "merged_path": "runs/r1/merged",
+        "workspace_path": "runs/r1/adapter",
+        "merged_path": "",
         "adapter_path": "runs/r1/adapter",
         "run_dir": "runs/r1",
         "base_model": "org/tiny-llama",
+        "base_model_path": "models/base",
         "base_model_revision": "0123abcd",
         "dataset_source": "s3://data/reverse/train.jsonl",
-        "recipe": run.recipe,
-        "config": run.config_name,
+        "recipe": runs["r1"].recipe,
+        "config": runs["r1"].config_name,
         "method": "lora",
         "epochs": 1,
         "steps": 2,
@@ -59,7 +69,9 @@ def finetuned(tiny_llama, tiny_dataset, tmp_path_factory):
         "min_loss": 5.25,
         "tokens_per_second": 1234.5,
     }
-    return SimpleNamespace(workspace=workspace, metadata=metadata)
+    return SimpleNamespace(
+        workspace=workspace, metadata=metadata, reference=runs["reference"].run_dir / "epoch_0"
+    )
 
 
 def export(finetuned, destination, **kwargs):
@@ -139,6 +151,37 @@ def test_merged_export_to_a_path_loads_back_with_identical_logits(finetuned, tmp
     again, _ = export(finetuned, dest, format="merged", eval_metrics={"tuned_eval_loss": 0.5})
     assert (again.state, again.uploaded) == ("unchanged", [])
     assert not list((finetuned.workspace / "runs/r1").glob("exports/.*"))  # staging cleaned up
+
+
+def test_a_merged_export_of_an_adapter_only_run_publishes_torchtunes_merged_model(finetuned, tmp_path):
+    """The run saved no merged weights (no GPU idled at its epoch end); the export merged its adapter on CPU into
+    what torchtune's recipe writes when it merges (the reference run): the same files, bit for bit, and
+    transformers loads it with the reference's logits."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from safetensors.torch import load_file
+
+    assert not list((finetuned.workspace / "runs/r1/epoch_0").glob("model*")), (
+        "training wrote no merged weights"
+    )
+    dest = tmp_path / "merged"
+    export(finetuned, dest, format="merged")
+
+    reference = finetuned.reference
+    adapter_files = {"adapter_config.json", "adapter_model.safetensors", "adapter_model.pt"}
+    assert tree(dest) == sorted({*tree(reference), "README.md", "checksums.sha256"} - adapter_files)
+    for shard in reference.glob("model*.safetensors"):
+        ours, theirs = load_file(dest / shard.name), load_file(shard)
+        assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in theirs), shard.name
+    merged_only = (
+        tmp_path / "reference"
+    )  # transformers would read a folder with adapter_config.json as PEFT's
+    shutil.copytree(reference, merged_only, ignore=shutil.ignore_patterns(*adapter_files))
+    tokens = torch.arange(1, 33).unsqueeze(0)
+    with torch.no_grad():
+        exported = transformers.AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)(tokens).logits
+        expected = transformers.AutoModelForCausalLM.from_pretrained(merged_only, dtype=torch.float32)
+        assert torch.equal(exported, expected(tokens).logits)
 
 
 def test_a_credential_in_an_upstream_uri_reaches_neither_the_model_card_nor_the_metadata(finetuned, tmp_path):
@@ -246,7 +289,8 @@ def test_interrupted_copy_to_a_path_is_completed(finetuned, tmp_path):
         ({}, "https://example.org/model", "use s3://bucket/prefix, hf://org/repo or a path"),
         ({}, "s3://bucket", "name a folder"),
         ({"format": "adapter", "meta": {"method": "full", "adapter_path": ""}}, "/x", "a full fine-tune has no adapter"),
-        ({"format": "merged", "meta": {"merged_path": ""}}, "/x", "set export_format=adapter"),
+        ({"format": "merged", "meta": {"base_model_path": "models/gone"}}, "/x", "base model .* set export_format=adapter"),
+        ({"format": "merged", "meta": {"adapter_path": ""}}, "/x", "neither merged weights nor an adapter"),
         ({"format": "gguf"}, "/x", "format must be one of merged, adapter, both \\(got 'gguf'\\)"),
         ({"dtype": "int4"}, "/x", "dtype must be bf16, fp16 or fp32.*\\(got 'int4'\\)"),
     ],

@@ -29,8 +29,13 @@ def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
         "lora_finetune_single_device", "llama3_2/1B_lora_single_device", "lora")  # fmt: skip
     assert meta["base_model"] == str(tiny_llama)
     assert meta["steps"] == TRAINING_STEPS
-    assert re.fullmatch(r"runs/[a-z0-9-]+/merged", meta["merged_path"])
-    assert meta["adapter_path"] == meta["merged_path"].replace("merged", "adapter")
+    # An adapter run saves only its adapter: no merged weights until export or evaluate merges them, off the GPUs.
+    assert meta["merged_path"] == ""
+    assert re.fullmatch(r"runs/[a-z0-9-]+/adapter", meta["adapter_path"])
+    assert (
+        meta["workspace_path"] == meta["adapter_path"]
+        and meta["run_dir"] == meta["adapter_path"][: -len("/adapter")]
+    )
     assert meta["eval_data_path"].startswith("datasets/reverse")
     assert all(len(f["sha256"]) == 64 for f in meta["files"].values())
     assert json.loads(Path(model.path).read_text())["recipe"] == "lora_finetune_single_device"
@@ -41,8 +46,10 @@ def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
     assert 0 < values["seconds_to_first_step"] < 600  # the training process's start to its first step
 
     check = json.loads(outputs["checkpoint_listing"])
-    assert "model-00001-of-00001.safetensors" in check["merged"] and "config.json" in check["merged"]
-    assert not {"adapter_config.json", "adapter_model.safetensors", "adapter_model.pt"} & set(check["merged"])
+    assert check["merged"] is None
+    assert "adapter_model.pt" in check["last_epoch"] and not [
+        f for f in check["last_epoch"] if f.startswith("model")
+    ]
     assert check["adapter"] == ["adapter_config.json", "adapter_model.safetensors"]
     assert check["adapter_config"]["base_model_name_or_path"] == str(tiny_llama)
     assert check["adapter_config"]["use_dora"] is False
@@ -56,7 +63,7 @@ def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
     assert f"max_steps_per_epoch: {TRAINING_STEPS}" in (config_dir / "torchtune_config.yaml").read_text()
 
 
-def test_adapter_only_checkpoints_with_a_merged_export_fail_before_training(
+def test_an_adapter_export_of_a_full_fine_tune_fails_before_training(
     finetune_inputs, finetune_cpu_runtime, tmp_path, monkeypatch
 ):
     """The step refuses what the export step would refuse only after training, evaluation and the gate."""
@@ -67,14 +74,12 @@ def test_adapter_only_checkpoints_with_a_merged_export_fail_before_training(
     kube = finetune_cpu_runtime
     workspace, base_model, train = finetune_inputs
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig_path))
-    message = (
-        "save_adapter_weights_only=True saves no merged weights, but export_format=merged publishes them"
-    )
+    message = "export_format adapter needs a LoRA adapter, but tune_method=full trains none"
     for backend in ("trainjob", "local"):
         with pytest.raises(ConfigError, match=message):
             call_component(
                 workspace, base_model, train, tmp_path, backend, task_config(workspace),
-                save_adapter_weights_only=True, export_format="merged",
+                method="full", export_format="adapter",
             )  # fmt: skip
     assert kube.requests_for("POST", "trainjobs") == [], "no TrainJob was created"
     assert not (workspace / "runs").exists() or not any((workspace / "runs").rglob("*")), (

@@ -448,75 +448,44 @@ def test_bad_model_dirs(tiny_llama, data_file, tmp_path):
 # --- the checkpoint the export needs ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def adapter_only_base_config(tmp_path):
-    """A base config that saves only the adapter, as torchtune's 70B LoRA and 405B QLoRA configs do."""
-    from kfp_finetune.components._shared.torchtune.resolve import _config_file
-
-    base = yaml.safe_load(_config_file("llama3_2/1B_lora_single_device.yaml").read_text())
-    base["save_adapter_weights_only"] = True
-    path = tmp_path / "adapter_only.yaml"
-    path.write_text(yaml.safe_dump(base))
-    return str(path)
-
-
 def resolve_for_export(model_dir, data, tmp_path, export_format, **settings):
     cfg = TorchtuneConfig(**settings)
     return resolve_run(cfg, model_dir, data, tmp_path / "run", validate=False, export_format=export_format)
 
 
-@pytest.mark.parametrize("export_format", ["merged", "both"])
-def test_a_merged_export_makes_an_adapter_only_base_config_save_merged_weights(
-    export_format, adapter_only_base_config, tiny_llama, data_file, tmp_path
-):
-    import logging
-
-    from kfp_finetune.components._shared.torchtune import resolve as resolve_module
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    resolve_module.log.addHandler(handler)
-    try:
-        run = resolve_for_export(
-            tiny_llama, data_file, tmp_path, export_format, config=adapter_only_base_config
-        )
-    finally:
-        resolve_module.log.removeHandler(handler)
-    assert run.config["save_adapter_weights_only"] is False
-    assert "save_adapter_weights_only: false" in run.yaml_path.read_text()
-    (said,) = [r.getMessage() for r in records if "save_adapter_weights_only" in r.getMessage()]
-    assert f"export_format={export_format} publishes them" in said and adapter_only_base_config in said
-
-
-def test_an_adapter_export_or_no_export_keeps_the_base_configs_adapter_only_checkpoints(
-    adapter_only_base_config, tiny_llama, data_file, tmp_path
-):
-    for export_format in ("adapter", ""):
-        run = resolve_for_export(
-            tiny_llama, data_file, tmp_path, export_format, config=adapter_only_base_config
-        )
-        assert run.config["save_adapter_weights_only"] is True
-
-
 @pytest.mark.parametrize(
-    "settings",
-    [{"save_adapter_weights_only": True}, {"overrides": {"save_adapter_weights_only": True}}],
-    ids=["parameter", "overrides"],
-)
-@pytest.mark.parametrize("export_format", ["merged", "both"])
-def test_asking_for_adapter_only_checkpoints_and_a_merged_export_is_refused(
-    settings, export_format, tiny_llama, data_file, tmp_path
+    "method", ["lora", "dora"]
+)  # QLoRA needs a model wider than tiny_llama; is_peft alike
+def test_an_adapter_method_saves_only_its_adapter_whatever_the_export(
+    method, tiny_llama, data_file, tmp_path
 ):
-    message = (
-        f"save_adapter_weights_only=True saves no merged weights, but export_format={export_format} publishes "
-        "them: set save_adapter_weights_only=False .*, or export_format=adapter"
+    """No GPU idles at an epoch end while rank 0 merges: export and evaluate merge after training (merge.py)."""
+    for export_format in ("merged", "both", "adapter", ""):
+        run = resolve_for_export(tiny_llama, data_file, tmp_path, export_format, method=method)
+        assert run.config["save_adapter_weights_only"] is True
+        assert "save_adapter_weights_only: true" in run.yaml_path.read_text()
+        (choice,) = [c for c in run.defaults if c.setting == "save_adapter_weights_only"]
+        assert choice.value is True and "no GPU idles" in choice.reason
+
+
+@pytest.mark.parametrize("value", [True, False])
+@pytest.mark.parametrize("how", ["parameter", "overrides"])
+def test_an_explicit_choice_of_checkpoints_wins(value, how, tiny_llama, data_file, tmp_path):
+    """False keeps torchtune's own per-epoch merge; True with a merged export is no longer refused (export merges)."""
+    if how == "parameter":
+        settings = {"save_adapter_weights_only": value}
+    else:
+        settings = {"overrides": {"save_adapter_weights_only": value}}
+    run = resolve_for_export(tiny_llama, data_file, tmp_path, "merged", **settings)
+    assert run.config["save_adapter_weights_only"] is value
+    assert not [c for c in run.defaults if c.setting == "save_adapter_weights_only"]
+
+
+def test_a_full_fine_tune_has_no_adapter_only_checkpoints(tiny_llama, data_file, tmp_path):
+    run = resolve_for_export(tiny_llama, data_file, tmp_path, "merged", method="full")
+    assert (
+        "save_adapter_weights_only" not in run.config or run.config["save_adapter_weights_only"] is not True
     )
-    with pytest.raises(ConfigError, match=message):
-        resolve_for_export(tiny_llama, data_file, tmp_path, export_format, **settings)
-    assert not (tmp_path / "run").exists()
-    run = resolve_for_export(tiny_llama, data_file, tmp_path, "adapter", **settings)
-    assert run.config["save_adapter_weights_only"] is True
 
 
 def test_exports_that_cannot_work_are_refused(tiny_llama, data_file, tmp_path):

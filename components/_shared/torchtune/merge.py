@@ -1,0 +1,188 @@
+"""Merge a fine-tune's LoRA / DoRA / QLoRA adapter into its base model after training, on CPU, off the GPUs.
+
+Adapter runs save only the adapter while they train (resolve.py: save_adapter_weights_only), so no GPU waits at an
+epoch end while rank 0 merges and writes the whole model. The step that needs merged weights (export, evaluate's
+lm-eval tasks) builds them here, once per run: `<run>/merged/`, written into a temp folder and renamed into place,
+reused by every later consumer.
+
+The merged folder is what torchtune 0.6.1's LoRA recipes write at an epoch end, tensor for tensor: the run's own
+`model` node instantiated in the training dtype (so QLoRA's base weights go through NF4 and back, as the recipe's
+state-dict hook dequantizes them), the base weights and the adapter loaded as the recipe loads them, torchtune's
+`get_merged_lora_ckpt` on the CPU state dict (where the recipes merge too), and the run's own checkpointer writing
+the HF files (same shards, index, copied config and tokenizer files).
+
+Memory: one copy of the model in the training dtype, as the recipes' rank-0 save holds: the base weights are
+assigned to a model built on the meta device, not copied into a second one (QLoRA's quantized model is built for
+real: its NF4 weights take about a quarter of their bf16 size beside the loaded base).
+
+torch and torchtune are imported inside the functions: the module imports where they are not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune import flex_attention
+from kfp_finetune.components._shared.workspace import atomic_dir
+
+log = get_logger(__name__)
+
+MERGED_DIR = "merged"  # <run>/merged/: the merged HF model folder consumers load
+RUN_CONFIG = "torchtune_config.yaml"  # resolve.RESOLVED_CONFIG, the run's resolved YAML
+ADAPTER_STATE = "adapter_model.pt"  # epoch_N/: the adapter in torchtune's names
+# Checkpointer arguments that would make it resume from the run folder instead of reading the base model.
+_RESUME_ARGUMENTS = ("adapter_checkpoint", "recipe_checkpoint", "resume_from_checkpoint")
+_CHECKPOINTER_SCRATCH = ".checkpointer"
+_PROGRESS_EVERY = 0.1  # log the merge's progress every tenth of the modules
+
+
+def merged_model_dir(run_dir: str | os.PathLike, base_dir: str | os.PathLike) -> Path:
+    """`<run_dir>/merged/`, merged from the run's last adapter into `base_dir` unless an earlier step built it."""
+    run_dir = Path(run_dir)
+    final = run_dir / MERGED_DIR
+    if final.is_dir():  # atomic_dir renames only a complete folder into place
+        log.info("merged model: reusing %s", final)
+        return final
+    config_path = run_dir / RUN_CONFIG
+    if not config_path.is_file():
+        raise ConfigError(f"cannot merge the adapter: the fine-tune run folder {run_dir} has no {RUN_CONFIG}")
+    config = yaml.safe_load(config_path.read_text()) or {}
+    with atomic_dir(final) as tmp:
+        merge_adapter(base_dir, config, last_adapter(run_dir), tmp)
+    return final
+
+
+def last_adapter(run_dir: str | os.PathLike) -> Path:
+    """The adapter of the run's last epoch, `epoch_N/adapter_model.pt`."""
+    found = [
+        p for p in Path(run_dir).glob(f"epoch_*/{ADAPTER_STATE}") if re.fullmatch(r"epoch_\d+", p.parent.name)
+    ]
+    if not found:
+        raise ConfigError(
+            f"cannot merge the adapter: no epoch_N/{ADAPTER_STATE} in the fine-tune run folder {run_dir}"
+        )
+    return max(found, key=lambda p: int(p.parent.name.split("_")[1]))
+
+
+def merge_adapter(
+    base_dir: str | os.PathLike, run_config: dict, adapter_file: str | os.PathLike, out_dir: str | os.PathLike
+) -> None:
+    """Write into the empty folder `out_dir` the HF model torchtune's LoRA recipe would have saved: `base_dir`'s
+    weights with the adapter `adapter_file` (torchtune's names) merged in, as the run's resolved YAML
+    `run_config` (its `model`, `checkpointer` and `dtype`) trained them."""
+    import torch
+    from omegaconf import OmegaConf
+    from torchtune import config, training
+
+    started = time.monotonic()
+    # The builder without the packed-CUDA attention wrapper: attention does not change the weights.
+    model_node = flex_attention.unwrap(run_config.get("model") or {})
+    if "lora_rank" not in model_node or "lora_alpha" not in model_node:
+        raise ConfigError(
+            "cannot merge: the run's `model` node is not a LoRA model (no lora_rank / lora_alpha)"
+        )
+    out_dir = Path(out_dir)
+    scratch = out_dir / _CHECKPOINTER_SCRATCH
+    checkpointer = config.instantiate(OmegaConf.create(_checkpointer_node(run_config, base_dir, scratch)))
+    dtype = training.get_dtype(run_config.get("dtype"), device=torch.device("cpu"))
+    log.info(
+        "merging %s into the base model %s (%s)", adapter_file, base_dir, str(dtype).removeprefix("torch.")
+    )
+    model = _lora_model(model_node, checkpointer, Path(adapter_file), dtype)
+    log.info("model built with the base weights and the adapter (%.0f s)", time.monotonic() - started)
+    state_dict = model.state_dict()
+    del model  # its weights live on in state_dict, merged in place
+    merged = _merge(state_dict, rank=model_node["lora_rank"], alpha=model_node["lora_alpha"])
+    log.info("adapter merged (%.0f s); writing the HF files", time.monotonic() - started)
+    checkpointer.save_checkpoint({training.MODEL_KEY: merged}, epoch=0)
+    for path in (scratch / "epoch_0").iterdir():
+        path.rename(out_dir / path.name)
+    shutil.rmtree(scratch)
+    log.info("merged model written to %s (%.0f s)", out_dir, time.monotonic() - started)
+
+
+def _checkpointer_node(run_config: dict, base_dir: str | os.PathLike, output_dir: Path) -> dict:
+    """The run's checkpointer, reading the base model from `base_dir` (where this step sees it) into `output_dir`."""
+    node = {k: v for k, v in (run_config.get("checkpointer") or {}).items() if k not in _RESUME_ARGUMENTS}
+    if "_component_" not in node:
+        raise ConfigError("cannot merge: the run's config has no `checkpointer` node")
+    node.update(checkpoint_dir=str(base_dir), output_dir=str(output_dir))
+    if "should_load_recipe_state" in node:
+        node["should_load_recipe_state"] = False
+    return node
+
+
+def _lora_model(model_node: dict, checkpointer: Any, adapter_file: Path, dtype: Any) -> Any:
+    """The LoRA model as the recipe's `_setup_model` builds and loads it, validated with torchtune's check."""
+    import torch
+    from omegaconf import OmegaConf
+    from torchao.dtypes.nf4tensor import NF4Tensor
+    from torchtune import config, training
+    from torchtune.modules.peft import validate_missing_and_unexpected_for_lora
+
+    node = OmegaConf.create(model_node)
+    with training.set_default_dtype(dtype), torch.device("meta"):
+        model = config.instantiate(node)
+    quantized = any(isinstance(p, NF4Tensor) for p in model.parameters())
+    if quantized:  # NF4 weights quantize what is copied into them: build them for real, as the recipe does
+        with training.set_default_dtype(dtype), torch.device("cpu"):
+            model = config.instantiate(node)
+    # A model on the meta device takes the loaded tensors themselves (assign): they are first converted to the
+    # dtypes that copying them into the model's own weights would.
+    dtypes = None if quantized else {name: tensor.dtype for name, tensor in model.state_dict().items()}
+    base = _as_dtypes(checkpointer.load_checkpoint()[training.MODEL_KEY], dtypes)
+    base_missing, base_unexpected = model.load_state_dict(base, strict=False, assign=not quantized)
+    del base
+    # DoRA's magnitudes are in the adapter: the recipe's initialize_dora_magnitude would be overwritten here.
+    adapter = torch.load(adapter_file, map_location="cpu", weights_only=True)
+    adapter = _as_dtypes(adapter, dtypes)
+    lora_missing, lora_unexpected = model.load_state_dict(adapter, strict=False, assign=not quantized)
+    validate_missing_and_unexpected_for_lora(
+        lora_attn_modules=list(model_node["lora_attn_modules"]),
+        apply_lora_to_mlp=bool(model_node.get("apply_lora_to_mlp")),
+        apply_lora_to_output=bool(model_node.get("apply_lora_to_output")),
+        base_missing=base_missing,
+        base_unexpected=base_unexpected,
+        lora_missing=lora_missing,
+        lora_unexpected=lora_unexpected,
+    )
+    return model
+
+
+def _as_dtypes(state_dict: dict, dtypes: dict | None) -> dict:
+    """Each tensor in the dtype of the model weight it loads into, contiguous, as a copy into it would be (None:
+    as they are, for a model whose weights are real and copied into)."""
+    if dtypes is None:
+        return state_dict
+    for name, tensor in state_dict.items():
+        state_dict[name] = tensor.to(dtypes.get(name, tensor.dtype)).contiguous()
+    return state_dict
+
+
+def _merge(state_dict: dict, *, rank: int, alpha: float) -> dict:
+    """torchtune's get_merged_lora_ckpt, one LoRA module at a time so that a long merge logs its progress."""
+    from torchtune.modules.peft import get_merged_lora_ckpt
+
+    modules = [key.removesuffix(".lora_a.weight") for key in state_dict if key.endswith(".lora_a.weight")]
+    step = max(1, int(len(modules) * _PROGRESS_EVERY))
+    for done, module in enumerate(modules, start=1):
+        keys = [k for k in (f"{module}.{p}" for p in ("weight", "lora_a.weight", "lora_b.weight", "magnitude"))
+                if k in state_dict]  # fmt: skip
+        part = get_merged_lora_ckpt({k: state_dict[k] for k in keys}, rank=rank, alpha=alpha)
+        for key in keys:  # in place, as torchtune merges the whole state dict: the keys keep their order
+            if key in part:
+                state_dict[key] = part[key]
+            else:
+                del state_dict[key]
+        if done % step == 0 or done == len(modules):
+            log.info("merged %d of %d LoRA modules", done, len(modules))
+    return state_dict
