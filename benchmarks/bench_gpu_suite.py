@@ -77,7 +77,7 @@ from benchmarks.gpu_suite_jobs import (
     suite_data,
 )
 from benchmarks.gpu_suite_runs import ResultsStore, gpus_present, run_measured, schedule
-from benchmarks.gpu_suite_scaling import SCALING_BASE, SCALING_JOB, layout_name, run_scaling, scaling_skipped
+from benchmarks.gpu_suite_scaling import SCALING_BASE, SCALING_JOB, run_scaling, scaling_skipped
 
 __all__ = [
     "JOBS",
@@ -368,8 +368,8 @@ def run_suite(workdir: Path, output: Path, job_names: list[str], sides: list[str
     # The scaling job after the rest: it takes every GPU.
     if gpus and SCALING_JOB in job_names and not store.done(SCALING_JOB, "trainjob"):
         data = next(iter(data_sets(workdir, rows, variant).values()))
-        prepare = functools.partial(_prepare_scaling, workdir=workdir, data=data, steps=steps, memory=memory,
-                                    cache=cache)  # fmt: skip
+        prepare = functools.partial(_prepare, side="defaults", workdir=workdir, data=data, steps=steps,
+                                    memory=memory, cache=cache)  # fmt: skip
         store.record(
             SCALING_JOB, "trainjob", run_scaling(gpus, workdir, prepare, steps, run_timeout, device, echo)
         )
@@ -396,11 +396,6 @@ def _prepare(job: Job, key: str, side: str, workdir: Path, data: Path, steps: in
     # Two spare steps: the epoch (and its checkpoint) cannot end before the run is stopped at `steps`.
     resolved = resolve_side(job, side, model_dir, data, run_dir, steps + 2, memory, lengths, packed=packed)
     return Unit(job, key, side, resolved, lengths)
-
-
-def _prepare_scaling(job: Job, workdir: Path, data: Path, steps: int, memory: float, cache: dict) -> Unit:
-    """One layout of the scaling job: the defaults side, as the pipeline runs it."""
-    return _prepare(job, f"{SCALING_JOB}/{layout_name(job)}", "defaults", workdir, data, steps, memory, cache)
 
 
 def _line(result: dict) -> str:

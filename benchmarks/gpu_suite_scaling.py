@@ -136,17 +136,17 @@ def efficiency(runs: dict[str, dict]) -> float | None:
     return two / one if one and two else None
 
 
-def run_scaling(gpus: int, workspace: Path, prepare: Callable[[Job], object], steps: int, timeout: float,
+def run_scaling(gpus: int, workspace: Path, prepare: Callable[[Job, str], object], steps: int, timeout: float,
                 device: dict, echo=print) -> dict:  # fmt: skip
-    """The scaling job's result: each layout's run and the scaling efficiency, or skipped with why."""
+    """The scaling job's result: each layout's run and the scaling efficiency, or skipped with why (`prepare`:
+    (layout, results key) -> the layout's resolved defaults side, as the suite prepares every run)."""
     if why := scaling_skipped(gpus):
         return {"status": "skipped", "why": why}
     runs = {}
     with local_cluster(workspace, list(range(SCALING_BASE.gpus))) as runtime:
         for job in layouts():
-            runs[layout_name(job)] = run = run_layout(
-                prepare(job), workspace, runtime, steps, timeout, device
-            )
+            unit = prepare(job, f"{SCALING_JOB}/{layout_name(job)}")
+            runs[layout_name(job)] = run = run_layout(unit, workspace, runtime, steps, timeout, device)
             echo(f"  {SCALING_JOB} {layout_name(job)}: {run['status']}")
     ratio = efficiency(runs)
     return {"status": "ok" if ratio else "failed", "scaling_efficiency": ratio, "layouts": runs}

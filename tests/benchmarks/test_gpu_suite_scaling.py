@@ -24,6 +24,10 @@ def test_the_layouts_are_one_node_of_all_gpus_and_two_of_half():
     assert gpu_suite_scaling.scaling_skipped(1) == (
         "needs 8 GPUs on this machine (1 node x 8, then 2 local nodes x 4 through the TrainJob backend), 1 present"
     )
+    skipped = gpu_suite_scaling.run_scaling(
+        1, ROOT, None, 3, 60.0, {}
+    )  # nothing prepared, no stand-in started
+    assert skipped == {"status": "skipped", "why": gpu_suite_scaling.scaling_skipped(1)}
     with pytest.raises(ValueError, match="even number of GPUs per node"):
         gpu_suite_scaling.layouts(dataclasses.replace(TINY_FULL, gpus=3))
     runs = {"1x8": {"trained_tokens_per_second": 4000.0}, "2x4": {"trained_tokens_per_second": 3600.0}}
@@ -41,8 +45,12 @@ def test_the_backend_sends_each_layout_as_a_trainjob_of_its_nodes_and_gpus(tmp_p
         resolved = bench_gpu_suite.resolve_side(job, "expert", model, data, tmp_path / name, 5, 80.0, None)
         backend = gpu_suite_scaling.trainjob_backend(job, tmp_path, f"scaling-{name}", 600, "torchtune")
         assert resolved.distributed and resolved.recipe.endswith("full_finetune_distributed")
-        manifests[name] = backend.manifest(resolved)["spec"]
-    one, two = manifests["1x2"], manifests["2x1"]
+        manifests[name] = backend.manifest(resolved)
+    # One machine's "nodes" share its interconnect: the 2-node TrainJob says so, as the RDMA check asks.
+    slow = "kfp-finetune.io/allow-slow-network"
+    assert (manifests["2x1"]["metadata"].get("annotations") or {}).get(slow) == "true"
+    assert slow not in (manifests["1x2"]["metadata"].get("annotations") or {})
+    one, two = manifests["1x2"]["spec"], manifests["2x1"]["spec"]
     assert (one["trainer"]["numNodes"], one["trainer"]["numProcPerNode"]) == (1, 2)
     assert (two["trainer"]["numNodes"], two["trainer"]["numProcPerNode"]) == (2, 1)
     assert one["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "2"}

@@ -4,7 +4,9 @@ Upstream, NVIDIA/k8s-device-plugin allocates devices per container from its node
 ``nvidia.com/gpu`` limit (an extended resource: requests, if given, equal limits), and the NVIDIA container
 toolkit exposes only those in the container. Here a pool of host indices (``KubeStandin.execute(gpus=...)``) plays
 the node's devices: a node pod's process gets its limit's worth of distinct free ones as CUDA_VISIBLE_DEVICES and
-gives them back when it ends. An empty pool assigns nothing (every process sees what the test process sees).
+gives them back when it ends; one without that limit gets none (CUDA_VISIBLE_DEVICES empty), as a container
+without a GPU request sees none on such a node. The indices are the stand-in process's own (its CUDA_VISIBLE_DEVICES
+numbering). An empty pool assigns nothing (every process sees what the test process sees).
 """
 
 from __future__ import annotations
