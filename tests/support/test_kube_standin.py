@@ -636,6 +636,43 @@ def test_execute_mode_runs_node_commands(kube_standin, custom, core, tmp_path):
     assert core.read_namespaced_pod_log(pod.metadata.name, NS) == "dying\n"
 
 
+def test_execute_mode_gives_each_node_pod_its_own_gpus_as_the_device_plugin_does(
+    kube_standin, custom, core, tmp_path
+):
+    kube_standin.add_runtime("local-torch", command=["/bin/false"])
+    kube_standin.execute(gpus=[0, 1, 2, 3])
+    # Each node writes what it sees, then waits for the others: all hold their GPUs at once.
+    script = (
+        "import os, pathlib, time; out = pathlib.Path(os.environ['OUT']);"
+        "out.joinpath(os.environ['PET_NODE_RANK']).write_text(os.environ['CUDA_VISIBLE_DEVICES']);"
+        "nodes = int(os.environ['PET_NNODES']);"
+        "[time.sleep(0.05) for _ in iter(lambda: len(list(out.iterdir())) < nodes, False)]"
+    )
+
+    def gpu_job(name: str, nodes: int, gpus: int, out: Path) -> dict:
+        out.mkdir()
+        return trainjob(name, runtimeRef={"name": "local-torch"}, trainer={
+            "numNodes": nodes, "command": [sys.executable, "-c", script], "env": [{"name": "OUT", "value": str(out)}],
+            "resourcesPerNode": {"limits": {"nvidia.com/gpu": gpus}},
+        })  # fmt: skip
+
+    create(custom, gpu_job("two-nodes", 2, 2, tmp_path / "two"))
+    kube_standin.wait_for_trainjob("two-nodes", condition="Complete", timeout=20)
+    seen = [set((tmp_path / "two" / rank).read_text().split(",")) for rank in ("0", "1")]
+    assert all(len(gpus) == 2 for gpus in seen) and not seen[0] & seen[1]
+    assert seen[0] | seen[1] == {"0", "1", "2", "3"}
+
+    # Given back when the pods ended: one pod may now take all four; a fifth is more than the host has.
+    create(custom, gpu_job("one-node", 1, 4, tmp_path / "one"))
+    kube_standin.wait_for_trainjob("one-node", condition="Complete", timeout=20)
+    assert (tmp_path / "one" / "0").read_text() == "0,1,2,3"
+    create(custom, gpu_job("too-many", 1, 5, tmp_path / "five"))
+    kube_standin.wait_for_trainjob("too-many", condition="Failed", timeout=20)
+    (pod,) = kube_standin.pods("too-many")
+    log = core.read_namespaced_pod_log(pod["metadata"]["name"], NS)
+    assert "limits nvidia.com/gpu: 5, but only 4 of the host GPUs given to execute mode are free" in log
+
+
 def test_expand_kube_vars_like_the_kubelet():
     env = {"A": "x", "B": "y"}
     assert expand_kube_vars("$(A)/$(B)-$(C)-$$(A)-$A", env) == "x/y-$(C)-$(A)-$A"

@@ -13,9 +13,9 @@ way Kubeflow Trainer v2.3 + JobSet would (DESIGN.md §3, §6). Public API (stabl
 Layout: ``standin`` (the facade), ``_knobs`` (its scenario and fault methods), ``_apiserver`` (REST semantics),
 ``_http`` (HTTP transport), ``_admission`` (the Trainer webhooks), ``_rbac`` (authorization), ``_controller`` (the
 simulated Trainer/JobSet/kubelet), ``_workload`` (pod templates, pod states, execute-mode command lines),
-``_execute`` (execute mode's processes), ``_kueue`` (Kueue: queued TrainJobs, Workloads, admission, preemption),
-``_store`` (objects, watch history, logs), ``_schema`` (CRD schema validation), ``_common`` (constants, errors,
-routing, selectors).
+``_execute`` (execute mode's processes), ``_devices`` (their GPUs, as the NVIDIA device plugin hands them out),
+``_kueue`` (Kueue: queued TrainJobs, Workloads, admission, preemption), ``_store`` (objects, watch history, logs),
+``_schema`` (CRD schema validation), ``_common`` (constants, errors, routing, selectors).
 
 Served (anything else answers 404 like an unknown path):
   * ``/apis/trainer.kubeflow.org/v1alpha1``: trainjobs (namespaced create/get/list/watch/delete; cluster-wide

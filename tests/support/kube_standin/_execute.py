@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from ._devices import gpu_limit
 from ._disruption import PREEMPTION, Disruption, mark_disrupted, mark_preempted
 from ._gc import DEFAULT_TERMINATION_GRACE_SECONDS, mark_terminating
 from ._jobpolicy import BACKOFF_LIMIT_EXCEEDED, JobPolicy, crash_loop_delay, match_pod_failure_policy
@@ -33,6 +34,7 @@ class NodeProcess:
     reader: threading.Thread | None = None
     kill_at: float | None = None  # when a graceful delete's grace period ends: SIGKILL
     disruption: Disruption | None = None
+    gpus: tuple[int, ...] = ()  # host GPUs of the pod's container, given back when it ended (_devices.py)
 
 
 @dataclasses.dataclass
@@ -113,6 +115,10 @@ class NodeProcesses:
         node = NodeProcess(pod_name, None)
         try:
             argv, env, cwd = local_command(pod, self.config, self.master_port)
+            if self.config.gpus.assigns:
+                container = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
+                node.gpus = self.config.gpus.take(gpu_limit(container), pod_name)
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus))
             node.process = subprocess.Popen(
                 argv,
                 env=env,
@@ -124,6 +130,7 @@ class NodeProcesses:
             )
             self.processes.append(node.process)
         except (OSError, ValueError) as error:
+            self._give_back_gpus(node)
             self.store.append_log(
                 self.namespace, pod_name, f"kube-standin: cannot start node command: {error}\n"
             )
@@ -143,7 +150,13 @@ class NodeProcesses:
             _signal_group(node.process, signal.SIGKILL)
         if node.reader is not None:
             node.reader.join(timeout=5)  # the whole log is in before the pod turns terminal
+        self._give_back_gpus(node)
         return 128 - code if code < 0 else code
+
+    def _give_back_gpus(self, node: NodeProcess) -> None:
+        with self._lock:  # once: the pod's end is seen by its reader and by the poll
+            gpus, node.gpus = node.gpus, ()
+        self.config.gpus.give_back(gpus)
 
     def _pump_log(self, rank: int, node: NodeProcess) -> None:
         process = node.process
@@ -154,6 +167,8 @@ class NodeProcesses:
             self.store.append_log(self.namespace, node.pod, line)
             self._maybe_disrupt(rank, node, line)
         process.stdout.close()
+        process.wait()  # the container's processes are gone (none holds its output open): its GPUs are free
+        self._give_back_gpus(node)
 
     # Disruption ---------------------------------------------------------------------------------------------
 

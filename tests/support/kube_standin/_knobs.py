@@ -9,12 +9,13 @@ and request log; every knob acts under the store's lock on the parts the facade 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ._apiserver import ApiServer, Fault
 from ._controller import Controller
+from ._devices import GpuPool
 from ._startup import normalize_image
 from ._store import Store
 from ._types import Scenario
@@ -46,6 +47,7 @@ class ScenarioAndFaultKnobs:
         *,
         extra_env: Mapping[str, str] | None = None,
         job: str | None = None,
+        gpus: Sequence[int] = (),
     ) -> None:
         """Run TrainJobs' node commands as local subprocesses, one per node rank (``job``: only that one).
 
@@ -65,10 +67,16 @@ class ScenarioAndFaultKnobs:
         The job's scenario still decides the pending phase (``pending_seconds``, ``stay_pending``,
         ``pending_events``); its log lines and outcome are replaced by the real processes'.
         ``Scenario(execute=True)`` alone executes with no volume mapping.
+
+        GPUs: ``gpus`` (host GPU indices, this registration's pool) are handed out as the NVIDIA device plugin does
+        (_devices.py): a node pod whose ``node`` container limits ``nvidia.com/gpu: N`` runs with N distinct free
+        ones as CUDA_VISIBLE_DEVICES, given back when its process ends; one asking for more than are free cannot
+        start (its log says why, the pod fails). Empty: CUDA_VISIBLE_DEVICES is left as the test process has it.
         """
         config = ExecuteConfig(
             {key: str(Path(value).resolve()) for key, value in (volume_dirs or {}).items()},
             dict(extra_env or {}),
+            GpuPool(list(gpus)),
         )
         with self._store.cond:
             self._controller.execute_configs[job] = config

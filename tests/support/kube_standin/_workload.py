@@ -17,16 +17,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
+from ._devices import GpuPool
 from ._jobpolicy import JOBSET_DEFAULT_RESTART_POLICY, node_job_policy
 from ._types import Scenario
 
 
 @dataclasses.dataclass
 class ExecuteConfig:
-    """Execute mode settings (see ``KubeStandin.execute``): volume name or claimName -> local dir, extra env."""
+    """Execute mode settings (see ``KubeStandin.execute``): volume name or claimName -> local dir, extra env, the
+    host GPUs node pods get (_devices.py)."""
 
     volume_dirs: dict[str, str]
     extra_env: dict[str, str]
+    gpus: GpuPool = dataclasses.field(default_factory=GpuPool)
 
 
 def merge_patch(base: Any, patch: Any) -> Any:
