@@ -178,11 +178,13 @@ class Resumable:
 
         torchtune 0.6.1's LoRA single-device recipe merges the adapter into `{k: v.cpu() ...}` of the model's state
         dict with `+=`: on CPU `.cpu()` returns the weights themselves, so every epoch end adds the adapter into
-        the live base weights and later epochs train (and the final merge counts) it twice.
+        the live base weights and later epochs train (and the final merge counts) it twice. A run that saves only
+        its adapter merges nothing (the default: the merge happens after training, _shared/torchtune/merge.py).
         """
         import torch
 
-        base = self._weights_merged_into() if self._device.type == "cpu" else {}
+        merges = self._device.type == "cpu" and not getattr(self, "_save_adapter_weights_only", False)
+        base = self._weights_merged_into() if merges else {}
         saved = {name: weight.detach().clone() for name, weight in base.items()}
         super().save_checkpoint(*args, **kwargs)
         with torch.no_grad():
