@@ -7,7 +7,7 @@ limit and pack size), seed and number of steps on both sides; only `dataset.pack
 number (unmasked tokens only, first step skipped, median). torchtune packs the whole dataset before step 1, so
 wall time (also reported) includes packing.
 
-Part 2 ("once", issue 18): dataset-initialize's tokenize-and-pack step (_shared/packing.py) on CPU.
+Part 2 ("once", issue 18): dataset-initialize's tokenize-and-pack step (_shared/torchtune/packing.py) on CPU.
 - Packing rate: `pack_rows` rows (default 1M) tokenized by torchtune's own instruct builder with the tiny kit's
   tokenizer in `pack_procs` processes (default 2) and packed (max_seq_len from the data): rows/s, for the tiny
   kit's task rows (about 12 tokens) and for long-tailed rows (median about 80 tokens). Target: >= 20k rows/s.
@@ -113,8 +113,8 @@ def run_fill(s: Settings, echo=print) -> dict:
 
     from benchmarks.bench_gpu_suite import suite_data
     from kfp_finetune.components._shared.bin_packing import plan_packs
-    from kfp_finetune.components._shared.packing import pack_split, sft_node, tokenize
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.packing import pack_split, sft_node, tokenize
 
     rows = int(s.extra.get("fill_rows", 20_000))
     plan_rows = int(s.extra.get("fill_plan_rows", 1_000_000))
@@ -190,8 +190,8 @@ def _parquet(path: Path, rows) -> Path:
 
 
 def _pack_rate(model_dir: Path, data: Path, out: Path, procs: int) -> dict:
-    from kfp_finetune.components._shared.packing import pack_split, sft_node
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.packing import pack_split, sft_node
 
     model = inspect_model_dir(model_dir)
     node = sft_node({"dataset_type": "instruct", "data_style": "input_output"}, [str(data)])

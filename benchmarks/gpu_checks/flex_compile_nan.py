@@ -55,7 +55,7 @@ def build_model(setting: str, dim: int, layers: int, workdir: Path):
     from torchtune import config, training
 
     from kfp_finetune.components._shared.torchtune import builder_nodes, flex_attention
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
     from kfp_finetune.tiny.model import build_tiny_model
 
     model_dir = inspect_model_dir(

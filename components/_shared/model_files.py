@@ -19,7 +19,7 @@ from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.errors import ConfigError
 
 CONFIG = "config.json"
-# config.json, generation_config.json and every tokenizer file a family reads (torchtune_model.FAMILIES:
+# config.json, generation_config.json and every tokenizer file a family reads (model_inspection.FAMILIES:
 # tiktoken's original/tokenizer.model, sentencepiece's tokenizer.model, BPE's vocab.json + merges.txt) or that
 # describes special tokens (tokenizer.json's added_tokens).
 CONFIG_AND_TOKENIZER_FILES = (

@@ -1,4 +1,4 @@
-"""Tokenize and pack the train split once, with the base model's tokenizer (see _shared/packing.py).
+"""Tokenize and pack the train split once, with the base model's tokenizer (see _shared/torchtune/packing.py).
 
 Every train row is tokenized here, so this is where the rows that would fail are found (seq_len.py's rule): rows
 whose masked prompt fills max_seq_len are left out of the packs, counted, and the first few named by file and
@@ -9,7 +9,7 @@ train_on_input, new_system_prompt — and the max_seq_len asked for), beside the
 `packs.json` of what the train artifact's metadata records; a rerun with the same key reuses them. Tokenizing
 needs torchtune (the trainer image): where it is not installed the step says so and writes no packs, and the
 fine-tune step tokenizes and packs as torchtune does. For a model whose attention takes no packed batches on
-CUDA (torchtune_model.Family.block_masks; its GPU runs train unpacked) the rows are measured only: lengths,
+CUDA (model_inspection.Family.block_masks; its GPU runs train unpacked) the rows are measured only: lengths,
 max_seq_len and the unfit rows are recorded (in `<dataset entry>/lengths/<key>/`), no packs are written.
 """
 
@@ -55,9 +55,9 @@ def pack_train(
             "fine-tune step will tokenize and pack on every rank (run dataset-initialize on the trainer image)"
         )
         return {}
-    from kfp_finetune.components._shared import packing
+    from kfp_finetune.components._shared.torchtune import packing
     from kfp_finetune.components._shared.torchtune.defaults import no_packing_on_cuda
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 
     model = inspect_model_dir(model_dir, weights_required=False)  # tokenizing reads no weights
     tokenizer_node = model.tokenizer_node(None)
@@ -134,7 +134,7 @@ def _unfit(
 ) -> str:
     """The warning about the rows whose prompt fills max_seq_len, left out of the packs where `packed` (empty:
     none); raises when they are too many."""
-    from kfp_finetune.components._shared import seq_len
+    from kfp_finetune.components._shared.torchtune import seq_len
 
     if not result.unfit_rows:
         return ""

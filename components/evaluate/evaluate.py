@@ -26,7 +26,7 @@ from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metri
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
-from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir
+from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, paired, scoring
 from kfp_finetune.components.evaluate.placement import (

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune_model import ModelDir
+from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir
 
 log = get_logger(__name__)
 

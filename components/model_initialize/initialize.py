@@ -27,7 +27,7 @@ from kfp_finetune.components._shared.artifacts import (
 )
 from kfp_finetune.components._shared.contract import BaseModel
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune_model import (
+from kfp_finetune.components._shared.torchtune.model_inspection import (
     derive_missing_tokenizer_files,
     family_tokenizer_files,
 )

@@ -136,7 +136,7 @@ def check_runtime(
 ) -> list[Problem]:
     """On a cluster (backend trainjob) the runtime the TrainJob names exists, and requests RDMA for several nodes
     (unless allowed)."""
-    from kfp_finetune.components._shared.kube import (
+    from kfp_finetune.components._shared.kube.client import (
         Backoff,
         current_namespace,
         load_api_client,
@@ -172,7 +172,7 @@ def check_runtime(
 
 def check_queue(name: str) -> list[Problem]:
     """The Kueue LocalQueue the TrainJob will wait in exists in the step's namespace (a 403: the step decides)."""
-    from kfp_finetune.components._shared.kube import (
+    from kfp_finetune.components._shared.kube.client import (
         Backoff,
         current_namespace,
         load_api_client,

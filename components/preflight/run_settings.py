@@ -25,7 +25,7 @@ from kfp_finetune.components._shared.torchtune.config import SWITCHES, Torchtune
 from kfp_finetune.components.preflight.problems import Problem
 
 if TYPE_CHECKING:
-    from kfp_finetune.components._shared.torchtune_model import ModelDir
+    from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir
 
 log = get_logger(__name__)
 
@@ -194,8 +194,8 @@ def check_model_and_run(
     the complete torchtune run as the fine-tune step will (recipe, base config, every key and `_component_`);
     `config` None (settings already refused): the model alone."""
     from kfp_finetune.components._shared import storage
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 
     with tempfile.TemporaryDirectory(prefix="preflight-model-") as folder:
         try:

@@ -1,10 +1,10 @@
 """The dataset builder the resolved YAML names when dataset-initialize packed the data: torchtune instantiates
 `kfp_finetune.components.torchtune_finetune.packed_data.packed_dataset` with the recipe's tokenizer, and it
-memory-maps the packs (no tokenization on any rank). The file format is _shared/packing.py's."""
+memory-maps the packs (no tokenization on any rank). The file format is _shared/torchtune/packing.py's."""
 
 from __future__ import annotations
 
-from kfp_finetune.components._shared.packing import ArrowPacks
+from kfp_finetune.components._shared.torchtune.packing import ArrowPacks
 
 COMPONENT = f"{__name__}.packed_dataset"
 

@@ -15,8 +15,12 @@ from pathlib import Path
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import DatasetSplit
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.packing import pack_fingerprint, template_of, tokenizer_fingerprint
 from kfp_finetune.components._shared.torchtune import builder_nodes
+from kfp_finetune.components._shared.torchtune.packing import (
+    pack_fingerprint,
+    template_of,
+    tokenizer_fingerprint,
+)
 from kfp_finetune.components.torchtune_finetune.packed_data import COMPONENT
 
 log = get_logger(__name__)

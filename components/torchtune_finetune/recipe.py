@@ -34,9 +34,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.cancel import StopSignals
-from kfp_finetune.components._shared.torchtune import resume
+from kfp_finetune.components._shared.torchtune import installed, resume
 from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
 from kfp_finetune.components.torchtune_finetune import warm_start
 
@@ -379,7 +378,7 @@ def recipe_module(name: str) -> Any:
             f"{PREFIX}{name!r} is not one of the recipes this module extends: {', '.join(resume.RESUMABLE)}"
         )
     # torchtune's recipes/ is not a package (its __init__ refuses imports): the file is loaded as `tune run` does.
-    path = torchtune_files.recipe_file(name)
+    path = installed.recipe_file(name)
     spec = importlib.util.spec_from_file_location(f"torchtune_recipe_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

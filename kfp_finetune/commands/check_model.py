@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kfp_finetune.components._shared.errors import ConfigError
     from kfp_finetune.components._shared.torchtune import parity, parity_cases
-    from kfp_finetune.components._shared.torchtune_layout import REFUSED
-    from kfp_finetune.components._shared.torchtune_model import FAMILIES, detect_family
+    from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, detect_family
+    from kfp_finetune.components._shared.torchtune.model_layout import REFUSED
 
     path = Path(args.model_dir)
     try:

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes.config.config_exception import ConfigException
     from urllib3.exceptions import HTTPError
 
-    from kfp_finetune.components._shared.kube import load_api_client
+    from kfp_finetune.components._shared.kube.client import load_api_client
 
     try:
         api = load_api_client(args.kubeconfig, context=args.context)

@@ -86,7 +86,7 @@ def checkpointer_model_type(family: str) -> str:
 def build_torchtune_model(family: str, config: dict, lora: dict | None = None):
     """The torchtune model for an HF config, built exactly as fine-tuning builds it (the family's component
     builder, or its LoRA builder, with dims from the config)."""
-    from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, instantiate
+    from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node, instantiate
 
     return instantiate(builder_node(FAMILIES[family], config, lora))
 

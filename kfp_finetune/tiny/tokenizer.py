@@ -136,7 +136,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 # Qwen3's format without tools and reasoning: the final answer after the last user message opens with an empty
-# thinking block, as does the generation prompt with enable_thinking=False (torchtune_tokenizers.qwen3_tokenizer).
+# thinking block, as does the generation prompt with enable_thinking=False (tokenizer_builders.qwen3_tokenizer).
 QWEN3_CHAT_TEMPLATE = (
     "{% set ns = namespace(last_query=messages|length) %}"
     "{% for message in messages %}{% if message['role'] == 'user' %}{% set ns.last_query = loop.index0 %}"

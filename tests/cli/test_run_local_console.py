@@ -28,7 +28,7 @@ RUN_LOCAL_LOG = """\
     01:58:18 INFO kfp_finetune.components.dataset_initialize.initialize: datasets/data-c54ccf15/train: 75 rows in 1 shard(s)
     01:58:18 INFO kfp_finetune.components.dataset_initialize.initialize: datasets/data-c54ccf15/eval: 4 rows in 1 shard(s)
     [KFP Executor 2026-11-25 01:58:21,074 WARNING]: Warning: Detected no triton, on systems without Triton certain kernels will not work
-    01:58:21 INFO kfp_finetune.components._shared.packing: 1 row(s) longer than max_seq_len 256 are cut to it
+    01:58:21 INFO kfp_finetune.components._shared.torchtune.packing: 1 row(s) longer than max_seq_len 256 are cut to it
     01:58:21 INFO kfp_finetune.components.dataset_initialize.packs: max_seq_len 256 (set); 7 packs in 0.0s; 1 row(s) cut to it
 01:58:22.253 - INFO - Task 'dataset-initialize' finished with status SUCCESS
 01:58:22.254 - INFO - Pipeline 'prepare-inputs' finished with status SUCCESS

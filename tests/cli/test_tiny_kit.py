@@ -75,7 +75,7 @@ def file_hashes(model_dir: Path) -> dict[str, str]:
 
 def torchtune_tokenizer(family: str, model_dir: Path):
     """The family's tokenizer as a run builds it (torchtune's, or ours where the family has one)."""
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir, instantiate
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir, instantiate
 
     return instantiate(inspect_model_dir(model_dir).tokenizer_node(None))
 

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+from kfp_finetune.components._shared.kube.client import current_namespace, load_api_client
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobFailed,
     launch_trainjob,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfp_finetune.components._shared.kube import Backoff
+from kfp_finetune.components._shared.kube.client import Backoff
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobFailed,
     TrainJobLauncher,

@@ -14,7 +14,7 @@ from kfp import compiler, local
 
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.errors import usage_errors
-from kfp_finetune.components._shared.kube import is_retryable
+from kfp_finetune.components._shared.kube.client import is_retryable
 from kfp_finetune.pipelines import PIPELINES, finetune_pipeline
 from tests.support.fault_proxy import FaultProxy
 from tests.support.sources import moto_s3, use_s3_credentials

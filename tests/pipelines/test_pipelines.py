@@ -288,7 +288,11 @@ def test_a_tiny_family_built_here_fine_tunes_through_the_pipeline_and_transforme
     from transformers import AutoModelForCausalLM
 
     from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
-    from kfp_finetune.components._shared.torchtune_model import find_weights, inspect_model_dir, instantiate
+    from kfp_finetune.components._shared.torchtune.model_inspection import (
+        find_weights,
+        inspect_model_dir,
+        instantiate,
+    )
 
     tiny = request.getfixturevalue(f"tiny_{family}")
     destination = tmp_path / "exported"

@@ -2,7 +2,7 @@
 torch (the launcher and pre-flight steps run on the component image, which has none):
 
 - torchtune.* and kfp_finetune.*: the module's source defines or re-exports the name
-  (torchtune_files.module_names);
+  (installed.module_names);
 - torch.optim.* and torch.optim.lr_scheduler.*: a public optimizer or scheduler (the table in torch_names.py);
 - anything else (bitsandbytes.optim.PagedAdamW8bit, another torch module): not checked here; torchtune's own
   validation imports it where training runs (torch_checks.validate_config).
@@ -16,9 +16,8 @@ import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
-from kfp_finetune.components._shared.torchtune import torch_names
+from kfp_finetune.components._shared.torchtune import installed, torch_names
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 
 CHECKED_PACKAGES = ("torchtune", "kfp_finetune")
@@ -67,11 +66,11 @@ def _not_found(path: str) -> str | None:
         return f"is not a public class of {module}{_nearest(module, name, names)}"
     if path.split(".", 1)[0] not in CHECKED_PACKAGES:
         return None
-    names = torchtune_files.module_names(module)
+    names = installed.module_names(module)
     if name in names:
         return None
-    installed = "torchtune 0.6.1" if path.startswith("torchtune.") else "kfp-finetune"
-    return f"is not defined in the installed {installed}{_nearest(module, name, names)}"
+    package = "torchtune 0.6.1" if path.startswith("torchtune.") else "kfp-finetune"
+    return f"is not defined in the installed {package}{_nearest(module, name, names)}"
 
 
 def _nearest(module: str, name: str, names) -> str:

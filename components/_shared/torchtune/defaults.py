@@ -20,9 +20,9 @@ import random
 from dataclasses import asdict, dataclass
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.seq_len import choose_max_seq_len, cut_length, fits
 from kfp_finetune.components._shared.torchtune.choices import Choice, user_set
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.model_inspection import Family, ModelDir
 from kfp_finetune.components._shared.torchtune.prompt_fit import (
     candidate_rows,
     prompt_tokens,
@@ -36,7 +36,7 @@ from kfp_finetune.components._shared.torchtune.run_length import (
     fit_schedule,
     scale_learning_rate,
 )
-from kfp_finetune.components._shared.torchtune_model import Family, ModelDir
+from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len, cut_length, fits
 
 log = get_logger(__name__)
 

@@ -2,8 +2,8 @@
 
     python -m kfp_finetune.components._shared.torchtune.families_doc > docs/families.md
 
-Everything here is read without torch: the families (torchtune_model.FAMILIES), torchtune's recipe registry
-(torchtune_files), the proven table (parity_cases) and the refusals (torchtune_layout.UNSUPPORTED). Measured
+Everything here is read without torch: the families (model_inspection.FAMILIES), torchtune's recipe registry
+(installed), the proven table (parity_cases) and the refusals (model_layout.UNSUPPORTED). Measured
 differences stay out (they vary with the CPU); test_parity.py asserts each within parity.TOLERANCE.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.torchtune import installed
 from kfp_finetune.components._shared.torchtune.conversions import conversion
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node
+from kfp_finetune.components._shared.torchtune.model_layout import UNSUPPORTED
 from kfp_finetune.components._shared.torchtune.parity import LORA, TOLERANCE
 from kfp_finetune.components._shared.torchtune.parity_cases import FAMILY_CASES, flags
-from kfp_finetune.components._shared.torchtune_layout import UNSUPPORTED
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node
 
 METHODS = ("full", "lora", "qlora", "dora")
 _FINETUNE_RECIPES = ("full_finetune_single_device", "full_finetune_distributed", "lora_finetune_single_device",
@@ -37,7 +37,7 @@ CORRECTIONS = (
 def base_configs() -> dict[str, dict[str, list[str]]]:
     """family -> size -> the methods torchtune 0.6.1 has a fine-tuning config for (its recipe registry)."""
     found: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    recipes = torchtune_files.recipes()
+    recipes = installed.recipes()
     for recipe in _FINETUNE_RECIPES:
         for config in recipes[recipe].configs:
             family, _, rest = config.name.partition("/")

@@ -7,7 +7,7 @@ state of unit scale at 30 does almost nothing, so torchtune's model computes unc
 whose logits reach 8 they differ from transformers' by 0.19 (tests/components/_shared/torchtune/test_parity.py).
 These builders build torchtune's model and move the cap onto the logits; the state dict is unchanged.
 
-The arguments are torchtune's own (torchtune_files reads a builder's parameters from its source).
+The arguments are torchtune's own (installed reads a builder's parameters from its source).
 """
 
 from __future__ import annotations

@@ -35,7 +35,12 @@ from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune.conversions import conversion
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, Family, inspect_model_dir, instantiate
+from kfp_finetune.components._shared.torchtune.model_inspection import (
+    FAMILIES,
+    Family,
+    inspect_model_dir,
+    instantiate,
+)
 
 TOLERANCE = 2e-5
 LOAD, SAVE = "load", "save"
@@ -118,7 +123,11 @@ def tiny_config(hf_config: dict) -> dict:
     """config.json with its sizes shrunk (hidden size, layers, heads keeping the grouped-query ratio, MLP width,
     vocabulary, positions, sliding window) and every other field kept, relations included: head_dim against
     hidden_size / num_attention_heads, the window against max_position_embeddings, the layer pattern."""
-    from kfp_finetune.components._shared.torchtune_layout import LAYOUT_FIELDS, layer_types, layout_value
+    from kfp_finetune.components._shared.torchtune.model_layout import (
+        LAYOUT_FIELDS,
+        layer_types,
+        layout_value,
+    )
 
     config = {key: value for key, value in hf_config.items() if key not in _DROPPED}
     heads = hf_config["num_attention_heads"]
@@ -170,10 +179,10 @@ def _period(layer_types: list) -> int:
 def measure(hf_config: dict, family: str, directions: Iterable[str] = DIRECTIONS, seed: int = 0) -> Parity:
     """Measure each direction for the architecture of `hf_config` (a config.json of any size) as `family`.
 
-    Raises ConfigError when the family's builder refuses the layout (torchtune_layout), as a run would."""
+    Raises ConfigError when the family's builder refuses the layout (model_layout), as a run would."""
     import torch
 
-    from kfp_finetune.components._shared.torchtune_model import builder_node
+    from kfp_finetune.components._shared.torchtune.model_inspection import builder_node
 
     expected = FAMILIES[family]
     builder_node(expected, hf_config)  # refused here, before anything is built

@@ -4,7 +4,7 @@ Each family has one entry in CASES: a base config.json (the math-changing fields
 variants its other real checkpoints bring (another RoPE, a window, tied embeddings, a head_dim …). Only sizes
 differ between a case and the real model: parity.tiny_config shrinks them and keeps every other field.
 
-What a case proves is a *kind* of value per config.json field (torchtune_layout.LAYOUT_FIELDS, and the
+What a case proves is a *kind* of value per config.json field (model_layout.LAYOUT_FIELDS, and the
 attention's grouping): how the family's builder meets it — carried to an argument, neutral, made a position
 limit — and, where that matters, the value (a bool, a name, a relation such as head_dim ≠ hidden/heads; the
 numbers a builder carries are one kind: the argument is passed whatever it is). A field of a model whose kind
@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kfp_finetune.components._shared import torchtune_files
-from kfp_finetune.components._shared.torchtune_layout import (
+from kfp_finetune.components._shared.torchtune import installed
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, Family
+from kfp_finetune.components._shared.torchtune.model_layout import (
     CARRIED,
     LAYOUT_FIELDS,
     NEUTRAL,
@@ -29,7 +30,6 @@ from kfp_finetune.components._shared.torchtune_layout import (
     how_met,
     layout_value,
 )
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, Family
 
 ATTENTION = "num_key_value_heads"  # not a LAYOUT_FIELD (a dimension), but its grouping is a kind to prove
 
@@ -70,7 +70,7 @@ class Flag:
 
     key: str
     value: Any
-    how: str  # torchtune_layout's CARRIED / NEUTRAL / POSITION_LIMIT / REFUSED
+    how: str  # model_layout's CARRIED / NEUTRAL / POSITION_LIMIT / REFUSED
     kind: str  # what a case must have to prove it
 
     def line(self) -> str:
@@ -379,7 +379,7 @@ CASES: tuple[Case, ...] = tuple(case for entry in FAMILY_CASES.values() for case
 def flags(family: Family, hf_config: dict) -> list[Flag]:
     """Every math-changing field of config.json for this family (the fields transformers' class for its
     model_type reads), with how the family's full builder meets it."""
-    accepted = set(torchtune_files.parameters(family.builder))
+    accepted = set(installed.parameters(family.builder))
     model_type = hf_config.get("model_type")
     found = [_attention_flag(hf_config)]
     for layout in LAYOUT_FIELDS:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kfp_finetune.components._shared import seq_len
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune import seq_len
 
 log = get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """Qwen2's LoRA builder with DoRA computed as DoRA is defined: torchtune 0.6.1's, its biased DoRA layers fixed.
 
 Qwen2 is the one layout with biases (q/k/v) in the layers LoRA adapts, where torchtune 0.6.1's DoRA also scales
-the bias (dora.py). The arguments are torchtune's own (torchtune_files reads a builder's parameters from its
+the bias (dora.py). The arguments are torchtune's own (installed reads a builder's parameters from its
 source).
 """
 

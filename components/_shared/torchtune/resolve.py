@@ -20,10 +20,9 @@ from typing import Any
 
 import yaml
 
-from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune import flex_attention, resume, sample_packing
+from kfp_finetune.components._shared.torchtune import flex_attention, installed, resume, sample_packing
 from kfp_finetune.components._shared.torchtune.choices import user_set
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
@@ -33,7 +32,11 @@ from kfp_finetune.components._shared.torchtune.defaults import (
     choose_defaults,
     no_packing_on_cuda,
 )
-from kfp_finetune.components._shared.torchtune_model import ModelDir, inspect_model_dir, size_in_parameters
+from kfp_finetune.components._shared.torchtune.model_inspection import (
+    ModelDir,
+    inspect_model_dir,
+    size_in_parameters,
+)
 
 log = get_logger(__name__)
 
@@ -102,11 +105,11 @@ def tune_command(
 
 
 def _registry() -> dict[str, Any]:
-    return torchtune_files.recipes()  # read from torchtune's files: the launcher imports no torch
+    return installed.recipes()  # read from torchtune's files: the launcher imports no torch
 
 
 def _config_file(file_path: str) -> Path:
-    return torchtune_files.config_file(file_path)
+    return installed.config_file(file_path)
 
 
 def _config_parts(config_name: str) -> tuple[str, str, str]:
@@ -254,7 +257,7 @@ def resolve_run(
     _check_packing(config, model)
     choices, token_lengths = choose_defaults(
         config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample,
-        base_world=torchtune_files.written_world_size(Path(config_file)),
+        base_world=installed.written_world_size(Path(config_file)),
     )  # fmt: skip
     choices += _fit_checkpoint_to_export(config, cfg, export_format)
     config = _resolve_interpolations(config)

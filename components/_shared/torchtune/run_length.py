@@ -184,7 +184,7 @@ def _kind(config: dict, packed: bool) -> str:
 
 def base_tokens_per_step(base: dict, lengths: TokenLengths, base_world: int = 1) -> float:
     """Tokens the base config trains per optimizer step on the devices it was written for (`base_world`: its
-    header's `--nproc_per_node`, torchtune_files.written_world_size): batch x accumulation x mean row length x
+    header's `--nproc_per_node`, installed.written_world_size): batch x accumulation x mean row length x
     devices."""
     mean = sum(lengths.lengths) / len(lengths.lengths)
     return (

@@ -10,7 +10,7 @@ has one cross-sample target per boundary. torchtune main moved the shift into th
 (labels not ignored, before the shift) equals the targets it trains.
 
 Both ways a run gets packs follow the rule, and the same plan of which rows share a pack (bin_packing.py:
-best-fit decreasing): dataset-initialize's pack writer (_shared/packing.py) and, when torchtune packs, `packed`
+best-fit decreasing): dataset-initialize's pack writer (_shared/torchtune/packing.py) and, when torchtune packs, `packed`
 below: resolve.py names it in place of the torchtune builder (`wrap`), which it calls unpacked and packs into
 torchtune's PackedDataset layout (rows that flow across packs, text completion's default, by torchtune's own
 loop). Importing this module imports no torch.

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune import builder_nodes, flex_attention, parity, sample_packing
+from kfp_finetune.components._shared.torchtune.model_inspection import detect_family
 from kfp_finetune.components._shared.torchtune.prompt_fit import check_prompts_fit
-from kfp_finetune.components._shared.torchtune_model import detect_family
 
 
 def check_resolved(config: dict) -> None:

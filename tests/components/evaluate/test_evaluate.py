@@ -15,7 +15,7 @@ import pytest
 from kfp_finetune.components._shared.html_report import escape
 from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import Interval
 from kfp_finetune.components.evaluate.evaluate import (
@@ -205,7 +205,7 @@ def test_alpaca_eval_examples_are_built_as_training_builds_them(tmp_path, tiny_l
     examples: template in the prompt, loss on the response only, the output as the generation reference."""
     from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
 
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
     from kfp_finetune.components.evaluate import model_eval
 
     files = [str(tmp_path / "eval.parquet")]

@@ -90,7 +90,7 @@ def load_logits(model_dir: Path):
     from omegaconf import OmegaConf
     from torchtune import config, training
 
-    from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+    from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 
     model_dir = inspect_model_dir(model_dir)
     model = config.instantiate(OmegaConf.create(model_dir.model_node()))

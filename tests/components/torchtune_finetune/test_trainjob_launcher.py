@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfp_finetune.components._shared.kube import Backoff
+from kfp_finetune.components._shared.kube.client import Backoff
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import (
     TrainJobConflict,
@@ -557,7 +557,7 @@ def test_unknown_cleanup_policy_is_refused(kube):
 CHILD = textwrap.dedent(
     """
     import sys
-    from kfp_finetune.components._shared.kube import load_api_client
+    from kfp_finetune.components._shared.kube.client import load_api_client
     from kfp_finetune.components.torchtune_finetune.backends.trainjob import launch_trainjob
     import json
     manifest = json.loads(sys.argv[2])
@@ -639,11 +639,11 @@ def test_real_torchtune_lora_run_through_a_trainjob(kube, tiny_llama, tiny_datas
     assert (run.run_dir / "epoch_0" / "adapter_model.safetensors").is_file()
 
 
-# --- kube client loading and retries (components/_shared/kube.py) ------------------------------------------------
+# --- kube client loading and retries (components/_shared/kube/client.py) ------------------------------------------------
 
 
 def test_in_cluster_service_account_comes_first(tmp_path, monkeypatch, kube):
-    from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+    from kfp_finetune.components._shared.kube.client import current_namespace, load_api_client
 
     account = tmp_path / "serviceaccount"
     account.mkdir()
@@ -663,7 +663,7 @@ def test_in_cluster_service_account_comes_first(tmp_path, monkeypatch, kube):
 
 
 def test_namespace_falls_back_to_kubeconfig_then_explicit(tmp_path, monkeypatch, kube):
-    from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+    from kfp_finetune.components._shared.kube.client import current_namespace, load_api_client
 
     no_account = tmp_path / "none"
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -679,7 +679,7 @@ def test_namespace_falls_back_to_kubeconfig_then_explicit(tmp_path, monkeypatch,
 def test_call_with_retry_retries_only_transient_errors():
     from kubernetes.client.exceptions import ApiException
 
-    from kfp_finetune.components._shared.kube import call_with_retry
+    from kfp_finetune.components._shared.kube.client import call_with_retry
 
     sleeps = Sleeps()
     outcomes = [ApiException(status=503), ApiException(status=429), "ok"]

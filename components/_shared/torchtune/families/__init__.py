@@ -1,6 +1,6 @@
 """Model families torchtune 0.6.1 lacks, built by this project on 0.6.1's own modules: one module per family.
 
-Each module's builders are named by `_component_` in resolved configs (torchtune_model.FAMILIES). Importing a
+Each module's builders are named by `_component_` in resolved configs (model_inspection.FAMILIES). Importing a
 family module needs torch; this package itself imports nothing, so its builders' signatures can be read from
-source (torchtune_files) where torch is absent.
+source (installed) where torch is absent.
 """

@@ -173,7 +173,7 @@ def gemma3(
     scale_factor: float = 1.0,
     query_pre_attn_scalar: float = 256,
 ) -> TransformerDecoder:
-    """A Gemma 3 text decoder with every dimension given (config.json's, through torchtune_model.builder_node).
+    """A Gemma 3 text decoder with every dimension given (config.json's, through model_inspection.builder_node).
 
     Args are torchtune's `gemma2` builder's without soft-capping, plus: `layer_types` (config.json's, one
     "sliding_attention" or "full_attention" per layer), `local_rope_base` (`rope_local_base_freq`: the local

@@ -42,7 +42,7 @@ def mistral_nemo(
     norm_eps: float = 1e-5,
     rope_base: float = 1_000_000.0,
 ) -> TransformerDecoder:
-    """A Mistral-Nemo decoder with every dimension given (config.json's, through torchtune_model.builder_node).
+    """A Mistral-Nemo decoder with every dimension given (config.json's, through model_inspection.builder_node).
 
     Args are torchtune's `mistral` builder's, plus `head_dim` (config.json `head_dim`: the q/k/v width of each
     head, independent of embed_dim / num_heads)."""

@@ -105,7 +105,7 @@ def qwen3(
     rope_base: float = 1_000_000.0,
     tie_word_embeddings: bool = False,
 ) -> TransformerDecoder:
-    """A Qwen3 dense decoder with every dimension given (config.json's, through torchtune_model.builder_node).
+    """A Qwen3 dense decoder with every dimension given (config.json's, through model_inspection.builder_node).
 
     Args are torchtune's `qwen2` builder's, plus `head_dim` (config.json `head_dim`: q/k/v width of each head,
     independent of embed_dim / num_heads)."""

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff, call_with_retry
+from kfp_finetune.components._shared.kube.client import Backoff, call_with_retry
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobForbidden,

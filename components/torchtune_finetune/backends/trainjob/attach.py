@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff
+from kfp_finetune.components._shared.kube.client import Backoff
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import gone
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.deletion import Deletion

@@ -123,7 +123,7 @@ class TrainJobBackend:
         )
 
     def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
-        from kfp_finetune.components._shared.kube import current_namespace, load_api_client
+        from kfp_finetune.components._shared.kube.client import current_namespace, load_api_client
         from kfp_finetune.components.torchtune_finetune.backends.trainjob.launcher import launch_trainjob
         from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import place_node_pods
 

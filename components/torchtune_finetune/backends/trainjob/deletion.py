@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff, is_retryable, retry_after_seconds
+from kfp_finetune.components._shared.kube.client import Backoff, is_retryable, retry_after_seconds
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import api_message
 

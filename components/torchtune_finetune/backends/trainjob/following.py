@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff
-from kfp_finetune.components._shared.kube_watch import Watch, raw_json
+from kfp_finetune.components._shared.kube.client import Backoff
+from kfp_finetune.components._shared.kube.watch import Watch, raw_json
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import api_message
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.pod_logs import LABEL_COMPLETION_INDEX
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff
+from kfp_finetune.components._shared.kube.client import Backoff
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kfp_finetune.components._shared.kube import KUEUE_GROUP, KUEUE_VERSION
+from kfp_finetune.components._shared.kube.client import KUEUE_GROUP, KUEUE_VERSION
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import TrainJobTimeout, api_message
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.queue_position import QueuePosition
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.result import condition

@@ -4,7 +4,7 @@ Behaviour (DESIGN.md §3, modelled on GCPC's remote-job launcher):
 
 - Idempotent create (attach.py): a TrainJob of this run and task is attached to (a Failed one replaced), anyone
   else's is left alone with a clear error.
-- Wait with watches (`_shared/kube_watch.py`: list, then watch from its resourceVersion with bookmarks; reconnect
+- Wait with watches (`_shared/kube/watch.py`: list, then watch from its resourceVersion with bookmarks; reconnect
   on server timeouts and dropped connections, re-list on 410 Gone, back off exponentially on 429/5xx). State comes
   from the TrainJob's Complete/Failed/Suspended conditions; "running" from its `node` pods.
 - A TrainJob in a Kueue queue (kueue.py): its wait for admission is said every minute and bounded by its own
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.cancel import Interrupted, StopSignals, raise_interrupted, signal_name
-from kfp_finetune.components._shared.kube import Backoff, call_with_retry
-from kfp_finetune.components._shared.kube_watch import LISTED, Watch
+from kfp_finetune.components._shared.kube.client import Backoff, call_with_retry
+from kfp_finetune.components._shared.kube.watch import LISTED, Watch
 from kfp_finetune.components._shared.launch_settings import CLEANUP_POLICIES
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
@@ -104,7 +104,7 @@ class TrainJobLauncher:
 
     Args:
         manifest: The TrainJob (from `trainjob.build_trainjob`); its namespace defaults to `namespace`.
-        api_client: A `kubernetes.client.ApiClient` (see `_shared.kube.load_api_client`).
+        api_client: A `kubernetes.client.ApiClient` (see `_shared.kube.client.load_api_client`).
         namespace: Namespace to create in when the manifest has none.
         timeout: Seconds to wait for the end before deleting the TrainJob and failing (None: no limit).
         cleanup: "on-success" (delete successful TrainJobs and those we stop; keep ones that failed by themselves),

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kfp_finetune.components._shared.kube_watch import raw_json
+from kfp_finetune.components._shared.kube.watch import raw_json
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import api_message
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import POD_NAME_ENV

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kfp_finetune.components._shared.kube import (
+from kfp_finetune.components._shared.kube.client import (
     Backoff,
     local_queue_exists,
     missing_local_queue,

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.kube import call_with_retry
+from kfp_finetune.components._shared.kube.client import call_with_retry
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
 

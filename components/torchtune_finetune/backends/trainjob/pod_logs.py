@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff, is_retryable
-from kfp_finetune.components._shared.kube_watch import Streams, is_connection_error, raw_json
+from kfp_finetune.components._shared.kube.client import Backoff, is_retryable
+from kfp_finetune.components._shared.kube.watch import Streams, is_connection_error, raw_json
 from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.diagnostics import restarted_node_containers
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NODE

@@ -6,9 +6,8 @@ import inspect
 import pytest
 import yaml
 
-from kfp_finetune.components._shared import torchtune_files
 from kfp_finetune.components._shared.errors import SettingError
-from kfp_finetune.components._shared.torchtune import torch_names
+from kfp_finetune.components._shared.torchtune import installed, torch_names
 from kfp_finetune.components._shared.torchtune.component_paths import unknown_components
 from kfp_finetune.components._shared.torchtune.config import from_flat
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
@@ -35,7 +34,7 @@ def test_the_torch_table_is_the_installed_torchs_optimizers_and_schedulers():
 def test_every_component_of_every_torchtune_config_is_known():
     """No false alarm: each `_component_` of torchtune 0.6.1's own configs passes (bitsandbytes is not ours to
     check without importing it)."""
-    configs = sorted((torchtune_files.package_dir().parent / "recipes" / "configs").rglob("*.yaml"))
+    configs = sorted((installed.package_dir().parent / "recipes" / "configs").rglob("*.yaml"))
     assert len(configs) > 100
     refused = {str(u) for path in configs for u in unknown_components(yaml.safe_load(path.read_text()) or {})}
     assert refused == set()

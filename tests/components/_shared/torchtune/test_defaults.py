@@ -17,9 +17,9 @@ from kfp_finetune.components._shared.torchtune.defaults import (
     estimate_memory,
     gpu_memory_from_product,
 )
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, inspect_model_dir
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 from kfp_finetune.components._shared.torchtune.torch_checks import validate_config
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, inspect_model_dir
 from tests.components._shared.torchtune.test_resolve import fake_model_dir, resolve
 
 # Rows of 300-700 tokens, one in a hundred 3000: the p99 is 700 -> max_seq_len 768, not the outlier's length.
@@ -503,7 +503,7 @@ def test_the_component_passes_gpu_memory_to_the_resolver(monkeypatch, tmp_path):
 def test_recorded_lengths_give_the_length_dataset_initialize_packed_to():
     """The fine-tune step reads dataset-initialize's stats of every row: the max_seq_len default is the pack length."""
     from kfp_finetune.components._shared.contract import DatasetSplit
-    from kfp_finetune.components._shared.seq_len import choose_max_seq_len
+    from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len
     from kfp_finetune.components.torchtune_finetune.finetune import recorded_lengths
 
     lengths = recorded_lengths(DatasetSplit(token_stats={"count": 1000, "p50": 120, "p99": 700, "max": 3000}))

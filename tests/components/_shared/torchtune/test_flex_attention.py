@@ -12,7 +12,7 @@ pytest.importorskip("torchtune")
 import torch  # noqa: E402
 
 from kfp_finetune.components._shared.torchtune import builder_nodes, flex_attention  # noqa: E402
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir  # noqa: E402
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling for CPU takes most of a minute on two cores
 

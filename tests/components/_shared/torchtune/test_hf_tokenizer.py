@@ -13,7 +13,11 @@ from torchtune.data import Message
 from transformers import AutoTokenizer
 
 from kfp_finetune.components._shared.torchtune import hf_tokenizer
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, inspect_model_dir, instantiate
+from kfp_finetune.components._shared.torchtune.model_inspection import (
+    FAMILIES,
+    inspect_model_dir,
+    instantiate,
+)
 from kfp_finetune.tiny.tokenizer import LLAMA3_PATTERN
 
 FAMILY_NAMES = ["smollm2", "mistral_nemo"]

@@ -14,8 +14,8 @@ import pytest
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune import checkpointer, conversions, families_doc, parity
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node
 from kfp_finetune.components._shared.torchtune.parity_cases import CASES, FAMILY_CASES, flags, unproven
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")

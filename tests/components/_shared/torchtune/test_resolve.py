@@ -13,8 +13,8 @@ from kfp_finetune.components._shared.torchtune.config import (
     TorchtuneConfig,
     from_flat,
 )
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, inspect_model_dir
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, inspect_model_dir
 
 # Real HF config.json values of one released size per family, and the torchtune builder of that size.
 _LLAMA3 = {
@@ -293,7 +293,7 @@ def test_qwen_with_max_seq_len_still_trains_on_every_examples_end_token(tiny_qwe
     run = resolve(tiny_qwen, data_file, tmp_path, max_seq_len=64)
     resolved = OmegaConf.load(run.yaml_path)
     assert resolved.tokenizer._component_ == (
-        "kfp_finetune.components._shared.torchtune_tokenizers.qwen2_5_tokenizer"
+        "kfp_finetune.components._shared.torchtune.tokenizer_builders.qwen2_5_tokenizer"
     )
     tokenizer = config.instantiate(resolved.tokenizer)
     assert tokenizer.max_seq_len == 64

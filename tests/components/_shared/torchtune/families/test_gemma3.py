@@ -19,7 +19,7 @@ from torchtune.modules.attention_utils import create_block_causal_mask
 from kfp_finetune.components._shared.torchtune import flex_attention as our_flex_attention
 from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
 from kfp_finetune.components._shared.torchtune.families import gemma3
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, instantiate
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node, instantiate
 
 #: fp32 on CPU; measured: at most 3e-6 (SDPA against transformers' eager attention).
 TOLERANCE = 1e-5

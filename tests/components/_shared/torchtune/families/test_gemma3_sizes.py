@@ -12,8 +12,8 @@ from kfp_finetune.cli import main
 from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import estimate_memory
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 
 # The released config.json of each text-only size (transformers 4.50 form): what they share, then what differs.
 _SHARED = {
@@ -105,7 +105,7 @@ def test_resolve_config_resolves_real_gemma3_1b_and_27b(size, method, devices, d
         assert (model["lora_rank"], model["apply_lora_to_mlp"]) == (rank, True)
         assert "apply_lora_to_output" not in model
     assert config["checkpointer"]["model_type"] == "GEMMA3"
-    assert config["tokenizer"]["_component_"].endswith("torchtune_tokenizers.gemma3_tokenizer")
+    assert config["tokenizer"]["_component_"].endswith("tokenizer_builders.gemma3_tokenizer")
     memory = next(
         line for line in out.splitlines() if line.startswith("# default enable_activation_checkpointing")
     )

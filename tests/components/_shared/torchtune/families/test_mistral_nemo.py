@@ -15,7 +15,7 @@ from torchtune.modules.peft import DoRALinear, LoRALinear
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, instantiate
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node, instantiate
 
 TOLERANCE = 1e-5  # fp32; measured: 3e-7
 VOCAB = 320

@@ -17,7 +17,7 @@ from torchtune.modules.attention_utils import create_block_causal_mask
 from torchtune.modules.peft import get_adapter_state_dict, get_lora_module_names
 
 from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, instantiate
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node, instantiate
 
 #: fp32 on CPU; measured: 0.0 (the same operations in the same order as transformers').
 TOLERANCE = 1e-5

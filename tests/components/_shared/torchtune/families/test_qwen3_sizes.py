@@ -11,8 +11,8 @@ from kfp_finetune.cli import main
 from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.defaults import estimate_memory
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 
 # The released config.json of each dense size (Qwen/Qwen3-*): what differs between them.
 _SHARED = {
@@ -88,7 +88,7 @@ def test_resolve_config_resolves_real_qwen3_8b_and_32b(size, method, devices, da
             False,
         )
     assert config["checkpointer"]["model_type"] == "QWEN3"
-    assert config["tokenizer"]["_component_"].endswith("torchtune_tokenizers.qwen3_tokenizer")
+    assert config["tokenizer"]["_component_"].endswith("tokenizer_builders.qwen3_tokenizer")
     assert config["compile"] is True and config["dataset"]["packed"] is True
     memory = next(
         line for line in out.splitlines() if line.startswith("# default enable_activation_checkpointing")

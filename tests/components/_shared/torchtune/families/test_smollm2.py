@@ -1,5 +1,5 @@
 """SmolLM2 on torchtune 0.6.1's llama3_2 builders: Llama layers with tied embeddings and plain RoPE, which the
-builder computes with its RoPE scale factor at 1 (torchtune_layout carries config.json's: 1 without llama3
+builder computes with its RoPE scale factor at 1 (model_layout carries config.json's: 1 without llama3
 scaling). transformers' LlamaForCausalLM's logits and greedy generation; parity.py measures every direction for
 the real 135M / 360M / 1.7B layouts (test_parity.py). Tiny random models, fp32 on CPU."""
 
@@ -12,7 +12,7 @@ from torchtune.generation import generate
 from torchtune.modules import RotaryPositionalEmbeddings
 
 from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, instantiate
+from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, builder_node, instantiate
 
 TOLERANCE = 1e-5  # fp32; measured: 7e-7
 VOCAB = 320

@@ -11,8 +11,8 @@ import yaml
 from kfp_finetune.cli import main
 from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.torchtune.defaults import estimate_memory
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components._shared.torchtune.parity_cases import FAMILY_CASES
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
 
 # name -> released config.json's math fields (the parity cases'), and what every repo adds
 MODELS = {

@@ -6,7 +6,11 @@ import json
 import pytest
 
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.torchtune_model import FAMILIES, builder_node, inspect_model_dir
+from kfp_finetune.components._shared.torchtune.model_inspection import (
+    FAMILIES,
+    builder_node,
+    inspect_model_dir,
+)
 
 _DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2}  # fmt: skip
@@ -84,7 +88,7 @@ def model_folder(tmp_path, family, overrides=None, *, weights=True, tokenizer_fi
 def build_on_meta(node):
     import torch
 
-    from kfp_finetune.components._shared.torchtune_model import instantiate
+    from kfp_finetune.components._shared.torchtune.model_inspection import instantiate
 
     with torch.device("meta"):
         return instantiate(node)

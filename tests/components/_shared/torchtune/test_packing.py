@@ -14,7 +14,9 @@ import pytest
 pytest.importorskip("torchtune")
 
 from kfp_finetune.components._shared.bin_packing import plan_packs  # noqa: E402
-from kfp_finetune.components._shared.packing import (  # noqa: E402
+from kfp_finetune.components._shared.torchtune import sample_packing  # noqa: E402
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir, instantiate  # noqa: E402
+from kfp_finetune.components._shared.torchtune.packing import (  # noqa: E402
     ArrowPacks,
     length_stats,
     pack_fingerprint,
@@ -23,9 +25,7 @@ from kfp_finetune.components._shared.packing import (  # noqa: E402
     sft_node,
     tokenize,
 )
-from kfp_finetune.components._shared.seq_len import choose_max_seq_len  # noqa: E402
-from kfp_finetune.components._shared.torchtune import sample_packing  # noqa: E402
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir, instantiate  # noqa: E402
+from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len  # noqa: E402
 
 ROWS = 240
 
@@ -213,7 +213,7 @@ def test_fingerprint_changes_with_tokenizer_template_and_length(split, tiny_llam
 def test_a_new_pack_format_keys_new_folders_and_fingerprints(monkeypatch):
     """Packs written before a format change (e.g. what prompt_max counts, sample starts ignored) are not found and
     reused, nor trained on by a run that finds them in a split's metadata."""
-    from kfp_finetune.components._shared import packing
+    from kfp_finetune.components._shared.torchtune import packing
 
     node = sft_node(HINTS["instruct"], ["train.parquet"])
     tokenizer = {"_component_": "torchtune.models.llama3.llama3_tokenizer", "path": "tokenizer.model"}

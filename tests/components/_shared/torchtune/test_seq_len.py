@@ -1,6 +1,6 @@
 import pytest
 
-from kfp_finetune.components._shared.seq_len import (
+from kfp_finetune.components._shared.torchtune.seq_len import (
     choose_max_seq_len,
     cut_length,
     fits,
@@ -49,7 +49,7 @@ def test_no_lengths_is_an_error():
 
 
 def test_the_fix_never_asks_for_more_than_the_model_holds():
-    from kfp_finetune.components._shared.seq_len import unfit_message
+    from kfp_finetune.components._shared.torchtune.seq_len import unfit_message
 
     named = ["train.jsonl line 31"]
     fits_model = unfit_message(1, 61, 256, 1500, named, "", 2048)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kfp_finetune.components._shared import torchtune_files
+from kfp_finetune.components._shared.torchtune import installed
 
 QWEN2_FILES = ("vocab.json", "merges.txt")
 _QWEN2_REGEX = ("torchtune.models.qwen2._tokenizer", "PRETOKENIZE_REGEX")
@@ -81,7 +81,7 @@ def _qwen2_bpe_refused(tokenizer: dict) -> str | None:
     if (tokenizer.get("normalizer") or {}).get("type") != "NFC":
         return "its tokenizer.json does not normalize to NFC, as torchtune's Qwen2 tokenizer does"
     steps = (tokenizer.get("pre_tokenizer") or {}).get("pretokenizers") or []
-    regex = torchtune_files.constant(*_QWEN2_REGEX)
+    regex = installed.constant(*_QWEN2_REGEX)
     split, byte_level = (steps + [{}, {}])[:2] if len(steps) == 2 else ({}, {})
     if not (
         split.get("type") == "Split"

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kfp_finetune.components._shared.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kfp_finetune.components._shared.torchtune_model import Family
+    from kfp_finetune.components._shared.torchtune.model_inspection import Family
 
 SUPPORTED_FAMILIES = (
     "llama (Llama 2, Code Llama, Llama 3, 3.1, 3.2 text, 3.3, SmolLM2), mistral (Mistral 7B, Mistral-Nemo), gemma, "

@@ -6,7 +6,10 @@ import shutil
 import pytest
 
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.torchtune_model import derive_missing_tokenizer_files, inspect_model_dir
+from kfp_finetune.components._shared.torchtune.model_inspection import (
+    derive_missing_tokenizer_files,
+    inspect_model_dir,
+)
 
 TEXTS = [
     "Uppercase: c a t s",
@@ -30,7 +33,7 @@ def qwen_tokenizer_json_only(tiny_qwen, tmp_path):
 
 
 def _torchtune_ids(model_dir, texts):
-    from kfp_finetune.components._shared.torchtune_model import instantiate
+    from kfp_finetune.components._shared.torchtune.model_inspection import instantiate
 
     tokenizer = instantiate(inspect_model_dir(model_dir).tokenizer_node(None))
     return [tokenizer.encode(text, add_bos=False, add_eos=False) for text in texts]

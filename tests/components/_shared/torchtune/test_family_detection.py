@@ -6,8 +6,8 @@ import json
 import pytest
 
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.torchtune.model_inspection import detect_family
 from kfp_finetune.components._shared.torchtune.parity_cases import FAMILY_CASES
-from kfp_finetune.components._shared.torchtune_model import detect_family
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}  # fmt: skip

@@ -130,7 +130,7 @@ def _top_level_names(body: list[ast.stmt]) -> list[str]:
 def _module_file(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:
-        # Our own wrappers (e.g. _shared/torchtune_tokenizers.py): found through their (light) parent packages.
+        # Our own wrappers (e.g. _shared/torchtune/tokenizer_builders.py): found through their (light) parent packages.
         try:
             spec = importlib.util.find_spec(module)
         except (ImportError, ValueError):

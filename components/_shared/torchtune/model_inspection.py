@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kfp_finetune.components._shared import torchtune_files, torchtune_layout, torchtune_tokenizer_files
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.torchtune import installed, model_layout, tokenizer_files
 
 # The project's HF checkpointer (torchtune/checkpointer.py), named by path: importing it needs torch.
 CHECKPOINTER = "kfp_finetune.components._shared.torchtune.checkpointer.HFCheckpointer"
@@ -52,7 +52,7 @@ _TOKENIZER_JSON = {"path": "tokenizer.json"}
 _GEMMA_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu")
 _GEMMA2 = "kfp_finetune.components._shared.torchtune.gemma2"
 _LORA_QWEN2 = "kfp_finetune.components._shared.torchtune.qwen2.lora_qwen2"
-_TOKENIZERS = "kfp_finetune.components._shared.torchtune_tokenizers"
+_TOKENIZERS = "kfp_finetune.components._shared.torchtune.tokenizer_builders"
 _QWEN3 = "kfp_finetune.components._shared.torchtune.families.qwen3"
 _GEMMA3 = "kfp_finetune.components._shared.torchtune.families.gemma3"
 _HF_TOKENIZER = "kfp_finetune.components._shared.torchtune.hf_tokenizer"
@@ -112,7 +112,7 @@ FAMILIES: dict[str, Family] = {
 }  # fmt: skip
 
 # HF config.json dimensions -> torchtune builder argument. The fields that change the math beyond these
-# dimensions are carried or refused by torchtune_layout.
+# dimensions are carried or refused by model_layout.
 _HF_TO_BUILDER = {
     "vocab_size": "vocab_size",
     "num_hidden_layers": "num_layers",
@@ -162,11 +162,11 @@ class ModelDir:
         return builder_node(self.family, self.hf_config, lora, config_file=str(self.path / "config.json"))
 
     def lora_args(self) -> set[str]:
-        return set(torchtune_files.parameters(self.family.lora_builder))
+        return set(installed.parameters(self.family.lora_builder))
 
     def tokenizer_node(self, max_seq_len: int | None) -> dict:
         node: dict = {"_component_": self.family.tokenizer, **self.tokenizer_paths}
-        accepted = torchtune_files.parameters(self.family.tokenizer)
+        accepted = installed.parameters(self.family.tokenizer)
         if self.special_tokens_path and "special_tokens_path" in accepted:
             node["special_tokens_path"] = self.special_tokens_path
         node["max_seq_len"] = max_seq_len
@@ -188,16 +188,16 @@ def builder_node(
 ) -> dict:
     """The family's component builder (LoRA builder when `lora` is given) with every dimension from an HF
     config.json and every field that changes the math carried, or a ConfigError naming the one it cannot carry
-    (torchtune_layout). Only arguments the builder accepts are passed."""
+    (model_layout). Only arguments the builder accepts are passed."""
     component = family.lora_builder if lora is not None else family.builder
-    signature = torchtune_files.parameters(component)  # read from the source: no torch imported
+    signature = installed.parameters(component)  # read from the source: no torch imported
     accepted = set(signature)
     node: dict = {"_component_": component}
     for hf_key, arg in _HF_TO_BUILDER.items():
         if arg in accepted and hf_config.get(hf_key) is not None:
             node[arg] = hf_config[hf_key]
-    full_accepted = set(torchtune_files.parameters(family.builder))
-    torchtune_layout.carry_layout(node, family, hf_config, component, accepted, full_accepted, config_file)
+    full_accepted = set(installed.parameters(family.builder))
+    model_layout.carry_layout(node, family, hf_config, component, accepted, full_accepted, config_file)
     missing = [
         name
         for name, has_default in signature.items()
@@ -234,7 +234,7 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
     Every check but the weights' reads only config.json and the file listing, so a folder holding just those
     and the tokenizer files (pre-flight, before any download) is checked with `weights_required=False`; its
     `checkpoint_files` are then empty. `hf_config` is config.json with `max_position_embeddings` lowered to a
-    sliding window the family's builder cannot apply (torchtune_layout), so every length rule keeps within it,
+    sliding window the family's builder cannot apply (model_layout), so every length rule keeps within it,
     and `tie_word_embeddings` as transformers reads it where config.json omits it (Gemma's: tied), so every size
     rule counts the embedding once or twice as the model has it.
     """
@@ -253,12 +253,12 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
     if positions is not None and positions != hf_config.get("max_position_embeddings"):
         hf_config = {**hf_config, "max_position_embeddings": positions}
     if hf_config.get("tie_word_embeddings") is None:
-        hf_config = {**hf_config, "tie_word_embeddings": torchtune_layout.ties_embeddings(hf_config)}
+        hf_config = {**hf_config, "tie_word_embeddings": model_layout.ties_embeddings(hf_config)}
     checkpoint_files = find_weights(path) if weights_required else []
     model = ModelDir(path, family, hf_config, checkpoint_files=checkpoint_files)
     for arg, relative in family.tokenizer_files.items():
         if not (path / relative).is_file():
-            refused = torchtune_tokenizer_files.derivation_refused(path, _tokenizer_file_names(family))
+            refused = tokenizer_files.derivation_refused(path, _tokenizer_file_names(family))
             if refused is not None:
                 raise ConfigError(_missing_tokenizer_file(path, family, relative, refused))
         model.tokenizer_paths[arg] = str(path / relative)
@@ -269,9 +269,9 @@ def inspect_model_dir(path: str | Path, *, weights_required: bool = True) -> Mod
 
 def derive_missing_tokenizer_files(path: Path) -> list[str]:
     """At model-initialize: write the family's tokenizer files the repo does not ship where its tokenizer.json
-    holds them exactly (torchtune_tokenizer_files); the names written. Anything else is left to the checks."""
+    holds them exactly (tokenizer_files); the names written. Anything else is left to the checks."""
     names = family_tokenizer_files(path)
-    return [] if names is None else torchtune_tokenizer_files.derive_tokenizer_files(path, names)
+    return [] if names is None else tokenizer_files.derive_tokenizer_files(path, names)
 
 
 def family_tokenizer_files(path: Path) -> tuple[str, ...] | None:
@@ -307,8 +307,8 @@ def detect_family(path: Path, hf_config: dict) -> str:
     """The family serving config.json's model_type (and, within llama / mistral / phi3 / qwen2, the version)."""
     model_type = hf_config.get("model_type")
     if model_type == "llama":
-        scaling = torchtune_layout.rope_parameters(hf_config)[1]
-        if torchtune_layout.rope_type(hf_config) == "llama3":
+        scaling = model_layout.rope_parameters(hf_config)[1]
+        if model_layout.rope_type(hf_config) == "llama3":
             return "llama3_2" if float(scaling.get("factor", 8)) >= 16 else "llama3_1"
         if (path / "original" / "tokenizer.model").is_file() or hf_config.get("vocab_size", 0) >= 128000:
             return "llama3"
@@ -329,7 +329,7 @@ def detect_family(path: Path, hf_config: dict) -> str:
         return "qwen3"
     if model_type == "gemma3_text":
         return "gemma3"
-    raise torchtune_layout.refuse_model_type(model_type, str(path / "config.json"))
+    raise model_layout.refuse_model_type(model_type, str(path / "config.json"))
 
 
 def _smollm2(path: Path, hf_config: dict) -> bool:

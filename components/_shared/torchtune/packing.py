@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.seq_len import choose_max_seq_len, fits, percentile
 from kfp_finetune.components._shared.torchtune.sample_packing import IGNORE_INDEX, ignore_sample_starts
+from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len, fits, percentile
 
 log = get_logger(__name__)
 
@@ -147,7 +147,7 @@ _DATASET = None  # the unpacked torchtune dataset, set in the parent before fork
 
 
 def _instantiate(node: dict):
-    from kfp_finetune.components._shared.torchtune_model import instantiate
+    from kfp_finetune.components._shared.torchtune.model_inspection import instantiate
 
     return instantiate(node)
 

@@ -1,4 +1,4 @@
-"""components/_shared/kube_watch.py against the Kubernetes stand-in, with the real client."""
+"""components/_shared/kube/watch.py against the Kubernetes stand-in, with the real client."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 import pytest
 from kubernetes import client
 
-from kfp_finetune.components._shared.kube import Backoff
-from kfp_finetune.components._shared.kube_watch import LISTED, Watch, WatchEvent
+from kfp_finetune.components._shared.kube.client import Backoff
+from kfp_finetune.components._shared.kube.watch import LISTED, Watch, WatchEvent
 from tests.support.kube_standin import KubeStandin
 
 NS = "team-a"

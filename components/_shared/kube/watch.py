@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kfp_finetune.components._shared.kube import Backoff, call_with_retry, is_retryable
+from kfp_finetune.components._shared.kube.client import Backoff, call_with_retry, is_retryable
 
 LISTED = "LISTED"
 BOOKMARK = "BOOKMARK"

@@ -11,13 +11,13 @@ from torchtune.models.qwen2 import qwen2_tokenizer as torchtune_qwen2_tokenizer
 from torchtune.models.qwen2_5 import qwen2_5_tokenizer as torchtune_qwen2_5_tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from kfp_finetune.components._shared import torchtune_tokenizers
-from kfp_finetune.components._shared.torchtune_model import inspect_model_dir
+from kfp_finetune.components._shared.torchtune import tokenizer_builders
+from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 
 # family -> (our builder, torchtune's builder)
 BUILDERS = {
-    "qwen2": (torchtune_tokenizers.qwen2_tokenizer, torchtune_qwen2_tokenizer),
-    "qwen2_5": (torchtune_tokenizers.qwen2_5_tokenizer, torchtune_qwen2_5_tokenizer),
+    "qwen2": (tokenizer_builders.qwen2_tokenizer, torchtune_qwen2_tokenizer),
+    "qwen2_5": (tokenizer_builders.qwen2_5_tokenizer, torchtune_qwen2_5_tokenizer),
 }
 CHAT = [
     Message("system", "Answer in capitals.", masked=True),
@@ -70,7 +70,7 @@ def test_an_example_too_long_is_cut_as_torchtune_cuts_it(family, tokenizer_files
 
 def test_the_tokenizer_is_torchtunes_and_keeps_its_max_seq_len(tokenizer_files):
     """Datasets read `max_seq_len` to pack examples; tokenizing must leave it set."""
-    tokenizer = torchtune_tokenizers.qwen2_5_tokenizer(**tokenizer_files, max_seq_len=64)
+    tokenizer = tokenizer_builders.qwen2_5_tokenizer(**tokenizer_files, max_seq_len=64)
     tokenizer({"messages": CHAT})
     assert isinstance(tokenizer, Qwen2Tokenizer)
     assert tokenizer.max_seq_len == 64
@@ -151,7 +151,7 @@ def qwen3_messages(turns):
 def test_qwen3_tokenizes_a_conversation_as_transformers_renders_qwen3s_template(turns, qwen3_files, rendered):
     """The same tokens as transformers' rendering, but the last: an example ends with its end token (<|im_end|>),
     not the newline after it."""
-    tokenizer = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files)
+    tokenizer = tokenizer_builders.qwen3_tokenizer(**qwen3_files)
     tokens, mask = tokenizer.tokenize_messages(qwen3_messages(turns))
     expected = rendered(turns)
     assert tokens == expected[:-1] and tokenizer.decode(expected[-1:]) == "\n"
@@ -162,7 +162,7 @@ def test_qwen3_trains_the_final_answer_with_its_empty_thinking_block_and_masks_t
     qwen3_files, rendered
 ):
     turns = CONVERSATIONS["two turns"]
-    tokenizer = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files)
+    tokenizer = tokenizer_builders.qwen3_tokenizer(**qwen3_files)
     tokens, mask = tokenizer.tokenize_messages(qwen3_messages(turns))
     trained = [token for token, masked in zip(tokens, mask, strict=True) if not masked]
     # Every assistant turn is trained whole (header and end token, as torchtune trains one); only the final
@@ -181,16 +181,16 @@ def test_qwen3_trains_the_final_answer_with_its_empty_thinking_block_and_masks_t
 def test_qwen3_stops_generating_at_either_end_token_and_keeps_the_truncation_fix(qwen3_files):
     tokenizer_json = json.loads(Path(qwen3_files["special_tokens_path"]).read_text())
     added = {token["content"]: token["id"] for token in tokenizer_json["added_tokens"]}
-    tokenizer = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files)
+    tokenizer = tokenizer_builders.qwen3_tokenizer(**qwen3_files)
     assert set(tokenizer.stop_tokens) == {added["<|im_end|>"], added["<|endoftext|>"]}
     without_json = {k: v for k, v in qwen3_files.items() if k != "special_tokens_path"}
-    released = torchtune_tokenizers.qwen3_tokenizer(**without_json).special_tokens  # Qwen3's own ids
+    released = tokenizer_builders.qwen3_tokenizer(**without_json).special_tokens  # Qwen3's own ids
     assert (released["<|im_end|>"], released["<think>"], released["</think>"]) == (151645, 151667, 151668)
     turns = qwen3_messages(CONVERSATIONS["one turn, no system prompt"])
     tokens, mask = tokenizer.tokenize_messages(turns)
-    fits = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files, max_seq_len=len(tokens))
+    fits = tokenizer_builders.qwen3_tokenizer(**qwen3_files, max_seq_len=len(tokens))
     assert fits.tokenize_messages(turns) == (tokens, mask)
-    cut = torchtune_tokenizers.qwen3_tokenizer(**qwen3_files, max_seq_len=len(tokens) - 2)
+    cut = tokenizer_builders.qwen3_tokenizer(**qwen3_files, max_seq_len=len(tokens) - 2)
     assert cut.tokenize_messages(turns) == (
         tokens[: len(tokens) - 3] + [tokenizer.eos_id],
         mask[:-3] + [True],
@@ -252,7 +252,7 @@ def gemma3_rendered(gemma3_path):
 def test_gemma3_tokenizes_a_conversation_as_its_chat_template_renders_it(turns, gemma3_path, gemma3_rendered):
     """Piece by piece, the same tokens as the rendered conversation encoded whole, then <eos> closing the example
     (as torchtune's Gemma tokenizer closes one)."""
-    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    tokenizer = tokenizer_builders.gemma3_tokenizer(gemma3_path)
     tokens, mask = tokenizer.tokenize_messages(qwen3_messages(turns))
     assert tokens == gemma3_rendered(turns) + [tokenizer.eos_id]
     end_of_turn = len(tokens) - 1 - tokens[::-1].index(tokenizer.end_of_turn_id)
@@ -285,7 +285,7 @@ def test_gemma3_trains_every_assistant_turn_and_prompts_as_the_generation_prompt
     from kfp_finetune.components.evaluate.model_eval import answer_start
 
     turns = CONVERSATIONS["two turns"]
-    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    tokenizer = tokenizer_builders.gemma3_tokenizer(gemma3_path)
     messages = qwen3_messages(turns)
     tokens, mask = tokenizer.tokenize_messages(messages)
     trained = [token for token, masked in zip(tokens, mask, strict=True) if not masked]
@@ -301,7 +301,7 @@ def test_gemma3_trains_every_assistant_turn_and_prompts_as_the_generation_prompt
 
 def test_gemma3_keeps_a_system_prompt_masked_when_the_users_turn_is_trained(gemma3_path):
     """train_on_input unmasks the user's message; the system text opening that turn is its own message."""
-    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    tokenizer = tokenizer_builders.gemma3_tokenizer(gemma3_path)
     turns = [
         Message("system", "Answer in capitals.", masked=True),
         Message("user", "Uppercase: c a t s", masked=False),
@@ -313,13 +313,13 @@ def test_gemma3_keeps_a_system_prompt_masked_when_the_users_turn_is_trained(gemm
 
 
 def test_gemma3_stops_at_either_end_token_cuts_only_what_is_too_long_and_refuses_other_turns(gemma3_path):
-    tokenizer = torchtune_tokenizers.gemma3_tokenizer(gemma3_path)
+    tokenizer = tokenizer_builders.gemma3_tokenizer(gemma3_path)
     assert set(tokenizer.stop_tokens) == {tokenizer.end_of_turn_id, tokenizer.eos_id}
     turns = qwen3_messages(CONVERSATIONS["one turn, no system prompt"])
     tokens, mask = tokenizer.tokenize_messages(turns)
-    fits = torchtune_tokenizers.gemma3_tokenizer(gemma3_path, max_seq_len=len(tokens))
+    fits = tokenizer_builders.gemma3_tokenizer(gemma3_path, max_seq_len=len(tokens))
     assert fits.tokenize_messages(turns) == (tokens, mask)
-    cut = torchtune_tokenizers.gemma3_tokenizer(gemma3_path, max_seq_len=len(tokens) - 2)
+    cut = tokenizer_builders.gemma3_tokenizer(gemma3_path, max_seq_len=len(tokens) - 2)
     assert cut.tokenize_messages(turns) == (
         tokens[: len(tokens) - 3] + [tokenizer.eos_id],
         mask[:-3] + [True],
@@ -341,4 +341,4 @@ def test_gemma3_refuses_a_tokenizer_model_without_its_turn_tokens(tmp_path):
             sentence_iterator=iter(training_corpus()), model_writer=out, vocab_size=150, minloglevel=2
         )
     with pytest.raises(ValueError, match="has no <start_of_turn> token: is it Gemma 3's tokenizer.model"):
-        torchtune_tokenizers.gemma3_tokenizer(str(plain))
+        tokenizer_builders.gemma3_tokenizer(str(plain))
