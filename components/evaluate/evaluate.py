@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kfp_finetune.components._shared import contract
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import ArtifactInput
@@ -24,7 +22,7 @@ from kfp_finetune.components._shared.eval_settings import EvalSettings
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
-from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
+from kfp_finetune.components._shared.torchtune import builder_nodes, run_layout, sample_packing
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
@@ -122,13 +120,13 @@ def tuned_model(
         )
     lora_node = train_config.get("model") or {}
     run_dir = workspace / meta.run_dir
-    epochs = sorted(run_dir.glob("epoch_*/adapter_model.pt"), key=lambda p: int(p.parent.name.split("_")[1]))
-    if "lora_rank" not in lora_node or not meta.run_dir or not epochs:
+    adapter_state = run_layout.last_adapter_state(run_dir) if meta.run_dir else None
+    if "lora_rank" not in lora_node or adapter_state is None:
         raise ConfigError(
             f"model is a LoRA adapter without merged weights ({path}) and its fine-tune run folder "
             f"({run_dir}) lacks the resolved LoRA config or epoch_N/adapter_model.pt evaluate rebuilds it from"
         )
-    return TunedModel(base_dir, epochs[-1], lora_node)
+    return TunedModel(base_dir, adapter_state, lora_node)
 
 
 def lm_eval_folder(workspace: Path, model: ArtifactInput, tuned: TunedModel) -> ModelDir:
@@ -160,10 +158,7 @@ def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
 def training_config(workspace: Path, tuned: ArtifactInput) -> dict:
     """The fine-tune run's resolved torchtune YAML (empty when the model was not trained by this library)."""
     run_dir = contract.TunedModel.from_metadata(tuned.metadata, input_name="model").run_dir
-    path = workspace / run_dir / "torchtune_config.yaml" if run_dir else None
-    if path is None or not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text()) or {}
+    return run_layout.read_resolved_config(workspace / run_dir) if run_dir else {}
 
 
 def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:

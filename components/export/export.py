@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, entry_path, write_artifact
 from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
@@ -40,6 +38,7 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.export_settings import DTYPES, dtype_problem, format_problem
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.names import instance_name
+from kfp_finetune.components._shared.torchtune import run_layout
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components.export.model_card import CardInputs, render_card
 
@@ -276,13 +275,7 @@ def _title(uri: storage.StorageUri, meta: TunedModel) -> str:
 
 def _training_config(workspace: Path, meta: TunedModel) -> dict:
     """The resolved torchtune YAML of the run, when it is in the workspace (for the hyperparameters)."""
-    if not meta.run_dir:
-        return {}
-    path = workspace / meta.run_dir / "torchtune_config.yaml"
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
+    return run_layout.read_resolved_config(workspace / meta.run_dir) if meta.run_dir else {}
 
 
 def _stage(

@@ -33,6 +33,7 @@ from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metri
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
+from kfp_finetune.components._shared.torchtune.run_layout import RESOLVED_CONFIG
 from kfp_finetune.components._shared.torchtune.run_length import planned_steps
 from kfp_finetune.components._shared.workspace import area_dir
 from kfp_finetune.components.torchtune_finetune.attempts import INFRASTRUCTURE, RetryRefused, check_retry
@@ -524,7 +525,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
     Path(params["report"].path).write_text(result.report_html)
     config_dir = Path(params["train_config"].path)
     config_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in {"torchtune_config.yaml": result.resolved_yaml, **result.extra_files}.items():
+    for name, text in {RESOLVED_CONFIG: result.resolved_yaml, **result.extra_files}.items():
         (config_dir / name).write_text(text)
     params["train_config"].metadata.update(
         train_config_metadata(result.run, sorted(p.name for p in config_dir.iterdir()))

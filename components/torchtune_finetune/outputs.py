@@ -20,7 +20,8 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_files
-from kfp_finetune.components._shared.torchtune.merge import MERGED_DIR, merged_model_dir
+from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
+from kfp_finetune.components._shared.torchtune.run_layout import MERGED_DIR, TRAINING_STATE, last_epoch_dir
 from kfp_finetune.components._shared.workspace import atomic_dir
 
 log = get_logger(__name__)
@@ -32,8 +33,6 @@ TUNED_MODEL_DIR = "tuned-model"
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-# Kept in epoch_N/ for resuming, never handed to consumers.
-_TRAINING_STATE = {"adapter_model.pt", "recipe_state"}
 
 
 @dataclass
@@ -50,13 +49,6 @@ class FinalCheckpoint:
         return sum(f["size"] for f in self.files.values())
 
 
-def last_epoch_dir(run_dir: str | os.PathLike) -> Path:
-    epochs = [p for p in Path(run_dir).glob("epoch_*") if p.is_dir() and re.fullmatch(r"epoch_\d+", p.name)]
-    if not epochs:
-        raise FileNotFoundError(f"training wrote no checkpoint: no epoch_N folder in {run_dir}")
-    return max(epochs, key=lambda p: int(p.name.split("_")[1]))
-
-
 def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: str) -> FinalCheckpoint:
     """Build `merged/` and `adapter/` from the last epoch; `base_model` names the base (repo id or path)."""
     run_dir = Path(run_dir)
@@ -65,7 +57,7 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
     merged_files = [
         p
         for p in epoch.rglob("*")
-        if p.is_file() and p.relative_to(epoch).parts[0] not in _TRAINING_STATE | adapter_names
+        if p.is_file() and p.relative_to(epoch).parts[0] not in TRAINING_STATE | adapter_names
     ]
     has_merged = any(p.name.endswith(".safetensors") for p in merged_files)
     result = FinalCheckpoint(epoch, None, None)

@@ -21,24 +21,19 @@ torch and torchtune are imported inside the functions: the module imports where 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune import flex_attention
+from kfp_finetune.components._shared.torchtune import flex_attention, run_layout
+from kfp_finetune.components._shared.torchtune.run_layout import ADAPTER_STATE, MERGED_DIR, RESOLVED_CONFIG
 from kfp_finetune.components._shared.workspace import atomic_dir
 
 log = get_logger(__name__)
 
-MERGED_DIR = "merged"  # <run>/merged/: the merged HF model folder consumers load
-RUN_CONFIG = "torchtune_config.yaml"  # resolve.RESOLVED_CONFIG, the run's resolved YAML
-ADAPTER_STATE = "adapter_model.pt"  # epoch_N/: the adapter in torchtune's names
 # Checkpointer arguments that would make it resume from the run folder instead of reading the base model.
 _RESUME_ARGUMENTS = ("adapter_checkpoint", "recipe_checkpoint", "resume_from_checkpoint")
 _CHECKPOINTER_SCRATCH = ".checkpointer"
@@ -52,10 +47,11 @@ def merged_model_dir(run_dir: str | os.PathLike, base_dir: str | os.PathLike) ->
     if final.is_dir():  # atomic_dir renames only a complete folder into place
         log.info("merged model: reusing %s", final)
         return final
-    config_path = run_dir / RUN_CONFIG
-    if not config_path.is_file():
-        raise ConfigError(f"cannot merge the adapter: the fine-tune run folder {run_dir} has no {RUN_CONFIG}")
-    config = yaml.safe_load(config_path.read_text()) or {}
+    config = run_layout.read_resolved_config(run_dir)
+    if not config:
+        raise ConfigError(
+            f"cannot merge the adapter: the fine-tune run folder {run_dir} has no {RESOLVED_CONFIG}"
+        )
     with atomic_dir(final) as tmp:
         merge_adapter(base_dir, config, last_adapter(run_dir), tmp)
     return final
@@ -63,14 +59,12 @@ def merged_model_dir(run_dir: str | os.PathLike, base_dir: str | os.PathLike) ->
 
 def last_adapter(run_dir: str | os.PathLike) -> Path:
     """The adapter of the run's last epoch, `epoch_N/adapter_model.pt`."""
-    found = [
-        p for p in Path(run_dir).glob(f"epoch_*/{ADAPTER_STATE}") if re.fullmatch(r"epoch_\d+", p.parent.name)
-    ]
-    if not found:
+    found = run_layout.last_adapter_state(run_dir)
+    if found is None:
         raise ConfigError(
             f"cannot merge the adapter: no epoch_N/{ADAPTER_STATE} in the fine-tune run folder {run_dir}"
         )
-    return max(found, key=lambda p: int(p.parent.name.split("_")[1]))
+    return found
 
 
 def merge_adapter(

@@ -37,10 +37,10 @@ from kfp_finetune.components._shared.torchtune.model_inspection import (
     inspect_model_dir,
     size_in_parameters,
 )
+from kfp_finetune.components._shared.torchtune.run_layout import RESOLVED_CONFIG
 
 log = get_logger(__name__)
 
-RESOLVED_CONFIG = "torchtune_config.yaml"
 METRICS_DIR = "logs"
 METRICS_FILE = "metrics.txt"
 METRIC_LOGGER = "kfp_finetune.components.torchtune_finetune.metrics.TeeMetricLogger"
