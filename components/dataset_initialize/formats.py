@@ -5,20 +5,12 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+from kfp_finetune.components._shared.data_formats import FORMATS
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 
 log = get_logger(__name__)
 
-FORMATS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-    ".txt": "text",
-}
 FORMAT_PREFERENCE = ("parquet", "arrow", "json", "csv", "tsv", "text")  # typed formats first
 FORMAT_ALIASES = {"jsonl": "json", "txt": "text"}  # data_format values that name a format by its file suffix
 # The `datasets` packaged builder of a format whose name differs, and the column separator of delimited formats.

@@ -23,6 +23,7 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
 from kfp_finetune.components._shared.torchtune import builder_nodes, run_layout, sample_packing
+from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node, source_of
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir, inspect_model_dir
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
@@ -40,13 +41,13 @@ log = get_logger(__name__)
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.html"
 METRICS_FILE = "metrics.json"
-# The torchtune builder for each data style dataset-initialize writes (as the fine-tune's resolver picks them).
-_DATASET_BUILDERS = {
-    "input_output": "torchtune.datasets.instruct_dataset",
-    "alpaca": "torchtune.datasets.alpaca_dataset",
-    "openai": "torchtune.datasets.chat_dataset",
-    "sharegpt": "torchtune.datasets.chat_dataset",
-    "text": "torchtune.datasets.text_completion_dataset",
+# The rows' shape for each data style dataset-initialize writes, and a dataset type's default style.
+_STYLE_TYPES = {
+    "input_output": "instruct",
+    "alpaca": "instruct",
+    "openai": "chat",
+    "sharegpt": "chat",
+    "text": "text",
 }
 _DEFAULT_STYLE = {"instruct": "input_output", "chat": "openai", "text": "text"}
 
@@ -188,20 +189,22 @@ def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str])
     node = dict(sample_packing.unwrap(trained))
     if not node.get("_component_"):
         style = meta.data_style or _DEFAULT_STYLE.get(meta.dataset_type or "instruct", "")
-        if style not in _DATASET_BUILDERS:
+        if style not in _STYLE_TYPES:
             raise ConfigError(
                 f"eval_data has `dataset_type` {meta.dataset_type or None!r} / `data_style` {style!r}; expected "
-                f"instruct, chat or text (styles {', '.join(_DATASET_BUILDERS)})"
+                f"instruct, chat or text (styles {', '.join(_STYLE_TYPES)})"
             )
-        node = {"_component_": _DATASET_BUILDERS[style]}
-        if style in ("openai", "sharegpt"):
-            node["conversation_column"] = meta.conversation_column or "messages"
-            node["conversation_style"] = meta.conversation_style or style
-        elif style == "text":
-            node["column"] = meta.text_column or "text"
-    suffix = Path(files[0]).suffix
+        chat = _STYLE_TYPES[style] == "chat"
+        node = dataset_builder_node(
+            _STYLE_TYPES[style],
+            source="",
+            data_style=style,
+            text_column=meta.text_column or "",
+            conversation_column=meta.conversation_column or "",
+            conversation_style=(meta.conversation_style or style) if chat else "",
+        )
     node.update(
-        source={".jsonl": "json", ".json": "json"}.get(suffix, suffix.lstrip(".")),
+        source=source_of(files[0]),
         data_files=files,
         split="train",  # a `datasets` builder over plain files names its only split "train"
         packed=False,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node
 from kfp_finetune.components._shared.torchtune.sample_packing import IGNORE_INDEX, ignore_sample_starts
 from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len, fits, percentile
 
@@ -55,39 +56,18 @@ def sft_node(
 ) -> dict:
     """The torchtune dataset node for parquet shards written by dataset-initialize, with the masking and system
     prompt given (default: torchtune's, no input training and no new system prompt): the node the fine-tune
-    step resolves from the same settings (_shared/torchtune/resolve.py `_apply_data`). Text completion takes
-    neither; alpaca takes no new_system_prompt (refused, as the fine-tune step refuses it)."""
-    dataset_type, style = hints.get("dataset_type", "instruct"), hints.get("data_style", "")
-    if new_system_prompt is not None and dataset_type == "instruct" and style == "alpaca":
-        raise ValueError("tune_new_system_prompt is not supported for alpaca-style data by torchtune")
-    if dataset_type == "instruct":
-        component = (
-            "torchtune.datasets.alpaca_dataset"
-            if style == "alpaca"
-            else "torchtune.datasets.instruct_dataset"
-        )
-    else:
-        component = {
-            "chat": "torchtune.datasets.chat_dataset",
-            "text": "torchtune.datasets.text_completion_dataset",
-        }[dataset_type]
-    node: dict = {
-        "_component_": component,
-        "source": "parquet",
-        "data_files": list(data_files),
-        "split": "train",
-    }
-    if dataset_type == "text":
-        node["column"] = hints.get("text_column") or "text"
-    else:
-        node["train_on_input"] = bool(train_on_input)
-        if new_system_prompt is not None:
-            node["new_system_prompt"] = new_system_prompt
-    if dataset_type == "chat":
-        node["conversation_column"] = hints.get("conversation_column") or "messages"
-        node["conversation_style"] = hints.get("conversation_style") or "openai"
-    node["packed"] = False
-    return node
+    step resolves from the same settings (dataset_node.py)."""
+    return dataset_builder_node(
+        hints.get("dataset_type", "instruct"),
+        source="parquet",
+        data_files=data_files,
+        data_style=hints.get("data_style", ""),
+        text_column=hints.get("text_column") or "",
+        conversation_column=hints.get("conversation_column") or "",
+        conversation_style=hints.get("conversation_style") or "",
+        train_on_input=train_on_input,
+        new_system_prompt=new_system_prompt,
+    )
 
 
 def template_of(dataset_node: dict) -> dict:

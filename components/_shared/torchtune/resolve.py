@@ -26,6 +26,7 @@ from kfp_finetune.components._shared.torchtune import flex_attention, installed,
 from kfp_finetune.components._shared.torchtune.choices import user_set
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.dataset_node import SOURCES, dataset_builder_node, source_of
 from kfp_finetune.components._shared.torchtune.defaults import (
     Choice,
     TokenLengths,
@@ -57,12 +58,6 @@ _VARIANTS = {
     "lora": ("lora",),
     "qlora": ("qlora", "lora"),
     "dora": ("dora", "lora", "qdora"),
-}
-_DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
-_DATASET_COMPONENTS = {
-    "instruct": "torchtune.datasets.instruct_dataset",
-    "chat": "torchtune.datasets.chat_dataset",
-    "text": "torchtune.datasets.text_completion_dataset",
 }
 # What export publishes (components/export): merged weights, the PEFT adapter, or both.
 EXPORT_FORMATS = ("merged", "adapter", "both")
@@ -376,16 +371,14 @@ def data_source(data: str | os.PathLike) -> tuple[str, list[str]]:
     """(datasets builder, data files) for a data file or a directory of data files."""
     path = Path(data)
     if path.is_file():
-        if path.suffix not in _DATA_SUFFIXES:
-            raise ConfigError(f"data file {path} has an unsupported type; use {', '.join(_DATA_SUFFIXES)}")
-        return _DATA_SUFFIXES[path.suffix], [str(path.resolve())]
+        return source_of(path), [str(path.resolve())]
     if path.is_dir():
-        for suffix, builder in _DATA_SUFFIXES.items():
+        for suffix, builder in SOURCES.items():
             files = sorted(p for p in path.rglob(f"*{suffix}") if p.is_file() and p.name != "manifest.json")
             train = [p for p in files if p.name.startswith("train") or p.parent.name == "train"]
             if files:
                 return builder, [str(p.resolve()) for p in (train or files)]
-        raise ConfigError(f"data directory {path} holds no {', '.join(_DATA_SUFFIXES)} files")
+        raise ConfigError(f"data directory {path} holds no {', '.join(SOURCES)} files")
     raise ConfigError(f"data {str(data)!r} does not exist: pass a data file or a directory of data files")
 
 
@@ -399,26 +392,20 @@ def _apply_data(config: dict, cfg: TorchtuneConfig, data: str | os.PathLike | No
         raise ConfigError(
             "no training data: pass data (a file or folder) or dataset.source (e.g. an HF dataset)"
         )
-    alpaca = settings.dataset_type == "instruct" and settings.data_style == "alpaca"
-    component = "torchtune.datasets.alpaca_dataset" if alpaca else _DATASET_COMPONENTS[settings.dataset_type]
-    node: dict = {"_component_": component, "source": source}
-    if files:
-        node["data_files"] = list(files)
-    node["split"] = settings.split
-    if settings.dataset_type == "text":
-        node["column"] = settings.text_column or "text"
-    else:
-        node["train_on_input"] = bool(settings.train_on_input)
-        if settings.new_system_prompt is not None:
-            if alpaca:
-                raise SettingError("new_system_prompt", "is not supported for alpaca-style data by torchtune")
-            node["new_system_prompt"] = settings.new_system_prompt
-    if settings.dataset_type == "instruct" and settings.column_map:
-        node["column_map"] = dict(settings.column_map)
-    if settings.dataset_type == "chat":
-        node["conversation_column"] = settings.conversation_column or "messages"
-        node["conversation_style"] = settings.conversation_style or "openai"
-    node["packed"] = bool(cfg.packed)
+    node = dataset_builder_node(
+        settings.dataset_type,
+        source=source,
+        data_files=files or (),
+        data_style=settings.data_style or "",
+        split=settings.split,
+        text_column=settings.text_column or "",
+        conversation_column=settings.conversation_column or "",
+        conversation_style=settings.conversation_style or "",
+        column_map=settings.column_map,
+        train_on_input=bool(settings.train_on_input),
+        new_system_prompt=settings.new_system_prompt,
+        packed=bool(cfg.packed),
+    )
     if cfg.packed and not config["tokenizer"].get("max_seq_len"):
         raise SettingError(
             "packed", "needs a sequence length (the length packs are filled to): set tune_max_seq_len too"
