@@ -481,6 +481,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         volume, mount = workspace_volume(params["workspace_pvc"], params["workspace_path"])
         pod.volumes.append(volume)
         pod.volume_mounts.append(mount)
+    base_model = ArtifactInput.of(params["base_model"])
     backend = backend_for(
         params["backend"],
         devices=params["num_proc_per_node"] or max(pod.gpus, 1),
@@ -497,13 +498,13 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         task_id=params.get("task_id", ""),
         **queue_settings(params),
         **({"allow_slow_network": True} if params.get("allow_slow_network") else {}),
-        persistent_compile_root=persistent_compile_root(ArtifactInput.of(params["base_model"]).metadata),
+        persistent_compile_root=persistent_compile_root(base_model.metadata if base_model else {}),
     )
 
     result = run_finetune(
         workspace=params["workspace_path"],
         train_data=ArtifactInput.of(params["train_data"]),
-        base_model=ArtifactInput.of(params["base_model"]),
+        base_model=base_model,
         eval_data=ArtifactInput.of(params.get("eval_data")),
         settings=settings,
         run_id=run_id,

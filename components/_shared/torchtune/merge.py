@@ -82,7 +82,7 @@ def merge_adapter(
     model_node = flex_attention.unwrap(run_config.get("model") or {})
     if "lora_rank" not in model_node or "lora_alpha" not in model_node:
         raise ConfigError(
-            "cannot merge: the run's `model` node is not a LoRA model (no lora_rank / lora_alpha)"
+            "cannot merge: the run's `model` node is not a LoRA model (it has no LoRA rank or alpha)"
         )
     out_dir = Path(out_dir)
     scratch = out_dir / _CHECKPOINTER_SCRATCH

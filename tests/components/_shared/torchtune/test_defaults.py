@@ -233,8 +233,9 @@ def test_user_settings_win_over_every_default(tmp_path, data):
     assert (c["gradient_accumulation_steps"], c["enable_activation_checkpointing"]) == (5, True)
     assert (c["enable_activation_offloading"], c["lr_scheduler"]["num_warmup_steps"]) == (True, 50)
     assert c["model"]["lora_alpha"] == 7.0
-    # Only the scheduler the user left unset: torchtune's cosine becomes ours (no first step at lr 0).
-    assert [choice.setting for choice in typed.defaults] == ["lr_scheduler"]
+    # Only what the user left unset: torchtune's cosine becomes ours (no first step at lr 0), and the adapter run
+    # saves only its adapter (merged after training, off the GPUs).
+    assert [choice.setting for choice in typed.defaults] == ["lr_scheduler", "save_adapter_weights_only"]
     overridden = on_gpu(
         model_dir, tmp_path, method="lora",
         overrides={"dataset.packed": False, "tokenizer.max_seq_len": 512, "compile": False, "batch_size": 2,
@@ -246,7 +247,7 @@ def test_user_settings_win_over_every_default(tmp_path, data):
         False, 512, False, 2)  # fmt: skip
     assert (c["gradient_accumulation_steps"], c["enable_activation_checkpointing"]) == (4, True)
     assert c["lr_scheduler"]["num_warmup_steps"] == 7
-    assert [choice.setting for choice in overridden.defaults] == ["lr_scheduler"]
+    assert [choice.setting for choice in overridden.defaults] == ["lr_scheduler", "save_adapter_weights_only"]
 
 
 def test_warmup_is_capped_at_five_percent_of_the_planned_steps(tmp_path, data):
