@@ -214,6 +214,7 @@ class TunedModel(_Metadata):
     recipe: str = ""
     config: str = ""  # torchtune's config name, or "user file"
     method: str = ""  # lora | qlora | dora | full
+    engine: str = ""  # the engine that trained it (_shared/engines.py); "" from before engines were recorded
     backend: str = ""  # local | trainjob
     device: str = ""  # what training ran on (cpu | cuda): evaluate's device auto follows it
     dtype: str = ""  # training's precision (bf16 | fp32 | ...): evaluate on a GPU uses it

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared import contract
+from kfp_finetune.components._shared import contract, engines
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
@@ -22,10 +22,13 @@ from kfp_finetune.components._shared.eval_settings import EvalSettings
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
-from kfp_finetune.components._shared.torchtune import builder_nodes, run_layout, sample_packing
+from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
 from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node, source_of
-from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
-from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir, inspect_model_dir
+from kfp_finetune.components._shared.torchtune.model_inspection import (
+    ModelDir,
+    inspect_model_dir,
+    tokenizer_fingerprint,
+)
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, paired, scoring
 from kfp_finetune.components.evaluate.placement import (
@@ -121,7 +124,7 @@ def tuned_model(
         )
     lora_node = train_config.get("model") or {}
     run_dir = workspace / meta.run_dir
-    adapter_state = run_layout.last_adapter_state(run_dir) if meta.run_dir else None
+    adapter_state = engines.face(meta.engine).last_adapter_state(run_dir) if meta.run_dir else None
     if "lora_rank" not in lora_node or adapter_state is None:
         raise ConfigError(
             f"model is a LoRA adapter without merged weights ({path}) and its fine-tune run folder "
@@ -135,14 +138,15 @@ def lm_eval_folder(workspace: Path, model: ArtifactInput, tuned: TunedModel) -> 
     fine-tune is merged into its base first, on CPU, once per run (`<run>/merged/`, which export reuses)."""
     if tuned.adapter_file is None:
         return tuned.folder
-    run_dir = workspace / contract.TunedModel.from_metadata(model.metadata, input_name="model").run_dir
+    meta = contract.TunedModel.from_metadata(model.metadata, input_name="model")
     log.info("lm-eval tasks: merging the fine-tune's adapter into the base model (torchtune's eleuther_eval "
              "loads no adapter)")  # fmt: skip
-    return inspect_model_dir(merged_model_dir(run_dir, tuned.folder.path))
+    return inspect_model_dir(
+        engines.face(meta.engine).merged_model_dir(workspace / meta.run_dir, tuned.folder.path)
+    )
 
 
 def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
-    from kfp_finetune.components.evaluate.model_eval import tokenizer_fingerprint
 
     tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
     base_fingerprint = tokenizer_fingerprint(base)
@@ -157,9 +161,9 @@ def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
 
 
 def training_config(workspace: Path, tuned: ArtifactInput) -> dict:
-    """The fine-tune run's resolved torchtune YAML (empty when the model was not trained by this library)."""
-    run_dir = contract.TunedModel.from_metadata(tuned.metadata, input_name="model").run_dir
-    return run_layout.read_resolved_config(workspace / run_dir) if run_dir else {}
+    """The fine-tune run's resolved config (empty when the model was not trained by this library)."""
+    meta = contract.TunedModel.from_metadata(tuned.metadata, input_name="model")
+    return engines.face(meta.engine).read_resolved_config(workspace / meta.run_dir) if meta.run_dir else {}
 
 
 def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:
@@ -274,7 +278,6 @@ def run_evaluate(
     output_name: str,
 ) -> EvalResult:
     """Validate, score both models, gate, and write `<workspace>/eval/<output_name>/` (samples, report)."""
-    from kfp_finetune.components.evaluate import model_eval
     from kfp_finetune.components.evaluate.report import render_report
 
     started = time.monotonic()
@@ -284,6 +287,10 @@ def run_evaluate(
 
         require_lm_eval()
     workspace = Path(workspace)
+    # The engine that trained the model loads and tokenizes it as training did.
+    model_eval = engines.face(
+        contract.TunedModel.from_metadata(model.metadata, input_name="model").engine
+    ).evaluation()
     train_config = training_config(workspace, model)
     base_dir = base_folder(workspace, base_model, model)
     tuned = tuned_model(workspace, model, base_dir, train_config)

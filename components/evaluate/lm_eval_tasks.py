@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir
+from kfp_finetune.components._shared.torchtune.tune_cli import recipe_module
 
 log = get_logger(__name__)
 
@@ -95,20 +95,6 @@ def task_examples(output: dict) -> dict[str, int]:
     }
 
 
-def _recipe_module() -> Any:
-    """torchtune's recipes/eleuther_eval.py, loaded from its file as `tune run` does (the `recipes` folder
-    refuses to be imported as a package)."""
-    import importlib.util
-
-    import torchtune
-
-    path = Path(torchtune.__file__).parent.parent / "recipes" / "eleuther_eval.py"
-    spec = importlib.util.spec_from_file_location("kfp_finetune_eleuther_eval", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def require_lm_eval() -> None:
     """Fail before any model is loaded when lm_eval_tasks cannot run in this image."""
     try:
@@ -138,7 +124,7 @@ def run_lm_eval(
     from lm_eval.tasks import TaskManager
     from omegaconf import OmegaConf
 
-    EleutherEvalRecipe = _recipe_module().EleutherEvalRecipe
+    EleutherEvalRecipe = recipe_module("eleuther_eval").EleutherEvalRecipe
     with tempfile.TemporaryDirectory(prefix="kfp-finetune-lm-eval-") as scratch:
         cfg = OmegaConf.create(recipe_config(model_dir, settings, device, max_seq_len, scratch))
         recipe = EleutherEvalRecipe(cfg=cfg)

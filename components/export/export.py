@@ -31,15 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared import engines, storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, entry_path, write_artifact
 from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.export_settings import DTYPES, dtype_problem, format_problem
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.names import instance_name
-from kfp_finetune.components._shared.torchtune import run_layout
-from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components.export.model_card import CardInputs, render_card
 
 log = get_logger(__name__)
@@ -254,7 +252,7 @@ def _merge_adapter(workspace: Path, meta: TunedModel) -> str:
     log.info("the run saved only its adapter: merging it into the base model %s on CPU", base_dir)
     run_dir = workspace / meta.run_dir
     try:
-        merged = merged_model_dir(run_dir, base_dir)
+        merged = engines.face(meta.engine).merged_model_dir(run_dir, base_dir)
     except ConfigError as err:
         raise ExportError(f"export_format=merged: {err}") from err
     return merged.relative_to(workspace).as_posix()
@@ -274,8 +272,8 @@ def _title(uri: storage.StorageUri, meta: TunedModel) -> str:
 
 
 def _training_config(workspace: Path, meta: TunedModel) -> dict:
-    """The resolved torchtune YAML of the run, when it is in the workspace (for the hyperparameters)."""
-    return run_layout.read_resolved_config(workspace / meta.run_dir) if meta.run_dir else {}
+    """The run's resolved config, when it is in the workspace (for the hyperparameters)."""
+    return engines.face(meta.engine).read_resolved_config(workspace / meta.run_dir) if meta.run_dir else {}
 
 
 def _stage(

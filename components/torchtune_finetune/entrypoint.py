@@ -134,17 +134,8 @@ def check(argv: list[str]) -> int | None:
     return None
 
 
-def run_tune(argv: list[str]) -> int:
-    """`tune run ...` as torchtune's `tune` command runs it, in this process. torchtune reads sys.argv itself (it
-    tells torchrun flags from the recipe's arguments by its length), so it is set as the `tune` script would see it."""
-    from torchtune._cli.tune import main as tune_main
-
-    sys.argv = list(argv)
-    tune_main()
-    return 0
-
-
 def main(argv: list[str]) -> int:
+    from kfp_finetune.components._shared.torchtune.tune_cli import run_tune
     from kfp_finetune.components.torchtune_finetune.lease import guard_with_lease
 
     if argv[:1] == [PROBE]:

@@ -30,6 +30,7 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.launch_settings import DEFAULT_QUEUE_TIMEOUT_SECONDS, queue_problems
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file, read_resume_points
+from kfp_finetune.components._shared.torchtune import face as torchtune_face
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
@@ -262,6 +263,7 @@ def run_finetune(
         recipe=resolved.recipe,
         config=resolved.config_name or "user file",
         method=config.method,
+        engine=torchtune_face.NAME,
         backend=backend.name,
         device=str(resolved.config.get("device") or ""),
         dtype=str(resolved.config.get("dtype") or ""),

@@ -11,9 +11,8 @@ state-dict hook dequantizes them), the base weights and the adapter loaded as th
 `get_merged_lora_ckpt` on the CPU state dict (where the recipes merge too), and the run's own checkpointer writing
 the HF files (same shards, index, copied config and tokenizer files).
 
-Memory: one copy of the model in the training dtype, as the recipes' rank-0 save holds: the base weights are
-assigned to a model built on the meta device, not copied into a second one (QLoRA's quantized model is built for
-real: its NF4 weights take about a quarter of their bf16 size beside the loaded base).
+Memory: one copy of the model in the training dtype, as the recipes' rank-0 save holds (lora_model.py builds it on
+the meta device; QLoRA's NF4 weights take about a quarter of their bf16 size beside the loaded base).
 
 torch and torchtune are imported inside the functions: the module imports where they are not installed.
 """
@@ -24,11 +23,11 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune import flex_attention, run_layout
+from kfp_finetune.components._shared.torchtune.lora_model import load_lora_model
 from kfp_finetune.components._shared.torchtune.run_layout import ADAPTER_STATE, MERGED_DIR, RESOLVED_CONFIG
 from kfp_finetune.components._shared.workspace import atomic_dir
 
@@ -91,7 +90,9 @@ def merge_adapter(
     log.info(
         "merging %s into the base model %s (%s)", adapter_file, base_dir, str(dtype).removeprefix("torch.")
     )
-    model = _lora_model(model_node, checkpointer, Path(adapter_file), dtype)
+    model = load_lora_model(
+        model_node, checkpointer, Path(adapter_file), dtype=dtype, device=torch.device("cpu")
+    )
     log.info("model built with the base weights and the adapter (%.0f s)", time.monotonic() - started)
     state_dict = model.state_dict()
     del model  # its weights live on in state_dict, merged in place
@@ -113,53 +114,6 @@ def _checkpointer_node(run_config: dict, base_dir: str | os.PathLike, output_dir
     if "should_load_recipe_state" in node:
         node["should_load_recipe_state"] = False
     return node
-
-
-def _lora_model(model_node: dict, checkpointer: Any, adapter_file: Path, dtype: Any) -> Any:
-    """The LoRA model as the recipe's `_setup_model` builds and loads it, validated with torchtune's check."""
-    import torch
-    from omegaconf import OmegaConf
-    from torchao.dtypes.nf4tensor import NF4Tensor
-    from torchtune import config, training
-    from torchtune.modules.peft import validate_missing_and_unexpected_for_lora
-
-    node = OmegaConf.create(model_node)
-    with training.set_default_dtype(dtype), torch.device("meta"):
-        model = config.instantiate(node)
-    quantized = any(isinstance(p, NF4Tensor) for p in model.parameters())
-    if quantized:  # NF4 weights quantize what is copied into them: build them for real, as the recipe does
-        with training.set_default_dtype(dtype), torch.device("cpu"):
-            model = config.instantiate(node)
-    # A model on the meta device takes the loaded tensors themselves (assign): they are first converted to the
-    # dtypes that copying them into the model's own weights would.
-    dtypes = None if quantized else {name: tensor.dtype for name, tensor in model.state_dict().items()}
-    base = _as_dtypes(checkpointer.load_checkpoint()[training.MODEL_KEY], dtypes)
-    base_missing, base_unexpected = model.load_state_dict(base, strict=False, assign=not quantized)
-    del base
-    # DoRA's magnitudes are in the adapter: the recipe's initialize_dora_magnitude would be overwritten here.
-    adapter = torch.load(adapter_file, map_location="cpu", weights_only=True)
-    adapter = _as_dtypes(adapter, dtypes)
-    lora_missing, lora_unexpected = model.load_state_dict(adapter, strict=False, assign=not quantized)
-    validate_missing_and_unexpected_for_lora(
-        lora_attn_modules=list(model_node["lora_attn_modules"]),
-        apply_lora_to_mlp=bool(model_node.get("apply_lora_to_mlp")),
-        apply_lora_to_output=bool(model_node.get("apply_lora_to_output")),
-        base_missing=base_missing,
-        base_unexpected=base_unexpected,
-        lora_missing=lora_missing,
-        lora_unexpected=lora_unexpected,
-    )
-    return model
-
-
-def _as_dtypes(state_dict: dict, dtypes: dict | None) -> dict:
-    """Each tensor in the dtype of the model weight it loads into, contiguous, as a copy into it would be (None:
-    as they are, for a model whose weights are real and copied into)."""
-    if dtypes is None:
-        return state_dict
-    for name, tensor in state_dict.items():
-        state_dict[name] = tensor.to(dtypes.get(name, tensor.dtype)).contiguous()
-    return state_dict
 
 
 def _merge(state_dict: dict, *, rank: int, alpha: float) -> dict:

@@ -405,3 +405,16 @@ def size_in_parameters(size_tag: str) -> float | None:
         return 3.8e9
     match = re.fullmatch(r"(\d+(?:\.\d+)?)B", size_tag)
     return float(match.group(1)) * 1e9 if match else None
+
+
+def tokenizer_fingerprint(model_dir: ModelDir) -> dict[str, str]:
+    """sha256 of the files that define the tokenizer: equal fingerprints tokenize identically."""
+    from kfp_finetune.components._shared.storage import hash_file
+
+    files = {arg: Path(p) for arg, p in model_dir.tokenizer_paths.items()}
+    if model_dir.special_tokens_path:
+        files["special_tokens_path"] = Path(model_dir.special_tokens_path)
+    return {
+        "family_tokenizer": model_dir.family.tokenizer,
+        **{arg: hash_file(p).sha256 for arg, p in sorted(files.items())},
+    }

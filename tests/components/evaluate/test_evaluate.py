@@ -205,8 +205,8 @@ def test_alpaca_eval_examples_are_built_as_training_builds_them(tmp_path, tiny_l
     examples: template in the prompt, loss on the response only, the output as the generation reference."""
     from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
 
+    from kfp_finetune.components._shared.torchtune import evaluation as model_eval
     from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
-    from kfp_finetune.components.evaluate import model_eval
 
     files = [str(tmp_path / "eval.parquet")]
     pq.write_table(pa.Table.from_pylist(ALPACA_ROWS), files[0])

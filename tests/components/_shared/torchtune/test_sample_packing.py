@@ -142,7 +142,7 @@ def instantiate(node: dict, *args):
 
 @pytest.mark.slow
 def test_packed_loss_is_the_sum_of_the_samples_losses(data, tmp_path):
-    from kfp_finetune.components.evaluate.model_eval import load_model
+    from kfp_finetune.components._shared.torchtune.evaluation import load_model
 
     kind, model_dir, path, node, max_seq_len = data
     model = load_model(inspect_model_dir(model_dir), torch.device("cpu"), torch.float64)

@@ -282,7 +282,7 @@ def test_the_tiny_kits_chat_template_renders_as_the_documented_one(tiny_gemma3, 
 def test_gemma3_trains_every_assistant_turn_and_prompts_as_the_generation_prompt(
     gemma3_path, gemma3_rendered
 ):
-    from kfp_finetune.components.evaluate.model_eval import answer_start
+    from kfp_finetune.components._shared.torchtune.evaluation import answer_start
 
     turns = CONVERSATIONS["two turns"]
     tokenizer = tokenizer_builders.gemma3_tokenizer(gemma3_path)

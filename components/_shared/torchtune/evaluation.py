@@ -1,4 +1,4 @@
-"""The torch side of evaluation: load a model and its tokenizer the way training does, turn the eval rows into
+"""The torchtune engine's side of evaluation: load a model and its tokenizer the way training does, turn the eval rows into
 examples with torchtune's own dataset builders, then score teacher-forced loss and greedy generations.
 
 Masking matches training because the examples come from the same builder node (instruct_dataset /
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.lora_model import load_lora_model
 from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir
 
 log = get_logger(__name__)
@@ -81,33 +82,15 @@ def load_model(model_dir: ModelDir, device: Any, dtype: Any) -> Any:
 def load_adapter_model(
     base_dir: ModelDir, lora_node: dict, adapter_file: Path, device: Any, dtype: Any
 ) -> Any:
-    """A LoRA/DoRA model as the LoRA recipe builds it: the training run's `model` node, base weights, then the
-    adapter weights in torchtune's names (`epoch_N/adapter_model.pt`), checked with torchtune's validator."""
-    import torch
+    """A LoRA/DoRA/QLoRA model as the LoRA recipe builds it (lora_model.py): the training run's `model` node, the
+    base weights of `base_dir`, then the adapter weights in torchtune's names (`epoch_N/adapter_model.pt`)."""
     from omegaconf import OmegaConf
-    from torchtune import config, training
-    from torchtune.modules.peft import validate_missing_and_unexpected_for_lora
+    from torchtune import config
 
-    with training.set_default_dtype(dtype), device:
-        model = config.instantiate(OmegaConf.create(lora_node))
+    # The checkpointer insists on an output dir outside the checkpoint; loading writes nothing there.
     with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-") as scratch:
         checkpointer = config.instantiate(OmegaConf.create(base_dir.checkpointer_node(scratch)))
-        base_state_dict = checkpointer.load_checkpoint()[training.MODEL_KEY]
-    base_missing, base_unexpected = model.load_state_dict(base_state_dict, strict=False)
-    for module in model.modules():  # DoRA magnitudes start from the base weights, as in the recipe
-        if hasattr(module, "initialize_dora_magnitude"):
-            module.initialize_dora_magnitude()
-    adapter = torch.load(adapter_file, map_location="cpu", weights_only=True)
-    lora_missing, lora_unexpected = model.load_state_dict(adapter, strict=False)
-    validate_missing_and_unexpected_for_lora(
-        lora_attn_modules=list(lora_node["lora_attn_modules"]),
-        apply_lora_to_mlp=bool(lora_node.get("apply_lora_to_mlp")),
-        apply_lora_to_output=bool(lora_node.get("apply_lora_to_output")),
-        base_missing=base_missing,
-        base_unexpected=base_unexpected,
-        lora_missing=lora_missing,
-        lora_unexpected=lora_unexpected,
-    )
+        model = load_lora_model(lora_node, checkpointer, adapter_file, dtype=dtype, device=device)
     model.eval()
     return model
 
@@ -335,16 +318,3 @@ def score_model(
     return ModelScores(
         loss_sum, loss_tokens, per_example, per_example_tokens, generations, time.monotonic() - started
     )
-
-
-def tokenizer_fingerprint(model_dir: ModelDir) -> dict[str, str]:
-    """sha256 of the files that define the tokenizer: equal fingerprints tokenize identically."""
-    from kfp_finetune.components._shared.storage import hash_file
-
-    files = {arg: Path(p) for arg, p in model_dir.tokenizer_paths.items()}
-    if model_dir.special_tokens_path:
-        files["special_tokens_path"] = Path(model_dir.special_tokens_path)
-    return {
-        "family_tokenizer": model_dir.family.tokenizer,
-        **{arg: hash_file(p).sha256 for arg, p in sorted(files.items())},
-    }

@@ -1,0 +1,29 @@
+"""The torchtune engine's face: what the steps above the wings (evaluate, export) may ask of a run it trained.
+`_shared/engines.py` finds it by the engine name the fine-tune recorded; every engine's face has these names.
+
+- `read_resolved_config(run_dir)`: the settings the run trained with ({} for a folder this library did not train);
+- `last_adapter_state(run_dir)`: the run's last adapter in the engine's own names, None when there is none;
+- `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the run's adapter merged in, built once;
+- `evaluation()`: the module that loads the tuned model and scores eval rows as training tokenized them.
+
+No torch here: `evaluation()` imports it when called.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
+from kfp_finetune.components._shared.torchtune.run_layout import last_adapter_state, read_resolved_config
+
+NAME = "torchtune"
+#: The installed packages only this wing imports (tests/components/test_engine_wings.py).
+PACKAGES = ("torchtune", "torchao")
+
+__all__ = ["NAME", "PACKAGES", "evaluation", "last_adapter_state", "merged_model_dir", "read_resolved_config"]
+
+
+def evaluation() -> ModuleType:
+    from kfp_finetune.components._shared.torchtune import evaluation as module
+
+    return module
