@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Fine-tune the built-in tiny model locally (offline, CPU) and show the results.",
     ),
     "tiny-model": ("kfp_finetune.tiny.model", "Build a tiny offline HF-layout model torchtune can train."),
+    "tiny-hf-model": (
+        "kfp_finetune.tiny.hf_models",
+        "Build a tiny offline transformers model folder (Qwen3-MoE, Gemma 3 VLM, BERT classifier).",
+    ),
     "trainjob": ("kfp_finetune.commands.trainjob", "Print the TrainJob manifest a fine-tune would create."),
     "tiny-dataset": ("kfp_finetune.tiny.dataset", "Write the synthetic instruct dataset (train + held-out)."),
     "compile": (

@@ -5,8 +5,12 @@
   the real thing, built offline and byte-for-byte deterministic.
 - `kfp_finetune.tiny.dataset.build_tiny_dataset(out_dir, seed, train_rows, eval_rows)`: the synthetic
   instruct task (upper-case a four-letter code) as JSON Lines and Parquet, columns `input` / `output`.
+- `kfp_finetune.tiny.hf_models.build_tiny_hf_model(out_dir, kind, seed)`: a folder made by transformers' own
+  classes for the transformers / TRL engine (a Qwen3-MoE causal LM, a Gemma 3 vision-language model with its
+  processor, a BERT 5-star classifier), loadable with the Auto classes offline, byte-for-byte deterministic.
 
-Both are also CLI commands: `kfp-finetune tiny-model OUT` and `kfp-finetune tiny-dataset OUT`.
+All three are also CLI commands: `kfp-finetune tiny-model OUT`, `kfp-finetune tiny-dataset OUT` and
+`kfp-finetune tiny-hf-model OUT --kind KIND`.
 This module imports neither torch nor torchtune.
 """
 
