@@ -9,13 +9,34 @@ through the wing's face module, which has the names in FACE. A step reads the en
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from kfp_finetune.components._shared.errors import ConfigError
 
+AUTO = "auto"
 DEFAULT_ENGINE = "torchtune"
+#: The engines in the order `auto` tries them: the first that serves a model trains it.
 WINGS = {"torchtune": "kfp_finetune.components._shared.torchtune.face"}
-FACE = ("NAME", "PACKAGES", "read_resolved_config", "last_adapter_state", "merged_model_dir", "evaluation")
+FACE = (
+    "NAME",
+    "PACKAGES",
+    "serves",
+    "read_resolved_config",
+    "last_adapter_state",
+    "merged_model_dir",
+    "evaluation",
+)
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    engine: str
+    reason: str  # for people: why this engine trains the model
+
+    def line(self) -> str:
+        return f"engine: {self.engine} ({self.reason})"
 
 
 def face(engine: str) -> ModuleType:
@@ -27,3 +48,20 @@ def face(engine: str) -> ModuleType:
             f"{', '.join(WINGS)}): evaluate and export it with the kfp-finetune version that trained it"
         )
     return importlib.import_module(WINGS[name])
+
+
+def choose(model_dir: str | Path, hf_config: dict, requested: str = AUTO) -> EngineChoice:
+    """The engine that trains the model in `model_dir` (its config.json is `hf_config`): `requested` when it
+    serves the model, else (auto) the first engine in WINGS that does. Refused with every engine's reason when
+    none does, before anything is downloaded beyond config.json and the tokenizer files."""
+    if requested not in (AUTO, *WINGS):
+        raise ConfigError(f"engine={requested!r} is not an engine: set one of {', '.join((AUTO, *WINGS))}")
+    names = list(WINGS) if requested == AUTO else [requested]
+    refusals = []
+    for name in names:
+        served, reason = face(name).serves(Path(model_dir), hf_config)
+        if served:
+            how = "chosen by the engine setting" if requested != AUTO else "the first engine that serves it"
+            return EngineChoice(name, f"{reason}; {how}")
+        refusals.append(f"{name}: {reason}")
+    raise ConfigError("no engine can fine-tune this model. " + "; ".join(refusals))

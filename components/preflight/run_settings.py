@@ -193,7 +193,7 @@ def check_model_and_run(
     """Fetch config.json and the tokenizer files (no weights), check the model family and layout, and resolve
     the complete torchtune run as the fine-tune step will (recipe, base config, every key and `_component_`);
     `config` None (settings already refused): the model alone."""
-    from kfp_finetune.components._shared import storage
+    from kfp_finetune.components._shared import engines, storage
     from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
@@ -201,6 +201,9 @@ def check_model_and_run(
         try:
             fetched = fetch_config_and_tokenizer(model_uri, folder, endpoint_url=endpoint_url)
             log.info("model_uri: fetched %s (no weights)", ", ".join(fetched))
+            hf_config = _hf_config(Path(folder) / "config.json")
+            if hf_config:  # else the inspection below names what is wrong with config.json
+                log.info("%s", engines.choose(folder, hf_config).line())
             model = inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Problem("model_uri", str(error).replace(folder, model_uri))]
@@ -285,3 +288,12 @@ def check_layout_proven(model: ModelDir, model_uri: str) -> list[Problem]:
 
 def _unset_number(value: float) -> float | None:
     return None if value == unset.UNSET_NUMBER else value
+
+
+def _hf_config(path: Path) -> dict:
+    """config.json as a dict; a file that is not a JSON object is the model inspection's to refuse, by name."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}

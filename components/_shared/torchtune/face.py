@@ -1,6 +1,7 @@
 """The torchtune engine's face: what the steps above the wings (evaluate, export) may ask of a run it trained.
 `_shared/engines.py` finds it by the engine name the fine-tune recorded; every engine's face has these names.
 
+- `serves(model_dir, hf_config)`: (True, why) when the engine can fine-tune the model, else (False, why not);
 - `read_resolved_config(run_dir)`: the settings the run trained with ({} for a folder this library did not train);
 - `last_adapter_state(run_dir)`: the run's last adapter in the engine's own names, None when there is none;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the run's adapter merged in, built once;
@@ -11,8 +12,10 @@ No torch here: `evaluation()` imports it when called.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune.run_layout import last_adapter_state, read_resolved_config
 
@@ -20,7 +23,27 @@ NAME = "torchtune"
 #: The installed packages only this wing imports (tests/components/test_engine_wings.py).
 PACKAGES = ("torchtune", "torchao")
 
-__all__ = ["NAME", "PACKAGES", "evaluation", "last_adapter_state", "merged_model_dir", "read_resolved_config"]
+__all__ = [
+    "NAME",
+    "PACKAGES",
+    "evaluation",
+    "last_adapter_state",
+    "merged_model_dir",
+    "read_resolved_config",
+    "serves",
+]
+
+
+def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
+    """Whether torchtune 0.6.1 (with this project's builders) has the model's family, from config.json and the
+    tokenizer files alone."""
+    from kfp_finetune.components._shared.torchtune.model_inspection import detect_family
+
+    try:
+        family = detect_family(Path(model_dir), hf_config)
+    except ConfigError as err:
+        return False, str(err)
+    return True, f"torchtune serves the {family} family"
 
 
 def evaluation() -> ModuleType:

@@ -1,0 +1,43 @@
+"""The engine choice (_shared/engines.py): the first engine whose wing serves the model, or the one named; every
+engine's reason when none does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kfp_finetune.components._shared import engines
+from kfp_finetune.components._shared.errors import ConfigError
+
+
+def _config(model_dir) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def test_auto_chooses_torchtune_for_a_family_it_serves_and_says_why(tiny_llama):
+    choice = engines.choose(tiny_llama, _config(tiny_llama))
+    assert choice.engine == "torchtune"
+    assert (
+        choice.line()
+        == "engine: torchtune (torchtune serves the llama3_2 family; the first engine that serves it)"
+    )
+
+
+def test_a_named_engine_is_taken_when_it_serves_the_model(tiny_llama):
+    choice = engines.choose(tiny_llama, _config(tiny_llama), requested="torchtune")
+    assert choice.reason.endswith("chosen by the engine setting")
+
+
+def test_a_model_no_engine_serves_is_refused_with_each_engines_reason(tiny_llama):
+    config = {**_config(tiny_llama), "model_type": "qwen3_moe"}
+    with pytest.raises(ConfigError) as refused:
+        engines.choose(tiny_llama, config)
+    message = str(refused.value)
+    assert message.startswith("no engine can fine-tune this model. torchtune: ")
+    assert "model_type 'qwen3_moe'" in message
+
+
+def test_an_unknown_engine_setting_names_the_choices(tiny_llama):
+    with pytest.raises(ConfigError, match=r"engine='trl' is not an engine: set one of auto, torchtune"):
+        engines.choose(tiny_llama, _config(tiny_llama), requested="trl")
