@@ -80,18 +80,21 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-# Container images (images/README.md). Tags: $(IMAGE_REGISTRY)/kfp-finetune-{component,trainer}:<package version>,
-# the names the components and runtimes use by default. Set IMAGE_REGISTRY to your registry, then push the two
-# tags and compile with KFP_FINETUNE_COMPONENT_IMAGE / KFP_FINETUNE_TRAINER_IMAGE set to them.
+# Container images (images/README.md). Tags: $(IMAGE_REGISTRY)/kfp-finetune-{component,trainer,trainer-transformers}:
+# <package version>, the names the components and runtimes use by default. Set IMAGE_REGISTRY to your registry,
+# then push the tags and compile with KFP_FINETUNE_{COMPONENT,TRAINER,TRANSFORMERS_TRAINER}_IMAGE set to them.
 IMAGE_REGISTRY ?= ghcr.io/kfp-finetune
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 CONTAINER_ENGINE ?= $(if $(shell command -v docker),docker,podman)
+# The transformers engine's trainer: its extra (transformers 5, TRL, PEFT) in place of lm-eval's transformers 4.
+TRANSFORMERS_TRAINER_EXTRAS ?= train,gpu,parity,transformers-engine
 IMAGE_BUILD_ARGS ?=
 
 .PHONY: images
 images:
 	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_ARGS) -f images/component/Dockerfile -t $(IMAGE_REGISTRY)/kfp-finetune-component:$(IMAGE_TAG) .
 	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_ARGS) -f images/trainer/Dockerfile -t $(IMAGE_REGISTRY)/kfp-finetune-trainer:$(IMAGE_TAG) .
+	$(CONTAINER_ENGINE) build --build-arg EXTRAS=$(TRANSFORMERS_TRAINER_EXTRAS) $(IMAGE_BUILD_ARGS) -f images/trainer/Dockerfile -t $(IMAGE_REGISTRY)/kfp-finetune-trainer-transformers:$(IMAGE_TAG) .
 
 # Benchmarks (benchmarks/README.md): measurements, not tests, so not part of `make test`. Options go in BENCH_ARGS,
 # e.g. `make bench BENCH_ARGS="--quick"` or `BENCH_ARGS="--only launcher,peer --repeats 5 --max-load 1.0"`.

@@ -1,7 +1,8 @@
 """Container images the components and TrainJobs use — the one place they are set, and the one check of an image
 reference's form.
 
-Fixed at compile time: set KFP_FINETUNE_COMPONENT_IMAGE / KFP_FINETUNE_TRAINER_IMAGE before compiling to use
+Fixed at compile time: set KFP_FINETUNE_COMPONENT_IMAGE / KFP_FINETUNE_TRAINER_IMAGE /
+KFP_FINETUNE_TRANSFORMERS_TRAINER_IMAGE before compiling to use
 your own registry (a malformed reference fails the import, so compiling, at once). Standard library only:
 component.py files import this at module level.
 """
@@ -45,4 +46,10 @@ COMPONENT_IMAGE = _from_environment(
 )
 TRAINER_IMAGE = _from_environment(
     "KFP_FINETUNE_TRAINER_IMAGE", f"ghcr.io/kfp-finetune/kfp-finetune-trainer:{__version__}"
+)
+# The transformers engine's trainer: the same Dockerfile with the engine's extra (transformers 5, TRL, PEFT) instead
+# of lm-eval's transformers 4 (images/README.md); the image of runtimes/transformers*.yaml.
+TRANSFORMERS_TRAINER_IMAGE = _from_environment(
+    "KFP_FINETUNE_TRANSFORMERS_TRAINER_IMAGE",
+    f"ghcr.io/kfp-finetune/kfp-finetune-trainer-transformers:{__version__}",
 )

@@ -372,9 +372,10 @@ def default_images(monkeypatch) -> list[str]:
     """images.py's defaults, without any override from the environment."""
     monkeypatch.delenv("KFP_FINETUNE_COMPONENT_IMAGE", raising=False)
     monkeypatch.delenv("KFP_FINETUNE_TRAINER_IMAGE", raising=False)
+    monkeypatch.delenv("KFP_FINETUNE_TRANSFORMERS_TRAINER_IMAGE", raising=False)
     try:
         module = importlib.reload(images)
-        return [module.COMPONENT_IMAGE, module.TRAINER_IMAGE]
+        return [module.COMPONENT_IMAGE, module.TRAINER_IMAGE, module.TRANSFORMERS_TRAINER_IMAGE]
     finally:
         monkeypatch.undo()
         importlib.reload(images)
@@ -382,27 +383,40 @@ def default_images(monkeypatch) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_images_tags_the_images_the_components_use_by_default(monkeypatch):
-    component_image, trainer_image = default_images(monkeypatch)
+    component_image, trainer_image, transformers_image = default_images(monkeypatch)
+    engine_extras = "--build-arg EXTRAS=train,gpu,parity,transformers-engine"
     assert make_images_dry_run("CONTAINER_ENGINE=podman") == [
         f"podman build -f images/component/Dockerfile -t {component_image} .",
         f"podman build -f images/trainer/Dockerfile -t {trainer_image} .",
+        f"podman build {engine_extras} -f images/trainer/Dockerfile -t {transformers_image} .",
     ]
-    assert make_images_dry_run("CONTAINER_ENGINE=docker", "IMAGE_REGISTRY=registry.example.com/ml") == [
-        f"docker build -f images/component/Dockerfile -t registry.example.com/ml/kfp-finetune-component:{__version__} .",
-        f"docker build -f images/trainer/Dockerfile -t registry.example.com/ml/kfp-finetune-trainer:{__version__} .",
+    registry = "registry.example.com/ml"
+    assert make_images_dry_run("CONTAINER_ENGINE=docker", f"IMAGE_REGISTRY={registry}") == [
+        f"docker build -f images/component/Dockerfile -t {registry}/kfp-finetune-component:{__version__} .",
+        f"docker build -f images/trainer/Dockerfile -t {registry}/kfp-finetune-trainer:{__version__} .",
+        f"docker build {engine_extras} -f images/trainer/Dockerfile -t "
+        f"{registry}/kfp-finetune-trainer-transformers:{__version__} .",
     ]
+
+
+def test_the_transformers_engine_image_has_its_extra_and_not_lm_evals_transformers_4():
+    """The engine needs transformers 5 (TRL 1.x); lm-eval's extra pins transformers<5: one image cannot hold both."""
+    extras = trainer_extras("trainer-transformers").split(",")
+    optional = PYPROJECT["optional-dependencies"]
+    assert set(extras) <= set(optional) and "transformers-engine" in extras and "lm-eval" not in extras
+    assert any(r.startswith("trl") for r in optional["transformers-engine"])
 
 
 # --- The registry overlay ------------------------------------------------------------------------------------
 
 
-def test_registry_overlay_retags_the_runtimes_trainer_image(monkeypatch):
+def test_registry_overlay_retags_the_runtimes_trainer_images(monkeypatch):
     overlay = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
     assert overlay["resources"] == ["../../runtimes"]
-    (image,) = overlay["images"]
-    trainer_image = default_images(monkeypatch)[1]
-    assert f"{image['name']}:{__version__}" == trainer_image
-    assert image["newTag"] == __version__, "bump the example tag with the package version"
+    trainer_images = default_images(monkeypatch)[1:]
+    assert [f"{image['name']}:{__version__}" for image in overlay["images"]] == trainer_images
+    for image in overlay["images"]:
+        assert image["newTag"] == __version__, "bump the example tag with the package version"
 
 
 @pytest.mark.skipif(
@@ -416,17 +430,21 @@ def test_registry_overlay_renders_with_the_new_image_everywhere_and_nothing_else
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
     base, overlaid = render(REPO / "runtimes"), render(OVERLAY)
-    image = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())["images"][0]
-    expected = f"{image['newName']}:{image['newTag']}"
+    images_ = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())["images"]
+    retagged = {f"{i['name']}:{__version__}": f"{i['newName']}:{i['newTag']}" for i in images_}
     runtimes = [doc for doc in overlaid if doc["kind"] == "ClusterTrainingRuntime"]
     assert runtimes
     for runtime in runtimes:
         for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
             for container in job["template"]["spec"]["template"]["spec"]["containers"]:
-                assert container["image"] == expected
-    assert yaml.safe_dump_all(overlaid).replace(expected, "IMAGE") == yaml.safe_dump_all(base).replace(
-        f"{image['name']}:{__version__}", "IMAGE"
-    )
+                assert container["image"] in retagged.values()
+    base_text, overlaid_text = yaml.safe_dump_all(base), yaml.safe_dump_all(overlaid)
+    for number, (old, new) in enumerate(retagged.items()):
+        base_text, overlaid_text = (
+            base_text.replace(old, f"IMAGE{number}"),
+            overlaid_text.replace(new, f"IMAGE{number}"),
+        )
+    assert overlaid_text == base_text
 
 
 # --- Requirement sets, installed and resolved for real -----------------------------------------------------
@@ -594,10 +612,19 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
     assert config["model"]["_component_"] == flex_attention.COMPONENT
 
 
+def trainer_extras(image: str) -> str:
+    """The extras a trainer image installs: the Dockerfile's default, or the Makefile's for the engine image."""
+    if image == "trainer":
+        return dict(i.arguments.split("=", 1) for i in final_stage("trainer").all("ARG"))["EXTRAS"]
+    makefile = (REPO / "Makefile").read_text()
+    return re.search(r"^TRANSFORMERS_TRAINER_EXTRAS \?= (\S+)", makefile, re.MULTILINE).group(1)
+
+
 @pytest.mark.slow
-def test_trainer_image_requirements_resolve_with_a_torch_in_range(tmp_path):
-    """The trainer's extras resolve together (a dry run: nothing is installed, no CUDA wheel is fetched)."""
-    extras = dict(i.arguments.split("=", 1) for i in final_stage("trainer").all("ARG"))["EXTRAS"]
+@pytest.mark.parametrize("image", ["trainer", "trainer-transformers"])
+def test_trainer_image_requirements_resolve_with_a_torch_in_range(image, tmp_path):
+    """A trainer's extras resolve together (a dry run: nothing is installed, no CUDA wheel is fetched)."""
+    extras = trainer_extras(image)
     context = build_context(tmp_path / "context")
     # The trainer keeps its base image's torch; here the CPU build `make setup` installs stands in for it.
     makefile = (REPO / "Makefile").read_text()

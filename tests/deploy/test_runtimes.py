@@ -175,7 +175,8 @@ VARIANTS = {
     "coscheduling+rdma": ["coscheduling", "rdma"],
     "volcano+rdma": ["volcano", "rdma"],
 }
-RUNTIME_NAMES = ["torchtune", "torchtune-cpu"]
+RUNTIME_NAMES = ["torchtune", "torchtune-cpu", "transformers", "transformers-cpu"]
+GPU_RUNTIMES = ["torchtune", "transformers"]
 
 
 def variant_documents(variant: str) -> list[dict]:
@@ -272,7 +273,7 @@ def test_crd_check_catches_unknown_and_mistyped_fields():
     assert any(e.endswith("image: expected string, got int") for e in errors)
 
 
-@pytest.mark.parametrize("name", ["torchtune", "torchtune-cpu"])
+@pytest.mark.parametrize("name", RUNTIME_NAMES)
 def test_runtime_has_only_the_trainer_node_job_with_shm_and_no_owned_pvc(name):
     runtime = runtimes_by_name()[name]
     template = runtime["spec"]["template"]["spec"]
@@ -292,7 +293,7 @@ def test_runtime_has_only_the_trainer_node_job_with_shm_and_no_owned_pvc(name):
     assert all("persistentVolumeClaim" not in v for v in pod["volumes"])
     assert runtime["spec"]["mlPolicy"]["torch"] == {}
     limits = container.get("resources", {}).get("limits", {})
-    assert ("nvidia.com/gpu" in limits) == (name == "torchtune")
+    assert ("nvidia.com/gpu" in limits) == (name in GPU_RUNTIMES)
 
 
 def _runtime_jobs() -> list[tuple[str, dict]]:
@@ -355,28 +356,31 @@ def test_gang_variant_adds_only_the_pod_group_policy_and_scheduler(variant, name
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if "rdma" in VARIANTS[v]])
-def test_rdma_variant_sets_devices_and_nccl_on_the_gpu_runtimes_node_container_only(variant):
+def test_rdma_variant_sets_devices_and_nccl_on_the_gpu_runtimes_node_containers_only(variant):
     runtimes = variant_runtimes(variant)
     without_rdma = variant_runtimes(variant.removesuffix("+rdma") if "+" in variant else "default")
-    runtime = runtimes["torchtune"]
-    assert runtime["metadata"]["labels"]["kfp-finetune.io/network"] == "rdma"
-    (container,) = _pod(runtime)["containers"]
-    assert container["name"] == NODE
-    assert container["resources"]["limits"][RDMA_RESOURCE] == 1
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
-    env = {e["name"]: e["value"] for e in container["env"]}
-    nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
-    assert set(nccl) == NCCL_VARIABLES
-    # Safe where the fabric differs or is absent: NCCL's automatic GID choice, HCAs by prefix, and interfaces
-    # as an exclusion list (an exact name that does not exist stops NCCL's bootstrap).
-    assert (nccl["NCCL_IB_DISABLE"], nccl["NCCL_IB_GID_INDEX"], nccl["NCCL_DEBUG"]) == ("0", "-1", "WARN")
-    assert nccl["NCCL_SOCKET_IFNAME"].startswith("^") and "=" not in nccl["NCCL_IB_HCA"]
-    # Nothing else changed, and the CPU runtime (single-device recipes) not at all.
-    del runtime["metadata"]["labels"]["kfp-finetune.io/network"], container["securityContext"]
-    del container["resources"]["limits"][RDMA_RESOURCE]
-    container["env"] = [e for e in container["env"] if e["name"] not in nccl]
-    assert runtime == without_rdma["torchtune"]
-    assert runtimes["torchtune-cpu"] == without_rdma["torchtune-cpu"]
+    for name in GPU_RUNTIMES:
+        runtime = runtimes[name]
+        assert runtime["metadata"]["labels"]["kfp-finetune.io/network"] == "rdma"
+        (container,) = _pod(runtime)["containers"]
+        assert container["name"] == NODE
+        assert container["resources"]["limits"][RDMA_RESOURCE] == 1
+        assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        env = {e["name"]: e["value"] for e in container["env"]}
+        nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+        assert set(nccl) == NCCL_VARIABLES
+        # Safe where the fabric differs or is absent: NCCL's automatic GID choice, HCAs by prefix, and interfaces
+        # as an exclusion list (an exact name that does not exist stops NCCL's bootstrap).
+        assert (nccl["NCCL_IB_DISABLE"], nccl["NCCL_IB_GID_INDEX"], nccl["NCCL_DEBUG"]) == ("0", "-1", "WARN")
+        assert nccl["NCCL_SOCKET_IFNAME"].startswith("^") and "=" not in nccl["NCCL_IB_HCA"]
+        # Nothing else changed.
+        del runtime["metadata"]["labels"]["kfp-finetune.io/network"], container["securityContext"]
+        del container["resources"]["limits"][RDMA_RESOURCE]
+        container["env"] = [e for e in container["env"] if e["name"] not in nccl]
+        assert runtime == without_rdma[name]
+    # The CPU runtimes (small single-node jobs) not at all.
+    for name in set(RUNTIME_NAMES) - set(GPU_RUNTIMES):
+        assert runtimes[name] == without_rdma[name]
 
 
 @pytest.mark.parametrize("component", [v for v, names in VARIANTS.items() if names == [v]])
@@ -447,17 +451,18 @@ def test_kubectl_kustomize_stops_at_a_failed_test_operation(tmp_path):
     )
 
 
-def test_runtimes_use_the_default_trainer_image(monkeypatch):
+def test_runtimes_use_their_engines_default_trainer_image(monkeypatch):
     from kfp_finetune.components._shared import images
 
     monkeypatch.delenv("KFP_FINETUNE_TRAINER_IMAGE", raising=False)
-    default_image = importlib.reload(images).TRAINER_IMAGE
+    monkeypatch.delenv("KFP_FINETUNE_TRANSFORMERS_TRAINER_IMAGE", raising=False)
+    module = importlib.reload(images)
     try:
-        for runtime in runtimes_by_name().values():
-            pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
-                "spec"
-            ]
-            assert pod["containers"][0]["image"] == default_image
+        for name, runtime in runtimes_by_name().items():
+            expected = (
+                module.TRANSFORMERS_TRAINER_IMAGE if name.startswith("transformers") else module.TRAINER_IMAGE
+            )
+            assert _pod(runtime)["containers"][0]["image"] == expected, name
     finally:
         monkeypatch.undo()
         importlib.reload(images)
