@@ -133,7 +133,7 @@ class DatasetSplit(_Metadata):
     source_split: str = ""  # the source's split it came from ("" when cut from train)
     num_rows: int | None = None
     columns: list[str] = field(default_factory=list)
-    dataset_type: str = ""  # instruct | chat | text
+    dataset_type: str = ""  # instruct | chat | text | multimodal
     data_style: str = ""  # input_output | alpaca | openai | sharegpt | text
     conversation_style: str | None = None  # chat data only
     conversation_column: str | None = None  # chat data only
@@ -154,6 +154,13 @@ class DatasetSplit(_Metadata):
     pack_template: dict | None = (
         None  # the torchtune dataset node (without data location) rows were tokenized by
     )
+    # Multimodal data only: the images are embedded in the shards (`datasets` Image structs {bytes, path}).
+    image_column: str | None = None  # the column of each row's list of images
+    image_tag: str | None = (
+        None  # the placeholder in the text standing for the row's images in order ("": none)
+    )
+    num_images: int | None = None  # images in the split
+    image_bytes: int | None = None  # their encoded bytes, together
 
     @classmethod
     def producer(cls, input_name: str) -> str:

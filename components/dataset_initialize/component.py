@@ -35,6 +35,8 @@ def dataset_initialize(
     new_system_prompt: str = "",
     batch_size: int = -1,
     gradient_accumulation_steps: int = -1,
+    image_dir: str = "",
+    image_tag: str = "<image>",
 ):
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
@@ -61,10 +63,12 @@ def dataset_initialize(
         name: Readable part of the folder name under `datasets/`; default: the repo, file or folder name of the
             source.
         dataset_type: `instruct` (columns `input` + `output`, or alpaca `instruction` + optional `input` +
-            `output`; optional `system`), `chat` (OpenAI `messages` or ShareGPT `conversations`) or `text`
-            (`text`, or the lines of .txt files).
+            `output`; optional `system`), `chat` (OpenAI `messages` or ShareGPT `conversations`), `text`
+            (`text`, or the lines of .txt files) or `multimodal` (instruct or chat rows plus an `images` or
+            `image` column: per row a path under image_dir, image bytes, a `datasets` Image struct, or a list
+            of them; the images are checked and embedded into the shards; not packed).
         column_map: Canonical column name to source column name, e.g. `{"input": "question", "output":
-            "answer", "system": "persona"}`.
+            "answer", "system": "persona"}` (multimodal: `{"images": "picture"}`).
         train_split: Split expression for the training rows, e.g. `train`, `train[:3000]`, `train[:90%]`.
             For files, splits come from file names as in `datasets`: `train*`; `validation*` / `dev*`;
             `test*` / `eval*` (the `test` split); a single file or unnamed files are `train`.
@@ -105,6 +109,10 @@ def dataset_initialize(
         batch_size: The fine-tune's examples per device per step, when set (-1: unset): with
             gradient_accumulation_steps, a train split too small for one optimizer step is refused here.
         gradient_accumulation_steps: The fine-tune's steps per optimizer update, when set (-1: unset).
+        image_dir: Multimodal: the folder inside the source that image paths are relative to; empty: the source's
+            own folder. Absolute paths and `..` are refused.
+        image_tag: Multimodal: the placeholder in the text standing for the row's images in order (one per
+            image); empty: none, the images come before the first user turn.
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
@@ -112,7 +120,8 @@ def dataset_initialize(
             `data_style` (input_output, alpaca, openai, sharegpt, text), for chat `conversation_style` and `conversation_column`, for text `text_column`,
             `column_map`, `source_uri`, `revision`, `commit_sha`, `files` (path, size, sha256); with base_model
             also `token_stats` (count, p50, p90, p99, max, prompt_max), `max_seq_len`, `packs` (path, size,
-            sha256, num_packs), `tokenizer_fingerprint`, `pack_fingerprint` and `pack_template`.
+            sha256, num_packs), `tokenizer_fingerprint`, `pack_fingerprint` and `pack_template`; multimodal
+            data also `image_column`, `image_tag`, `num_images` and `image_bytes`.
         eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
     """
     from contextlib import ExitStack
@@ -166,4 +175,6 @@ def dataset_initialize(
             gradient_accumulation_steps=unset.value(
                 "tune_gradient_accumulation_steps", gradient_accumulation_steps
             ),
+            image_dir=image_dir,
+            image_tag=image_tag,
         )

@@ -5,7 +5,8 @@ files or folders from s3://, https://, file:// and paths), selects a split expre
 `train[90%:]`), maps columns to the canonical names of the dataset type, validates every row before writing
 (validation.py; errors name the source file and line), optionally holds out an eval split, and writes `train/`
 and `eval/` parquet shards plus a manifest. Instruct rows with a per-row system prompt are written as OpenAI
-messages, the one torchtune shape that keeps it. Rows stream from the Arrow cache on disk to the shards, so
+messages, the one torchtune shape that keeps it. Multimodal rows (images.py) are written with their images
+embedded and are not packed. Rows stream from the Arrow cache on disk to the shards, so
 memory does not grow with the dataset.
 """
 
@@ -40,6 +41,7 @@ from kfp_finetune.components._shared.workspace import (
     read_manifest,
     write_json_atomic,
 )
+from kfp_finetune.components.dataset_initialize.images import IMAGE_COLUMN, dropped_images_hint, embed_images
 from kfp_finetune.components.dataset_initialize.packs import pack_train
 from kfp_finetune.components.dataset_initialize.sources import (
     SOURCE_ROW,
@@ -143,7 +145,16 @@ def _artifact_metadata(
         total_bytes=sum(f["size"] for f in info["files"]),
         reused_existing_copy=skipped,
         **(packed or {}),
+        **_image_metadata(manifest, info),
     ).to_metadata()
+
+
+def _image_metadata(manifest: dict, info: dict) -> dict:
+    """The multimodal keys of a split's metadata (none for text-only data)."""
+    if "image_column" not in manifest:
+        return {}
+    return {"image_column": manifest["image_column"], "image_tag": manifest["image_tag"],
+            "num_images": info.get("num_images", 0), "image_bytes": info.get("image_bytes", 0)}  # fmt: skip
 
 
 def initialize_dataset(
@@ -171,6 +182,8 @@ def initialize_dataset(
     new_system_prompt: str | None = None,
     batch_size: int | None = None,
     gradient_accumulation_steps: int | None = None,
+    image_dir: str = "",
+    image_tag: str = "<image>",
 ) -> DatasetInitResult:
     """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>-<task>/`
     (`<task>`: a hash of `task_id`, see names.instance_name); with `base_model_path`, also tokenize and pack
@@ -178,7 +191,8 @@ def initialize_dataset(
     fine-tune step gets (packs.py; None: torchtune's defaults; `max_seq_len` None: chosen from the data).
     `num_proc` processes parse the sources and tokenize (None: as many as the pod can keep busy, _shared/cpus.py).
     `batch_size` / `gradient_accumulation_steps` (None: unset) are the fine-tune's, when the user set them: a train
-    split too small for one optimizer step of them is refused here, before any training."""
+    split too small for one optimizer step of them is refused here, before any training. Multimodal rows
+    (images.py) read image files under `image_dir` and count `image_tag` placeholders; they are not packed."""
     column_map = dict(column_map or {})
     if eval_split and eval_fraction:
         raise ValueError("set either data_eval_split or data_eval_fraction, not both")
@@ -198,12 +212,20 @@ def initialize_dataset(
     source_uri = parsed.shown  # from here on the URI is only shown and recorded: never with its credentials
     params = [dataset_type, column_map, train_split, eval_split, eval_fraction, seed, data_format, subset,
               csv_delimiter]  # fmt: skip
+    if dataset_type == "multimodal":  # only here: the fingerprints of text entries written before still match
+        params += [image_dir, image_tag]
     fingerprint = hashlib.sha256(
         json.dumps([listing.fingerprint(f.path for f in listing.files), params, rows_per_shard]).encode()
     ).hexdigest()
 
     def pack(manifest: dict, where: Callable[[int], str] | None = None) -> dict | None:
         if not (base_model_path and manifest["splits"].get("train", {}).get("num_rows")):
+            return None
+        if manifest["dataset_type"] == "multimodal":
+            log.info(
+                "no packs written: multimodal rows are not packed (a vision-language model trains on whole rows, "
+                "its images turned into tokens by the model's own transform); the fine-tune step tokenizes them"
+            )
             return None
         hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
                  **_torchtune_hints(manifest["data_style"])}  # fmt: skip
@@ -223,7 +245,7 @@ def initialize_dataset(
             listing, final, fingerprint, pack, source_uri=source_uri, name=name, dataset_type=dataset_type,
             column_map=column_map, train_split=train_split, eval_split=eval_split, eval_fraction=eval_fraction,
             seed=seed, data_format=data_format, subset=subset, csv_delimiter=csv_delimiter,
-            rows_per_shard=rows_per_shard, num_proc=num_proc,
+            rows_per_shard=rows_per_shard, num_proc=num_proc, image_dir=image_dir, image_tag=image_tag,
         )  # fmt: skip
     check_one_optimizer_step(manifest["splits"]["train"]["num_rows"], batch_size, gradient_accumulation_steps)
     train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
@@ -264,6 +286,8 @@ def _build(
         log.info("loading split %r from %s", p["train_split"], where)
         train = source.load(p["train_split"], p["num_proc"])
         schema, rename = resolve_schema(p["dataset_type"], _data_columns(train), p["column_map"])
+        if not schema.images and (hint := dropped_images_hint(_data_columns(train))):
+            log.warning("%s", hint)
         train = _canonical(train, rename, schema, source.format)
         held_out, eval_source = None, ""
         if p["eval_split"]:
@@ -283,17 +307,30 @@ def _build(
         validate(train.ds, schema, "train", train.where)
         if held_out is not None:
             validate(held_out.ds, schema, "eval", held_out.where)
+        image_stats = {}
+        if schema.images:  # after the text checks: the images of valid rows only are read
+
+            def embed(split: str, loaded: Loaded) -> Loaded:
+                ds, image_stats[split] = embed_images(
+                    loaded.ds, split=split, style=schema.style, where=loaded.where, listing=listing, raw=raw,
+                    image_dir=p["image_dir"], image_tag=p["image_tag"],
+                )  # fmt: skip
+                return Loaded(ds, loaded.where)
+
+            train = embed("train", train)
+            held_out = embed("eval", held_out) if held_out is not None else None
         dataset_type, style = p["dataset_type"], schema.style
         outputs = {
             "train": _written(train.ds, schema),
             "eval": _written(held_out.ds, schema) if held_out else None,
         }
         if "system" in outputs["train"].column_names and schema.style in ("alpaca", "input_output"):
-            dataset_type, style = "chat", "openai"
+            dataset_type, style = "chat" if not schema.images else dataset_type, "openai"
             log.info(
                 "the rows have a per-row system prompt (column %r): writing them as OpenAI messages (system, user, "
-                "assistant), dataset_type chat, so torchtune's chat_dataset trains on them with the same masking",
+                "assistant), dataset_type %s, so torchtune's chat builders train on them with the same masking",
                 {v: k for k, v in rename.items()}["system"],
+                dataset_type,
             )
             outputs = {
                 k: _as_messages(v, schema.style) if v is not None else None for k, v in outputs.items()
@@ -311,6 +348,9 @@ def _build(
                     "source_split": source_split,
                     "files": _split_records(files, tmp),
                 }
+                if split in image_stats:
+                    stats = image_stats[split]
+                    splits[split].update(num_images=stats.num_images, image_bytes=stats.image_bytes)
                 log.info("datasets/%s/%s: %d rows in %d shard(s)", final.name, split, len(ds), len(files))
             manifest = {
                 "kind": "dataset",
@@ -330,6 +370,8 @@ def _build(
                 "splits": splits,
                 "created_at": utc_now(),
             }
+            if schema.images:
+                manifest.update(image_column=IMAGE_COLUMN, image_tag=p["image_tag"])
             write_json_atomic(tmp / MANIFEST, manifest)
         packed = pack(manifest, lambda row: train.where(train.ds[row][SOURCE_ROW]))
     shutil.rmtree(raw, ignore_errors=True)
@@ -366,7 +408,8 @@ def _canonical(loaded: Loaded, rename: dict[str, str], schema: Schema, source_fo
 
 def _written(ds, schema: Schema):
     """The rows as written: canonical columns in schema order, without the source-row numbers."""
-    return ds.select_columns([c for c in schema.columns + schema.optional if c in ds.column_names])
+    columns = schema.columns + schema.optional + ((IMAGE_COLUMN,) if schema.images else ())
+    return ds.select_columns([c for c in columns if c in ds.column_names])
 
 
 def _as_messages(ds, style: str):
@@ -387,7 +430,7 @@ def _as_messages(ds, style: str):
             conversations.append(turns)
         return {"messages": conversations}
 
-    return ds.map(convert, batched=True, remove_columns=ds.column_names)
+    return ds.map(convert, batched=True, remove_columns=[c for c in ds.column_names if c != IMAGE_COLUMN])
 
 
 def iter_rows(paths: list[Path]) -> Iterator[dict]:

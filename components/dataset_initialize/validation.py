@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kfp_finetune.components.dataset_initialize.images import IMAGE_COLUMN, image_source_column
 from kfp_finetune.components.dataset_initialize.sources import SOURCE_ROW, DatasetValidationError
 
-DATASET_TYPES = ("instruct", "chat", "text")
+DATASET_TYPES = ("instruct", "chat", "text", "multimodal")
 MAX_REPORTED_ROWS = 5
 #: Chat roles of each style as torchtune 0.6.1's message transforms read them (OpenAIToMessages keeps the role,
 #: ShareGPTToMessages maps human/gpt), under torchtune's names.
@@ -32,15 +33,33 @@ class Schema:
     style: str
     columns: tuple[str, ...]
     optional: tuple[str, ...] = ()
+    images: bool = False  # multimodal: the rows also carry IMAGE_COLUMN (checked and embedded by images.py)
 
 
 def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, str]) -> tuple[Schema, dict]:
     """The schema for `dataset_type` given the source columns, and the rename {source: canonical}.
 
     `column_map` maps canonical names to source column names, as in torchtune ({"input": "question"}).
+    Multimodal rows are instruct or chat rows (whichever columns they have) plus an image column.
     """
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"data_type {dataset_type!r} is not one of {', '.join(DATASET_TYPES)}")
+    if dataset_type == "multimodal":
+        image = image_source_column(columns, column_map)
+        if image is None:
+            mapped = column_map.get("images") or column_map.get("image")
+            raise DatasetValidationError(
+                f"multimodal data needs an image column ({'mapped to ' + repr(mapped) if mapped else '`images` or `image`'}); "
+                f"the data has {columns}. Map another name with data_column_map, e.g. {{'images': 'picture'}}."
+            )
+        chat = any(column_map.get(c, c) in columns for c in ("messages", "conversations"))
+        schema, rename = resolve_schema("chat" if chat else "instruct", columns, column_map)
+        if image in rename:
+            raise DatasetValidationError(
+                f"column {image!r} holds the images and also {rename[image]!r}: map each to its own column"
+            )
+        schema.images = True
+        return schema, {**rename, image: IMAGE_COLUMN}
 
     def source(canonical: str) -> str:
         return column_map.get(canonical, canonical)
