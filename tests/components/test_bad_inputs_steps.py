@@ -128,6 +128,12 @@ FINETUNE_ROWS = [
         ["dataset_type 'chat'", "train_data", "'instruct'", "dataset-initialize"],
     ),
     (
+        "multimodal-data",
+        {},
+        lambda t, m: ({**t, "dataset_type": "multimodal", "num_images": 3, "image_column": "images"}, m),
+        ["train_data", "3 images", "'multimodal'", "text models only"],
+    ),
+    (
         "column-map-contradicts-data",
         {"column_map": {"input": "question"}},
         None,

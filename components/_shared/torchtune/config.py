@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
+from kfp_finetune.components._shared.torchtune.dataset_node import DATASET_TYPES
 
 METHODS = ("full", "lora", "qlora", "dora")
-DATASET_TYPES = ("instruct", "chat", "text")
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICES = ("cuda", "cpu", "xpu", "npu", "mps")
 LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
