@@ -273,3 +273,29 @@ def test_missing_columns_are_named_with_the_fix(root, tmp_path):
     bad = settings_for(root, str(tmp_path / "bad"), column_map={"input": "question"})
     with pytest.raises(ValueError, match="no column question.*set data_column_map"):
         train.load_rows(bad, has_chat_template=True)
+
+
+def test_torchrun_trains_data_parallel_at_its_world_size(root, tmp_path):
+    """Under torchrun (2 CPU processes, gloo) the trainer takes its world size from torchrun's environment: 32 rows
+    at 4 per process make 4 steps an epoch (8 at world size 1); rank 0 alone writes the outputs."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pq.read_table(root / "data" / "train.parquet").slice(0, 32), data)
+    settings = settings_for(root, str(tmp_path / "ddp"), data_files=[str(data)], max_steps=None, epochs=1)
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings.__dict__))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "kfp_finetune.components._shared.transformers.train", str(path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = Path(settings.output_dir)
+    assert face.read_resolved_config(run)["world_size"] == 2
+    assert [s.step for s in read_metrics_file(run / run_layout.METRICS_FILE)] == [1, 2, 3, 4]
+    assert (
+        face.last_adapter_state(run) is not None and (run / run_layout.MERGED_DIR / "config.json").is_file()
+    )
