@@ -1,0 +1,285 @@
+"""The transformers engine's typed settings, checked and turned into TRL's `SFTConfig` and PEFT's `LoraConfig`
+before any model is downloaded or loaded: this is the engine's early validation.
+
+`SftSettings.check()` raises the first problem as a SettingError that names the field and the fix;
+`trl_config()` builds the TRL/PEFT objects (importing transformers and torch, but reading no weights) and
+`resolved()` is what the run records in `<run>/trl_config.json`. Module import needs neither torch nor TRL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
+
+DATASET_TYPES = ("instruct", "chat", "text")
+METHODS = ("lora", "qlora", "full")
+BF16_CHOICES = ("auto", True, False)
+#: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
+#: builders take column_map: {"input": "question"} reads the input from the `question` column).
+#: The Trainer's own output folder inside the run (SFTConfig.output_dir); run_layout.py names the run's outputs.
+TRAINER_DIR = "trainer"
+COLUMNS = {"instruct": ("input", "output"), "chat": ("messages",), "text": ("text",)}
+
+
+@dataclass
+class SftSettings:
+    model_dir: str  # the base model's HF folder (config, safetensors, tokenizer files)
+    data_files: list[str]  # parquet or JSON Lines files of the training split
+    output_dir: str  # the run folder (run_layout.py names what goes in it)
+    dataset_type: str = "instruct"
+    column_map: dict[str, str] = field(default_factory=dict)
+    method: str = "lora"
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    # "all-linear" is PEFT's every nn.Linear but the output layer; MoE experts stored as 3D parameters (Qwen3-MoE in
+    # transformers 5) are not nn.Linear: name them in target_parameters to adapt them too.
+    target_modules: str | list[str] = "all-linear"
+    target_parameters: list[str] = field(default_factory=list)
+    learning_rate: float = 2e-4
+    epochs: int = 1
+    max_steps: int | None = None  # None: train `epochs` epochs; else stop after this many optimizer steps
+    batch_size: int = 8  # per device
+    gradient_accumulation_steps: int = 1
+    max_seq_len: int = 2048
+    packing: bool = False
+    gradient_checkpointing: bool = False  # TRL turns it on by default; off is faster where memory allows (§7)
+    bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
+    seed: int = 0
+    logging_steps: int = 1
+    warmup_steps: int = 0
+    lr_scheduler: str = "cosine"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SftSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown transformers-engine setting(s) {', '.join(unknown)}: known are {', '.join(sorted(known))}"
+            )
+        missing = sorted(n for n in ("model_dir", "data_files", "output_dir") if n not in values)
+        if missing:
+            raise ConfigError(f"the transformers-engine settings need {', '.join(missing)}")
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> SftSettings:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON ({e}): write the settings as one JSON object") from e
+
+    def check(self) -> None:
+        """Field-level checks that need neither the model nor TRL: raise the first problem."""
+        problems = self.problems()
+        if problems:
+            raise problems[0]
+
+    def problems(self) -> list[SettingError]:
+        found = one_of("dataset_type", self.dataset_type, DATASET_TYPES) + one_of(
+            "method", self.method, METHODS
+        )
+        if self.bf16 not in BF16_CHOICES:
+            found.append(SettingError("bf16", f"must be auto, true or false (got {self.bf16!r})"))
+        if not self.model_dir:
+            found.append(SettingError("model_dir", "is empty: give the base model's HF folder"))
+        if not self.output_dir:
+            found.append(SettingError("output_dir", "is empty: give the run folder to write into"))
+        if not isinstance(self.data_files, list | tuple) or not self.data_files:
+            found.append(SettingError("data_files", "must list at least one .parquet or .jsonl file"))
+        else:
+            for path in self.data_files:
+                if data_format(path) is None:
+                    found.append(
+                        SettingError("data_files", f"has {path!r}: use .parquet, .jsonl or .json files")
+                    )
+        at_least_one = ["epochs", "batch_size", "gradient_accumulation_steps", "max_seq_len", "logging_steps"]
+        if self.method != "full":
+            at_least_one.append("lora_rank")
+        if self.max_steps is not None:
+            at_least_one.append("max_steps")
+        for name in at_least_one:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                found.append(SettingError(name, f"must be a whole number of at least 1 (got {value!r})"))
+        for name in ("seed", "warmup_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                found.append(SettingError(name, f"must be a whole number, 0 or more (got {value!r})"))
+        if not _positive(self.learning_rate):
+            found.append(
+                SettingError("learning_rate", f"must be a number above 0 (got {self.learning_rate!r})")
+            )
+        if self.method != "full":
+            if not _positive(self.lora_alpha):
+                found.append(
+                    SettingError("lora_alpha", f"must be a number above 0 (got {self.lora_alpha!r})")
+                )
+            if not _number(self.lora_dropout) or not 0 <= self.lora_dropout < 1:
+                found.append(SettingError("lora_dropout", f"must be in [0, 1) (got {self.lora_dropout!r})"))
+            if not self.target_modules:
+                found.append(SettingError("target_modules", "is empty: use all-linear or list module names"))
+        elif self.target_parameters:
+            found.append(
+                SettingError("target_parameters", "needs an adapter: set method to lora, or remove it")
+            )
+        if not isinstance(self.column_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.column_map.items()
+        ):
+            found.append(SettingError("column_map", "must map column names to column names"))
+        elif self.dataset_type in COLUMNS:
+            extra = sorted(set(self.column_map) - set(COLUMNS[self.dataset_type]))
+            if extra:
+                found.append(
+                    SettingError(
+                        "column_map",
+                        f"maps {', '.join(extra)}, which {self.dataset_type} data does not read: its columns "
+                        f"are {', '.join(COLUMNS[self.dataset_type])}",
+                    )
+                )
+        return found
+
+    def column(self, name: str) -> str:
+        """The dataset column the engine reads as `name` (column_map applied)."""
+        return self.column_map.get(name, name)
+
+    def use_bf16(self) -> bool:
+        """bf16 resolved: auto is on where a CUDA GPU supports it (imports torch)."""
+        if self.bf16 != "auto":
+            return bool(self.bf16)
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+    def trl_config(self, world_size: int = 1) -> tuple[Any, Any]:
+        """TRL's SFTConfig and PEFT's LoraConfig (None for full) for these settings; no model is read. Building
+        them runs TRL's and transformers' own argument checks, so a bad combination fails here, before training.
+        (A new SFTConfig resets accelerate's process state: build none between a trainer's creation and its run.)"""
+        self.check()
+        if self.packing and importlib.util.find_spec("flash_attn") is None:
+            # TRL packs rows padding-free (position ids restart per row); flash attention keeps the rows of a pack
+            # apart, while SDPA lets each row attend to the rows packed before it (measured with transformers 5.24
+            # on the tiny Qwen3-MoE: the second row's logits moved by 0.5).
+            raise SettingError(
+                "packing",
+                "needs flash attention (the flash-attn package) to keep packed rows apart: set it false",
+            )
+        import torch
+        from trl import SFTConfig
+
+        bf16 = self.use_bf16()
+        sft = SFTConfig(
+            output_dir=str(Path(self.output_dir) / TRAINER_DIR),
+            num_train_epochs=self.epochs,
+            max_steps=self.max_steps if self.max_steps is not None else -1,
+            per_device_train_batch_size=self.batch_size,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            learning_rate=self.learning_rate,
+            lr_scheduler_type=self.lr_scheduler,
+            warmup_steps=self.warmup_steps,
+            max_length=self.max_seq_len,
+            packing=self.packing,
+            gradient_checkpointing=self.gradient_checkpointing,
+            bf16=bf16,
+            fp16=False,
+            use_cpu=not torch.cuda.is_available(),
+            seed=self.seed,
+            data_seed=self.seed,
+            logging_steps=self.logging_steps,
+            save_strategy="no",  # the run's outputs are written by train.py, in run_layout's names
+            report_to=[],
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            # torchtune trains instruct rows with train_on_input false: the prompt is masked out of the loss.
+            completion_only_loss=self.dataset_type == "instruct",
+            assistant_only_loss=self.dataset_type == "chat",
+            model_init_kwargs=self._model_init_kwargs(bf16),
+            ddp_find_unused_parameters=False if world_size > 1 else None,
+        )
+        return sft, self.lora_config()
+
+    def lora_config(self) -> Any:
+        if self.method == "full":
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_rank,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=self.target_modules,
+            target_parameters=list(self.target_parameters) or None,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+
+    def _model_init_kwargs(self, bf16: bool) -> dict[str, Any]:
+        # A frozen LoRA base is read in bf16 where training computes in bf16 (half the memory); a full fine-tune
+        # keeps fp32 master weights under bf16 autocast.
+        kwargs: dict[str, Any] = {"dtype": "bfloat16" if bf16 and self.method != "full" else "float32"}
+        if self.packing:
+            kwargs["attn_implementation"] = "flash_attention_2"
+        if self.method == "qlora":
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype="bfloat16" if bf16 else "float32",
+                bnb_4bit_use_double_quant=True,
+            )
+        return kwargs
+
+    def resolved(self, world_size: int = 1, sft: Any = None, lora: Any = None) -> dict[str, Any]:
+        """What the run records: these settings, bf16 and the world size resolved, and the TRL arguments (`sft`
+        and `lora`: the trainer's own, when it has been built; building a new SFTConfig after it resets the
+        accelerate state the trainer holds)."""
+        if sft is None:
+            sft, lora = self.trl_config(world_size)
+        return {
+            "engine": "transformers",
+            "settings": {**asdict(self), "bf16": sft.bf16},
+            "world_size": world_size,
+            "sft_config": _jsonable(sft.to_dict()),
+            "lora_config": _jsonable(lora.to_dict()) if lora is not None else None,
+        }
+
+
+def data_format(path: str) -> str | None:
+    """The `datasets` builder that reads `path`, by its suffix."""
+    name = str(path).lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith((".jsonl", ".json")):
+        return "json"
+    return None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(value: object) -> bool:
+    return _number(value) and value > 0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return (
+            [_jsonable(v) for v in sorted(value, key=str)]
+            if isinstance(value, set)
+            else [_jsonable(v) for v in value]
+        )
+    if isinstance(value, str | int | float | bool | type(None)):
+        return value
+    return str(value)

@@ -1,0 +1,277 @@
+"""Supervised fine-tuning with TRL's SFTTrainer (+ PEFT LoRA / QLoRA, or full), writing run_layout.py's folder.
+
+What a TrainJob node runs, under torchrun (one process per GPU):
+
+    torchrun --nproc-per-node N -m kfp_finetune.components._shared.transformers.train settings.json
+
+torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK) is what the Trainer's accelerate state reads to train
+data-parallel; `accelerate launch` is not used (without its own config it trains at world size 1, silently).
+
+The rows become TRL's dataset formats so that the loss covers what the torchtune engine trains on:
+- instruct: `prompt` (the input column) and `completion` (the output column), as one user and one assistant turn
+  where the tokenizer has a chat template (torchtune formats instruct rows with the model's template too); TRL's
+  completion-only loss then masks the prompt, as torchtune's train_on_input false does;
+- chat: the `messages` column as a conversation, with assistant-only loss;
+- text: the `text` column, every token trained.
+
+Only rank 0 writes the outputs. torch, transformers and TRL are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.transformers import run_layout
+from kfp_finetune.components._shared.transformers.settings import (
+    COLUMNS,
+    TRAINER_DIR,
+    SftSettings,
+    data_format,
+)
+from kfp_finetune.components._shared.workspace import atomic_dir, write_json_atomic
+
+log = get_logger(__name__)
+
+# `datasets`' Arrow cache of the formatted and tokenized rows, shared by the ranks; removed after training.
+_DATASETS_CACHE = ".datasets-cache"
+ASSISTANT_TURNS, LAST_ASSISTANT_TURN = "assistant_turns", "last_assistant_turn"
+
+
+def world_size() -> int:
+    """The number of training processes torchrun started (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = ASSISTANT_TURNS) -> Any:
+    """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type."""
+    import datasets
+
+    builders = {data_format(path) for path in settings.data_files}
+    if len(builders) != 1:
+        raise ValueError(
+            f"the training data files mix formats ({', '.join(sorted(map(str, builders)))}): use one format"
+        )
+    rows = datasets.load_dataset(
+        builders.pop(),
+        data_files=[str(p) for p in settings.data_files],
+        split="train",
+        cache_dir=str(Path(settings.output_dir) / _DATASETS_CACHE),
+    )
+    wanted = {name: settings.column(name) for name in COLUMNS[settings.dataset_type]}
+    missing = sorted(column for column in wanted.values() if column not in rows.column_names)
+    if missing:
+        raise ValueError(
+            f"the {settings.dataset_type} data has no column {', '.join(missing)} (it has "
+            f"{', '.join(rows.column_names)}): set data_column_map to the columns to read"
+        )
+    convert = _CONVERSIONS[settings.dataset_type]
+    if settings.dataset_type == "chat" and chat_loss == LAST_ASSISTANT_TURN:
+        convert = _chat_last_turn
+    return rows.map(
+        convert,
+        fn_kwargs={"columns": wanted, "chat": has_chat_template},
+        remove_columns=rows.column_names,
+        desc=f"Formatting {settings.dataset_type} rows for TRL",
+    )
+
+
+def _instruct(row: dict, columns: dict[str, str], chat: bool) -> dict:
+    prompt, completion = str(row[columns["input"]]), str(row[columns["output"]])
+    if chat:
+        return {
+            "prompt": [{"role": "user", "content": prompt}],
+            "completion": [{"role": "assistant", "content": completion}],
+        }
+    # Without a template the prompt and answer are joined by a newline; TRL appends the EOS token to the completion.
+    return {"prompt": prompt + "\n", "completion": completion}
+
+
+def _chat(row: dict, columns: dict[str, str], chat: bool) -> dict:
+    return {"messages": row[columns["messages"]]}
+
+
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+
+
+def _chat_last_turn(row: dict, columns: dict[str, str], chat: bool) -> dict:
+    messages = [
+        {"role": _SHAREGPT_ROLES.get(m["from"], m["from"]), "content": m["value"]} if "from" in m else m
+        for m in row[columns["messages"]]
+    ]
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    if last is None:
+        raise ValueError(f"a chat row has no assistant turn to train on: {messages!r:.200}")
+    return {"prompt": messages[:last], "completion": [messages[last]]}
+
+
+def chat_loss_mode(tokenizer: Any) -> str:
+    """How chat rows are masked: every assistant turn where TRL can mark them in the tokenizer's chat template
+    (its `{% generation %}` markers, or a template TRL knows how to patch), else only the last assistant turn,
+    as a prompt/completion pair (torchtune trains every assistant turn; the earlier ones are then context only)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = getattr(tokenizer, "chat_template", None)
+    if template and has_generation_markers(template):
+        return ASSISTANT_TURNS
+    try:
+        get_training_chat_template(tokenizer)
+    except ValueError:
+        log.warning(
+            "the chat template has no {% generation %} markers and TRL cannot add them: training on the last "
+            "assistant turn of each conversation only (earlier turns are context)"
+        )
+        return LAST_ASSISTANT_TURN
+    return ASSISTANT_TURNS
+
+
+def _text(row: dict, columns: dict[str, str], chat: bool) -> dict:
+    return {"text": str(row[columns["text"]])}
+
+
+_CONVERSIONS = {"instruct": _instruct, "chat": _chat, "text": _text}
+
+
+def metrics_callback(path: Path, processes: int) -> Any:
+    """A TrainerCallback that appends each logged step to `path` in the metrics-file format (_shared/
+    metrics_file.py), flushed at once, so a watcher (the fine-tune step, a pod-log reader) sees it live."""
+    from transformers import TrainerCallback
+
+    class MetricsFile(TrainerCallback):
+        def __init__(self) -> None:
+            self.last: tuple[float, float] | None = None  # (monotonic time, TRL's cumulative num_tokens)
+            self.last_step = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("")
+            self.last, self.last_step = (time.monotonic(), 0.0), state.global_step
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs or "loss" not in logs:
+                return  # the end-of-training summary has train_loss, not loss
+            values = {"loss": logs["loss"], "lr": logs.get("learning_rate")}
+            if logs.get("grad_norm") is not None:
+                values["grad_norm"] = logs["grad_norm"]
+            now, tokens = time.monotonic(), float(logs.get("num_tokens") or 0.0)
+            if self.last is not None and tokens and now > self.last[0]:
+                # TRL's num_tokens counts every rank's tokens: per GPU, as torchtune reports it.
+                values["tokens_per_second_per_gpu"] = (
+                    (tokens - self.last[1]) / (now - self.last[0]) / processes
+                )
+                if state.global_step > self.last_step:
+                    values["seconds_per_step"] = (now - self.last[0]) / (state.global_step - self.last_step)
+            self.last, self.last_step = (now, tokens), state.global_step
+            pairs = " ".join(f"{k}:{float(v):.6g}" for k, v in values.items() if v is not None)
+            line = f"Step {state.global_step} | {pairs}"
+            with path.open("a") as f:
+                f.write(line + "\n")
+                f.flush()
+            print(line, flush=True)
+
+    return MetricsFile()
+
+
+def build_trainer(settings: SftSettings) -> Any:
+    """The SFTTrainer for `settings`: model and tokenizer read from model_dir, rows formatted, PEFT applied."""
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    processes = world_size()
+    sft_config, lora_config = settings.trl_config(processes)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+    chat_loss = chat_loss_mode(tokenizer) if settings.dataset_type == "chat" else None
+    if chat_loss == LAST_ASSISTANT_TURN:
+        sft_config.assistant_only_loss, sft_config.completion_only_loss = False, True
+    rows = load_rows(settings, bool(getattr(tokenizer, "chat_template", None)), chat_loss or ASSISTANT_TURNS)
+    metrics_path = Path(settings.output_dir) / run_layout.METRICS_FILE
+    return SFTTrainer(
+        model=settings.model_dir,
+        args=sft_config,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        peft_config=lora_config,
+        callbacks=[metrics_callback(metrics_path, processes)],
+    )
+
+
+def train(settings: SftSettings) -> dict:
+    """Run the fine-tune and write the run folder; returns a summary (steps, mean training loss, output paths)."""
+    settings.check()
+    run_dir = Path(settings.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    processes = world_size()
+    log.info("training %s with TRL (%s) on %d process(es)", settings.model_dir, settings.method, processes)
+    trainer = build_trainer(settings)
+    if is_rank_zero():
+        peft_config = getattr(trainer.model, "peft_config", {}).get("default")
+        resolved = settings.resolved(processes, trainer.args, peft_config)
+        # What the trainer trains on, as it decided (chat rows: every assistant turn, or the last one).
+        resolved["sft_config"]["completion_only_loss"] = trainer.completion_only_loss
+        write_json_atomic(run_dir / run_layout.RESOLVED_CONFIG, resolved)
+    started = time.monotonic()
+    result = trainer.train()
+    log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
+    summary = {"global_step": result.global_step, "train_loss": result.training_loss, "run_dir": str(run_dir)}
+    if trainer.is_world_process_zero():
+        summary.update(write_outputs(trainer, settings))
+        shutil.rmtree(run_dir / _DATASETS_CACHE, ignore_errors=True)
+        # SFTConfig's output_dir: empty, as the trainer saves no checkpoints (save_strategy "no").
+        with contextlib.suppress(OSError):
+            (run_dir / TRAINER_DIR).rmdir()
+    trainer.accelerator.wait_for_everyone()
+    return summary
+
+
+def write_outputs(trainer: Any, settings: SftSettings) -> dict:
+    """The adapter (PEFT runs) and the merged HF folder, each renamed into place only when complete."""
+    run_dir = Path(settings.output_dir)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    written = {}
+    if settings.method == "full":
+        with atomic_dir(run_dir / run_layout.MERGED_DIR) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            run_layout.copy_model_files(settings.model_dir, tmp)
+    else:
+        with atomic_dir(run_dir / run_layout.ADAPTER_DIR) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+        written["adapter_dir"] = str(run_dir / run_layout.ADAPTER_DIR)
+        # Merged from the saved adapter into the base read afresh on CPU: the same files whether the run trained
+        # a bf16 or a 4-bit (QLoRA) base, and the same merge as a later step's (face.merged_model_dir).
+        # Replaced, not reused: a merged folder from an earlier run into this folder would be stale.
+        with atomic_dir(run_dir / run_layout.MERGED_DIR) as tmp:
+            run_layout.merge_adapter(settings.model_dir, run_dir / run_layout.ADAPTER_DIR, tmp)
+    written["merged_dir"] = str(run_dir / run_layout.MERGED_DIR)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("settings", help="a JSON file with the SftSettings fields")
+    args = parser.parse_args(argv)
+    summary = train(SftSettings.from_json(args.settings))
+    if is_rank_zero():
+        print(summary, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The transformers wing's face: every name engines.FACE asks for but `evaluation`, which is not written yet, so the
+wing stays out of engines.WINGS (no step can choose an engine whose evaluation is missing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kfp_finetune.components._shared import engines
+from kfp_finetune.components._shared.transformers import face
+
+
+def test_the_face_has_every_name_but_evaluation_and_lives_in_its_wing():
+    assert face.NAME == "transformers" and face.PACKAGES == ("trl",)
+    assert [name for name in engines.FACE if not hasattr(face, name)] == ["evaluation"]
+    assert Path(face.__file__).parent.name == face.NAME
+
+
+def test_the_incomplete_wing_is_not_registered():
+    assert face.NAME not in engines.WINGS
+
+
+def test_the_readers_answer_for_a_folder_this_engine_did_not_train(tmp_path):
+    assert face.read_resolved_config(tmp_path) == {}
+    assert face.last_adapter_state(tmp_path) is None

@@ -1,0 +1,301 @@
+"""Real TRL fine-tunes of the tiny Qwen3-MoE on CPU (components/_shared/transformers/train.py), offline: LoRA for 20
+steps (loss falls, the adapter and the merged folder agree, only the adapted weights change), the prompt masked out
+of the loss, a full fine-tune, the metrics file, the face's run-folder readers, and the same losses for the same
+seed. One LoRA run is shared by most tests (module scope)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kfp_finetune.components._shared.metrics_file import read_metrics_file
+from kfp_finetune.components._shared.transformers import face, run_layout, train
+from kfp_finetune.components._shared.transformers.settings import SftSettings
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.slow
+
+LORA_STEPS = 20
+ADAPTED = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+)  # what all-linear reaches in Qwen3-MoE: experts are 3D params
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline_and_one_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    from kfp_finetune.tiny.dataset import build_tiny_dataset
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    root = tmp_path_factory.mktemp("trl")
+    build_tiny_hf_model(root / "base", "qwen3_moe")
+    build_tiny_dataset(root / "data", train_rows=160, eval_rows=1)
+    return root
+
+
+def settings_for(root: Path, run: str, **changes) -> SftSettings:
+    values = dict(
+        model_dir=str(root / "base"),
+        data_files=[str(root / "data" / "train.parquet")],
+        output_dir=str(root / run),
+        max_steps=LORA_STEPS,
+        batch_size=4,
+        learning_rate=3e-3,
+        lora_rank=8,
+        lora_alpha=16.0,
+        max_seq_len=64,
+        seed=3,
+    )
+    return SftSettings(**{**values, **changes})
+
+
+@pytest.fixture(scope="module")
+def lora_run(root) -> Path:
+    summary = train.train(settings_for(root, "lora"))
+    assert summary["global_step"] == LORA_STEPS
+    return Path(summary["run_dir"])
+
+
+def tensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    found = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        found.update(load_file(path))
+    return found
+
+
+def test_lora_loss_falls_and_the_metrics_file_parses(lora_run):
+    steps = read_metrics_file(lora_run / run_layout.METRICS_FILE)
+    assert [s.step for s in steps] == list(range(1, LORA_STEPS + 1))
+    assert all(s.loss is not None and s.values["lr"] > 0 for s in steps)
+    assert all(s.tokens_per_second and s.tokens_per_second > 0 for s in steps)
+    first, last = [s.loss for s in steps[:3]], [s.loss for s in steps[-3:]]
+    assert sum(last) / 3 < sum(first) / 3 - 0.1, [s.loss for s in steps]
+
+
+def test_the_run_folder_has_the_adapter_the_merged_model_and_the_resolved_config(lora_run, root):
+    adapter = face.last_adapter_state(lora_run)
+    assert adapter == lora_run / run_layout.ADAPTER_DIR
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(root / "base") and config["r"] == 8
+    resolved = face.read_resolved_config(lora_run)
+    assert resolved["settings"]["method"] == "lora" and resolved["world_size"] == 1
+    assert resolved["sft_config"]["completion_only_loss"] is True
+    merged = lora_run / run_layout.MERGED_DIR
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in merged.iterdir()
+    }
+    # Nothing partial or scratch is left beside the outputs.
+    assert sorted(p.name for p in lora_run.iterdir()) == ["adapter", "logs", "merged", "trl_config.json"]
+
+
+def test_lora_changed_only_the_adapted_weights(lora_run, root):
+    import torch
+
+    adapter = tensors(lora_run / run_layout.ADAPTER_DIR)
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert lora_b and all(t.abs().sum() > 0 for t in lora_b)  # PEFT starts B at zero: training moved it
+    assert {name.split(".")[-3] for name in adapter} == set(ADAPTED)
+
+    base, merged = tensors(root / "base"), tensors(lora_run / run_layout.MERGED_DIR)
+    assert base.keys() == merged.keys()
+    changed = {name for name in base if not torch.equal(base[name], merged[name])}
+    assert changed and {name.split(".")[-2] for name in changed} == set(ADAPTED)
+    experts = [name for name in base if ".mlp." in name]  # the experts and the router: not adapted
+    assert experts and not changed & set(experts)
+
+
+def test_the_adapter_on_the_base_gives_the_merged_models_logits(lora_run, root):
+    assert_adapter_matches_merged(lora_run, root)
+
+
+def assert_adapter_matches_merged(run: Path, root: Path) -> None:
+    """The adapter loaded with PEFT onto the base gives the merged folder's logits; both load offline."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merged_dir = run / run_layout.MERGED_DIR
+    tokenizer = AutoTokenizer.from_pretrained(merged_dir, local_files_only=True)
+    ids = tokenizer("Uppercase: q u i z", return_tensors="pt").input_ids
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, local_files_only=True).eval()
+    base = AutoModelForCausalLM.from_pretrained(root / "base", local_files_only=True)
+    adapted = PeftModel.from_pretrained(base, run / run_layout.ADAPTER_DIR).eval()
+    with torch.no_grad():
+        expected, got = merged(ids).logits, adapted(ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(root / "base", local_files_only=True).eval()(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(plain, expected, atol=1e-3)  # the adapter does something
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Unsupported layer type"
+)  # PEFT's word for a 3D-parameter target: expected
+def test_lora_on_the_expert_parameters_reaches_the_experts(root):
+    """target_parameters puts LoRA on Qwen3-MoE's 3D expert weights, which all-linear does not reach."""
+    import torch
+
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    summary = train.train(settings_for(root, "experts", max_steps=3, target_parameters=experts))
+    run = Path(summary["run_dir"])
+    base, merged = tensors(root / "base"), tensors(run / run_layout.MERGED_DIR)
+    changed = {name for name in base if not torch.equal(base[name], merged[name])}
+    assert any(".experts." in name for name in changed)
+    assert not {name for name in changed if "mlp.gate." in name or "embed" in name or "lm_head" in name}
+    assert_adapter_matches_merged(run, root)
+
+
+def test_face_merges_a_run_that_has_only_the_adapter(lora_run, root, tmp_path):
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(lora_run, run)
+    shutil.rmtree(run / run_layout.MERGED_DIR)
+    merged = face.merged_model_dir(run, root / "base")
+    assert merged == run / run_layout.MERGED_DIR
+    rebuilt, trained = tensors(merged), tensors(lora_run / run_layout.MERGED_DIR)
+    assert all(torch.equal(rebuilt[name], trained[name]) for name in trained)
+    stamp = (merged / "model.safetensors").stat().st_mtime_ns
+    assert face.merged_model_dir(run, root / "base") == merged  # reused, not rebuilt
+    assert (merged / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_the_prompt_is_masked_out_of_the_loss(root, tmp_path):
+    trainer = train.build_trainer(settings_for(root, str(tmp_path / "masking")))
+    tokenizer = trainer.processing_class
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    batch = trainer.data_collator(rows)
+    for row, labels in zip(rows, batch["labels"].tolist(), strict=True):
+        trained = [t for t in labels if t != -100]
+        first = labels.index(trained[0])
+        assert labels[:first] == [-100] * first and first > 0
+        prompt, answer = tokenizer.decode(row["input_ids"][:first]), tokenizer.decode(trained)
+        # The masked part is exactly the user turn and the generation prompt the model sees at inference; the
+        # trained part is the answer (after the empty think block Qwen3's template writes) and the end of turn.
+        letters = re.search(r"Uppercase: ([a-z](?: [a-z]){3})", prompt).group(1)
+        user = [{"role": "user", "content": f"Uppercase: {letters}"}]
+        assert prompt == tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        assert answer.removeprefix("<think>\n\n</think>\n\n").startswith(f"{letters.upper()}<|im_end|>"), (
+            answer
+        )
+
+
+def test_a_full_fine_tune_changes_the_weights_and_writes_no_adapter(root):
+    import torch
+
+    summary = train.train(settings_for(root, "full", method="full", max_steps=3, learning_rate=1e-3))
+    run = Path(summary["run_dir"])
+    assert face.last_adapter_state(run) is None and "adapter_dir" not in summary
+    base, tuned = tensors(root / "base"), tensors(run / run_layout.MERGED_DIR)
+    changed = [name for name in base if not torch.equal(base[name], tuned[name].to(base[name].dtype))]
+    assert len(changed) > len(base) // 2
+    assert any("experts" in name for name in changed)  # a full fine-tune reaches the experts too
+    assert len(read_metrics_file(run / run_layout.METRICS_FILE)) == 3
+
+
+def test_the_same_seed_gives_the_same_losses_through_the_cli(root, tmp_path):
+    losses = []
+    for name in ("first", "second"):
+        settings = settings_for(root, str(tmp_path / name), max_steps=4)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(settings.__dict__))
+        assert train.main([str(path)]) == 0
+        losses.append(
+            [s.loss for s in read_metrics_file(Path(settings.output_dir) / run_layout.METRICS_FILE)]
+        )
+    assert len(losses[0]) == 4 and losses[0] == losses[1]
+    other = replace(settings_for(root, str(tmp_path / "other"), max_steps=4), seed=4)
+    train.train(other)
+    assert [s.loss for s in read_metrics_file(Path(other.output_dir) / run_layout.METRICS_FILE)] != losses[0]
+    assert os.environ.get("WORLD_SIZE") is None  # trained at world size 1, outside torchrun
+
+
+def test_chat_and_text_rows_are_masked_as_their_type_trains(root, tmp_path):
+    conversation = [
+        {"role": "user", "content": "Uppercase: a b c d"},
+        {"role": "assistant", "content": "A B C D"},
+        {"role": "user", "content": "Uppercase: e f g h"},
+        {"role": "assistant", "content": "E F G H"},
+    ]
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"conversation": conversation}) + "\n")
+    (tmp_path / "text.jsonl").write_text(json.dumps({"body": "hello world"}) + "\n")
+
+    chat = settings_for(
+        root, str(tmp_path / "chat"), dataset_type="chat", column_map={"messages": "conversation"}
+    )
+    trainer = train.build_trainer(replace(chat, data_files=[str(tmp_path / "chat.jsonl")]))
+    row, tokenizer = trainer.train_dataset[0], trainer.processing_class
+    # The tiny Qwen3 template has no {% generation %} markers and TRL cannot patch it: the last turn is trained.
+    assert trainer.completion_only_loss and not trainer.args.assistant_only_loss
+    trained = tokenizer.decode([t for t in row["labels"] if t != -100])
+    assert trained.endswith("E F G H<|im_end|>\n") and "A B C D" not in trained
+    assert "A B C D" in tokenizer.decode(row["input_ids"])  # the earlier turn is context
+
+    text = settings_for(root, str(tmp_path / "text"), dataset_type="text", column_map={"text": "body"})
+    trainer = train.build_trainer(replace(text, data_files=[str(tmp_path / "text.jsonl")]))
+    row = trainer.train_dataset[0]
+    assert row["labels"] == row["input_ids"]  # text trains every token
+    assert tokenizer.decode(row["labels"]) == "hello world<|im_end|>"
+
+
+def test_a_template_with_generation_markers_trains_every_assistant_turn():
+    class Tokenizer:
+        chat_template = (
+            "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+        )
+
+    assert train.chat_loss_mode(Tokenizer()) == train.ASSISTANT_TURNS
+
+
+def test_missing_columns_are_named_with_the_fix(root, tmp_path):
+    bad = settings_for(root, str(tmp_path / "bad"), column_map={"input": "question"})
+    with pytest.raises(ValueError, match="no column question.*set data_column_map"):
+        train.load_rows(bad, has_chat_template=True)
+
+
+def test_torchrun_trains_data_parallel_at_its_world_size(root, tmp_path):
+    """Under torchrun (2 CPU processes, gloo) the trainer takes its world size from torchrun's environment: 32 rows
+    at 4 per process make 4 steps an epoch (8 at world size 1); rank 0 alone writes the outputs."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pq.read_table(root / "data" / "train.parquet").slice(0, 32), data)
+    settings = settings_for(root, str(tmp_path / "ddp"), data_files=[str(data)], max_steps=None, epochs=1)
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings.__dict__))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "kfp_finetune.components._shared.transformers.train", str(path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = Path(settings.output_dir)
+    assert face.read_resolved_config(run)["world_size"] == 2
+    assert [s.step for s in read_metrics_file(run / run_layout.METRICS_FILE)] == [1, 2, 3, 4]
+    assert (
+        face.last_adapter_state(run) is not None and (run / run_layout.MERGED_DIR / "config.json").is_file()
+    )
