@@ -1,6 +1,7 @@
 """The transformers engine's face: what the steps above the wings may ask of a run it trained (see
 _shared/torchtune/face.py for the names every face has).
 
+- `serves(model_dir, hf_config)`: whether the installed transformers has the model's causal-LM class natively;
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once.
@@ -13,6 +14,8 @@ No torch here: the merge imports it when called.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kfp_finetune.components._shared.transformers.run_layout import (
     last_adapter_state,
     merged_model_dir,
@@ -24,4 +27,24 @@ NAME = "transformers"
 #: are not exclusive: the torchtune wing's parity checks use them too.
 PACKAGES = ("trl",)
 
-__all__ = ["NAME", "PACKAGES", "last_adapter_state", "merged_model_dir", "read_resolved_config"]
+__all__ = ["NAME", "PACKAGES", "last_adapter_state", "merged_model_dir", "read_resolved_config", "serves"]
+
+
+def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
+    """(True, why) when the installed transformers has a causal-LM class for config.json's model_type, without
+    remote code (auto_map: code from the model's repo, which this engine never runs)."""
+    if hf_config.get("auto_map"):
+        return False, "config.json names remote code (auto_map), which this engine does not run"
+    model_type = hf_config.get("model_type")
+    try:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return False, "transformers is not installed here"
+    found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    if found is None:
+        return (
+            False,
+            f"transformers {transformers.__version__} has no causal-LM class for model_type {model_type!r}",
+        )
+    return True, f"transformers {transformers.__version__} has {found} for model_type {model_type!r}"

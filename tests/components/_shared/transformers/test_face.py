@@ -15,6 +15,16 @@ def test_the_face_has_every_name_but_evaluation_and_lives_in_its_wing():
     assert Path(face.__file__).parent.name == face.NAME
 
 
+def test_it_serves_causal_lms_transformers_has_natively_and_says_why_not_otherwise(tmp_path):
+    served, why = face.serves(tmp_path, {"model_type": "qwen3_moe"})
+    assert served and "Qwen3MoeForCausalLM" in why
+    served, why = face.serves(tmp_path, {"model_type": "made_up_lm"})
+    assert not served and "no causal-LM class for model_type 'made_up_lm'" in why
+    remote = {"model_type": "qwen3_moe", "auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}
+    served, why = face.serves(tmp_path, remote)
+    assert not served and "remote code" in why
+
+
 def test_the_incomplete_wing_is_not_registered():
     assert face.NAME not in engines.WINGS
 
