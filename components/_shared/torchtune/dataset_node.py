@@ -12,10 +12,10 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kfp_finetune.components._shared.data_formats import FORMATS
+from kfp_finetune.components._shared.data_formats import FORMATS, TEXT_DATASET_TYPES
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 
-DATASET_TYPES = ("instruct", "chat", "text")
+DATASET_TYPES = TEXT_DATASET_TYPES
 _BUILDERS = {
     "instruct": "torchtune.datasets.instruct_dataset",
     "alpaca": "torchtune.datasets.alpaca_dataset",

@@ -16,9 +16,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.components._shared.data_formats import FORMATS, TEXT_DATASET_TYPES
 from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
 
-DATASET_TYPES = ("instruct", "chat", "text")
+_READ_FORMATS = ("parquet", "json")
+
+DATASET_TYPES = TEXT_DATASET_TYPES
 METHODS = ("lora", "qlora", "full")
 BF16_CHOICES = ("auto", True, False)
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
@@ -254,13 +257,10 @@ class SftSettings:
 
 
 def data_format(path: str) -> str | None:
-    """The `datasets` builder that reads `path`, by its suffix."""
-    name = str(path).lower()
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".jsonl", ".json")):
-        return "json"
-    return None
+    """The `datasets` builder that reads `path`, by its suffix (the one table, data_formats.py); None for a format
+    this engine does not read: it reads dataset-initialize's parquet shards and JSON (Lines)."""
+    found = FORMATS.get(Path(str(path)).suffix.lower())
+    return found if found in _READ_FORMATS else None
 
 
 def _number(value: object) -> bool:
