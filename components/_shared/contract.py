@@ -133,8 +133,8 @@ class DatasetSplit(_Metadata):
     source_split: str = ""  # the source's split it came from ("" when cut from train)
     num_rows: int | None = None
     columns: list[str] = field(default_factory=list)
-    dataset_type: str = ""  # instruct | chat | text | multimodal
-    data_style: str = ""  # input_output | alpaca | openai | sharegpt | text
+    dataset_type: str = ""  # instruct | chat | text | multimodal | classification
+    data_style: str = ""  # input_output | alpaca | openai | sharegpt | text | classification
     conversation_style: str | None = None  # chat data only
     conversation_column: str | None = None  # chat data only
     text_column: str | None = None  # text data only
@@ -161,6 +161,13 @@ class DatasetSplit(_Metadata):
     )
     num_images: int | None = None  # images in the split
     image_bytes: int | None = None  # their encoded bytes, together
+    # Classification data only: the label column holds class ids 0..num_labels-1 (a `datasets` ClassLabel).
+    label_column: str | None = None
+    num_labels: int | None = None  # classes, in train and eval alike
+    label_names: list[str] | None = (
+        None  # class names, index = class id (left out when the data gives ids only)
+    )
+    label_counts: dict[str, int] | None = None  # rows per class id (the id as text), for the class balance
 
     @classmethod
     def producer(cls, input_name: str) -> str:

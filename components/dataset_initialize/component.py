@@ -37,6 +37,8 @@ def dataset_initialize(
     gradient_accumulation_steps: int = -1,
     image_dir: str = "",
     image_tag: str = "<image>",
+    num_labels: int = -1,
+    label_names: list = [],  # noqa: B006 (KFP needs a literal default)
 ):
     """Bring a fine-tuning dataset into the run workspace as validated parquet shards.
 
@@ -66,9 +68,12 @@ def dataset_initialize(
             `output`; optional `system`), `chat` (OpenAI `messages` or ShareGPT `conversations`), `text`
             (`text`, or the lines of .txt files) or `multimodal` (instruct or chat rows plus an `images` or
             `image` column: per row a path under image_dir, image bytes, a `datasets` Image struct, or a list
-            of them; the images are checked and embedded into the shards; not packed).
+            of them; the images are checked and embedded into the shards; not packed) or `classification`
+            (`text`, optional `text_pair`, and `label`: class ids 0..K-1 or class names; written as class ids;
+            not packed).
         column_map: Canonical column name to source column name, e.g. `{"input": "question", "output":
-            "answer", "system": "persona"}` (multimodal: `{"images": "picture"}`).
+            "answer", "system": "persona"}` (multimodal: `{"images": "picture"}`; classification: `{"text": "review",
+            "label": "stars"}`).
         train_split: Split expression for the training rows, e.g. `train`, `train[:3000]`, `train[:90%]`.
             For files, splits come from file names as in `datasets`: `train*`; `validation*` / `dev*`;
             `test*` / `eval*` (the `test` split); a single file or unnamed files are `train`.
@@ -113,6 +118,8 @@ def dataset_initialize(
             own folder. Absolute paths and `..` are refused.
         image_tag: Multimodal: the placeholder in the text standing for the row's images in order (one per
             image); empty: none, the images come before the first user turn.
+        num_labels: Classification: the number of classes; -1: from the data (the data must hold every class).
+        label_names: Classification: the class names in class-id order; empty: the string labels sorted.
 
     Returns:
         train: The manifest; metadata gives `workspace_path`, `data_files` (workspace-relative parquet shards),
@@ -121,7 +128,8 @@ def dataset_initialize(
             `column_map`, `source_uri`, `revision`, `commit_sha`, `files` (path, size, sha256); with base_model
             also `token_stats` (count, p50, p90, p99, max, prompt_max), `max_seq_len`, `packs` (path, size,
             sha256, num_packs), `tokenizer_fingerprint`, `pack_fingerprint` and `pack_template`; multimodal
-            data also `image_column`, `image_tag`, `num_images` and `image_bytes`.
+            data also `image_column`, `image_tag`, `num_images` and `image_bytes`; classification data also
+            `label_column`, `num_labels`, `label_names` (index = class id) and `label_counts` (rows per class id).
         eval: The same for the held-out rows; `num_rows` is 0 and `data_files` empty when there are none.
     """
     from contextlib import ExitStack
@@ -177,4 +185,6 @@ def dataset_initialize(
             ),
             image_dir=image_dir,
             image_tag=image_tag,
+            num_labels=unset.value("num_labels", num_labels),
+            label_names=label_names,
         )

@@ -281,6 +281,14 @@ def image_stats(ds) -> ImageStats:
     return stats
 
 
+def split_metadata(manifest: dict, info: dict) -> dict:
+    """The multimodal keys of a split's metadata (none for text-only data)."""
+    if "image_column" not in manifest:
+        return {}
+    return {"image_column": manifest["image_column"], "image_tag": manifest["image_tag"],
+            "num_images": info.get("num_images", 0), "image_bytes": info.get("image_bytes", 0)}  # fmt: skip
+
+
 def dropped_images_hint(columns: list[str]) -> str:
     """A log line for instruct / chat data with an image column that is dropped ("" when none)."""
     found = [c for c in IMAGE_SOURCE_NAMES if c in columns]

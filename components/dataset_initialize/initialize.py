@@ -6,8 +6,8 @@ files or folders from s3://, https://, file:// and paths), selects a split expre
 (validation.py; errors name the source file and line), optionally holds out an eval split, and writes `train/`
 and `eval/` parquet shards plus a manifest. Instruct rows with a per-row system prompt are written as OpenAI
 messages, the one torchtune shape that keeps it. Multimodal rows (images.py) are written with their images
-embedded and are not packed. Rows stream from the Arrow cache on disk to the shards, so
-memory does not grow with the dataset.
+embedded, classification rows (labels.py) with class ids; neither is packed. Rows stream from the Arrow cache on
+disk to the shards, so memory does not grow with the dataset.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from kfp_finetune.components._shared.workspace import (
     read_manifest,
     write_json_atomic,
 )
+from kfp_finetune.components.dataset_initialize import images, labels
 from kfp_finetune.components.dataset_initialize.images import IMAGE_COLUMN, dropped_images_hint, embed_images
 from kfp_finetune.components.dataset_initialize.packs import pack_train
 from kfp_finetune.components.dataset_initialize.sources import (
@@ -52,6 +53,13 @@ from kfp_finetune.components.dataset_initialize.sources import (
 from kfp_finetune.components.dataset_initialize.validation import Schema, resolve_schema, validate
 
 log = get_logger(__name__)
+#: Dataset types whose rows are not packed, and why (logged).
+NOT_PACKED = {
+    "multimodal": "multimodal rows are not packed (a vision-language model trains on whole rows, its images "
+    "turned into tokens by the model's own transform); the fine-tune step tokenizes them",
+    "classification": "classification rows are not packed (torchtune's packs are causal-LM sequences; a sequence "
+    "classifier takes one padded row per example, tokenized by its own engine)",
+}
 
 
 @dataclass
@@ -145,16 +153,9 @@ def _artifact_metadata(
         total_bytes=sum(f["size"] for f in info["files"]),
         reused_existing_copy=skipped,
         **(packed or {}),
-        **_image_metadata(manifest, info),
+        **images.split_metadata(manifest, info),
+        **labels.split_metadata(manifest, info),
     ).to_metadata()
-
-
-def _image_metadata(manifest: dict, info: dict) -> dict:
-    """The multimodal keys of a split's metadata (none for text-only data)."""
-    if "image_column" not in manifest:
-        return {}
-    return {"image_column": manifest["image_column"], "image_tag": manifest["image_tag"],
-            "num_images": info.get("num_images", 0), "image_bytes": info.get("image_bytes", 0)}  # fmt: skip
 
 
 def initialize_dataset(
@@ -184,6 +185,8 @@ def initialize_dataset(
     gradient_accumulation_steps: int | None = None,
     image_dir: str = "",
     image_tag: str = "<image>",
+    num_labels: int | None = None,
+    label_names: list[str] | None = None,
 ) -> DatasetInitResult:
     """Load, validate and write the dataset at `source_uri` into `<workspace_path>/datasets/<name>-<task>/`
     (`<task>`: a hash of `task_id`, see names.instance_name); with `base_model_path`, also tokenize and pack
@@ -192,8 +195,11 @@ def initialize_dataset(
     `num_proc` processes parse the sources and tokenize (None: as many as the pod can keep busy, _shared/cpus.py).
     `batch_size` / `gradient_accumulation_steps` (None: unset) are the fine-tune's, when the user set them: a train
     split too small for one optimizer step of them is refused here, before any training. Multimodal rows
-    (images.py) read image files under `image_dir` and count `image_tag` placeholders; they are not packed."""
+    (images.py) read image files under `image_dir` and count `image_tag` placeholders; they are not packed.
+    Classification rows (labels.py) have `num_labels` classes (None: from the data), named in `label_names` order
+    when given (else string labels sorted); they are not packed."""
     column_map = dict(column_map or {})
+    label_names = labels.check_parameters(dataset_type, num_labels, label_names)
     if eval_split and eval_fraction:
         raise ValueError("set either data_eval_split or data_eval_fraction, not both")
     if not 0 <= eval_fraction < 1:
@@ -214,6 +220,8 @@ def initialize_dataset(
               csv_delimiter]  # fmt: skip
     if dataset_type == "multimodal":  # only here: the fingerprints of text entries written before still match
         params += [image_dir, image_tag]
+    if dataset_type == "classification":
+        params += [num_labels, label_names]
     fingerprint = hashlib.sha256(
         json.dumps([listing.fingerprint(f.path for f in listing.files), params, rows_per_shard]).encode()
     ).hexdigest()
@@ -221,11 +229,8 @@ def initialize_dataset(
     def pack(manifest: dict, where: Callable[[int], str] | None = None) -> dict | None:
         if not (base_model_path and manifest["splits"].get("train", {}).get("num_rows")):
             return None
-        if manifest["dataset_type"] == "multimodal":
-            log.info(
-                "no packs written: multimodal rows are not packed (a vision-language model trains on whole rows, "
-                "its images turned into tokens by the model's own transform); the fine-tune step tokenizes them"
-            )
+        if manifest["dataset_type"] in NOT_PACKED:
+            log.info("no packs written: %s", NOT_PACKED[manifest["dataset_type"]])
             return None
         hints = {"dataset_type": manifest["dataset_type"], "data_style": manifest["data_style"],
                  **_torchtune_hints(manifest["data_style"])}  # fmt: skip
@@ -246,6 +251,7 @@ def initialize_dataset(
             column_map=column_map, train_split=train_split, eval_split=eval_split, eval_fraction=eval_fraction,
             seed=seed, data_format=data_format, subset=subset, csv_delimiter=csv_delimiter,
             rows_per_shard=rows_per_shard, num_proc=num_proc, image_dir=image_dir, image_tag=image_tag,
+            num_labels=num_labels, label_names=label_names,
         )  # fmt: skip
     check_one_optimizer_step(manifest["splits"]["train"]["num_rows"], batch_size, gradient_accumulation_steps)
     train_meta = _artifact_metadata(manifest, "train", final, workspace_path, skipped, packed)
@@ -319,6 +325,11 @@ def _build(
 
             train = embed("train", train)
             held_out = embed("eval", held_out) if held_out is not None else None
+        table, label_counts = None, {}
+        if schema.style == "classification":  # after every row is checked: ids and names across both splits
+            train, held_out, table, label_counts = labels.class_ids(
+                train, held_out, p["num_labels"], p["label_names"]
+            )
         dataset_type, style = p["dataset_type"], schema.style
         outputs = {
             "train": _written(train.ds, schema),
@@ -351,6 +362,7 @@ def _build(
                 if split in image_stats:
                     stats = image_stats[split]
                     splits[split].update(num_images=stats.num_images, image_bytes=stats.image_bytes)
+                splits[split].update({"label_counts": label_counts[split]} if split in label_counts else {})
                 log.info("datasets/%s/%s: %d rows in %d shard(s)", final.name, split, len(ds), len(files))
             manifest = {
                 "kind": "dataset",
@@ -372,6 +384,7 @@ def _build(
             }
             if schema.images:
                 manifest.update(image_column=IMAGE_COLUMN, image_tag=p["image_tag"])
+            manifest.update(labels.manifest_keys(table) if table is not None else {})
             write_json_atomic(tmp / MANIFEST, manifest)
         packed = pack(manifest, lambda row: train.where(train.ds[row][SOURCE_ROW]))
     shutil.rmtree(raw, ignore_errors=True)

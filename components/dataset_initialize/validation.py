@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kfp_finetune.components.dataset_initialize import labels
 from kfp_finetune.components.dataset_initialize.images import IMAGE_COLUMN, image_source_column
 from kfp_finetune.components.dataset_initialize.sources import SOURCE_ROW, DatasetValidationError
 
-DATASET_TYPES = ("instruct", "chat", "text", "multimodal")
+DATASET_TYPES = ("instruct", "chat", "text", "multimodal", "classification")
 MAX_REPORTED_ROWS = 5
 #: Chat roles of each style as torchtune 0.6.1's message transforms read them (OpenAIToMessages keeps the role,
 #: ShareGPTToMessages maps human/gpt), under torchtune's names.
@@ -79,6 +80,8 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
                 f"chat data needs a `messages` (OpenAI) or `conversations` (ShareGPT) column; the data has "
                 f"{columns}. Map another name with data_column_map, e.g. {{'messages': 'dialog'}}."
             )
+    elif dataset_type == "classification":  # labels.py: text (+ text_pair) and a class id or name per row
+        schema = Schema("classification", (*labels.TEXT_COLUMNS, labels.LABEL_COLUMN), labels.OPTIONAL_TEXT)
     else:
         schema = Schema("text", ("text",))
     missing = [
@@ -89,7 +92,12 @@ def resolve_schema(dataset_type: str, columns: list[str], column_map: dict[str, 
     if missing:
         raise DatasetValidationError(
             f"{dataset_type} data ({schema.style}) needs column(s) {', '.join(missing)}; the data has {columns}. "
-            "Map other names with data_column_map, e.g. {'input': 'question', 'output': 'answer'}."
+            "Map other names with data_column_map, e.g. "
+            + (
+                "{'text': 'review', 'label': 'stars'}."
+                if dataset_type == "classification"
+                else "{'input': 'question', 'output': 'answer'}."
+            )
         )
     wanted = schema.columns + tuple(c for c in schema.optional if source(c) in columns)
     shared = {source(c): [w for w in wanted if source(w) == source(c)] for c in wanted}
@@ -151,6 +159,11 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
 
     if len(ds) == 0:
         raise DatasetValidationError(f"the {split} split is empty")
+    if schema.style == "classification":  # labels are not strings: labels.py checks text and label row by row
+        _refuse_non_utf8(ds, [c for c in ("text", "text_pair") if c in ds.column_names and _is_string(ds, c)],
+                         split, where)  # fmt: skip
+        labels.check_rows(ds, split, where, batch_size)
+        return
     present = [c for c in schema.columns + schema.optional if c in ds.column_names]
     chat = schema.style in ("openai", "sharegpt")
     for column in present:
@@ -177,13 +190,7 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
                 "column to it with data_column_map"
             )
     strings = [c for c in present if not (chat and c in schema.columns)]
-    bad_count, bad = _non_utf8_rows(ds, strings, where)
-    if bad:
-        raise DatasetValidationError(
-            f"{split}: {bad_count} of {len(ds)} rows hold text that is not UTF-8; first: "
-            + "; ".join(bad)
-            + ". Save the source files as UTF-8 and run again."
-        )
+    _refuse_non_utf8(ds, strings, split, where)
     if not chat:
         bad_count, bad = _blank_string_rows(ds, [c for c in schema.columns if c in present], where)
     else:
@@ -194,6 +201,23 @@ def validate(ds, schema: Schema, split: str, where: Callable[[int], str], batch_
             + "; ".join(bad)
             + ". Fix or remove these rows in the source and run again."
         )
+
+
+def _refuse_non_utf8(ds, columns: list[str], split: str, where: Callable[[int], str]) -> None:
+    bad_count, bad = _non_utf8_rows(ds, columns, where)
+    if bad:
+        raise DatasetValidationError(
+            f"{split}: {bad_count} of {len(ds)} rows hold text that is not UTF-8; first: "
+            + "; ".join(bad)
+            + ". Save the source files as UTF-8 and run again."
+        )
+
+
+def _is_string(ds, column: str) -> bool:
+    import pyarrow as pa
+
+    arrow_type = ds.data.schema.field(column).type
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
 
 
 def _wrong_type_rows(

@@ -130,6 +130,12 @@ def _check_fits_data(config: TorchtuneConfig, split: DatasetSplit) -> None:
             f"{split.dataset_type!r}): this fine-tune step trains text models only, on instruct, chat or text "
             "data; fine-tuning a vision-language model is not supported yet"
         )
+    if split.num_labels or split.dataset_type == "classification":
+        raise ConfigError(
+            f"train_data holds sequence-classification rows ({split.num_labels or '?'} classes, dataset_type "
+            f"{split.dataset_type!r}): this fine-tune step trains text generation only, on instruct, chat or text "
+            "data; fine-tuning a sequence classifier is not supported yet"
+        )
     written = split.dataset_type
     wanted = config.dataset.dataset_type
     if written and wanted != written and not config.dataset.source:

@@ -134,6 +134,12 @@ FINETUNE_ROWS = [
         ["train_data", "3 images", "'multimodal'", "text models only"],
     ),
     (
+        "classification-data",
+        {},
+        lambda t, m: ({**t, "dataset_type": "classification", "num_labels": 5, "label_column": "label"}, m),
+        ["train_data", "5 classes", "'classification'", "text generation only"],
+    ),
+    (
         "column-map-contradicts-data",
         {"column_map": {"input": "question"}},
         None,
