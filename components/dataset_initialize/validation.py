@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kfp_finetune.components._shared.data_formats import TEXT_DATASET_TYPES
 from kfp_finetune.components.dataset_initialize import labels
 from kfp_finetune.components.dataset_initialize.images import IMAGE_COLUMN, image_source_column
 from kfp_finetune.components.dataset_initialize.sources import SOURCE_ROW, DatasetValidationError
 
-DATASET_TYPES = ("instruct", "chat", "text", "multimodal", "classification")
+DATASET_TYPES = (*TEXT_DATASET_TYPES, "multimodal", "classification")
 MAX_REPORTED_ROWS = 5
 #: Chat roles of each style as torchtune 0.6.1's message transforms read them (OpenAIToMessages keeps the role,
 #: ShareGPTToMessages maps human/gpt), under torchtune's names.
