@@ -549,12 +549,15 @@ def test_list_runtimes_marks_ours(capsys, kube_standin):
     )
     assert code == 0, err
     rows = {row["name"]: row for row in json.loads(out)}
-    assert set(rows) == {"torch-distributed", "torchtune", "torchtune-cpu", "team-torch"}
+    ours = {"torchtune", "torchtune-cpu", "transformers", "transformers-cpu"}
+    assert set(rows) == {"torch-distributed", "team-torch", *ours}
     cpu = rows["torchtune-cpu"]
     assert (cpu["kind"], cpu["framework"], cpu["numNodes"], cpu["kfpFinetune"]) == (
         "ClusterTrainingRuntime", "torch", 1, True,
     )  # fmt: skip
     assert cpu["image"] == "ghcr.io/kfp-finetune/kfp-finetune-trainer:0.1.0"
+    assert rows["transformers-cpu"]["image"] == "ghcr.io/kfp-finetune/kfp-finetune-trainer-transformers:0.1.0"
+    assert all(rows[name]["kfpFinetune"] for name in ours)
     assert rows["torch-distributed"]["kfpFinetune"] is False
     assert (rows["team-torch"]["kind"], rows["team-torch"]["namespace"], rows["team-torch"]["numNodes"]) == (
         "TrainingRuntime", "team-a", 2,
@@ -564,7 +567,7 @@ def test_list_runtimes_marks_ours(capsys, kube_standin):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["KIND", "NAME", "FRAMEWORK", "NODES", "DEVICES/NODE", "IMAGE", "KFP-FINETUNE"]
-    assert len(lines) == 4  # header + 3 cluster runtimes; team-torch needs --namespace
+    assert len(lines) == 6  # header + 5 cluster runtimes; team-torch needs --namespace
     assert next(line for line in lines if " torchtune " in line).rstrip().endswith("yes")
     assert not next(line for line in lines if "torch-distributed" in line).rstrip().endswith("yes")
     assert any(r.path.endswith("/clustertrainingruntimes") for r in kube_standin.requests)
