@@ -1,6 +1,10 @@
 """The evaluate step: tuned vs base on the held-out split — teacher-forced loss and perplexity on the response
 tokens, greedy generations scored against the reference, optional lm-eval tasks — a quality gate, a report.
 
+Engine-neutral: whatever depends on how the model was trained (reading its folders and its run's config,
+tokenizing and masking the eval rows as training did, loading and scoring the models, lm-eval's model) is asked
+of the evaluation module of the engine the fine-tune recorded (`engines.face(engine).evaluation()`).
+
 Plain Python: the KFP component only unpacks its artifacts and calls `run_component`.
 """
 
@@ -12,23 +16,18 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from kfp_finetune.components._shared import contract, engines
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.eval_examples import Example, ModelScores
 from kfp_finetune.components._shared.eval_settings import EvalSettings
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.names import instance_name
-from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
-from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node, source_of
-from kfp_finetune.components._shared.torchtune.model_inspection import (
-    ModelDir,
-    inspect_model_dir,
-    tokenizer_fingerprint,
-)
 from kfp_finetune.components._shared.workspace import area_dir, atomic_dir
 from kfp_finetune.components.evaluate import confidence, paired, scoring
 from kfp_finetune.components.evaluate.placement import (
@@ -44,15 +43,6 @@ log = get_logger(__name__)
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.html"
 METRICS_FILE = "metrics.json"
-# The rows' shape for each data style dataset-initialize writes, and a dataset type's default style.
-_STYLE_TYPES = {
-    "input_output": "instruct",
-    "alpaca": "instruct",
-    "openai": "chat",
-    "sharegpt": "chat",
-    "text": "text",
-}
-_DEFAULT_STYLE = {"instruct": "input_output", "chat": "openai", "text": "text"}
 
 
 @dataclass
@@ -70,94 +60,53 @@ class EvalResult:
 # --- inputs -------------------------------------------------------------------------------------------------
 
 
-def model_folder(workspace: Path, artifact: ArtifactInput, what: str) -> ModelDir:
-    """The HF model folder an artifact points to (the merged model for a fine-tune output), inspected."""
-    if what == "base_model":
-        relative = contract.BaseModel.from_metadata(artifact.metadata, input_name=what).workspace_path
-    else:
-        tuned = contract.TunedModel.from_metadata(artifact.metadata, input_name=what)
-        relative = tuned.model_path or tuned.require("workspace_path", input_name=what)
+def engine_evaluation(model: ArtifactInput) -> ModuleType:
+    """The evaluation module of the engine that trained the model: it loads and tokenizes as training did."""
+    return engines.face(
+        contract.TunedModel.from_metadata(model.metadata, input_name="model").engine
+    ).evaluation()
+
+
+def existing_path(workspace: Path, relative: str, what: str) -> Path:
     path = entry_path(workspace, relative)
     if not path.is_dir():
         where = "this step's volumes" if Path(relative).is_absolute() else "this run's workspace"
         raise ConfigError(f"{what} points to {path}, which does not exist in {where}")
-    try:
-        return inspect_model_dir(path)
-    except ConfigError as err:
-        raise ConfigError(f"{what}: {err}") from err
+    return path
 
 
-def base_folder(workspace: Path, base_model: ArtifactInput | None, tuned: ArtifactInput) -> ModelDir | None:
+def base_folder(
+    workspace: Path, base_model: ArtifactInput | None, tuned: ArtifactInput, model_eval: ModuleType
+) -> Any:
     """The base model to compare with: the connected input, else the base the fine-tune recorded, if present."""
     if base_model is not None:
-        return model_folder(workspace, base_model, "base_model")
+        relative = contract.BaseModel.from_metadata(
+            base_model.metadata, input_name="base_model"
+        ).workspace_path
+        return model_eval.inspect_model(existing_path(workspace, relative, "base_model"), "base_model")
     recorded = contract.TunedModel.from_metadata(tuned.metadata, input_name="model").base_model_path
     if recorded and entry_path(workspace, recorded).is_dir():
         log.info("base_model not connected: comparing with the fine-tune's recorded base model %s", recorded)
-        return model_folder(
-            workspace, ArtifactInput(contract.BaseModel(workspace_path=recorded).to_metadata()), "base_model"
-        )
+        return model_eval.inspect_model(existing_path(workspace, recorded, "base_model"), "base_model")
     log.warning("no base model to compare with: reporting the tuned model alone")
     return None
 
 
-@dataclass
-class TunedModel:
-    folder: ModelDir  # tokenizer and architecture; the base model's folder for an adapter-only fine-tune
-    adapter_file: Path | None = None  # epoch_N/adapter_model.pt when the fine-tune saved only its adapter
-    lora_node: dict | None = None  # the training run's LoRA `model` node, to rebuild that model
-
-
-def tuned_model(
-    workspace: Path, model: ArtifactInput, base_dir: ModelDir | None, train_config: dict
-) -> TunedModel:
-    """The merged model folder, or for save_adapter_weights_only runs the base + the run's adapter weights."""
+def tuned_model(workspace: Path, model: ArtifactInput, base_dir: Any, train_config: dict) -> Any:
+    """The engine's tuned model (its `.folder` has the tokenizer and architecture): the model folder the artifact
+    points to, or whatever else the engine loads for it (torchtune: the base + the run's adapter)."""
     meta = contract.TunedModel.from_metadata(model.metadata, input_name="model")
-    relative = meta.model_path
-    path = entry_path(workspace, relative)
-    if not relative or not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
-        return TunedModel(model_folder(workspace, model, "model"))
-    if base_dir is None:
-        raise ConfigError(
-            f"model is a LoRA adapter without merged weights ({path}): connect base_model (model-initialize's "
-            "output) so evaluate can apply the adapter to it"
-        )
-    lora_node = train_config.get("model") or {}
-    run_dir = workspace / meta.run_dir
-    adapter_state = engines.face(meta.engine).last_adapter_state(run_dir) if meta.run_dir else None
-    if "lora_rank" not in lora_node or adapter_state is None:
-        raise ConfigError(
-            f"model is a LoRA adapter without merged weights ({path}) and its fine-tune run folder "
-            f"({run_dir}) lacks the resolved LoRA config or epoch_N/adapter_model.pt evaluate rebuilds it from"
-        )
-    return TunedModel(base_dir, adapter_state, lora_node)
-
-
-def lm_eval_folder(workspace: Path, model: ArtifactInput, tuned: TunedModel) -> ModelDir:
-    """The HF folder lm-eval reads the tuned model from. torchtune's eleuther_eval loads no adapter: an adapter-only
-    fine-tune is merged into its base first, on CPU, once per run (`<run>/merged/`, which export reuses)."""
-    if tuned.adapter_file is None:
-        return tuned.folder
-    meta = contract.TunedModel.from_metadata(model.metadata, input_name="model")
-    log.info("lm-eval tasks: merging the fine-tune's adapter into the base model (torchtune's eleuther_eval "
-             "loads no adapter)")  # fmt: skip
-    return inspect_model_dir(
-        engines.face(meta.engine).merged_model_dir(workspace / meta.run_dir, tuned.folder.path)
+    path = existing_path(
+        workspace, meta.model_path or meta.require("workspace_path", input_name="model"), "model"
     )
+    run_dir = workspace / meta.run_dir if meta.run_dir else None
+    return engine_evaluation(model).tuned_model(path, run_dir, base_dir, train_config)
 
 
-def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
-
-    tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
-    base_fingerprint = tokenizer_fingerprint(base)
-    differing = [k for k, v in tokenizer_fingerprint(tuned).items() if base_fingerprint.get(k) != v]
-    if tuned_vocab != base_vocab:
-        differing.append(f"vocab_size {base_vocab} vs {tuned_vocab}")
-    if differing:
-        raise ConfigError(
-            f"base_model ({base.path}) does not share the tuned model's tokenizer ({tuned.path}): "
-            f"{', '.join(differing)} differ. Compare a fine-tuned model with the base it was trained from."
-        )
+def lm_eval_folder(workspace: Path, model: ArtifactInput, tuned: Any) -> Any:
+    """The model folder lm-eval reads the tuned model from, as its engine has it (merged when needed)."""
+    meta = contract.TunedModel.from_metadata(model.metadata, input_name="model")
+    return engine_evaluation(model).lm_eval_folder(tuned, workspace / meta.run_dir)
 
 
 def training_config(workspace: Path, tuned: ArtifactInput) -> dict:
@@ -179,79 +128,6 @@ def eval_files(workspace: Path, eval_data: ArtifactInput) -> list[str]:
     if missing:
         raise ConfigError(f"eval_data files are missing from the workspace: {', '.join(missing[:3])}")
     return [str(p) for p in paths]
-
-
-def dataset_node(train_config: dict, eval_data: ArtifactInput, files: list[str]) -> dict:
-    """The training run's dataset node pointed at the eval files; response-only labels, no packing.
-
-    Builder, column mapping, system prompt and conversation style are kept from training so examples are built
-    (and masked) exactly as the model saw them: from the torchtune node, behind our packing builder or the packs
-    dataset-initialize wrote (builder_nodes.py); without a training config they come from eval_data.
-    """
-    meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
-    trained = builder_nodes.torchtune_node(train_config.get("dataset") or {})
-    node = dict(sample_packing.unwrap(trained))
-    if not node.get("_component_"):
-        style = meta.data_style or _DEFAULT_STYLE.get(meta.dataset_type or "instruct", "")
-        if style not in _STYLE_TYPES:
-            raise ConfigError(
-                f"eval_data has `dataset_type` {meta.dataset_type or None!r} / `data_style` {style!r}; expected "
-                f"instruct, chat or text (styles {', '.join(_STYLE_TYPES)})"
-            )
-        chat = _STYLE_TYPES[style] == "chat"
-        node = dataset_builder_node(
-            _STYLE_TYPES[style],
-            source="",
-            data_style=style,
-            text_column=meta.text_column or "",
-            conversation_column=meta.conversation_column or "",
-            conversation_style=(meta.conversation_style or style) if chat else "",
-        )
-    node.update(
-        source=source_of(files[0]),
-        data_files=files,
-        split="train",  # a `datasets` builder over plain files names its only split "train"
-        packed=False,
-    )
-    if "train_on_input" in node or node["_component_"].endswith("alpaca_dataset"):
-        node["train_on_input"] = (
-            False  # loss on the response only, whatever training did (alpaca: default True)
-        )
-    return node
-
-
-def needed_columns(node: dict) -> dict[str, str] | None:
-    """{role: column} the node's torchtune builder reads; None for a builder this library does not write."""
-    column_map = node.get("column_map") or {}
-    builder = node["_component_"].rsplit(".", 1)[-1]
-    if builder == "instruct_dataset":
-        return {"prompt": column_map.get("input", "input"), "response": column_map.get("output", "output")}
-    if builder == "alpaca_dataset":
-        return {
-            "instruction": column_map.get("instruction", "instruction"),
-            "response": column_map.get("output", "output"),
-        }
-    if builder == "chat_dataset":
-        return {"conversation": node.get("conversation_column", "messages")}
-    if builder == "text_completion_dataset":
-        return {"text": node.get("column", "text")}
-    return None
-
-
-def check_columns(node: dict, files: list[str]) -> None:
-    """Fail early, naming the column, when the eval files lack what the dataset builder reads."""
-    import pyarrow.parquet as pq
-
-    needed = needed_columns(node)
-    if needed is None or not files[0].endswith(".parquet"):
-        return
-    present = set(pq.read_schema(files[0]).names)
-    for role, column in needed.items():
-        if column not in present:
-            raise ConfigError(
-                f"eval_data lacks the {role} column {column!r} that training's {node['_component_']} reads (it "
-                f"has {', '.join(sorted(present))}); prepare train and eval data with one dataset-initialize step"
-            )
 
 
 def pick_rows(num_rows: int, max_samples: int, seed: int) -> list[int]:
@@ -282,33 +158,29 @@ def run_evaluate(
 
     started = time.monotonic()
     settings.check()
+    model_eval = engine_evaluation(model)
     if settings.lm_eval_tasks:
         from kfp_finetune.components.evaluate.lm_eval_tasks import require_lm_eval
 
-        require_lm_eval()
+        require_lm_eval(model_eval)
     workspace = Path(workspace)
-    # The engine that trained the model loads and tokenizes it as training did.
-    model_eval = engines.face(
-        contract.TunedModel.from_metadata(model.metadata, input_name="model").engine
-    ).evaluation()
     train_config = training_config(workspace, model)
-    base_dir = base_folder(workspace, base_model, model)
+    base_dir = base_folder(workspace, base_model, model, model_eval)
     tuned = tuned_model(workspace, model, base_dir, train_config)
     tuned_dir = tuned.folder
     if base_dir is not None:
-        check_same_tokenizer(tuned_dir, base_dir)
+        model_eval.check_same_tokenizer(tuned_dir, base_dir)
     files = eval_files(workspace, eval_data)
-    node = dataset_node(train_config, eval_data, files)
-    check_columns(node, files)
-    max_seq_len = settings.max_seq_len or (train_config.get("tokenizer") or {}).get("max_seq_len")
+    max_seq_len = settings.max_seq_len or model_eval.training_max_seq_len(train_config)
+    data = model_eval.eval_dataset(train_config, eval_data, files, max_seq_len)
 
     placement = choose_placement(
         settings.device, Trained.of(model.metadata, train_config), *visible_hardware()
     )
     log.info("device %s, %s: %s", placement.device, placement.dtype, placement.reason)
     device, dtype = placement.torch()
-    tokenizer = model_eval.load_tokenizer(tuned_dir, max_seq_len, train_config.get("tokenizer"))
-    dataset = model_eval.build_dataset(node, tokenizer)
+    tokenizer = model_eval.load_tokenizer(tuned_dir, max_seq_len, train_config)
+    dataset = model_eval.build_dataset(data, tokenizer)
     rows = pick_rows(len(dataset), settings.max_samples, settings.seed)
     examples = model_eval.make_examples(dataset, tokenizer, rows)
     log.info(
@@ -326,9 +198,8 @@ def run_evaluate(
     log.info("batch size %s", why)
     settings = dataclasses.replace(settings, batch_size=batch_size)
 
-    scores: dict[str, model_eval.ModelScores] = {}
-    adapter = (tuned.lora_node, tuned.adapter_file) if tuned.adapter_file is not None else None
-    for label, loaded in model_eval.models_to_score(tuned_dir, base_dir, adapter, device, dtype):
+    scores: dict[str, ModelScores] = {}
+    for label, loaded in model_eval.models_to_score(tuned, base_dir, device, dtype):
         scores[label] = model_eval.score_model(
             loaded, tokenizer, examples, label=label, batch_size=batch_size,
             max_new_tokens=settings.max_new_tokens, device=device, dtype=dtype, seed=settings.seed,
@@ -347,7 +218,7 @@ def run_evaluate(
         from kfp_finetune.components.evaluate.lm_eval_tasks import run_lm_eval
 
         lm_eval = {
-            label: run_lm_eval(folder, settings, device, max_seq_len, label=label)
+            label: run_lm_eval(folder, settings, device, max_seq_len, label=label, model_eval=model_eval)
             for label, folder in (("tuned", lm_eval_folder(workspace, model, tuned)), ("base", base_dir))
             if folder is not None
         }
@@ -408,7 +279,7 @@ def run_evaluate(
     return EvalResult(metrics, tuned_values, base, gate, samples, html, output_dir, samples_metadata)
 
 
-def sample_records(examples: list, scores: dict[str, Any]) -> list[dict]:
+def sample_records(examples: list[Example], scores: dict[str, ModelScores]) -> list[dict]:
     records = []
     for i, example in enumerate(examples):
         record: dict[str, Any] = {

@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
+from kfp_finetune.components._shared.eval_examples import Example, ModelScores
 from kfp_finetune.components._shared.eval_settings import GENERATION_METRICS
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import (
@@ -26,7 +26,7 @@ def perplexity(loss: float) -> float:
         return float("inf")
 
 
-def example_scores(scores: Any, examples: list) -> dict[str, list[float | None]]:
+def example_scores(scores: ModelScores, examples: list[Example]) -> dict[str, list[float | None]]:
     """Per example: its mean loss on the response tokens, its generation scores (None where it has none) and
     its response tokens under "tokens" (its weight in the token-weighted eval_loss)."""
     per_example: dict[str, list[float | None]] = {"eval_loss": list(scores.example_losses)}
@@ -39,7 +39,7 @@ def example_scores(scores: Any, examples: list) -> dict[str, list[float | None]]
     return per_example
 
 
-def summarize(scores: Any, per_example: dict[str, list[float | None]]) -> dict[str, float]:
+def summarize(scores: ModelScores, per_example: dict[str, list[float | None]]) -> dict[str, float]:
     """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
     values = {"eval_loss": scores.eval_loss, "perplexity": perplexity(scores.eval_loss)}
     for name in GENERATION_METRICS:

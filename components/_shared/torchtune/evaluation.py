@@ -1,5 +1,7 @@
 """The torchtune engine's side of evaluation: load a model and its tokenizer the way training does, turn the eval rows into
-examples with torchtune's own dataset builders, then score teacher-forced loss and greedy generations.
+examples with torchtune's own dataset builders, then score teacher-forced loss and greedy generations. The
+inputs (model folders, the tuned model, the dataset node, lm-eval) are eval_inputs.py's, re-exported here: this
+module is what the face's `evaluation()` hands the evaluate step, with the names every engine's has.
 
 Masking matches training because the examples come from the same builder node (instruct_dataset /
 chat_dataset / text_completion_dataset) and tokenizer the run's resolved torchtune YAML used: `labels` are
@@ -13,52 +15,55 @@ import inspect
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.components._shared.eval_examples import Example, ModelScores, batches
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.torchtune.eval_inputs import (
+    TunedModel,
+    check_lm_eval,
+    check_same_tokenizer,
+    eval_dataset,
+    inspect_model,
+    lm_eval_folder,
+    lm_eval_model,
+    training_max_seq_len,
+    tuned_model,
+)
 from kfp_finetune.components._shared.torchtune.lora_model import load_lora_model
 from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir
 
 log = get_logger(__name__)
 
-
-@dataclass
-class Example:
-    """One eval row, tokenized as for training."""
-
-    row: int  # index in the eval data
-    tokens: list[int]
-    labels: list[int]  # CROSS_ENTROPY_IGNORE_IDX where training did not learn
-    prompt_tokens: (
-        list[int] | None
-    )  # the training sequence up to the answer's text; None: nothing to generate
-    prompt: str  # for people: the last user turn
-    reference: str  # the expected answer: the last assistant turn
-
-
-@dataclass
-class ModelScores:
-    loss_sum: float  # summed negative log-likelihood over response tokens
-    loss_tokens: int
-    example_losses: list[float | None]  # mean NLL per example (None: no response tokens)
-    example_tokens: list[int]  # response tokens per example: its weight in the token-weighted eval_loss
-    generations: list[str | None]  # None where the example has no prompt (text data)
-    seconds: float
-
-    @property
-    def eval_loss(self) -> float:
-        return self.loss_sum / self.loss_tokens if self.loss_tokens else float("nan")
+__all__ = [
+    "Example",
+    "ModelScores",
+    "TunedModel",
+    "build_dataset",
+    "check_lm_eval",
+    "check_same_tokenizer",
+    "eval_dataset",
+    "inspect_model",
+    "lm_eval_folder",
+    "lm_eval_model",
+    "load_tokenizer",
+    "make_examples",
+    "models_to_score",
+    "score_model",
+    "training_max_seq_len",
+    "tuned_model",
+]
 
 
-def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, training_node: dict | None = None) -> Any:
-    """The model's tokenizer files; settings training added beyond the files (e.g. a prompt_template) kept."""
+def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, train_config: dict | None = None) -> Any:
+    """The model's tokenizer files; settings training's tokenizer node added beyond the files (e.g. a
+    prompt_template) kept."""
     from omegaconf import OmegaConf
     from torchtune import config
 
     node = model_dir.tokenizer_node(max_seq_len)
-    for key, value in (training_node or {}).items():
+    for key, value in ((train_config or {}).get("tokenizer") or {}).items():
         node.setdefault(key, value)
     return config.instantiate(OmegaConf.create(node))
 
@@ -96,24 +101,21 @@ def load_adapter_model(
 
 
 def models_to_score(
-    tuned_dir: ModelDir,
-    base_dir: ModelDir | None,
-    adapter: tuple[dict, Path] | None,
-    device: Any,
-    dtype: Any,
+    tuned: TunedModel, base_dir: ModelDir | None, device: Any, dtype: Any
 ) -> Iterator[tuple[str, Any]]:
     """("tuned", model), then ("base", model) when there is a base, one model in memory at a time (the caller
-    drops each before asking for the next). `adapter`: (the run's LoRA `model` node, its adapter weights) when the
-    fine-tune handed on only an adapter of `base_dir`; the base is then the same model with its adapter disabled
-    (LoRA and DoRA layers return their base layer's output, bit for bit): the weights are loaded once. A QLoRA
-    model's base layers are NF4-quantized, so its base is loaded on its own, in the precision it was published in.
+    drops each before asking for the next). For a fine-tune that handed on only an adapter of `base_dir`, the
+    tuned model is the run's LoRA `model` node with its adapter weights, and the base is the same model with its
+    adapter disabled (LoRA and DoRA layers return their base layer's output, bit for bit): the weights are loaded
+    once. A QLoRA model's base layers are NF4-quantized, so its base is loaded on its own, in the precision it was
+    published in.
     """
-    if adapter is None:
-        yield "tuned", load_model(tuned_dir, device, dtype)
+    if tuned.adapter_file is None:
+        yield "tuned", load_model(tuned.folder, device, dtype)
     else:
-        lora_node, adapter_file = adapter
-        log.info("tuned: base model + the fine-tune's adapter %s", adapter_file)
-        model = load_adapter_model(tuned_dir, lora_node, adapter_file, device, dtype)
+        lora_node = tuned.lora_node or {}
+        log.info("tuned: base model + the fine-tune's adapter %s", tuned.adapter_file)
+        model = load_adapter_model(tuned.folder, lora_node, tuned.adapter_file, device, dtype)
         yield "tuned", model
         if base_dir is not None and not lora_node.get("quantize_base"):
             from torchtune.modules.peft import disable_adapter
@@ -175,11 +177,6 @@ def make_examples(dataset: Any, tokenizer: Any, rows: Sequence[int]) -> list[Exa
             prompt = str(dataset._data[row].get(getattr(dataset, "_column", "text"), ""))[:200]
         examples.append(Example(row, tokens, labels, prompt_tokens, prompt, reference))
     return examples
-
-
-def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def teacher_forced_losses(

@@ -4,17 +4,16 @@ _shared/torchtune/face.py for the names every face has).
 - `serves(model_dir, hf_config)`: whether the installed transformers has the model's causal-LM class natively;
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
-- `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once.
+- `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
+- `evaluation()`: the module that loads the tuned model and scores eval rows as TRL tokenized and masked them.
 
-Not yet here: `evaluation()` (scoring eval rows as this engine tokenized them). Until it is, the wing is not
-registered in engines.WINGS, so no step can pick it and find the face incomplete.
-
-No torch here: the merge imports it when called.
+No torch here: the merge and `evaluation()` import it when called.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 from kfp_finetune.components._shared.transformers.run_layout import (
     last_adapter_state,
@@ -27,7 +26,15 @@ NAME = "transformers"
 #: are not exclusive: the torchtune wing's parity checks use them too.
 PACKAGES = ("trl",)
 
-__all__ = ["NAME", "PACKAGES", "last_adapter_state", "merged_model_dir", "read_resolved_config", "serves"]
+__all__ = [
+    "NAME",
+    "PACKAGES",
+    "evaluation",
+    "last_adapter_state",
+    "merged_model_dir",
+    "read_resolved_config",
+    "serves",
+]
 
 
 def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
@@ -48,3 +55,9 @@ def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
             f"transformers {transformers.__version__} has no causal-LM class for model_type {model_type!r}",
         )
     return True, f"transformers {transformers.__version__} has {found} for model_type {model_type!r}"
+
+
+def evaluation() -> ModuleType:
+    from kfp_finetune.components._shared.transformers import evaluation as module
+
+    return module

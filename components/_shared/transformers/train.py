@@ -190,18 +190,26 @@ def metrics_callback(path: Path, processes: int) -> Any:
     return MetricsFile()
 
 
+def formatted_rows(settings: SftSettings, tokenizer: Any, processes: int = 1) -> tuple[Any, Any, Any]:
+    """TRL's SFTConfig and PEFT's LoraConfig for the settings, and the data rows in TRL's format, masked as they
+    train (chat rows: every assistant turn, or the last one where the template cannot mark the turns). The
+    evaluate step builds its eval rows with this too (evaluation.py), so they are masked as training masked."""
+    sft_config, lora_config = settings.trl_config(processes)
+    chat_loss = chat_loss_mode(tokenizer) if settings.dataset_type == "chat" else None
+    if chat_loss == LAST_ASSISTANT_TURN:
+        sft_config.assistant_only_loss, sft_config.completion_only_loss = False, True
+    rows = load_rows(settings, bool(getattr(tokenizer, "chat_template", None)), chat_loss or ASSISTANT_TURNS)
+    return sft_config, lora_config, rows
+
+
 def build_trainer(settings: SftSettings) -> Any:
     """The SFTTrainer for `settings`: model and tokenizer read from model_dir, rows formatted, PEFT applied."""
     from transformers import AutoTokenizer
     from trl import SFTTrainer
 
     processes = world_size()
-    sft_config, lora_config = settings.trl_config(processes)
     tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
-    chat_loss = chat_loss_mode(tokenizer) if settings.dataset_type == "chat" else None
-    if chat_loss == LAST_ASSISTANT_TURN:
-        sft_config.assistant_only_loss, sft_config.completion_only_loss = False, True
-    rows = load_rows(settings, bool(getattr(tokenizer, "chat_template", None)), chat_loss or ASSISTANT_TURNS)
+    sft_config, lora_config, rows = formatted_rows(settings, tokenizer, processes)
     metrics_path = Path(settings.output_dir) / run_layout.METRICS_FILE
     return SFTTrainer(
         model=settings.model_dir,

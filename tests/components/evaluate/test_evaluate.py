@@ -15,14 +15,13 @@ import pytest
 from kfp_finetune.components._shared.html_report import escape
 from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
+from kfp_finetune.components._shared.torchtune.eval_inputs import check_columns, dataset_node
 from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import Interval
 from kfp_finetune.components.evaluate.evaluate import (
     ArtifactInput,
     EvalSettings,
-    check_columns,
-    dataset_node,
     lm_eval_folder,
     pick_rows,
     run_evaluate,

@@ -1,5 +1,4 @@
-"""The transformers wing's face: every name engines.FACE asks for but `evaluation`, which is not written yet, so the
-wing stays out of engines.WINGS (no step can choose an engine whose evaluation is missing)."""
+"""The transformers wing's face: every name engines.FACE asks for, in its wing's folder."""
 
 from __future__ import annotations
 
@@ -9,10 +8,19 @@ from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.transformers import face
 
 
-def test_the_face_has_every_name_but_evaluation_and_lives_in_its_wing():
+def test_the_face_has_every_name_and_lives_in_its_wing():
     assert face.NAME == "transformers" and face.PACKAGES == ("trl",)
-    assert [name for name in engines.FACE if not hasattr(face, name)] == ["evaluation"]
+    assert [name for name in engines.FACE if not hasattr(face, name)] == []
     assert Path(face.__file__).parent.name == face.NAME
+    assert Path(face.evaluation().__file__).parent.name == face.NAME
+
+
+def test_both_engines_evaluation_modules_have_the_same_names():
+    from kfp_finetune.components._shared.torchtune import evaluation as torchtune_evaluation
+
+    assert face.evaluation().__all__ == torchtune_evaluation.__all__
+    for module in (face.evaluation(), torchtune_evaluation):
+        assert [name for name in module.__all__ if not hasattr(module, name)] == []
 
 
 def test_it_serves_causal_lms_transformers_has_natively_and_says_why_not_otherwise(tmp_path):

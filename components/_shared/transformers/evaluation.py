@@ -1,0 +1,432 @@
+"""The transformers engine's side of evaluation (what the face's `evaluation()` hands the evaluate step; the names
+every engine's evaluation module has, see _shared/torchtune/evaluation.py): plain HF model folders loaded with
+AutoModelForCausalLM / AutoTokenizer (no remote code), the eval rows tokenized and masked as train.py's
+SFTTrainer tokenized and masked the training rows, teacher-forced loss on the trained tokens and greedy
+generations with transformers' `generate`.
+
+The rows: train.formatted_rows (the same TRL format, chat loss mode and SFTConfig as training), then TRL's own
+dataset preparation (tokenize, labels from the completion and assistant masks, truncation to max_length). The
+tuned model is the run's merged/ folder (train.py always writes it), the base its base model folder.
+
+No torch, transformers or TRL at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kfp_finetune.components._shared import contract
+from kfp_finetune.components._shared.contract import ArtifactInput
+from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.eval_examples import IGNORE_INDEX, Example, ModelScores, batches
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.storage import hash_file
+from kfp_finetune.components._shared.transformers import train
+from kfp_finetune.components._shared.transformers.settings import DATASET_TYPES, SftSettings
+
+log = get_logger(__name__)
+
+__all__ = [
+    "Example",
+    "ModelScores",
+    "TunedModel",
+    "build_dataset",
+    "check_lm_eval",
+    "check_same_tokenizer",
+    "eval_dataset",
+    "inspect_model",
+    "lm_eval_folder",
+    "lm_eval_model",
+    "load_tokenizer",
+    "make_examples",
+    "models_to_score",
+    "score_model",
+    "training_max_seq_len",
+    "tuned_model",
+]
+
+# The files that define a tokenizer in an HF folder: equal files tokenize identically.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+
+
+# --- the models -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """An HF model folder: what evaluate needs to know before loading it."""
+
+    path: Path
+    hf_config: dict
+    num_parameters: int  # counted from the safetensors headers
+
+
+def inspect_model(path: Path, what: str) -> ModelDir:
+    """The HF folder at `path`, checked (config.json, safetensors weights, tokenizer files); `what` (model,
+    base_model) names it in errors."""
+    path = Path(path)
+    config = path / "config.json"
+    weights = sorted(path.glob("*.safetensors"))
+    problem = ""
+    if not config.is_file():
+        problem = f"model directory {path} has no config.json"
+    elif not weights:
+        problem = f"model directory {path} has no weights (*.safetensors)"
+    elif not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        problem = f"model directory {path} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:2])})"
+    if problem:
+        raise ConfigError(f"{what}: {problem}")
+    try:
+        hf_config = json.loads(config.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what}: {config} is not valid JSON ({e})") from e
+    if hf_config.get("auto_map"):
+        raise ConfigError(f"{what}: {config} names remote code (auto_map), which this engine does not run")
+    return ModelDir(path, hf_config, sum(_safetensors_parameters(p) for p in weights))
+
+
+def _safetensors_parameters(path: Path) -> int:
+    """Elements in a safetensors file, from its JSON header (8-byte little-endian length, then the header)."""
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return sum(prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
+    differing = [
+        name for name in _TOKENIZER_FILES if _file_hash(tuned.path / name) != _file_hash(base.path / name)
+    ]
+    tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
+    if tuned_vocab != base_vocab:
+        differing.append(f"vocab_size {base_vocab} vs {tuned_vocab}")
+    if differing:
+        raise ConfigError(
+            f"base_model ({base.path}) does not share the tuned model's tokenizer ({tuned.path}): "
+            f"{', '.join(differing)} differ. Compare a fine-tuned model with the base it was trained from."
+        )
+
+
+def _file_hash(path: Path) -> str | None:
+    return hash_file(path).sha256 if path.is_file() else None
+
+
+@dataclass
+class TunedModel:
+    folder: ModelDir  # the merged model: the full fine-tune, or the base with the adapter merged in
+
+
+def tuned_model(
+    path: Path, run_dir: Path | None, base_dir: ModelDir | None, train_config: dict
+) -> TunedModel:
+    """The model folder at `path` (the fine-tune records its run's merged/ folder as the model)."""
+    return TunedModel(inspect_model(path, "model"))
+
+
+def lm_eval_folder(tuned: TunedModel, run_dir: Path) -> ModelDir:
+    return tuned.folder
+
+
+def models_to_score(
+    tuned: TunedModel, base_dir: ModelDir | None, device: Any, dtype: Any
+) -> Iterator[tuple[str, Any]]:
+    """("tuned", model), then ("base", model) when there is a base, one in memory at a time (the caller drops
+    each before asking for the next)."""
+    yield "tuned", load_model(tuned.folder, device, dtype)
+    if base_dir is not None:
+        yield "base", load_model(base_dir, device, dtype)
+
+
+def load_model(model_dir: ModelDir, device: Any, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir.path, dtype=dtype, local_files_only=True)
+    return model.to(device).eval()
+
+
+# --- the eval rows --------------------------------------------------------------------------------------------
+
+
+def training_max_seq_len(train_config: dict) -> int | None:
+    return (train_config.get("settings") or {}).get("max_seq_len")
+
+
+def eval_dataset(
+    train_config: dict, eval_data: ArtifactInput, files: list[str], max_seq_len: int | None
+) -> SftSettings:
+    """The run's settings pointed at the eval files and truncating at `max_seq_len`: dataset type, column map and
+    chat loss as training read them; without a training config, from eval_data's metadata."""
+    if train_config.get("settings"):
+        settings = SftSettings.from_dict(train_config["settings"])
+    else:
+        meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
+        dataset_type = meta.dataset_type or "instruct"
+        if dataset_type not in DATASET_TYPES:
+            raise ConfigError(
+                f"eval_data has `dataset_type` {dataset_type!r}; expected one of {', '.join(DATASET_TYPES)}"
+            )
+        column = {"chat": ("messages", meta.conversation_column), "text": ("text", meta.text_column)}
+        name, source = column.get(dataset_type, ("", None))
+        settings = SftSettings(
+            model_dir="",
+            data_files=[],
+            output_dir="",
+            dataset_type=dataset_type,
+            column_map={name: source} if source else {},
+        )
+    # Eval rows are scored one by one, never packed; bf16 decides nothing about the rows.
+    return dataclasses.replace(
+        settings,
+        data_files=list(files),
+        max_seq_len=max_seq_len or settings.max_seq_len,
+        packing=False,
+        bf16=False,
+    )
+
+
+def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, train_config: dict | None = None) -> Any:
+    """The folder's tokenizer (eval_dataset's settings carry the length rows are truncated to)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir.path, local_files_only=True)
+
+
+def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
+    """The eval rows in TRL's format (`prompt`/`completion`, `messages` or `text`) with their `input_ids` and
+    `labels` as TRL prepares training rows, and `row`: the row's index in the eval files. TRL drops rows whose
+    labels truncation left empty, as it does in training."""
+    from trl import SFTTrainer
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-rows-") as scratch:
+        # The settings check wants a model folder; the rows need only the tokenizer's, which is the same.
+        settings = dataclasses.replace(settings, model_dir=tokenizer.name_or_path, output_dir=scratch)
+        try:
+            sft_config, _, rows = train.formatted_rows(settings, tokenizer)
+        except ValueError as err:
+            raise ConfigError(f"eval_data: {err}") from err
+        rows = rows.add_column("row", list(range(len(rows))))
+        # What SFTTrainer.__init__ sets before it prepares a dataset: the template with generation markers when
+        # only assistant turns train, whether the completion mask applies, the tokenizer.
+        template = None
+        if sft_config.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+            template = get_training_chat_template(tokenizer)
+        trainer = SimpleNamespace(
+            _tokenizer=tokenizer,
+            chat_template=template,
+            completion_only_loss=sft_config.completion_only_loss,
+        )
+        prepared = SFTTrainer._prepare_dataset(
+            trainer, rows, tokenizer, sft_config, packing=False, formatting_func=None, dataset_name="eval"
+        )
+        formatted = rows.to_list()
+        examples = prepared.to_list()
+    for example in examples:
+        example["formatted"] = formatted[example["row"]]
+        example["chat_template"] = template
+    return examples
+
+
+def make_examples(dataset: list[dict], tokenizer: Any, rows: Sequence[int]) -> list[Example]:
+    """Examples for the chosen rows. Text rows have no prompt/answer split: loss only."""
+    examples = []
+    for i in rows:
+        item = dataset[i]
+        tokens, labels = list(item["input_ids"]), list(item["labels"])
+        formatted, prompt_tokens = item["formatted"], None
+        if "text" in formatted:
+            prompt, reference = formatted["text"][:200], ""
+        else:
+            prompt, reference, blank = _prompt_reference_blank(formatted)
+            start = _common_prefix(tokens, _tokenize(tokenizer, blank, item["chat_template"]))
+            # A prompt truncated by max_seq_len leaves nothing to generate from.
+            if 0 < start < len(tokens):
+                prompt_tokens = tokens[:start]
+        examples.append(Example(item["row"], tokens, labels, prompt_tokens, prompt, reference))
+    return examples
+
+
+def _prompt_reference_blank(formatted: dict) -> tuple[str, str, str | list]:
+    """(the last user turn, the answer, the row with its answer blank) of an instruct or chat row. The blank row
+    tokenizes to the training sequence up to where the answer's text begins (after the assistant header and
+    anything the template writes before the answer, e.g. Qwen3's empty think block, which training also learns)."""
+    if "messages" in formatted:
+        messages = formatted["messages"]
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        context, answer = messages[:last], messages[last]
+    else:
+        context, answer = formatted["prompt"], formatted["completion"]
+        if isinstance(answer, str):  # no chat template: the prompt text, then the answer's
+            return context.strip(), answer, context
+        answer = answer[-1]
+    users = [m for m in context if m["role"] == "user"]
+    blank = [*context, {**answer, "content": ""}]
+    return (users[-1]["content"] if users else ""), answer["content"], blank
+
+
+def _tokenize(tokenizer: Any, row: str | list, chat_template: str | None) -> list[int]:
+    if isinstance(row, str):
+        return tokenizer(text=row)["input_ids"]
+    return tokenizer.apply_chat_template(row, tokenize=True, return_dict=True, chat_template=chat_template)[
+        "input_ids"
+    ]
+
+
+def _common_prefix(tokens: list[int], other: list[int]) -> int:
+    start = 0
+    while start < min(len(tokens), len(other)) and tokens[start] == other[start]:
+        start += 1
+    return start
+
+
+# --- scoring --------------------------------------------------------------------------------------------------
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def teacher_forced_losses(
+    model: Any, examples: Sequence[Example], batch_size: int, pad_id: int, device: Any
+) -> tuple[float, int, list[float | None], list[int]]:
+    """(summed NLL, token count, per-example mean NLL, per-example token count) on the trained tokens: position t
+    predicts token t+1, as the model's own loss shifts."""
+    import torch
+    import torch.nn.functional as F
+
+    total, count, per_example, per_example_tokens = 0.0, 0, [], []
+    with torch.inference_mode():
+        for batch in batches(examples, batch_size):
+            width = max(len(e.tokens) for e in batch)
+            tokens = torch.tensor(
+                [e.tokens + [pad_id] * (width - len(e.tokens)) for e in batch], device=device
+            )
+            labels = torch.tensor(
+                [e.labels + [IGNORE_INDEX] * (width - len(e.labels)) for e in batch], device=device
+            )
+            mask = torch.tensor(
+                [[1] * len(e.tokens) + [0] * (width - len(e.tokens)) for e in batch], device=device
+            )
+            logits = model(input_ids=tokens, attention_mask=mask).logits[:, :-1]
+            labels = labels[:, 1:]
+            trained = labels != IGNORE_INDEX
+            nll = F.cross_entropy(logits[trained].float(), labels[trained], reduction="none")
+            nll_per_row = torch.zeros(labels.shape[0], device=device).index_add_(
+                0, trained.nonzero()[:, 0], nll
+            )
+            for row_nll, row_count in zip(nll_per_row.tolist(), trained.sum(dim=1).tolist(), strict=True):
+                per_example.append(row_nll / row_count if row_count else None)
+                per_example_tokens.append(row_count)
+                total += row_nll
+                count += row_count
+    return total, count, per_example, per_example_tokens
+
+
+def greedy_generate(
+    model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, device: Any
+) -> list[str]:
+    """Greedy continuations of a batch of prompts (left-padded), cut at the first end-of-sequence token."""
+    import torch
+
+    pad_id, width = _pad_id(tokenizer), max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    stop = model.generation_config.eos_token_id
+    stop = set(stop if isinstance(stop, list) else [stop if stop is not None else tokenizer.eos_token_id])
+    with torch.inference_mode():
+        output = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=sorted(stop),
+        )
+    texts = []
+    for row in output[:, width:].tolist():
+        cut = next((i for i, token in enumerate(row) if token in stop), len(row))
+        texts.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+    return texts
+
+
+def score_model(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    *,
+    label: str,
+    batch_size: int,
+    max_new_tokens: int,
+    device: Any,
+    dtype: Any,
+    seed: int,
+    progress: Callable[[str], None] = log.info,
+) -> ModelScores:
+    """Loss over all examples, then greedy generations for those with a prompt, logging progress."""
+    import torch
+
+    started = time.monotonic()
+    torch.manual_seed(seed)
+    loss_sum, loss_tokens, per_example, per_example_tokens = teacher_forced_losses(
+        model, examples, batch_size, _pad_id(tokenizer), device
+    )
+    progress(
+        f"{label}: eval loss {loss_sum / max(loss_tokens, 1):.4f} over {loss_tokens} response tokens "
+        f"({time.monotonic() - started:.1f}s)"
+    )
+    generations: list[str | None] = [None] * len(examples)
+    todo = [i for i, e in enumerate(examples) if e.prompt_tokens]
+    for done, batch in enumerate(batches(todo, batch_size), start=1):
+        texts = greedy_generate(
+            model,
+            tokenizer,
+            [examples[i].prompt_tokens for i in batch],
+            max_new_tokens=max_new_tokens,
+            device=device,
+        )
+        for i, text in zip(batch, texts, strict=True):
+            generations[i] = text
+        progress(f"{label}: generated {min(done * batch_size, len(todo))}/{len(todo)} samples")
+    return ModelScores(
+        loss_sum, loss_tokens, per_example, per_example_tokens, generations, time.monotonic() - started
+    )
+
+
+# --- lm-eval --------------------------------------------------------------------------------------------------
+
+
+def check_lm_eval() -> None:
+    """lm-eval's own HF model loads the folder: nothing beyond lm-eval itself to check."""
+
+
+def lm_eval_model(model_dir: ModelDir, settings: Any, device: Any, max_seq_len: int | None) -> Any:
+    """lm-eval's HF causal-LM model on the folder (no remote code), in the precision evaluate scores in."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(
+        pretrained=str(model_dir.path),
+        device=str(device),
+        dtype="bfloat16" if device.type == "cuda" else "float32",
+        batch_size=settings.batch_size,
+        max_length=max_seq_len,
+        trust_remote_code=False,
+    )
