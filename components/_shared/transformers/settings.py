@@ -23,6 +23,7 @@ _READ_FORMATS = ("parquet", "json")
 
 DATASET_TYPES = TEXT_DATASET_TYPES
 METHODS = ("lora", "qlora", "full")
+DEVICES = ("auto", "cpu", "cuda")
 BF16_CHOICES = ("auto", True, False)
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
 #: builders take column_map: {"input": "question"} reads the input from the `question` column).
@@ -55,6 +56,7 @@ class SftSettings:
     packing: bool = False
     gradient_checkpointing: bool = False  # TRL turns it on by default; off is faster where memory allows (§7)
     bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
+    device: str = "auto"  # auto: the GPUs where CUDA has any, else the CPU
     seed: int = 0
     logging_steps: int = 1
     warmup_steps: int = 0
@@ -87,8 +89,10 @@ class SftSettings:
             raise problems[0]
 
     def problems(self) -> list[SettingError]:
-        found = one_of("dataset_type", self.dataset_type, DATASET_TYPES) + one_of(
-            "method", self.method, METHODS
+        found = (
+            one_of("dataset_type", self.dataset_type, DATASET_TYPES)
+            + one_of("method", self.method, METHODS)
+            + one_of("device", self.device, DEVICES)
         )
         if self.bf16 not in BF16_CHOICES:
             found.append(SettingError("bf16", f"must be auto, true or false (got {self.bf16!r})"))
@@ -158,6 +162,8 @@ class SftSettings:
         """bf16 resolved: auto is on where a CUDA GPU supports it (imports torch)."""
         if self.bf16 != "auto":
             return bool(self.bf16)
+        if self.device == "cpu":
+            return False
         import torch
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -178,6 +184,8 @@ class SftSettings:
         import torch
         from trl import SFTConfig
 
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise SettingError("device", "is cuda, but CUDA sees no GPU here: set it to auto or cpu")
         bf16 = self.use_bf16()
         sft = SFTConfig(
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
@@ -193,7 +201,7 @@ class SftSettings:
             gradient_checkpointing=self.gradient_checkpointing,
             bf16=bf16,
             fp16=False,
-            use_cpu=not torch.cuda.is_available(),
+            use_cpu=self.device == "cpu" or not torch.cuda.is_available(),
             seed=self.seed,
             data_seed=self.seed,
             logging_steps=self.logging_steps,

@@ -1,0 +1,137 @@
+"""The transformers engine's plan for one run, from the fine-tune step's own settings: the settings it trains with
+(SftSettings, written to `<run>/sft_settings.json`) and the command that trains them, locally or in a TrainJob.
+
+The step's settings arrive under its flat names (`learning_rate`, `lora_rank`, `enable_activation_checkpointing`;
+the pipelines call them `tune_<name>`), unset ones as None (_shared/unset.py). A setting only torchtune reads
+(`recipe`, `overrides`, `compile`, ...) is refused by its pipeline name with the fix, never silently dropped.
+`plan_run` checks everything that needs neither torch nor the weights: it runs before any download or TrainJob.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
+from kfp_finetune.components._shared.transformers import run_layout
+from kfp_finetune.components._shared.transformers.settings import SftSettings
+from kfp_finetune.components._shared.workspace import write_json_atomic
+
+MODULE = "kfp_finetune.components._shared.transformers.train"
+SETTINGS_FILE = "sft_settings.json"
+#: The step's settings this engine reads -> its SftSettings field.
+READ = {
+    "method": "method",
+    "epochs": "epochs",
+    "batch_size": "batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "learning_rate": "learning_rate",
+    "num_warmup_steps": "warmup_steps",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "dataset_type": "dataset_type",
+    "column_map": "column_map",
+    "max_seq_len": "max_seq_len",
+    "seed": "seed",
+    "packed": "packing",
+    "enable_activation_checkpointing": "gradient_checkpointing",
+    "device": "device",
+}
+#: Settings read here under a rule of their own: max_steps_per_epoch x epochs is max_steps; dtype is bf16 or not.
+COMBINED = ("max_steps_per_epoch", "dtype")
+_DTYPES = {"bf16": True, "fp32": False}
+
+
+@dataclass(frozen=True)
+class SftRun:
+    """One planned transformers-engine run: its settings and where they are written."""
+
+    settings: SftSettings
+    world: int  # processes over all nodes
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.settings.output_dir)
+
+    @property
+    def settings_path(self) -> Path:
+        return self.run_dir / SETTINGS_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / run_layout.METRICS_FILE
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.settings.model_dir)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def command(self, torchrun_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """`python -m <train module> <settings>`; with torchrun flags, torchrun starts one process per device
+        (never `accelerate launch`: Kubeflow's TRL proof of concept found it trained at world size 1)."""
+        if torchrun_args:
+            return ["torchrun", *torchrun_args, "-m", MODULE, str(self.settings_path)]
+        return ["python", "-m", MODULE, str(self.settings_path)]
+
+    def check_with_torch(self) -> None:
+        """TRL's and transformers' own argument checks (imports torch and TRL; reads no weights)."""
+        self.settings.trl_config(self.world)
+
+
+def sft_settings(
+    values: dict[str, Any], *, model_dir: str | os.PathLike, data_files: list[str], run_dir: str | os.PathLike
+) -> SftSettings:
+    """SftSettings from the step's flat settings (None: this engine's default), checked; the first problem is
+    raised naming the pipeline parameter (`tune_<name>`) and the fix."""
+    given = {k: v for k, v in values.items() if v is not None and v != {} and v != []}
+    unread = sorted(set(given) - set(READ) - set(COMBINED))
+    if unread:
+        raise ConfigError(
+            f"{', '.join(f'tune_{name}' for name in unread)}: torchtune settings the transformers engine does not "
+            "read: unset them, or set tune_engine=torchtune for a model torchtune serves"
+        )
+    fields: dict[str, Any] = {READ[k]: v for k, v in given.items() if k in READ}
+    if "max_steps_per_epoch" in given:
+        fields["max_steps"] = given["max_steps_per_epoch"] * fields.get("epochs", 1)
+    if "dtype" in given:
+        if given["dtype"] not in _DTYPES:
+            raise ConfigError(
+                f"tune_dtype must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
+            )
+        fields["bf16"] = _DTYPES[given["dtype"]]
+    settings = SftSettings(
+        model_dir=str(model_dir), data_files=list(data_files), output_dir=str(run_dir), **fields
+    )
+    problems = settings.problems()
+    if problems:
+        raise ConfigError(problems[0].named(f"tune_{_step_name(problems[0])}"))
+    return settings
+
+
+def plan_run(
+    values: dict[str, Any],
+    *,
+    model_dir: str | os.PathLike,
+    data_files: list[str],
+    run_dir: str | os.PathLike,
+    devices: int = 1,
+    nodes: int = 1,
+) -> SftRun:
+    """The checked run, its settings written into the run folder for the training command to read."""
+    run = SftRun(
+        sft_settings(values, model_dir=model_dir, data_files=data_files, run_dir=run_dir), devices * nodes
+    )
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run.settings_path, asdict(run.settings))
+    return run
+
+
+def _step_name(problem: SettingError) -> str:
+    """The step's name for an SftSettings field (its own name where the step has no such setting)."""
+    return next((step for step, field in READ.items() if field == problem.setting), problem.setting)
