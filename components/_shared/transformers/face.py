@@ -4,7 +4,9 @@ _shared/torchtune/face.py for the names every face has).
 - `serves(model_dir, hf_config)`: whether the installed transformers has the model's causal-LM class natively;
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
-- `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once.
+- `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
+- `plan_run(settings, model_dir=, data_files=, run_dir=, devices=, nodes=)`: the run planned and checked from the
+  fine-tune step's settings (plan.py). torchtune's face has none: the step plans torchtune's runs itself.
 
 Not yet here: `evaluation()` (scoring eval rows as this engine tokenized them). Until it is, the wing is not
 registered in engines.WINGS, so no step can pick it and find the face incomplete.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kfp_finetune.components._shared.transformers.plan import plan_run
 from kfp_finetune.components._shared.transformers.run_layout import (
     last_adapter_state,
     merged_model_dir,
@@ -27,7 +30,15 @@ NAME = "transformers"
 #: are not exclusive: the torchtune wing's parity checks use them too.
 PACKAGES = ("trl",)
 
-__all__ = ["NAME", "PACKAGES", "last_adapter_state", "merged_model_dir", "read_resolved_config", "serves"]
+__all__ = [
+    "NAME",
+    "PACKAGES",
+    "last_adapter_state",
+    "merged_model_dir",
+    "plan_run",
+    "read_resolved_config",
+    "serves",
+]
 
 
 def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:

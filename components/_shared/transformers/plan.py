@@ -61,6 +61,16 @@ class SftRun:
         return self.run_dir / SETTINGS_FILE
 
     @property
+    def resolved_path(self) -> Path:
+        """What the run trained with, TRL's arguments included (train.py writes it)."""
+        return self.run_dir / run_layout.RESOLVED_CONFIG
+
+    @property
+    def recipe(self) -> str:
+        """The training entry point, as the model metadata's `recipe` names torchtune's."""
+        return MODULE
+
+    @property
     def metrics_path(self) -> Path:
         return self.run_dir / run_layout.METRICS_FILE
 
