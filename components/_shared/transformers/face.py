@@ -6,7 +6,8 @@ _shared/torchtune/face.py for the names every face has).
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
 - `plan_run(settings, model_dir=, data_files=, run_dir=, devices=, nodes=)`: the run planned and checked from the
-  fine-tune step's settings (plan.py). torchtune's face has none: the step plans torchtune's runs itself.
+  fine-tune step's settings (plan.py), and `check_settings(settings)` the same checks for pre-flight. torchtune's
+  face has neither: the step plans torchtune's runs itself (resolve.py).
 
 Not yet here: `evaluation()` (scoring eval rows as this engine tokenized them). Until it is, the wing is not
 registered in engines.WINGS, so no step can pick it and find the face incomplete.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kfp_finetune.components._shared.transformers.plan import plan_run
+from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run
 from kfp_finetune.components._shared.transformers.run_layout import (
     last_adapter_state,
     merged_model_dir,
@@ -33,6 +34,7 @@ PACKAGES = ("trl",)
 __all__ = [
     "NAME",
     "PACKAGES",
+    "check_settings",
     "last_adapter_state",
     "merged_model_dir",
     "plan_run",

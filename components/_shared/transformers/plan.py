@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared.errors import ConfigError, SettingError
+from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 from kfp_finetune.components._shared.workspace import write_json_atomic
@@ -98,21 +98,23 @@ def sft_settings(
     values: dict[str, Any], *, model_dir: str | os.PathLike, data_files: list[str], run_dir: str | os.PathLike
 ) -> SftSettings:
     """SftSettings from the step's flat settings (None: this engine's default), checked; the first problem is
-    raised naming the pipeline parameter (`tune_<name>`) and the fix."""
+    raised as a SettingError of the pipeline parameter (`tune_<name>`), with the fix."""
     given = {k: v for k, v in values.items() if v is not None and v != {} and v != []}
-    unread = sorted(set(given) - set(READ) - set(COMBINED))
+    unread = [f"tune_{name}" for name in sorted(set(given) - set(READ) - set(COMBINED))]
     if unread:
-        raise ConfigError(
-            f"{', '.join(f'tune_{name}' for name in unread)}: torchtune settings the transformers engine does not "
-            "read: unset them, or set tune_engine=torchtune for a model torchtune serves"
+        also = f" (nor {', '.join(unread[1:])})" if unread[1:] else ""
+        raise SettingError(
+            unread[0],
+            f"is a torchtune setting the transformers engine does not read{also}: unset it, or set "
+            "tune_engine=torchtune for a model torchtune serves",
         )
     fields: dict[str, Any] = {READ[k]: v for k, v in given.items() if k in READ}
     if "max_steps_per_epoch" in given:
         fields["max_steps"] = given["max_steps_per_epoch"] * fields.get("epochs", 1)
     if "dtype" in given:
         if given["dtype"] not in _DTYPES:
-            raise ConfigError(
-                f"tune_dtype must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
+            raise SettingError(
+                "tune_dtype", f"must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
             )
         fields["bf16"] = _DTYPES[given["dtype"]]
     settings = SftSettings(
@@ -120,8 +122,13 @@ def sft_settings(
     )
     problems = settings.problems()
     if problems:
-        raise ConfigError(problems[0].named(f"tune_{_step_name(problems[0])}"))
+        raise SettingError(f"tune_{_step_name(problems[0])}", problems[0].problem)
     return settings
+
+
+def check_settings(values: dict[str, Any]) -> None:
+    """The step's settings checked as `plan_run` checks them, where no model or data is at hand (pre-flight)."""
+    sft_settings(values, model_dir="model", data_files=["data.parquet"], run_dir="run")
 
 
 def plan_run(

@@ -85,7 +85,7 @@ def test_a_full_fine_tune_hands_on_the_merged_folder_alone(workspace):
 
 def test_a_setting_only_torchtune_reads_is_refused_before_anything_trains(workspace):
     root, _ = workspace
-    with pytest.raises(ConfigError, match="^tune_overrides: torchtune settings"):
+    with pytest.raises(ConfigError, match="^tune_overrides is a torchtune setting"):
         finetune(workspace, "refused", overrides={"clip_grad_norm": 1.0})
     assert not list(root.glob("runs/*refused*/logs"))
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kfp_finetune.components._shared.errors import ConfigError, SettingError
+from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.transformers import plan, run_layout
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
@@ -43,14 +43,14 @@ def test_the_steps_settings_become_the_engines_under_its_names():
 @pytest.mark.parametrize(
     ("values", "named"),
     [
-        ({"recipe": "lora_finetune_single_device"}, "tune_recipe"),
-        ({"overrides": {"clip_grad_norm": 1.0}}, "tune_overrides"),
-        ({"compile": True, "train_on_input": True}, "tune_compile, tune_train_on_input"),
+        ({"recipe": "lora_finetune_single_device"}, "tune_recipe is a torchtune setting"),
+        ({"overrides": {"clip_grad_norm": 1.0}}, "tune_overrides is a torchtune setting"),
+        ({"compile": True, "train_on_input": True}, r"tune_compile is .* \(nor tune_train_on_input\)"),
     ],
 )
 def test_a_setting_only_torchtune_reads_is_refused_by_its_pipeline_name(values, named):
-    with pytest.raises(ConfigError, match=f"^{named}: torchtune settings .* tune_engine=torchtune"):
-        plan.sft_settings(values, **WHERE)
+    with pytest.raises(SettingError, match=f"^{named}.*: unset it, or set tune_engine=torchtune"):
+        plan.check_settings(values)
 
 
 @pytest.mark.parametrize(
@@ -64,8 +64,9 @@ def test_a_setting_only_torchtune_reads_is_refused_by_its_pipeline_name(values, 
     ],
 )
 def test_a_bad_value_is_refused_by_its_pipeline_name(values, message):
-    with pytest.raises(ConfigError, match=f"^{message}"):
-        plan.sft_settings(values, **WHERE)
+    with pytest.raises(SettingError, match=f"^{message}") as refused:
+        plan.check_settings(values)
+    assert message.startswith(refused.value.setting)  # pre-flight names the parameter from it
 
 
 def test_the_plan_writes_the_settings_its_command_reads(tmp_path):
