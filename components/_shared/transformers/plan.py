@@ -40,8 +40,11 @@ READ = {
     "enable_activation_checkpointing": "gradient_checkpointing",
     "device": "device",
 }
-#: Settings read here under a rule of their own: max_steps_per_epoch x epochs is max_steps; dtype is bf16 or not.
-COMBINED = ("max_steps_per_epoch", "dtype")
+#: Settings read here under a rule of their own: max_steps_per_epoch x epochs is max_steps; dtype is bf16 or not;
+#: conversation_style is how chat rows are written (a data style).
+COMBINED = ("max_steps_per_epoch", "dtype", "conversation_style")
+#: dataset-initialize's hints of a column's name (DatasetSplit.torchtune_hints) -> the column the engine reads.
+_HINTED_COLUMNS = {"conversation_column": "messages", "text_column": "text"}
 _DTYPES = {"bf16": True, "fp32": False}
 
 
@@ -95,10 +98,16 @@ class SftRun:
 
 
 def sft_settings(
-    values: dict[str, Any], *, model_dir: str | os.PathLike, data_files: list[str], run_dir: str | os.PathLike
+    values: dict[str, Any],
+    *,
+    model_dir: str | os.PathLike,
+    data_files: list[str],
+    run_dir: str | os.PathLike,
+    data_hints: dict[str, str] | None = None,
 ) -> SftSettings:
-    """SftSettings from the step's flat settings (None: this engine's default), checked; the first problem is
-    raised as a SettingError of the pipeline parameter (`tune_<name>`), with the fix."""
+    """SftSettings from the step's flat settings (None: this engine's default) and how dataset-initialize wrote the
+    rows (`data_hints`: its dataset_type, data_style and column names; a setting the user gave wins), checked; the
+    first problem is raised as a SettingError of the pipeline parameter (`tune_<name>`), with the fix."""
     given = {k: v for k, v in values.items() if v is not None and v != {} and v != []}
     unread = [f"tune_{name}" for name in sorted(set(given) - set(READ) - set(COMBINED))]
     if unread:
@@ -109,6 +118,14 @@ def sft_settings(
             "tune_engine=torchtune for a model torchtune serves",
         )
     fields: dict[str, Any] = {READ[k]: v for k, v in given.items() if k in READ}
+    hints = data_hints or {}
+    if hints.get("dataset_type"):
+        fields.setdefault("dataset_type", hints["dataset_type"])
+    style = given.get("conversation_style") or hints.get("data_style")
+    if style:
+        fields["data_style"] = style
+    hinted = {read: hints[hint] for hint, read in _HINTED_COLUMNS.items() if hints.get(hint)}
+    fields["column_map"] = {**hinted, **fields.get("column_map", {})}
     if "max_steps_per_epoch" in given:
         fields["max_steps"] = given["max_steps_per_epoch"] * fields.get("epochs", 1)
     if "dtype" in given:
@@ -137,13 +154,15 @@ def plan_run(
     model_dir: str | os.PathLike,
     data_files: list[str],
     run_dir: str | os.PathLike,
+    data_hints: dict[str, str] | None = None,
     devices: int = 1,
     nodes: int = 1,
 ) -> SftRun:
     """The checked run, its settings written into the run folder for the training command to read."""
-    run = SftRun(
-        sft_settings(values, model_dir=model_dir, data_files=data_files, run_dir=run_dir), devices * nodes
+    settings = sft_settings(
+        values, model_dir=model_dir, data_files=data_files, run_dir=run_dir, data_hints=data_hints
     )
+    run = SftRun(settings, devices * nodes)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run.settings_path, asdict(run.settings))
     return run

@@ -30,6 +30,10 @@ BF16_CHOICES = ("auto", True, False)
 #: The Trainer's own output folder inside the run (SFTConfig.output_dir); run_layout.py names the run's outputs.
 TRAINER_DIR = "trainer"
 COLUMNS = {"instruct": ("input", "output"), "chat": ("messages",), "text": ("text",)}
+#: How dataset-initialize wrote the rows (its `data_style`); "" reads COLUMNS as they are. Alpaca rows keep their
+#: `instruction` (and optional `input`); ShareGPT turns are {"from", "value"} (read as OpenAI roles).
+DATA_STYLES = ("", "input_output", "alpaca", "openai", "sharegpt", "text")
+_STYLE_COLUMNS = {"alpaca": ("instruction", "input", "output")}
 
 
 @dataclass
@@ -55,6 +59,7 @@ class SftSettings:
     max_seq_len: int = 2048
     packing: bool = False
     gradient_checkpointing: bool = False  # TRL turns it on by default; off is faster where memory allows (§7)
+    data_style: str = ""  # dataset-initialize's data_style (DATA_STYLES)
     bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
     device: str = "auto"  # auto: the GPUs where CUDA has any, else the CPU
     seed: int = 0
@@ -93,6 +98,7 @@ class SftSettings:
             one_of("dataset_type", self.dataset_type, DATASET_TYPES)
             + one_of("method", self.method, METHODS)
             + one_of("device", self.device, DEVICES)
+            + one_of("data_style", self.data_style, DATA_STYLES)
         )
         if self.bf16 not in BF16_CHOICES:
             found.append(SettingError("bf16", f"must be auto, true or false (got {self.bf16!r})"))
@@ -143,16 +149,22 @@ class SftSettings:
         ):
             found.append(SettingError("column_map", "must map column names to column names"))
         elif self.dataset_type in COLUMNS:
-            extra = sorted(set(self.column_map) - set(COLUMNS[self.dataset_type]))
+            extra = sorted(set(self.column_map) - set(self.columns()))
             if extra:
                 found.append(
                     SettingError(
                         "column_map",
                         f"maps {', '.join(extra)}, which {self.dataset_type} data does not read: its columns "
-                        f"are {', '.join(COLUMNS[self.dataset_type])}",
+                        f"are {', '.join(self.columns())}",
                     )
                 )
         return found
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the rows are read from, by their names before column_map."""
+        if self.dataset_type == "instruct" and self.data_style in _STYLE_COLUMNS:
+            return _STYLE_COLUMNS[self.data_style]
+        return COLUMNS[self.dataset_type]
 
     def column(self, name: str) -> str:
         """The dataset column the engine reads as `name` (column_map applied)."""

@@ -41,6 +41,59 @@ def test_the_steps_settings_become_the_engines_under_its_names():
 
 
 @pytest.mark.parametrize(
+    ("hints", "values", "expected"),
+    [
+        ({"dataset_type": "instruct", "data_style": "alpaca"}, {}, ("instruct", "alpaca", {})),
+        (
+            {"dataset_type": "chat", "data_style": "sharegpt", "conversation_column": "conversations"},
+            {},
+            ("chat", "sharegpt", {"messages": "conversations"}),
+        ),
+        (
+            {"dataset_type": "text", "data_style": "text", "text_column": "body"},
+            {},
+            ("text", "text", {"text": "body"}),
+        ),
+        (  # what the user sets wins over what dataset-initialize found
+            {"dataset_type": "chat", "data_style": "openai", "conversation_column": "messages"},
+            {"column_map": {"messages": "dialog"}, "conversation_style": "sharegpt"},
+            ("chat", "sharegpt", {"messages": "dialog"}),
+        ),
+    ],
+)
+def test_the_rows_are_read_as_dataset_initialize_wrote_them(hints, values, expected):
+    settings = plan.sft_settings(values, **WHERE, data_hints=hints)
+    assert (settings.dataset_type, settings.data_style, settings.column_map) == expected
+
+
+def test_alpaca_and_sharegpt_rows_become_the_prompts_dataset_initialize_would_write(tmp_path):
+    pytest.importorskip("trl")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kfp_finetune.components._shared.transformers.train import load_rows
+
+    alpaca = tmp_path / "alpaca.parquet"
+    pq.write_table(
+        pa.table({"instruction": ["Reverse it.", "Say hi."], "input": ["abc", " "], "output": ["cba", "hi"]}),
+        alpaca,
+    )
+    settings = plan.sft_settings({}, **{**WHERE, "data_files": [str(alpaca)], "run_dir": str(tmp_path / "a")},
+                                 data_hints={"dataset_type": "instruct", "data_style": "alpaca"})  # fmt: skip
+    rows = load_rows(settings, has_chat_template=True)
+    assert [r["prompt"][0]["content"] for r in rows] == ["Reverse it.\n\nabc", "Say hi."]
+    sharegpt = tmp_path / "sharegpt.parquet"
+    turns = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    pq.write_table(pa.table({"conversations": [turns]}), sharegpt)
+    hints = {"dataset_type": "chat", "data_style": "sharegpt", "conversation_column": "conversations"}
+    settings = plan.sft_settings({}, **{**WHERE, "data_files": [str(sharegpt)], "run_dir": str(tmp_path / "s")},
+                                 data_hints=hints)  # fmt: skip
+    assert load_rows(settings, has_chat_template=True)[0]["messages"] == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
     ("values", "named"),
     [
         ({"recipe": "lora_finetune_single_device"}, "tune_recipe is a torchtune setting"),
