@@ -213,6 +213,10 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_overrides", dict, {},
        'Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the typed tune_ settings; empty: none.',
        "torchtune_finetune.overrides", "preflight.tune_overrides"),
+    _p("tune_engine", str, "auto",
+       "Fine-tuning engine: auto (torchtune for the families it serves, else transformers + TRL where it builds "
+       "the model, e.g. mixture-of-experts), torchtune or transformers (local backend only, for now).",
+       "torchtune_finetune.engine", "preflight.tune_engine"),
     _p("tune_backend", str, "trainjob", "trainjob (Kubeflow Trainer) or local (in the step's own pod; small models).",
        "torchtune_finetune.backend", "preflight.tune_backend"),
     _p("tune_device", str, "auto", "cuda, cpu or auto (cuda when GPUs are requested).", "torchtune_finetune.device", "preflight.tune_device"),

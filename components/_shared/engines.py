@@ -9,6 +9,7 @@ through the wing's face module, which has the names in FACE. A step reads the en
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -18,8 +19,12 @@ from kfp_finetune.components._shared.errors import ConfigError
 AUTO = "auto"
 DEFAULT_ENGINE = "torchtune"
 #: The engines in the order `auto` tries them: the first that serves a model trains it.
-WINGS = {"torchtune": "kfp_finetune.components._shared.torchtune.face"}
+WINGS = {
+    "torchtune": "kfp_finetune.components._shared.torchtune.face",
+    "transformers": "kfp_finetune.components._shared.transformers.face",
+}
 FACE = (
+    "DATA_PACKS",
     "NAME",
     "PACKAGES",
     "serves",
@@ -48,6 +53,22 @@ def face(engine: str) -> ModuleType:
             f"{', '.join(WINGS)}): evaluate and export it with the kfp-finetune version that trained it"
         )
     return importlib.import_module(WINGS[name])
+
+
+def model_config(model_dir: str | Path) -> dict:
+    """The model folder's config.json, what `choose` decides from; refused naming the file when unreadable."""
+    path = Path(model_dir) / "config.json"
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"model directory {model_dir} has no config.json: is it an HF-layout model folder?"
+        ) from None
+    except ValueError as err:
+        raise ConfigError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(found, dict):
+        raise ConfigError(f"{path} must hold one JSON object")
+    return found
 
 
 def choose(model_dir: str | Path, hf_config: dict, requested: str = AUTO) -> EngineChoice:

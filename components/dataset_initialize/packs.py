@@ -55,10 +55,17 @@ def pack_train(
             "fine-tune step will tokenize and pack on every rank (run dataset-initialize on the trainer image)"
         )
         return {}
+    from kfp_finetune.components._shared import engines
     from kfp_finetune.components._shared.torchtune import packing
     from kfp_finetune.components._shared.torchtune.defaults import no_packing_on_cuda
     from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 
+    choice = engines.choose(model_dir, engines.model_config(model_dir))
+    if not engines.face(choice.engine).DATA_PACKS:
+        log.info(
+            "no packs written: the %s engine tokenizes the rows itself (%s)", choice.engine, choice.reason
+        )
+        return {}
     model = inspect_model_dir(model_dir, weights_required=False)  # tokenizing reads no weights
     tokenizer_node = model.tokenizer_node(None)
     split = manifest["splits"]["train"]

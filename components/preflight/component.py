@@ -13,6 +13,7 @@ def preflight(
     s3_endpoint_url: str = "",
     hf_token_secret: str = "hf-token",
     s3_secret: str = "s3-credentials",
+    tune_engine: str = "auto",
     tune_backend: str = "trainjob",
     tune_runtime: str = "torchtune",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
@@ -100,6 +101,8 @@ def preflight(
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_token_secret: Name of the Secret that gives HF_TOKEN (named in the fix when HF_TOKEN is missing).
         s3_secret: Name of the Secret that gives AWS_* (named in the fix when S3 credentials are missing).
+        tune_engine: auto (torchtune for the families it serves, else transformers where it builds the model),
+            torchtune or transformers; the choice and its reason are logged.
         tune_backend: trainjob (the runtime is checked on the cluster) or local (no cluster needed).
         tune_runtime: The (Cluster)TrainingRuntime the fine-tune's TrainJob will name.
         tune_runtime_kind: ClusterTrainingRuntime or TrainingRuntime (namespaced, in the step's namespace).
@@ -233,6 +236,7 @@ def preflight(
         "tune_checkpoint_every_minutes": tune_checkpoint_every_minutes,
         "tune_overrides": tune_overrides,
         "tune_device": tune_device,
+        "tune_engine": tune_engine,
         "tune_num_nodes": tune_num_nodes,
         "tune_gpus_per_node": tune_gpus_per_node,
         "tune_gpu_memory_gib": tune_gpu_memory_gib,

@@ -34,7 +34,7 @@ TUNE = "tune_"
 STEP_PARAMETERS = (
     "tune_backend", "tune_runtime", "tune_num_nodes", "tune_gpus_per_node", "tune_gpu_memory_gib",
     "tune_trainer_image", "tune_cleanup_policy", "tune_timeout_seconds", "tune_queue_name", "tune_priority_class",
-    "tune_queue_timeout_seconds", "tune_allow_slow_network",
+    "tune_queue_timeout_seconds", "tune_allow_slow_network", "tune_engine",
 )  # fmt: skip
 # The settings the pipeline parameters give each step, by the step's name for them.
 EVAL_PARAMETERS = {
@@ -203,7 +203,13 @@ def check_model_and_run(
             log.info("model_uri: fetched %s (no weights)", ", ".join(fetched))
             hf_config = _hf_config(Path(folder) / "config.json")
             if hf_config:  # else the inspection below names what is wrong with config.json
-                log.info("%s", engines.choose(folder, hf_config).line())
+                choice = engines.choose(folder, hf_config, settings.get("tune_engine", engines.AUTO))
+                log.info("%s", choice.line())
+                face = engines.face(choice.engine)
+                if hasattr(
+                    face, "check_settings"
+                ):  # a wing that plans its own runs checks the settings itself
+                    return check_planned(face, settings)
             model = inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Problem("model_uri", str(error).replace(folder, model_uri))]
@@ -241,6 +247,16 @@ def check_model_and_run(
                                          "reads: is it a complete Hugging Face model config?")]  # fmt: skip
     log.info("tune_*: resolved recipe %s with base config %s", run.recipe, run.config_name or "user file")
     return too_big
+
+
+def check_planned(face: Any, settings: RunSettings) -> list[Problem]:
+    """The step's settings as the engine's wing plans them (its `check_settings`), each problem by its parameter."""
+    try:
+        face.check_settings(settings.training())
+    except SettingError as error:
+        return [Problem(error.setting, error.problem)]
+    log.info("tune_*: the %s engine's settings checked", face.NAME)
+    return []
 
 
 #: What evaluate holds on its GPU beside the weights: the batch's activations and KV cache, CUDA's own context.

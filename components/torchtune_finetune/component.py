@@ -67,6 +67,7 @@ def torchtune_finetune(
     checkpoint_every_steps: int = -1,
     checkpoint_every_minutes: float = -1.0,
     overrides: dict = {},  # noqa: B006
+    engine: str = "auto",
     backend: str = "trainjob",
     runtime_name: str = "torchtune",
     runtime_kind: str = "ClusterTrainingRuntime",
@@ -171,6 +172,9 @@ def torchtune_finetune(
             interval); -1: every 30 minutes.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;
             empty: none.
+        engine: The fine-tuning engine: auto (torchtune for every family it serves, else transformers: TRL's SFT
+            trainer with PEFT, for causal LMs transformers builds natively, e.g. mixture-of-experts; the choice
+            and its reason are in the log and report), torchtune or transformers (local backend only, for now).
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with
             the step pod's own resources, so CPU unless GPUs are applied to the pod itself). The step runs on the
             component image, which has no torch: for local on a cluster, give the task the trainer image

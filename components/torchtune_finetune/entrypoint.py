@@ -36,7 +36,15 @@ PROBE = "--probe-network"
 
 
 def node_command(tune_command: list[str]) -> list[str]:
-    """The TrainJob's node command for a `tune run ...` command: the checks first, then that command."""
+    """The TrainJob's node command for a `tune run ...` command: the checks first, then that command. Another
+    engine's command is refused here, before any TrainJob is sent: its node-pod checks are not built yet."""
+    if tune_command[:1] != ["tune"]:
+        from kfp_finetune.components._shared.errors import ConfigError
+
+        raise ConfigError(
+            f"this version launches only torchtune in a TrainJob, not `{' '.join(tune_command[:4])} ...`: train "
+            "this model with tune_backend=local"
+        )
     return ["python", "-m", MODULE, *tune_command]
 
 

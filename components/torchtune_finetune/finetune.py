@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kfp_finetune.components._shared import html_report, unset
+from kfp_finetune.components._shared import engines, html_report, unset
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.cancel import Interrupted
 from kfp_finetune.components._shared.contract import (
@@ -44,7 +44,12 @@ from kfp_finetune.components.torchtune_finetune.backends.local import TrainingFa
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
-from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, first_divergence, summarize
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    LossDiverged,
+    first_divergence,
+    run_metrics,
+    summarize,
+)
 from kfp_finetune.components.torchtune_finetune.network_probe import read_result as read_network
 from kfp_finetune.components.torchtune_finetune.outputs import (
     FinalCheckpoint,
@@ -52,6 +57,7 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
     keep_local_copy,
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
+from kfp_finetune.components.torchtune_finetune.planned_run import train_planned
 from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
 from kfp_finetune.components.torchtune_finetune.warm_start import persistent_compile_root, read_startup
 from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
@@ -61,7 +67,7 @@ log = get_logger(__name__)
 
 @dataclass
 class FinetuneResult:
-    run: ResolvedRun
+    run: Any  # the engine's plan (backends.LaunchPlan): torchtune's ResolvedRun, or the wing's own
     checkpoint: FinalCheckpoint
     steps: list[StepMetrics]
     summary: dict[str, float]
@@ -69,8 +75,8 @@ class FinetuneResult:
     model_metadata: dict
     metrics: dict[str, float]
     report_html: str
-    resolved_yaml: str
-    extra_files: dict[str, str] = field(default_factory=dict)  # name -> text for the train_config artifact
+    config_files: dict[str, str]  # name -> text for the train_config artifact (the resolved config first)
+    train_config: dict  # the train_config artifact's metadata
 
 
 def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> Path:
@@ -179,19 +185,29 @@ def run_finetune(
     export_format: str = "",
     task_id: str = "",
     gpu_memory_gib: float | None = None,
+    engine: str = engines.AUTO,
 ) -> FinetuneResult:
     """Validate everything, resolve the run, train with `backend` (see `backends.backend_for`), and build the
     outputs. `export_format` is how the model will be exported (see `resolve_run`); `task_id` is KFP's id of
-    this task instance ("": not under KFP); `gpu_memory_gib` one training GPU's memory (None: assumed 80)."""
+    this task instance ("": not under KFP); `gpu_memory_gib` one training GPU's memory (None: assumed 80);
+    `engine` the engine setting (engines.choose)."""
     model_dir = workspace_entry(workspace, base_model.metadata, "base_model")
     base = BaseModel.from_metadata(base_model.metadata, input_name="base_model")
     train = DatasetSplit.from_metadata(train_data.metadata, input_name="train_data")
     held_out = DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data") if eval_data else None
-    config, _ = training_settings(settings, train_data, workspace)
-    config.device = pick_device(config.device, backend.gpus_available())
     # The TrainJob's name doubles as the run folder's: deterministic per KFP task instance, so a retry finds both
     # and a second instance (a nested use, a ParallelFor iteration) gets its own.
     run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name, task_id))
+    choice = engines.choose(model_dir, engines.model_config(model_dir), engine)
+    log.info("%s", choice.line())
+    face = engines.face(choice.engine)
+    if hasattr(face, "plan_run"):  # the wing plans its runs from the step's settings (planned_run.py)
+        return FinetuneResult(**train_planned(
+            face, choice, workspace=workspace, model_dir=model_dir, base=base, train=train, held_out=held_out,
+            settings=settings, run_dir=run_dir, backend=backend,
+        ))  # fmt: skip
+    config, _ = training_settings(settings, train_data, workspace)
+    config.device = pick_device(config.device, backend.gpus_available())
     backend.prepare(run_dir, resume=config.resume is not False)
     resolved = resolve_run(
         config,
@@ -250,7 +266,7 @@ def run_finetune(
         token_lengths=resolved.token_lengths.lengths if resolved.token_lengths else None,
     )
     log.info("%s", speed.log_line())
-    metrics = {**_metrics(summary, steps, wall), **speed.metrics()}
+    metrics = {**run_metrics(summary, steps, wall), **speed.metrics()}
     network = read_network(run_dir)
     if network is not None:  # several nodes: the all-reduce probe before training (network_probe.py)
         metrics["allreduce_busbw_gbps"] = round(network.busbw_gbps, 2)
@@ -296,21 +312,9 @@ def run_finetune(
         model_metadata=model_metadata,
         metrics=metrics,
         report_html=render_report(resolved, steps, metrics, model_metadata, speed, resumed),
-        resolved_yaml=resolved.yaml_path.read_text(),
-        extra_files=outcome.files,
+        config_files={RESOLVED_CONFIG: resolved.yaml_path.read_text(), **outcome.files},
+        train_config=train_config_metadata(resolved, sorted({RESOLVED_CONFIG, *outcome.files})),
     )
-
-
-def _metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -> dict[str, float]:
-    metrics = {k: summary[k] for k in ("final_loss", "min_loss", "first_loss") if k in summary}  # finite only
-    metrics.update(steps=float(len(steps)), wall_seconds=round(wall, 3))
-    if "tokens_per_second" in summary:
-        metrics["tokens_per_second"] = summary["tokens_per_second"]
-        # torchtune logs tokens/s per step; over the training wall time that bounds the trained tokens.
-        metrics["trained_tokens_estimate"] = float(round(summary["tokens_per_second"] * wall))
-    if "peak_memory_gib" in summary:
-        metrics["peak_memory_gib"] = summary["peak_memory_gib"]
-    return metrics
 
 
 def render_report(
@@ -404,6 +408,7 @@ _STEP_PARAMETERS = {
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
     "export_format", "gpu_memory_gib", "queue_name", "priority_class", "queue_timeout_seconds", "allow_slow_network",
+    "engine",
 }  # fmt: skip
 
 
@@ -527,8 +532,9 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         export_format=params.get("export_format", ""),
         task_id=params.get("task_id", ""),
         gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
+        engine=params.get("engine") or engines.AUTO,
     )
-    kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model.path)
+    kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model_path)
     if kept:
         log.info("tuned model kept outside the run workspace: %s", kept)
     write_artifact(
@@ -540,10 +546,8 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
     Path(params["report"].path).write_text(result.report_html)
     config_dir = Path(params["train_config"].path)
     config_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in {RESOLVED_CONFIG: result.resolved_yaml, **result.extra_files}.items():
+    for name, text in result.config_files.items():
         (config_dir / name).write_text(text)
-    params["train_config"].metadata.update(
-        train_config_metadata(result.run, sorted(p.name for p in config_dir.iterdir()))
-    )
+    params["train_config"].metadata.update(result.train_config)
     log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
     return result

@@ -166,3 +166,16 @@ def kubelet_timestamp_ns(line: str) -> tuple[int | None, str]:
     offset = "+00:00" if match.group(3) == "Z" else match.group(3)
     seconds = int(datetime.fromisoformat(match.group(1) + offset).timestamp())
     return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]
+
+
+def run_metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -> dict[str, float]:
+    """The step's Metrics from a run's summary: losses, steps, wall time, and speed and memory where logged."""
+    metrics = {k: summary[k] for k in ("final_loss", "min_loss", "first_loss") if k in summary}  # finite only
+    metrics.update(steps=float(len(steps)), wall_seconds=round(wall, 3))
+    if "tokens_per_second" in summary:
+        metrics["tokens_per_second"] = summary["tokens_per_second"]
+        # torchtune logs tokens/s per step; over the training wall time that bounds the trained tokens.
+        metrics["trained_tokens_estimate"] = float(round(summary["tokens_per_second"] * wall))
+    if "peak_memory_gib" in summary:
+        metrics["peak_memory_gib"] = summary["peak_memory_gib"]
+    return metrics

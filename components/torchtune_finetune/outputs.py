@@ -37,7 +37,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 @dataclass
 class FinalCheckpoint:
-    epoch_dir: Path
+    run_dir: Path
     merged_dir: Path | None
     adapter_dir: Path | None
     # run-dir-relative path -> {size, mtime_ns, sha256 (, md5, git_blob_sha1)}: the one hash of each final file
@@ -60,7 +60,7 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
         if p.is_file() and p.relative_to(epoch).parts[0] not in TRAINING_STATE | adapter_names
     ]
     has_merged = any(p.name.endswith(".safetensors") for p in merged_files)
-    result = FinalCheckpoint(epoch, None, None)
+    result = FinalCheckpoint(run_dir, None, None)
     if has_merged:
         with atomic_dir(run_dir / MERGED_DIR) as tmp:
             for source in merged_files:
@@ -79,15 +79,25 @@ def finalize_checkpoint(run_dir: str | os.PathLike, *, method: str, base_model: 
             config["use_dora"] = method == "dora"
             (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         result.adapter_dir = run_dir / ADAPTER_DIR
+    return hashed(result, epoch)
+
+
+def hand_on(run_dir: str | os.PathLike, merged_dir: Path | None, adapter_dir: Path | None) -> FinalCheckpoint:
+    """The final folders an engine wrote in their consumers' layout already (the transformers engine), hashed."""
+    return hashed(FinalCheckpoint(Path(run_dir), merged_dir, adapter_dir), Path(run_dir))
+
+
+def hashed(result: FinalCheckpoint, source: Path) -> FinalCheckpoint:
+    """`result` with the one hash of each final file (`source`: where training wrote them, for the error)."""
     final = [
         path
         for folder in (result.merged_dir, result.adapter_dir)
         for path in sorted(p for p in (folder.rglob("*") if folder else []) if p.is_file())
     ]
     for path, digest in hash_files(final, max_workers=min(8, os.cpu_count() or 1)).items():
-        result.files[path.relative_to(run_dir).as_posix()] = digest.as_dict()
+        result.files[path.relative_to(result.run_dir).as_posix()] = digest.as_dict()
     if not result.files:
-        raise FileNotFoundError(f"no model weights in {epoch}: nothing to hand on")
+        raise FileNotFoundError(f"no model weights in {source}: nothing to hand on")
     return result
 
 
@@ -103,7 +113,7 @@ def keep_local_copy(checkpoint: FinalCheckpoint, task_name: str, base_dir: Path)
     merged = checkpoint.merged_dir
     if merged is None and checkpoint.adapter_dir is not None:
         try:
-            merged = merged_model_dir(checkpoint.epoch_dir.parent, base_dir)
+            merged = merged_model_dir(checkpoint.run_dir, base_dir)
         except ImportError as err:  # a step without torch: the adapter alone is kept
             log.warning("tuned model: only the adapter is kept (merging it needs torch: %s)", err)
     for folder in (merged, checkpoint.adapter_dir):

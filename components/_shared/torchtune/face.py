@@ -5,7 +5,9 @@
 - `read_resolved_config(run_dir)`: the settings the run trained with ({} for a folder this library did not train);
 - `last_adapter_state(run_dir)`: the run's last adapter in the engine's own names, None when there is none;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the run's adapter merged in, built once;
-- `evaluation()`: the module that loads the tuned model and scores eval rows as training tokenized them.
+- `evaluation()`: the module that loads the tuned model and scores eval rows as training tokenized them;
+- `DATA_PACKS`: whether the engine trains on the packs dataset-initialize writes (True: torchtune's recipes read
+  them through our packed-dataset builder, so no rank tokenizes).
 
 No torch here: `evaluation()` imports it when called.
 """
@@ -22,8 +24,10 @@ from kfp_finetune.components._shared.torchtune.run_layout import last_adapter_st
 NAME = "torchtune"
 #: The installed packages only this wing imports (tests/components/test_engine_wings.py).
 PACKAGES = ("torchtune", "torchao")
+DATA_PACKS = True
 
 __all__ = [
+    "DATA_PACKS",
     "NAME",
     "PACKAGES",
     "evaluation",

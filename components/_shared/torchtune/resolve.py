@@ -86,6 +86,20 @@ class ResolvedRun:
     def metrics_path(self) -> Path:
         return self.run_dir / METRICS_DIR / METRICS_FILE
 
+    @property
+    def model_path(self) -> Path:
+        return self.model.path
+
+    def command(self, torchrun_args: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """The training command (tune_command); torchrun flags make it distributed."""
+        return tune_command(self.recipe, self.yaml_path, torchrun_args)
+
+    def check_with_torch(self) -> None:
+        """torchtune's config validation and the prompts against max_seq_len (imports torch; reads no weights)."""
+        from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
+
+        check_resolved(self.config)
+
 
 def tune_command(
     recipe: str, config_path: str | os.PathLike, torchrun_args: tuple[str, ...] | list[str] = ()

@@ -5,7 +5,13 @@ _shared/torchtune/face.py for the names every face has).
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
-- `evaluation()`: the module that loads the tuned model and scores eval rows as TRL tokenized and masked them.
+- `evaluation()`: the module that loads the tuned model and scores eval rows as TRL tokenized and masked them;
+- `DATA_PACKS`: False: TRL tokenizes the rows itself (dataset-initialize writes no packs for this engine).
+
+Beyond the common names, this wing plans its own runs: `plan_run(settings, model_dir=, data_files=, run_dir=,
+data_hints=, devices=, nodes=)` plans and checks a run from the fine-tune step's settings (plan.py), and
+`check_settings(settings)` makes the same checks for pre-flight. torchtune's face has neither: the step plans
+torchtune's runs itself (resolve.py over dataset-initialize's packs).
 
 No torch here: the merge and `evaluation()` import it when called.
 """
@@ -15,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from kfp_finetune.components._shared.transformers import installed
+from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run
 from kfp_finetune.components._shared.transformers.run_layout import (
     last_adapter_state,
     merged_model_dir,
@@ -25,13 +33,17 @@ NAME = "transformers"
 #: The installed packages only this wing imports (tests/components/test_engine_wings.py). transformers and peft
 #: are not exclusive: the torchtune wing's parity checks use them too.
 PACKAGES = ("trl",)
+DATA_PACKS = False
 
 __all__ = [
+    "DATA_PACKS",
     "NAME",
     "PACKAGES",
+    "check_settings",
     "evaluation",
     "last_adapter_state",
     "merged_model_dir",
+    "plan_run",
     "read_resolved_config",
     "serves",
 ]
@@ -39,22 +51,17 @@ __all__ = [
 
 def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
     """(True, why) when the installed transformers has a causal-LM class for config.json's model_type, without
-    remote code (auto_map: code from the model's repo, which this engine never runs)."""
+    remote code (auto_map: code from the model's repo, which this engine never runs). Imports no torch."""
     if hf_config.get("auto_map"):
         return False, "config.json names remote code (auto_map), which this engine does not run"
-    model_type = hf_config.get("model_type")
-    try:
-        import transformers
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:
+    found_version = installed.version()
+    if found_version is None:
         return False, "transformers is not installed here"
-    found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    model_type = hf_config.get("model_type")
+    found = installed.causal_lm_classes().get(model_type) if isinstance(model_type, str) else None
     if found is None:
-        return (
-            False,
-            f"transformers {transformers.__version__} has no causal-LM class for model_type {model_type!r}",
-        )
-    return True, f"transformers {transformers.__version__} has {found} for model_type {model_type!r}"
+        return False, f"transformers {found_version} has no causal-LM class for model_type {model_type!r}"
+    return True, f"transformers {found_version} has {found} for model_type {model_type!r}"
 
 
 def evaluation() -> ModuleType:

@@ -23,12 +23,17 @@ _READ_FORMATS = ("parquet", "json")
 
 DATASET_TYPES = TEXT_DATASET_TYPES
 METHODS = ("lora", "qlora", "full")
+DEVICES = ("auto", "cpu", "cuda")
 BF16_CHOICES = ("auto", True, False)
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
 #: builders take column_map: {"input": "question"} reads the input from the `question` column).
 #: The Trainer's own output folder inside the run (SFTConfig.output_dir); run_layout.py names the run's outputs.
 TRAINER_DIR = "trainer"
 COLUMNS = {"instruct": ("input", "output"), "chat": ("messages",), "text": ("text",)}
+#: How dataset-initialize wrote the rows (its `data_style`); "" reads COLUMNS as they are. Alpaca rows keep their
+#: `instruction` (and optional `input`); ShareGPT turns are {"from", "value"} (read as OpenAI roles).
+DATA_STYLES = ("", "input_output", "alpaca", "openai", "sharegpt", "text")
+_STYLE_COLUMNS = {"alpaca": ("instruction", "input", "output")}
 
 
 @dataclass
@@ -54,7 +59,9 @@ class SftSettings:
     max_seq_len: int = 2048
     packing: bool = False
     gradient_checkpointing: bool = False  # TRL turns it on by default; off is faster where memory allows (§7)
+    data_style: str = ""  # dataset-initialize's data_style (DATA_STYLES)
     bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
+    device: str = "auto"  # auto: the GPUs where CUDA has any, else the CPU
     seed: int = 0
     logging_steps: int = 1
     warmup_steps: int = 0
@@ -87,8 +94,11 @@ class SftSettings:
             raise problems[0]
 
     def problems(self) -> list[SettingError]:
-        found = one_of("dataset_type", self.dataset_type, DATASET_TYPES) + one_of(
-            "method", self.method, METHODS
+        found = (
+            one_of("dataset_type", self.dataset_type, DATASET_TYPES)
+            + one_of("method", self.method, METHODS)
+            + one_of("device", self.device, DEVICES)
+            + one_of("data_style", self.data_style, DATA_STYLES)
         )
         if self.bf16 not in BF16_CHOICES:
             found.append(SettingError("bf16", f"must be auto, true or false (got {self.bf16!r})"))
@@ -139,16 +149,22 @@ class SftSettings:
         ):
             found.append(SettingError("column_map", "must map column names to column names"))
         elif self.dataset_type in COLUMNS:
-            extra = sorted(set(self.column_map) - set(COLUMNS[self.dataset_type]))
+            extra = sorted(set(self.column_map) - set(self.columns()))
             if extra:
                 found.append(
                     SettingError(
                         "column_map",
                         f"maps {', '.join(extra)}, which {self.dataset_type} data does not read: its columns "
-                        f"are {', '.join(COLUMNS[self.dataset_type])}",
+                        f"are {', '.join(self.columns())}",
                     )
                 )
         return found
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the rows are read from, by their names before column_map."""
+        if self.dataset_type == "instruct" and self.data_style in _STYLE_COLUMNS:
+            return _STYLE_COLUMNS[self.data_style]
+        return COLUMNS[self.dataset_type]
 
     def column(self, name: str) -> str:
         """The dataset column the engine reads as `name` (column_map applied)."""
@@ -158,6 +174,8 @@ class SftSettings:
         """bf16 resolved: auto is on where a CUDA GPU supports it (imports torch)."""
         if self.bf16 != "auto":
             return bool(self.bf16)
+        if self.device == "cpu":
+            return False
         import torch
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -178,6 +196,8 @@ class SftSettings:
         import torch
         from trl import SFTConfig
 
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise SettingError("device", "is cuda, but CUDA sees no GPU here: set it to auto or cpu")
         bf16 = self.use_bf16()
         sft = SFTConfig(
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
@@ -193,7 +213,7 @@ class SftSettings:
             gradient_checkpointing=self.gradient_checkpointing,
             bf16=bf16,
             fp16=False,
-            use_cpu=not torch.cuda.is_available(),
+            use_cpu=self.device == "cpu" or not torch.cuda.is_available(),
             seed=self.seed,
             data_seed=self.seed,
             logging_steps=self.logging_steps,

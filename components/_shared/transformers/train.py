@@ -31,7 +31,6 @@ from typing import Any
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.settings import (
-    COLUMNS,
     TRAINER_DIR,
     SftSettings,
     data_format,
@@ -69,7 +68,7 @@ def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = A
         split="train",
         cache_dir=str(Path(settings.output_dir) / _DATASETS_CACHE),
     )
-    wanted = {name: settings.column(name) for name in COLUMNS[settings.dataset_type]}
+    wanted = {name: settings.column(name) for name in settings.columns()}
     missing = sorted(column for column in wanted.values() if column not in rows.column_names)
     if missing:
         raise ValueError(
@@ -88,7 +87,11 @@ def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = A
 
 
 def _instruct(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    prompt, completion = str(row[columns["input"]]), str(row[columns["output"]])
+    prompt, completion = str(row[columns["input"]] or ""), str(row[columns["output"]])
+    if "instruction" in columns:  # alpaca: the input follows the instruction after a blank line, as
+        # dataset-initialize writes alpaca rows as messages
+        extra = prompt.strip()
+        prompt = str(row[columns["instruction"]]) + (f"\n\n{prompt}" if extra else "")
     if chat:
         return {
             "prompt": [{"role": "user", "content": prompt}],
@@ -99,7 +102,15 @@ def _instruct(row: dict, columns: dict[str, str], chat: bool) -> dict:
 
 
 def _chat(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    return {"messages": row[columns["messages"]]}
+    return {"messages": _openai_turns(row[columns["messages"]])}
+
+
+def _openai_turns(turns: list[dict]) -> list[dict]:
+    """Chat turns with OpenAI's role/content keys; ShareGPT's from/value turns are renamed."""
+    return [
+        {"role": _SHAREGPT_ROLES.get(m["from"], m["from"]), "content": m["value"]} if "from" in m else m
+        for m in turns
+    ]
 
 
 _SHAREGPT_ROLES = {
@@ -112,10 +123,7 @@ _SHAREGPT_ROLES = {
 
 
 def _chat_last_turn(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    messages = [
-        {"role": _SHAREGPT_ROLES.get(m["from"], m["from"]), "content": m["value"]} if "from" in m else m
-        for m in row[columns["messages"]]
-    ]
+    messages = _openai_turns(row[columns["messages"]])
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
     if last is None:
         raise ValueError(f"a chat row has no assistant turn to train on: {messages!r:.200}")

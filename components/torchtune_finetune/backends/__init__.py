@@ -16,7 +16,6 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.launch_settings import BACKENDS
 
 if TYPE_CHECKING:
-    from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
 
 
@@ -31,8 +30,31 @@ class TrainingOutcome:
     files: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+class LaunchPlan(Protocol):
+    """One engine's planned run, as a backend launches it: the torchtune wing's ResolvedRun, the transformers
+    wing's SftRun."""
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def model_path(self) -> Path: ...
+
+    @property
+    def distributed(self) -> bool: ...
+
+    def command(self, torchrun_args: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """The training command; with torchrun flags, one process per device."""
+        ...
+
+    def check_with_torch(self) -> None:
+        """The checks that need torch but no weights (ConfigError naming the problem and the fix)."""
+        ...
+
+
 class TrainingBackend(Protocol):
-    """Trains one resolved run: its `tune run` command over its resolved YAML, writing into its run folder.
+    """Trains one planned run: its training command (`tune run ...` over a resolved YAML, or the transformers
+    engine's), writing into its run folder.
 
     Attributes:
         name: The backend's name, recorded in the model's metadata.
@@ -53,7 +75,7 @@ class TrainingBackend(Protocol):
         a complete checkpoint stays for the training to continue from)."""
         ...
 
-    def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+    def run(self, plan: LaunchPlan, *, total_steps: int | None) -> TrainingOutcome:
         """Train to the end; raise (ConfigError, TrainingFailed, TrainJobError) when it cannot or fails."""
         ...
 

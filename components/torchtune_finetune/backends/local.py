@@ -22,9 +22,8 @@ from kfp_finetune.components._shared.cancel import StopSignals, signal_name
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
-from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
 from kfp_finetune.components._shared.torchtune.resume import latest as latest_checkpoint
-from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
+from kfp_finetune.components.torchtune_finetune.backends import LaunchPlan, TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence
 from kfp_finetune.components.torchtune_finetune.progress import ProgressClock
 from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
@@ -100,18 +99,16 @@ class LocalBackend:
             log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)
             shutil.rmtree(run_dir)
 
-    def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
-        from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
+    def run(self, plan: LaunchPlan, *, total_steps: int | None) -> TrainingOutcome:
         from kfp_finetune.components.torchtune_finetune.entrypoint import note_device
 
-        check_resolved(resolved.config)  # what a TrainJob checks first in its pods (entrypoint.py)
-        note_device(resolved.run_dir)  # the GPU's name for MFU, as entrypoint.py records it in a TrainJob
+        plan.check_with_torch()  # what a TrainJob checks first in its pods (entrypoint.py)
+        note_device(plan.run_dir)  # the GPU's name for MFU, as entrypoint.py records it in a TrainJob
         # Several local GPUs: torchrun in standalone mode starts one process per device.
-        torchrun = ["--nproc_per_node", str(self.devices)] if resolved.distributed else []
-        command = tune_command(resolved.recipe, resolved.yaml_path, torchrun)
+        torchrun = ["--nproc_per_node", str(self.devices)] if plan.distributed else []
         # The model cache is on this machine as it is for this step: the training process reads the choice.
         env = {COMPILE_CACHE_ENV: self.persistent_compile_root} if self.persistent_compile_root else None
-        run_local(command, env=env, total_steps=total_steps, cwd=resolved.run_dir)
+        run_local(plan.command(torchrun), env=env, total_steps=total_steps, cwd=plan.run_dir)
         return TrainingOutcome()
 
 
@@ -128,7 +125,11 @@ def _cuda_available() -> bool:
 
 
 def resolve_executable(command: list[str]) -> list[str]:
-    """Run `tune` from this interpreter's environment (a venv need not be on PATH)."""
+    """Run `tune`, `python` and `torchrun` from this interpreter's environment (a venv need not be on PATH)."""
+    if command[:1] == ["python"]:
+        return [sys.executable, *command[1:]]
+    if command[:1] == ["torchrun"]:
+        return [sys.executable, "-m", "torch.distributed.run", *command[1:]]
     if command and command[0] == "tune":
         beside = Path(sys.executable).parent / "tune"
         found = str(beside) if beside.exists() else shutil.which("tune")

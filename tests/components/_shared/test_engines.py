@@ -29,15 +29,43 @@ def test_a_named_engine_is_taken_when_it_serves_the_model(tiny_llama):
     assert choice.reason.endswith("chosen by the engine setting")
 
 
+def test_auto_chooses_the_engine_that_serves_what_torchtune_cannot(tiny_llama):
+    choice = engines.choose(tiny_llama, {**_config(tiny_llama), "model_type": "qwen3_moe"})
+    assert choice.engine == "transformers"
+    assert choice.reason.endswith(
+        "has Qwen3MoeForCausalLM for model_type 'qwen3_moe'; the first engine that serves it"
+    )
+
+
+def test_a_named_engine_that_cannot_serve_the_model_is_refused_with_its_reason(tiny_llama):
+    with pytest.raises(
+        ConfigError, match=r"^no engine can fine-tune this model. torchtune: .*model_type 'qwen3_moe'"
+    ):
+        engines.choose(tiny_llama, {**_config(tiny_llama), "model_type": "qwen3_moe"}, requested="torchtune")
+
+
 def test_a_model_no_engine_serves_is_refused_with_each_engines_reason(tiny_llama):
-    config = {**_config(tiny_llama), "model_type": "qwen3_moe"}
+    config = {**_config(tiny_llama), "model_type": "made_up_lm"}
     with pytest.raises(ConfigError) as refused:
         engines.choose(tiny_llama, config)
     message = str(refused.value)
     assert message.startswith("no engine can fine-tune this model. torchtune: ")
-    assert "model_type 'qwen3_moe'" in message
+    assert (
+        "; transformers: transformers " in message
+        and "no causal-LM class for model_type 'made_up_lm'" in message
+    )
 
 
 def test_an_unknown_engine_setting_names_the_choices(tiny_llama):
-    with pytest.raises(ConfigError, match=r"engine='trl' is not an engine: set one of auto, torchtune"):
+    with pytest.raises(
+        ConfigError, match=r"engine='trl' is not an engine: set one of auto, torchtune, transformers"
+    ):
         engines.choose(tiny_llama, _config(tiny_llama), requested="trl")
+
+
+def test_the_model_config_is_read_or_refused_naming_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="has no config.json"):
+        engines.model_config(tmp_path)
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="config.json must hold one JSON object"):
+        engines.model_config(tmp_path)

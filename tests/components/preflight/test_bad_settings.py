@@ -44,7 +44,10 @@ CASES = {
         {"tune_trainer_image": "Registry.io/Trainer image"}, "org/tiny", "tune_trainer_image",
         "is not an image reference",
     ),
-    "unsupported family": ({}, "org/qwen3-moe", "model_uri", "model_type 'qwen3_moe'"),
+    "unsupported family": ({}, "org/made-up", "model_uri", "no causal-LM class for model_type 'made_up_lm'"),
+    "torchtune setting on the transformers engine": (
+        {"tune_compile": "true"}, "org/qwen3-moe", "tune_compile", "is a torchtune setting the transformers engine",
+    ),
     "incomplete config.json": ({}, "org/no-dims", "model_uri", "config.json has no 'hidden_size'"),
     "unproven layout": (
         {}, "org/untied", "model_uri",
@@ -96,6 +99,8 @@ def outcomes(tiny_llama, tmp_path_factory):
     moe = shutil.copytree(tiny_llama, tmp / "qwen3-moe")
     config = json.loads((moe / "config.json").read_text())
     (moe / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_moe"}))
+    made_up = shutil.copytree(tiny_llama, tmp / "made-up")
+    (made_up / "config.json").write_text(json.dumps({**config, "model_type": "made_up_lm"}))
     no_dims = shutil.copytree(tiny_llama, tmp / "no-dims")
     (no_dims / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
     untied = shutil.copytree(tiny_llama, tmp / "untied")  # Llama 3.2's layers without its tied embeddings
@@ -112,11 +117,12 @@ def outcomes(tiny_llama, tmp_path_factory):
         "org/huge", {"tune_device": "cuda", "tune_gpus_per_node": 8, "tune_gpu_memory_gib": 141.0}
     )
     scenarios["valid"] = _arguments("org/tiny", {})
-    scenarios["two problems"] = _arguments("org/qwen3-moe", {"tune_method": "lorra"})
+    scenarios["two problems"] = _arguments("org/made-up", {"tune_method": "lorra"})
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torchtune")
         hub.add_repo("org/tiny", tiny_llama)
         hub.add_repo("org/qwen3-moe", moe)
+        hub.add_repo("org/made-up", made_up)
         hub.add_repo("org/no-dims", no_dims)
         hub.add_repo("org/untied", untied)
         hub.add_repo("org/huge", huge)

@@ -23,11 +23,10 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest impor
 from kfp_finetune.components.torchtune_finetune.finetune import (
     USAGE_ERRORS,
     ArtifactInput,
-    _metrics,
     run_component,
     run_finetune,
 )
-from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged
+from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, run_metrics
 from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
 from tests.support import kube_standin as standin
 
@@ -232,7 +231,7 @@ def test_a_metrics_file_with_a_non_finite_loss_is_a_divergence_not_a_model(input
 
 
 def test_metrics_without_a_finite_loss_report_none():
-    metrics = _metrics({"logged_steps": 2.0, "tokens_per_second": 5.0}, [], 2.0)
+    metrics = run_metrics({"logged_steps": 2.0, "tokens_per_second": 5.0}, [], 2.0)
     assert "final_loss" not in metrics and metrics["steps"] == 0.0 and metrics["tokens_per_second"] == 5.0
 
 

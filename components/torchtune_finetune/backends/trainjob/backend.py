@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, tune_command
-from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
+from kfp_finetune.components.torchtune_finetune.backends import LaunchPlan, TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
     CLUSTER_RUNTIME_KIND,
     DEFAULT_RUNTIME,
@@ -89,9 +87,9 @@ class TrainJobBackend:
         """Nothing to clear: a retry re-attaches to the TrainJob, which writes into the same run folder, or
         replaces a failed one, whose node pods resume from its newest checkpoint (recipe.py)."""
 
-    def manifest(self, resolved: ResolvedRun, pod: NodePodSettings | None = None) -> dict[str, Any]:
-        """The TrainJob this backend sends for `resolved` (`pod`: placed node-pod settings; default: `self.pod`)."""
-        torchrun = torchrun_args(self.job_name) if resolved.distributed else ()
+    def manifest(self, plan: LaunchPlan, pod: NodePodSettings | None = None) -> dict[str, Any]:
+        """The TrainJob this backend sends for `plan` (`pod`: placed node-pod settings; default: `self.pod`)."""
+        torchrun = torchrun_args(self.job_name) if plan.distributed else ()
         pod = self.pod if pod is None else pod
         if self.compile_cache_mounted(pod):  # the training process reads it (warm_start.use_compile_cache)
             pod = dataclasses.replace(
@@ -99,7 +97,7 @@ class TrainJobBackend:
             )
         return build_trainjob(
             self.job_name,
-            node_command(tune_command(resolved.recipe, resolved.yaml_path, torchrun)),
+            node_command(plan.command(torchrun)),
             namespace=self.namespace,
             runtime=self.runtime,
             runtime_kind=self.runtime_kind,
@@ -122,7 +120,7 @@ class TrainJobBackend:
             [self.persistent_compile_root], writable
         )
 
-    def run(self, resolved: ResolvedRun, *, total_steps: int | None) -> TrainingOutcome:
+    def run(self, plan: LaunchPlan, *, total_steps: int | None) -> TrainingOutcome:
         from kfp_finetune.components._shared.kube.client import current_namespace, load_api_client
         from kfp_finetune.components.torchtune_finetune.backends.trainjob.launcher import launch_trainjob
         from kfp_finetune.components.torchtune_finetune.backends.trainjob.placement import place_node_pods
@@ -135,7 +133,7 @@ class TrainJobBackend:
             )
         # A base model used in place from model-initialize's cache_path lies outside the workspace: the node pods
         # read it there.
-        model = str(resolved.model.path)
+        model = str(plan.model_path)
         if self.workspace_path and unmounted_paths([model], self.pod.volume_mounts):
             raise ConfigError(
                 f"the base model {model} is used in place from a model cache outside the workspace, which is "
@@ -152,7 +150,7 @@ class TrainJobBackend:
                 "the node pods mount writable (the next run starts with a cold compile cache)",
                 self.persistent_compile_root,
             )
-        manifest = self.manifest(resolved, placed)
+        manifest = self.manifest(plan, placed)
         launch_trainjob(
             manifest,
             api_client,
@@ -160,7 +158,7 @@ class TrainJobBackend:
             timeout=self.timeout,
             cleanup=self.cleanup,
             total_steps=total_steps,
-            lease_path=Path(resolved.yaml_path).parent / LEASE_FILE,
+            lease_path=plan.run_dir / LEASE_FILE,
             queue_timeout=self.queue_timeout,
         )
         return TrainingOutcome({"trainjob.yaml": yaml.safe_dump(manifest, sort_keys=False)})

@@ -1,8 +1,7 @@
 """The evaluate step on a transformers-engine run (components/_shared/transformers/evaluation.py through
 evaluate.run_evaluate): a real TRL LoRA fine-tune of the tiny Qwen3-MoE on CPU, offline, evaluated against its base
 (loss falls on rows like the training rows); the loss equals a hand computation with transformers on the response
-tokens only; generations for instruct and chat rows, none for text rows. The wing is not registered in
-engines.WINGS here (main registers it): the tests register it for their run."""
+tokens only; generations for instruct and chat rows, none for text rows."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.eval_examples import IGNORE_INDEX
 from kfp_finetune.components._shared.transformers import face, train
 from kfp_finetune.components._shared.transformers.settings import SftSettings
@@ -25,7 +23,7 @@ EVAL_ROWS = 24
 
 
 @pytest.fixture(scope="module", autouse=True)
-def offline_one_thread_and_registered():
+def offline_and_one_thread():
     import torch
 
     threads = torch.get_num_threads()
@@ -33,7 +31,6 @@ def offline_one_thread_and_registered():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setenv("HF_DATASETS_OFFLINE", "1")
-        patch.setitem(engines.WINGS, "transformers", "kfp_finetune.components._shared.transformers.face")
         yield
     torch.set_num_threads(threads)
 

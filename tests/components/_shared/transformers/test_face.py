@@ -33,8 +33,25 @@ def test_it_serves_causal_lms_transformers_has_natively_and_says_why_not_otherwi
     assert not served and "remote code" in why
 
 
-def test_the_incomplete_wing_is_not_registered():
-    assert face.NAME not in engines.WINGS
+def test_the_wing_is_registered_after_torchtune():
+    assert list(engines.WINGS) == ["torchtune", face.NAME]  # auto tries torchtune first
+
+
+def test_serving_is_decided_from_transformers_files_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kfp_finetune.components._shared.transformers import face; "
+        "print(face.serves(None, {'model_type': 'qwen3_moe'})[0], 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "False"]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from kfp_finetune.components._shared.transformers.installed import causal_lm_classes
+
+    assert causal_lm_classes() == dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
 def test_the_readers_answer_for_a_folder_this_engine_did_not_train(tmp_path):

@@ -1,0 +1,34 @@
+"""What the installed transformers can build, read from its files without importing it (importing its model
+registry imports torch, which the component image running pre-flight and the launcher does not have)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+MAPPING = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+
+
+def version() -> str | None:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def causal_lm_classes() -> dict[str, str]:
+    """model_type -> the causal-LM class transformers builds for it (its auto mapping, models/auto/modeling_auto.py);
+    {} when transformers is not installed."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    source = Path(spec.submodule_search_locations[0]) / "models" / "auto" / "modeling_auto.py"
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == MAPPING for t in node.targets):
+            pairs = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
+            return dict(ast.literal_eval(pairs))
+    raise RuntimeError(f"{source} no longer defines {MAPPING}: this transformers version is not supported")

@@ -1,0 +1,173 @@
+"""The transformers engine's plan for one run, from the fine-tune step's own settings: the settings it trains with
+(SftSettings, written to `<run>/sft_settings.json`) and the command that trains them, locally or in a TrainJob.
+
+The step's settings arrive under its flat names (`learning_rate`, `lora_rank`, `enable_activation_checkpointing`;
+the pipelines call them `tune_<name>`), unset ones as None (_shared/unset.py). A setting only torchtune reads
+(`recipe`, `overrides`, `compile`, ...) is refused by its pipeline name with the fix, never silently dropped.
+`plan_run` checks everything that needs neither torch nor the weights: it runs before any download or TrainJob.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kfp_finetune.components._shared.errors import SettingError
+from kfp_finetune.components._shared.transformers import run_layout
+from kfp_finetune.components._shared.transformers.settings import SftSettings
+from kfp_finetune.components._shared.workspace import write_json_atomic
+
+MODULE = "kfp_finetune.components._shared.transformers.train"
+SETTINGS_FILE = "sft_settings.json"
+#: The step's settings this engine reads -> its SftSettings field.
+READ = {
+    "method": "method",
+    "epochs": "epochs",
+    "batch_size": "batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "learning_rate": "learning_rate",
+    "num_warmup_steps": "warmup_steps",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "dataset_type": "dataset_type",
+    "column_map": "column_map",
+    "max_seq_len": "max_seq_len",
+    "seed": "seed",
+    "packed": "packing",
+    "enable_activation_checkpointing": "gradient_checkpointing",
+    "device": "device",
+}
+#: Settings read here under a rule of their own: max_steps_per_epoch x epochs is max_steps; dtype is bf16 or not;
+#: conversation_style is how chat rows are written (a data style).
+COMBINED = ("max_steps_per_epoch", "dtype", "conversation_style")
+#: dataset-initialize's hints of a column's name (DatasetSplit.torchtune_hints) -> the column the engine reads.
+_HINTED_COLUMNS = {"conversation_column": "messages", "text_column": "text"}
+_DTYPES = {"bf16": True, "fp32": False}
+
+
+@dataclass(frozen=True)
+class SftRun:
+    """One planned transformers-engine run: its settings and where they are written."""
+
+    settings: SftSettings
+    world: int  # processes over all nodes
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.settings.output_dir)
+
+    @property
+    def settings_path(self) -> Path:
+        return self.run_dir / SETTINGS_FILE
+
+    @property
+    def resolved_path(self) -> Path:
+        """What the run trained with, TRL's arguments included (train.py writes it)."""
+        return self.run_dir / run_layout.RESOLVED_CONFIG
+
+    @property
+    def recipe(self) -> str:
+        """The training entry point, as the model metadata's `recipe` names torchtune's."""
+        return MODULE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / run_layout.METRICS_FILE
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.settings.model_dir)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def command(self, torchrun_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """`python -m <train module> <settings>`; with torchrun flags, torchrun starts one process per device
+        (never `accelerate launch`: Kubeflow's TRL proof of concept found it trained at world size 1)."""
+        if torchrun_args:
+            return ["torchrun", *torchrun_args, "-m", MODULE, str(self.settings_path)]
+        return ["python", "-m", MODULE, str(self.settings_path)]
+
+    def check_with_torch(self) -> None:
+        """TRL's and transformers' own argument checks (imports torch and TRL; reads no weights)."""
+        self.settings.trl_config(self.world)
+
+
+def sft_settings(
+    values: dict[str, Any],
+    *,
+    model_dir: str | os.PathLike,
+    data_files: list[str],
+    run_dir: str | os.PathLike,
+    data_hints: dict[str, str] | None = None,
+) -> SftSettings:
+    """SftSettings from the step's flat settings (None: this engine's default) and how dataset-initialize wrote the
+    rows (`data_hints`: its dataset_type, data_style and column names; a setting the user gave wins), checked; the
+    first problem is raised as a SettingError of the pipeline parameter (`tune_<name>`), with the fix."""
+    given = {k: v for k, v in values.items() if v is not None and v != {} and v != []}
+    unread = [f"tune_{name}" for name in sorted(set(given) - set(READ) - set(COMBINED))]
+    if unread:
+        also = f" (nor {', '.join(unread[1:])})" if unread[1:] else ""
+        raise SettingError(
+            unread[0],
+            f"is a torchtune setting the transformers engine does not read{also}: unset it, or set "
+            "tune_engine=torchtune for a model torchtune serves",
+        )
+    fields: dict[str, Any] = {READ[k]: v for k, v in given.items() if k in READ}
+    hints = data_hints or {}
+    if hints.get("dataset_type"):
+        fields.setdefault("dataset_type", hints["dataset_type"])
+    style = given.get("conversation_style") or hints.get("data_style")
+    if style:
+        fields["data_style"] = style
+    hinted = {read: hints[hint] for hint, read in _HINTED_COLUMNS.items() if hints.get(hint)}
+    fields["column_map"] = {**hinted, **fields.get("column_map", {})}
+    if "max_steps_per_epoch" in given:
+        fields["max_steps"] = given["max_steps_per_epoch"] * fields.get("epochs", 1)
+    if "dtype" in given:
+        if given["dtype"] not in _DTYPES:
+            raise SettingError(
+                "tune_dtype", f"must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
+            )
+        fields["bf16"] = _DTYPES[given["dtype"]]
+    settings = SftSettings(
+        model_dir=str(model_dir), data_files=list(data_files), output_dir=str(run_dir), **fields
+    )
+    problems = settings.problems()
+    if problems:
+        raise SettingError(f"tune_{_step_name(problems[0])}", problems[0].problem)
+    return settings
+
+
+def check_settings(values: dict[str, Any]) -> None:
+    """The step's settings checked as `plan_run` checks them, where no model or data is at hand (pre-flight)."""
+    sft_settings(values, model_dir="model", data_files=["data.parquet"], run_dir="run")
+
+
+def plan_run(
+    values: dict[str, Any],
+    *,
+    model_dir: str | os.PathLike,
+    data_files: list[str],
+    run_dir: str | os.PathLike,
+    data_hints: dict[str, str] | None = None,
+    devices: int = 1,
+    nodes: int = 1,
+) -> SftRun:
+    """The checked run, its settings written into the run folder for the training command to read."""
+    settings = sft_settings(
+        values, model_dir=model_dir, data_files=data_files, run_dir=run_dir, data_hints=data_hints
+    )
+    run = SftRun(settings, devices * nodes)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run.settings_path, asdict(run.settings))
+    return run
+
+
+def _step_name(problem: SettingError) -> str:
+    """The step's name for an SftSettings field (its own name where the step has no such setting)."""
+    return next((step for step, field in READ.items() if field == problem.setting), problem.setting)

@@ -1,0 +1,181 @@
+"""The transformers engine's plan from the fine-tune step's settings: the step's names mapped to the engine's, a
+torchtune-only setting or a bad value refused by its pipeline name before anything is read, the settings file
+written for the command, and that command training the tiny Qwen3-MoE for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kfp_finetune.components._shared.errors import SettingError
+from kfp_finetune.components._shared.transformers import plan, run_layout
+from kfp_finetune.components._shared.transformers.settings import SftSettings
+
+WHERE = {"model_dir": "/nowhere/model", "data_files": ["/nowhere/train.parquet"], "run_dir": "/nowhere/run"}
+
+
+def test_the_steps_settings_become_the_engines_under_its_names():
+    settings = plan.sft_settings(
+        {
+            "learning_rate": 1e-4,
+            "num_warmup_steps": 3,
+            "epochs": 2,
+            "max_steps_per_epoch": 5,
+            "dtype": "fp32",
+            "enable_activation_checkpointing": True,
+            "column_map": {"input": "question"},
+            "device": "cpu",
+            "optimizer": None,  # unset: this engine's default, not a refusal
+            "overrides": {},
+        },
+        **WHERE,
+    )
+    assert (settings.learning_rate, settings.warmup_steps, settings.epochs) == (1e-4, 3, 2)
+    assert settings.max_steps == 10  # per epoch x epochs: HF's max_steps counts the whole run
+    assert (settings.bf16, settings.gradient_checkpointing, settings.device) == (False, True, "cpu")
+    assert settings.column_map == {"input": "question"}
+    assert (settings.model_dir, settings.output_dir) == ("/nowhere/model", "/nowhere/run")
+
+
+@pytest.mark.parametrize(
+    ("hints", "values", "expected"),
+    [
+        ({"dataset_type": "instruct", "data_style": "alpaca"}, {}, ("instruct", "alpaca", {})),
+        (
+            {"dataset_type": "chat", "data_style": "sharegpt", "conversation_column": "conversations"},
+            {},
+            ("chat", "sharegpt", {"messages": "conversations"}),
+        ),
+        (
+            {"dataset_type": "text", "data_style": "text", "text_column": "body"},
+            {},
+            ("text", "text", {"text": "body"}),
+        ),
+        (  # what the user sets wins over what dataset-initialize found
+            {"dataset_type": "chat", "data_style": "openai", "conversation_column": "messages"},
+            {"column_map": {"messages": "dialog"}, "conversation_style": "sharegpt"},
+            ("chat", "sharegpt", {"messages": "dialog"}),
+        ),
+    ],
+)
+def test_the_rows_are_read_as_dataset_initialize_wrote_them(hints, values, expected):
+    settings = plan.sft_settings(values, **WHERE, data_hints=hints)
+    assert (settings.dataset_type, settings.data_style, settings.column_map) == expected
+
+
+def test_alpaca_and_sharegpt_rows_become_the_prompts_dataset_initialize_would_write(tmp_path):
+    pytest.importorskip("trl")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kfp_finetune.components._shared.transformers.train import load_rows
+
+    alpaca = tmp_path / "alpaca.parquet"
+    pq.write_table(
+        pa.table({"instruction": ["Reverse it.", "Say hi."], "input": ["abc", " "], "output": ["cba", "hi"]}),
+        alpaca,
+    )
+    settings = plan.sft_settings({}, **{**WHERE, "data_files": [str(alpaca)], "run_dir": str(tmp_path / "a")},
+                                 data_hints={"dataset_type": "instruct", "data_style": "alpaca"})  # fmt: skip
+    rows = load_rows(settings, has_chat_template=True)
+    assert [r["prompt"][0]["content"] for r in rows] == ["Reverse it.\n\nabc", "Say hi."]
+    sharegpt = tmp_path / "sharegpt.parquet"
+    turns = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    pq.write_table(pa.table({"conversations": [turns]}), sharegpt)
+    hints = {"dataset_type": "chat", "data_style": "sharegpt", "conversation_column": "conversations"}
+    settings = plan.sft_settings({}, **{**WHERE, "data_files": [str(sharegpt)], "run_dir": str(tmp_path / "s")},
+                                 data_hints=hints)  # fmt: skip
+    assert load_rows(settings, has_chat_template=True)[0]["messages"] == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"recipe": "lora_finetune_single_device"}, "tune_recipe is a torchtune setting"),
+        ({"overrides": {"clip_grad_norm": 1.0}}, "tune_overrides is a torchtune setting"),
+        ({"compile": True, "train_on_input": True}, r"tune_compile is .* \(nor tune_train_on_input\)"),
+    ],
+)
+def test_a_setting_only_torchtune_reads_is_refused_by_its_pipeline_name(values, named):
+    with pytest.raises(SettingError, match=f"^{named}.*: unset it, or set tune_engine=torchtune"):
+        plan.check_settings(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"lora_rank": 0}, "tune_lora_rank must be a whole number of at least 1"),
+        ({"num_warmup_steps": -1}, "tune_num_warmup_steps must be a whole number, 0 or more"),
+        ({"method": "lorra"}, "tune_method must be one of lora, qlora, full .* did you mean 'lora'"),
+        ({"device": "tpu"}, "tune_device must be one of auto, cpu, cuda"),
+        ({"dtype": "fp16"}, "tune_dtype must be bf16 or fp32"),
+    ],
+)
+def test_a_bad_value_is_refused_by_its_pipeline_name(values, message):
+    with pytest.raises(SettingError, match=f"^{message}") as refused:
+        plan.check_settings(values)
+    assert message.startswith(refused.value.setting)  # pre-flight names the parameter from it
+
+
+def test_the_plan_writes_the_settings_its_command_reads(tmp_path):
+    run = plan.plan_run({"lora_rank": 4}, **{**WHERE, "run_dir": tmp_path / "run"}, devices=2, nodes=2)
+    assert SftSettings.from_json(run.settings_path) == run.settings
+    assert run.settings.lora_rank == 4
+    assert (run.world, run.distributed, run.metrics_path) == (
+        4,
+        True,
+        tmp_path / "run" / run_layout.METRICS_FILE,
+    )
+    assert run.command(["--nproc_per_node", "2"]) == [
+        "torchrun", "--nproc_per_node", "2", "-m", plan.MODULE, str(run.settings_path),
+    ]  # fmt: skip
+    assert run.command() == ["python", "-m", plan.MODULE, str(run.settings_path)]
+
+
+def test_cuda_asked_for_where_there_is_none_is_refused_before_training(tmp_path):
+    pytest.importorskip("trl")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    run = plan.plan_run({"device": "cuda"}, **{**WHERE, "run_dir": tmp_path})
+    with pytest.raises(SettingError, match="device is cuda, but CUDA sees no GPU"):
+        run.check_with_torch()
+
+
+@pytest.mark.slow
+def test_the_planned_command_trains_the_tiny_moe(tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    from kfp_finetune.tiny.dataset import build_tiny_dataset
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    build_tiny_hf_model(tmp_path / "base", "qwen3_moe")
+    build_tiny_dataset(tmp_path / "data", train_rows=32, eval_rows=1)
+    run = plan.plan_run(
+        {
+            "max_steps_per_epoch": 3,
+            "batch_size": 4,
+            "max_seq_len": 64,
+            "learning_rate": 1e-3,
+            "device": "cpu",
+        },
+        model_dir=tmp_path / "base",
+        data_files=[str(tmp_path / "data" / "train.parquet")],
+        run_dir=tmp_path / "run",
+    )
+    run.check_with_torch()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    command = run.command()
+    done = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resolved = json.loads((run.run_dir / run_layout.RESOLVED_CONFIG).read_text())
+    assert resolved["settings"]["max_steps"] == 3 and resolved["settings"]["device"] == "cpu"
+    assert len(run.metrics_path.read_text().splitlines()) == 3
+    assert run_layout.last_adapter_state(run.run_dir) is not None
+    assert (run.run_dir / run_layout.MERGED_DIR / "config.json").is_file()

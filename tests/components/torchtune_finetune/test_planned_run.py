@@ -1,0 +1,90 @@
+"""The fine-tune step trains a model torchtune cannot serve on the engine that can (issue 28 item 2): the step's own
+entry point (run_finetune, local backend) on dataset-initialize's output and a tiny Qwen3-MoE, with no engine named.
+The run is planned and checked by the engine's wing before anything trains, hands on merged/ and adapter/, records
+the engine, and is refused by name when a setting only torchtune reads is set or torchtune is forced on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kfp_finetune.components._shared import engines
+from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+from kfp_finetune.components.torchtune_finetune.backends import backend_for
+from kfp_finetune.components.torchtune_finetune.finetune import (
+    ArtifactInput,
+    component_settings,
+    run_finetune,
+)
+from kfp_finetune.components.torchtune_finetune.weights import is_zero, tensors
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    root = tmp_path_factory.mktemp("planned")
+    workspace = root / "ws"
+    build_tiny_hf_model(workspace / "models" / "moe", "qwen3_moe")
+    rows = [
+        {"instruction": f"Write the number {i} backwards.", "input": "", "output": str(i)[::-1] + "."}
+        for i in range(100, 160)
+    ]
+    (root / "alpaca.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = initialize_dataset(str(root / "alpaca.jsonl"), str(workspace), eval_fraction=0.05)
+    return workspace, result.train_metadata
+
+
+def finetune(workspace, task, **parameters):
+    root, train = workspace
+    return run_finetune(
+        workspace=root, train_data=ArtifactInput(dict(train)),
+        base_model=ArtifactInput({"workspace_path": "models/moe"}),
+        settings=component_settings({"device": "cpu", "max_steps_per_epoch": 4, "batch_size": 4,
+                                     "max_seq_len": 64, "learning_rate": 1e-3, **parameters}),
+        run_id="planned", task_name=task, backend=backend_for("local"),
+        engine=parameters.pop("engine", engines.AUTO),
+    )  # fmt: skip
+
+
+def test_a_model_torchtune_cannot_serve_trains_on_the_engine_that_can(workspace, caplog):
+    result = finetune(workspace, "auto-lora")
+    meta = result.model_metadata
+    assert meta["engine"] == "transformers" and meta["method"] == "lora" and meta["steps"] == 4
+    assert meta["merged_path"].endswith("/merged") and meta["adapter_path"].endswith("/adapter")
+    assert any(name.endswith("adapter_model.safetensors") for name in meta["files"])
+    lora_b = [t for name, t in tensors(result.checkpoint.adapter_dir) if "lora_b" in name.lower()]
+    assert lora_b and not any(is_zero(t) for t in lora_b)  # the adapter learned something
+    assert {"sft_settings.json", "trl_config.json"} <= set(result.config_files)
+    assert result.train_config["files"] == sorted(result.config_files)
+    assert "engine: transformers (transformers" in caplog.text  # the choice and its reason, in the step log
+    assert "engine: transformers" in result.report_html
+
+
+def test_a_full_fine_tune_hands_on_the_merged_folder_alone(workspace):
+    meta = finetune(workspace, "auto-full", method="full").model_metadata
+    assert meta["engine"] == "transformers" and meta["adapter_path"] == ""
+    assert meta["workspace_path"] == meta["merged_path"]
+
+
+def test_a_setting_only_torchtune_reads_is_refused_before_anything_trains(workspace):
+    root, _ = workspace
+    with pytest.raises(ConfigError, match="^tune_overrides is a torchtune setting"):
+        finetune(workspace, "refused", overrides={"clip_grad_norm": 1.0})
+    assert not list(root.glob("runs/*refused*/logs"))
+
+
+def test_torchtune_forced_on_a_model_it_cannot_serve_is_refused_with_its_reason(workspace):
+    with pytest.raises(ConfigError, match="no engine can fine-tune this model. torchtune: .*qwen3_moe"):
+        finetune(workspace, "forced", engine="torchtune")
