@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import inspect
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared.eval_examples import Example, ModelScores, batches
+from kfp_finetune.components._shared.eval_examples import Example, ModelScores
+from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune.eval_inputs import (
     TunedModel,
@@ -179,42 +179,6 @@ def make_examples(dataset: Any, tokenizer: Any, rows: Sequence[int]) -> list[Exa
     return examples
 
 
-def teacher_forced_losses(
-    model: Any, examples: Sequence[Example], batch_size: int, pad_id: int, device: Any
-) -> tuple[float, int, list[float | None], list[int]]:
-    """(summed NLL, token count, per-example mean NLL, per-example token count) on the trained tokens, shifted
-    as the recipes do."""
-    import torch
-    import torch.nn.functional as F
-    from torchtune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_sft
-
-    total, count, per_example, per_example_tokens = 0.0, 0, [], []
-    with torch.inference_mode():
-        for batch in batches(examples, batch_size):
-            collated = padded_collate_sft(
-                [{"tokens": e.tokens, "labels": e.labels} for e in batch],
-                padding_idx=pad_id,
-                ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
-            )
-            tokens, labels = collated["tokens"].to(device), collated["labels"].to(device)
-            # Position t predicts token t+1: drop the first label and pad the end, as the recipes do.
-            ignore = torch.full((labels.shape[0], 1), CROSS_ENTROPY_IGNORE_IDX, device=device)
-            labels = torch.hstack((labels[:, 1:], ignore))
-            logits = model(tokens)
-            # Only the trained positions go to fp32: full-vocabulary logits of whole batches are the memory peak.
-            trained = labels != CROSS_ENTROPY_IGNORE_IDX
-            nll = F.cross_entropy(logits[trained].float(), labels[trained], reduction="none")
-            nll_per_row = torch.zeros(labels.shape[0], device=device).index_add_(
-                0, trained.nonzero()[:, 0], nll
-            )
-            for row_nll, row_count in zip(nll_per_row.tolist(), trained.sum(dim=1).tolist(), strict=True):
-                per_example.append(row_nll / row_count if row_count else None)
-                per_example_tokens.append(row_count)
-                total += row_nll
-                count += row_count
-    return total, count, per_example, per_example_tokens
-
-
 def greedy_generate(
     model: Any,
     tokenizer: Any,
@@ -281,37 +245,17 @@ def score_model(
     seed: int,
     progress: Callable[[str], None] = log.info,
 ) -> ModelScores:
-    """Loss over all examples, then greedy generations for those with a prompt, logging progress."""
+    """Loss over all examples, then greedy generations for those with a prompt (eval_scoring.py)."""
     import torch
 
-    started = time.monotonic()
-    torch.manual_seed(seed)
-    loss_sum, loss_tokens, per_example, per_example_tokens = teacher_forced_losses(
-        model, examples, batch_size, tokenizer.pad_id, device
-    )
-    progress(
-        f"{label}: eval loss {loss_sum / max(loss_tokens, 1):.4f} over {loss_tokens} response tokens "
-        f"({time.monotonic() - started:.1f}s)"
-    )
-    generations: list[str | None] = [None] * len(examples)
-    todo = [i for i, e in enumerate(examples) if e.prompt_tokens]
     rng = torch.Generator(device=device).manual_seed(seed)
-    generation_started, done = time.monotonic(), 0
-    for batch in batches(todo, batch_size):
-        texts = greedy_generate(
-            model,
-            tokenizer,
-            [examples[i].prompt_tokens for i in batch],
-            max_new_tokens=max_new_tokens,
-            device=device,
-            dtype=dtype,
-            rng=rng,
+
+    def generate(prompts: Sequence[list[int]]) -> list[str]:
+        return greedy_generate(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, device=device, dtype=dtype, rng=rng
         )
-        for i, text in zip(batch, texts, strict=True):
-            generations[i] = text
-        done += len(batch)
-        elapsed = time.monotonic() - generation_started
-        progress(f"{label}: generated {done}/{len(todo)} samples ({done / max(elapsed, 1e-9):.2f} samples/s)")
-    return ModelScores(
-        loss_sum, loss_tokens, per_example, per_example_tokens, generations, time.monotonic() - started
-    )
+
+    return score_examples(
+        examples, forward=lambda tokens, mask: model(tokens), generate=generate, pad_id=tokenizer.pad_id,
+        label=label, batch_size=batch_size, device=device, seed=seed, progress=progress,
+    )  # fmt: skip

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import struct
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from math import prod
@@ -28,7 +27,8 @@ from typing import Any
 from kfp_finetune.components._shared import contract
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.eval_examples import IGNORE_INDEX, Example, ModelScores, batches
+from kfp_finetune.components._shared.eval_examples import Example, ModelScores
+from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
 from kfp_finetune.components._shared.transformers import train
@@ -305,42 +305,6 @@ def _pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def teacher_forced_losses(
-    model: Any, examples: Sequence[Example], batch_size: int, pad_id: int, device: Any
-) -> tuple[float, int, list[float | None], list[int]]:
-    """(summed NLL, token count, per-example mean NLL, per-example token count) on the trained tokens: position t
-    predicts token t+1, as the model's own loss shifts."""
-    import torch
-    import torch.nn.functional as F
-
-    total, count, per_example, per_example_tokens = 0.0, 0, [], []
-    with torch.inference_mode():
-        for batch in batches(examples, batch_size):
-            width = max(len(e.tokens) for e in batch)
-            tokens = torch.tensor(
-                [e.tokens + [pad_id] * (width - len(e.tokens)) for e in batch], device=device
-            )
-            labels = torch.tensor(
-                [e.labels + [IGNORE_INDEX] * (width - len(e.labels)) for e in batch], device=device
-            )
-            mask = torch.tensor(
-                [[1] * len(e.tokens) + [0] * (width - len(e.tokens)) for e in batch], device=device
-            )
-            logits = model(input_ids=tokens, attention_mask=mask).logits[:, :-1]
-            labels = labels[:, 1:]
-            trained = labels != IGNORE_INDEX
-            nll = F.cross_entropy(logits[trained].float(), labels[trained], reduction="none")
-            nll_per_row = torch.zeros(labels.shape[0], device=device).index_add_(
-                0, trained.nonzero()[:, 0], nll
-            )
-            for row_nll, row_count in zip(nll_per_row.tolist(), trained.sum(dim=1).tolist(), strict=True):
-                per_example.append(row_nll / row_count if row_count else None)
-                per_example_tokens.append(row_count)
-                total += row_nll
-                count += row_count
-    return total, count, per_example, per_example_tokens
-
-
 def greedy_generate(
     model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, device: Any
 ) -> list[str]:
@@ -381,34 +345,13 @@ def score_model(
     seed: int,
     progress: Callable[[str], None] = log.info,
 ) -> ModelScores:
-    """Loss over all examples, then greedy generations for those with a prompt, logging progress."""
-    import torch
-
-    started = time.monotonic()
-    torch.manual_seed(seed)
-    loss_sum, loss_tokens, per_example, per_example_tokens = teacher_forced_losses(
-        model, examples, batch_size, _pad_id(tokenizer), device
-    )
-    progress(
-        f"{label}: eval loss {loss_sum / max(loss_tokens, 1):.4f} over {loss_tokens} response tokens "
-        f"({time.monotonic() - started:.1f}s)"
-    )
-    generations: list[str | None] = [None] * len(examples)
-    todo = [i for i, e in enumerate(examples) if e.prompt_tokens]
-    for done, batch in enumerate(batches(todo, batch_size), start=1):
-        texts = greedy_generate(
-            model,
-            tokenizer,
-            [examples[i].prompt_tokens for i in batch],
-            max_new_tokens=max_new_tokens,
-            device=device,
-        )
-        for i, text in zip(batch, texts, strict=True):
-            generations[i] = text
-        progress(f"{label}: generated {min(done * batch_size, len(todo))}/{len(todo)} samples")
-    return ModelScores(
-        loss_sum, loss_tokens, per_example, per_example_tokens, generations, time.monotonic() - started
-    )
+    """Loss over all examples, then greedy generations for those with a prompt (eval_scoring.py)."""
+    return score_examples(
+        examples,
+        forward=lambda tokens, mask: model(input_ids=tokens, attention_mask=mask).logits,
+        generate=lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, device=device),
+        pad_id=_pad_id(tokenizer), label=label, batch_size=batch_size, device=device, seed=seed, progress=progress,
+    )  # fmt: skip
 
 
 # --- lm-eval --------------------------------------------------------------------------------------------------
