@@ -24,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kfp_finetune.components._shared.errors import ConfigError
+
 #: The label of a token training did not learn (torchtune's CROSS_ENTROPY_IGNORE_IDX, TRL's and PyTorch's -100).
 IGNORE_INDEX = -100
 
@@ -59,3 +61,16 @@ class ModelScores:
 def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def require_same_tokenizer(tuned: Any, base: Any, differing: list[str]) -> None:
+    """Refuse a base that does not tokenize as the tuned model: `differing` names the tokenizer parts that differ
+    (each engine finds them its way); the vocabulary sizes are compared here. `tuned`, `base`: model folders."""
+    tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
+    if tuned_vocab != base_vocab:
+        differing = [*differing, f"vocab_size {base_vocab} vs {tuned_vocab}"]
+    if differing:
+        raise ConfigError(
+            f"base_model ({base.path}) does not share the tuned model's tokenizer ({tuned.path}): "
+            f"{', '.join(differing)} differ. Compare a fine-tuned model with the base it was trained from."
+        )

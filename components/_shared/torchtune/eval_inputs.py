@@ -12,6 +12,7 @@ from typing import Any
 from kfp_finetune.components._shared import contract
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.eval_examples import require_same_tokenizer
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune import builder_nodes, sample_packing
 from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node, source_of
@@ -51,16 +52,9 @@ def inspect_model(path: Path, what: str) -> ModelDir:
 
 
 def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
-    tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
     base_fingerprint = tokenizer_fingerprint(base)
     differing = [k for k, v in tokenizer_fingerprint(tuned).items() if base_fingerprint.get(k) != v]
-    if tuned_vocab != base_vocab:
-        differing.append(f"vocab_size {base_vocab} vs {tuned_vocab}")
-    if differing:
-        raise ConfigError(
-            f"base_model ({base.path}) does not share the tuned model's tokenizer ({tuned.path}): "
-            f"{', '.join(differing)} differ. Compare a fine-tuned model with the base it was trained from."
-        )
+    require_same_tokenizer(tuned, base, differing)
 
 
 @dataclass

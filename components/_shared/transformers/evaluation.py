@@ -27,7 +27,7 @@ from typing import Any
 from kfp_finetune.components._shared import contract
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
-from kfp_finetune.components._shared.eval_examples import Example, ModelScores
+from kfp_finetune.components._shared.eval_examples import Example, ModelScores, require_same_tokenizer
 from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
@@ -116,14 +116,7 @@ def check_same_tokenizer(tuned: ModelDir, base: ModelDir) -> None:
     differing = [
         name for name in _TOKENIZER_FILES if _file_hash(tuned.path / name) != _file_hash(base.path / name)
     ]
-    tuned_vocab, base_vocab = tuned.hf_config.get("vocab_size"), base.hf_config.get("vocab_size")
-    if tuned_vocab != base_vocab:
-        differing.append(f"vocab_size {base_vocab} vs {tuned_vocab}")
-    if differing:
-        raise ConfigError(
-            f"base_model ({base.path}) does not share the tuned model's tokenizer ({tuned.path}): "
-            f"{', '.join(differing)} differ. Compare a fine-tuned model with the base it was trained from."
-        )
+    require_same_tokenizer(tuned, base, differing)
 
 
 def _file_hash(path: Path) -> str | None:
