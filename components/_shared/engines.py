@@ -76,7 +76,9 @@ def choose(model_dir: str | Path, hf_config: dict, requested: str = AUTO) -> Eng
     serves the model, else (auto) the first engine in WINGS that does. Refused with every engine's reason when
     none does, before anything is downloaded beyond config.json and the tokenizer files."""
     if requested not in (AUTO, *WINGS):
-        raise ConfigError(f"engine={requested!r} is not an engine: set one of {', '.join((AUTO, *WINGS))}")
+        raise ConfigError(
+            f"tune_engine={requested!r} is not an engine: set one of {', '.join((AUTO, *WINGS))}"
+        )
     names = list(WINGS) if requested == AUTO else [requested]
     refusals = []
     for name in names:

@@ -58,7 +58,7 @@ def test_a_model_no_engine_serves_is_refused_with_each_engines_reason(tiny_llama
 
 def test_an_unknown_engine_setting_names_the_choices(tiny_llama):
     with pytest.raises(
-        ConfigError, match=r"engine='trl' is not an engine: set one of auto, torchtune, transformers"
+        ConfigError, match=r"tune_engine=.trl. is not an engine: set one of auto, torchtune, transformers"
     ):
         engines.choose(tiny_llama, _config(tiny_llama), requested="trl")
 
