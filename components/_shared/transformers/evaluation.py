@@ -31,7 +31,7 @@ from kfp_finetune.components._shared.eval_examples import Example, ModelScores, 
 from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
-from kfp_finetune.components._shared.transformers import train
+from kfp_finetune.components._shared.transformers import plan, train
 from kfp_finetune.components._shared.transformers.settings import DATASET_TYPES, SftSettings
 
 log = get_logger(__name__)
@@ -172,19 +172,15 @@ def eval_dataset(
         settings = SftSettings.from_dict(train_config["settings"])
     else:
         meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
-        dataset_type = meta.dataset_type or "instruct"
+        hints = meta.torchtune_hints()
+        dataset_type = hints.get("dataset_type", "instruct")
         if dataset_type not in DATASET_TYPES:
             raise ConfigError(
                 f"eval_data has `dataset_type` {dataset_type!r}; expected one of {', '.join(DATASET_TYPES)}"
             )
-        column = {"chat": ("messages", meta.conversation_column), "text": ("text", meta.text_column)}
-        name, source = column.get(dataset_type, ("", None))
-        settings = SftSettings(
-            model_dir="",
-            data_files=[],
-            output_dir="",
-            dataset_type=dataset_type,
-            column_map={name: source} if source else {},
+        # The rows read as a fine-tune with this engine's defaults would read them (plan.py); paths come below.
+        settings = plan.sft_settings(
+            {}, model_dir="model", data_files=["data.parquet"], run_dir="run", data_hints=hints
         )
     # Eval rows are scored one by one, never packed; bf16 decides nothing about the rows.
     return dataclasses.replace(

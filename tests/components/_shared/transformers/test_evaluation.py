@@ -219,3 +219,19 @@ def test_text_rows_have_no_generations_and_chat_rows_do(trained, tmp_path):
     )
     assert all(isinstance(s["tuned"], str) for s in chat.samples)
     assert [(s["prompt"], s["reference"]) for s in chat.samples] == [("Uppercase: e f g h", "E F G H")] * 2
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"dataset_type": "instruct", "data_style": "alpaca"}, ("instruct", "alpaca", {})),
+        (
+            {"dataset_type": "chat", "data_style": "sharegpt", "conversation_column": "conversations"},
+            ("chat", "sharegpt", {"messages": "conversations"}),
+        ),
+    ],
+)
+def test_without_a_training_config_the_rows_are_read_as_dataset_initialize_wrote_them(metadata, expected):
+    data = face.evaluation().eval_dataset({}, ArtifactInput(metadata), ["/eval/part-0.parquet"], 64)
+    assert (data.dataset_type, data.data_style, data.column_map) == expected
+    assert (data.data_files, data.max_seq_len) == (["/eval/part-0.parquet"], 64)
