@@ -34,11 +34,13 @@ def component(args: dict) -> None:
         run_id=args["run_id"],
         task_name="torchtune-finetune",
         backend=backend_for("local"),
+        engine=args.get("engine", "auto"),
     )
     _emit(
         {
             "training_wall_seconds": result.wall_seconds,
-            "yaml_path": str(result.run.yaml_path),
+            # torchtune's resolved YAML; another engine's resolved settings
+            "yaml_path": str(getattr(result.run, "yaml_path", None) or result.run.resolved_path),
             "run_dir": str(result.run.run_dir),
             "recipe": result.run.recipe,
             "metrics_path": str(result.run.metrics_path),

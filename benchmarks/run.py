@@ -7,7 +7,8 @@
 
 Names: launcher, orchestration, dataset_init, model_init, model_resume, packing, efficiency, peer, export,
 gpu_suite (without GPUs: the plan only, every job skipped), tiny_defaults (the GPU suite's three sides on the tiny
-kit on CPU: defaults vs expert vs Kubeflow runtime; `--set tiny_steps=8 --set tiny_rows=3000 --set tiny_repeats=2`).
+kit on CPU: defaults vs expert vs Kubeflow runtime; `--set tiny_steps=8 --set tiny_rows=3000 --set tiny_repeats=2`),
+training_resume, engines (the torchtune and transformers engines on the same tiny model and data).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ BENCHMARKS = {
     "gpu_suite": "benchmarks.bench_gpu_suite",
     "tiny_defaults": "benchmarks.bench_tiny_defaults",
     "training_resume": "benchmarks.bench_training_resume",
+    "engines": "benchmarks.bench_engines",
 }
 
 

@@ -27,11 +27,14 @@ FACE = (
     "DATA_PACKS",
     "NAME",
     "PACKAGES",
+    "RUNTIME",
     "serves",
     "read_resolved_config",
     "last_adapter_state",
     "merged_model_dir",
     "evaluation",
+    "check_node_command",
+    "run_node_command",
 )
 
 

@@ -15,7 +15,7 @@ def preflight(
     s3_secret: str = "s3-credentials",
     tune_engine: str = "auto",
     tune_backend: str = "trainjob",
-    tune_runtime: str = "torchtune",
+    tune_runtime: str = "auto",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
     tune_method: str = "lora",
     tune_recipe: str = "",
@@ -104,7 +104,8 @@ def preflight(
         tune_engine: auto (torchtune for the families it serves, else transformers where it builds the model),
             torchtune or transformers; the choice and its reason are logged.
         tune_backend: trainjob (the runtime is checked on the cluster) or local (no cluster needed).
-        tune_runtime: The (Cluster)TrainingRuntime the fine-tune's TrainJob will name.
+        tune_runtime: The (Cluster)TrainingRuntime the fine-tune's TrainJob will name; auto: the chosen engine's
+            (torchtune or transformers).
         tune_runtime_kind: ClusterTrainingRuntime or TrainingRuntime (namespaced, in the step's namespace).
         tune_method: full, lora, qlora (LoRA on a 4-bit base: KEP-2401 quantize_base) or dora (use_dora).
         tune_recipe: torchtune recipe; empty: chosen from the method and GPU count.

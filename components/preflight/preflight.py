@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kfp_finetune.components._shared import storage
+from kfp_finetune.components._shared import engines, storage
 from kfp_finetune.components._shared.launch_settings import network_problem, slow_network_fix
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.preflight import run_settings
@@ -131,6 +131,15 @@ def check_source(
     return []
 
 
+def runtime_name(tune_runtime: str, engine: str) -> str:
+    """The runtime the fine-tune's TrainJob will name: `tune_runtime`, or for auto the chosen engine's."""
+    if tune_runtime != engines.AUTO:
+        return tune_runtime
+    name = engines.face(engine).RUNTIME
+    log.info("tune_runtime: auto, the %s engine's runtime %r", engines.face(engine).NAME, name)
+    return name
+
+
 def check_runtime(
     backend: str, name: str, kind: str, nodes: int = 1, gpus: int = 0, allow_slow_network: bool = False
 ) -> list[Problem]:
@@ -224,7 +233,7 @@ def run_preflight(
     hf_token_secret: str = "hf-token",
     s3_secret: str = "s3-credentials",
     tune_backend: str = "trainjob",
-    tune_runtime: str = "torchtune",
+    tune_runtime: str = "auto",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
     settings: dict[str, Any] | None = None,
 ) -> list[str]:
@@ -236,9 +245,8 @@ def run_preflight(
     given = {"export_destination": export_destination, "model_uri": model_uri, "data_uri": data_uri}
     uris = {name: u for name, value in given.items() if value and (u := _parsed(name, value, problems))}
     problems += _credentials("s3_endpoint_url", s3_endpoint_url)
-    settings_problems, check_model = check_settings(
-        RunSettings({**(settings or {}), "tune_backend": tune_backend})
-    )
+    checked_settings = RunSettings({**(settings or {}), "tune_backend": tune_backend})
+    settings_problems, check_model = check_settings(checked_settings)
     problems += settings_problems
     problems += check_credentials(uris, "export_destination", secrets)
     blocked = {p for problem in problems for p in problem.parameter.split(", ")}  # no credentials: no probe
@@ -258,7 +266,8 @@ def run_preflight(
         nodes, gpus = given.get("tune_num_nodes", 1), given.get("tune_gpus_per_node", 1)
         allow_slow = bool(given.get("tune_allow_slow_network"))
         checks.append(("tune_runtime", "tune_runtime", lambda: check_runtime(
-            tune_backend, tune_runtime, tune_runtime_kind, nodes, gpus, allow_slow)))  # fmt: skip
+            tune_backend, runtime_name(tune_runtime, checked_settings.engine), tune_runtime_kind, nodes, gpus,
+            allow_slow)))  # after the model check, which chose the engine  # fmt: skip
         if queue := (settings or {}).get("tune_queue_name"):
             # Not again when the runtime's check found no cluster (its problem names tune_backend).
             checks.append(("tune_queue_name", "tune_queue_name", lambda: [] if "tune_backend" in blocked

@@ -66,6 +66,8 @@ class RunSettings:
     step's defaults for the typed settings: unset)."""
 
     values: dict[str, Any] = field(default_factory=dict)
+    #: The engine the model check chose ("": not chosen yet: the default engine's), for the runtime check.
+    engine: str = ""
 
     def get(self, name: str, default: Any) -> Any:
         return self.values.get(name, default)
@@ -205,6 +207,7 @@ def check_model_and_run(
             if hf_config:  # else the inspection below names what is wrong with config.json
                 choice = engines.choose(folder, hf_config, settings.get("tune_engine", engines.AUTO))
                 log.info("%s", choice.line())
+                settings.engine = choice.engine
                 face = engines.face(choice.engine)
                 if hasattr(
                     face, "check_settings"

@@ -69,7 +69,7 @@ def torchtune_finetune(
     overrides: dict = {},  # noqa: B006
     engine: str = "auto",
     backend: str = "trainjob",
-    runtime_name: str = "torchtune",
+    runtime_name: str = "auto",
     runtime_kind: str = "ClusterTrainingRuntime",
     num_nodes: int = 1,
     allow_slow_network: bool = False,
@@ -174,12 +174,13 @@ def torchtune_finetune(
             empty: none.
         engine: The fine-tuning engine: auto (torchtune for every family it serves, else transformers: TRL's SFT
             trainer with PEFT, for causal LMs transformers builds natively, e.g. mixture-of-experts; the choice
-            and its reason are in the log and report), torchtune or transformers (local backend only, for now).
+            and its reason are in the log and report), torchtune or transformers.
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with
             the step pod's own resources, so CPU unless GPUs are applied to the pod itself). The step runs on the
             component image, which has no torch: for local on a cluster, give the task the trainer image
             (`task.set_container_image(...)`).
-        runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune).
+        runtime_name: The (Cluster)TrainingRuntime the TrainJob uses (see runtimes/ in kfp-finetune); auto: the
+            engine's own (torchtune, or transformers for the transformers engine).
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         num_nodes: Nodes (pods) for the TrainJob; more than 1 needs a ReadWriteMany workspace.
         allow_slow_network: Train on several nodes even when the runtime requests no RDMA network (label

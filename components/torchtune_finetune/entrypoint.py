@@ -1,15 +1,16 @@
-"""The TrainJob node command: check the resolved config with torch, then run `tune run ...` in the same process.
+"""The TrainJob node command: check the engine's training command with torch, then run it in the same process.
 
-    python -m kfp_finetune.components.torchtune_finetune.entrypoint tune run [torchrun flags] <recipe> --config <yaml>
+    python -m kfp_finetune.components.torchtune_finetune.entrypoint --engine <engine> <training command>
 
-The launcher step resolves the config without torch (it runs on the component image); what needs torch
-(torch_checks.py: torchtune's config validation, prompts against max_seq_len, the model layout's logit parity
-with transformers on a tiny random copy) runs here, in the trainer image, within seconds of the pod starting. A
-bad config fails the TrainJob with one clear line (exit code 2) instead of a traceback minutes into model loading.
-A good one goes on to torchtune's own `tune` CLI, called in this process: torch is imported once per pod, not
-again by a `tune` process (seconds of every pod start). One device: the recipe runs here (torchtune runs it with
-runpy), so it is this process that receives the pod's SIGTERM and checkpoints on it (recipe.py). Several:
-torchrun's agent runs here and starts the workers, forwarding signals to them. The checks
+e.g. `--engine torchtune tune run [torchrun flags] <recipe> --config <yaml>`, or `--engine transformers torchrun
+[flags] -m <train module> <settings>`. The launcher step plans the run without torch (it runs on the component
+image); what needs torch runs here, in the trainer image, within seconds of the pod starting, as the engine's face
+says (`check_node_command`: for torchtune its config validation, prompts against max_seq_len and the model
+layout's logit parity with transformers; for transformers TRL's argument checks). A bad run fails the TrainJob with
+one clear line (exit code 2) instead of a traceback minutes into model loading. A good one goes on to the engine's
+command, called in this process (`run_node_command`): torch is imported once per pod. One device: the training
+runs here, so it is this process that receives the pod's SIGTERM (torchtune's recipe checkpoints on it,
+recipe.py). Several: torchrun's agent runs here and starts the workers, forwarding signals to them. The checks
 leave the process-wide state training starts from as they found it (process_state.py): RNGs, dtype, grad mode,
 flags, signal handlers, memory.
 
@@ -25,34 +26,28 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 MODULE = "kfp_finetune.components.torchtune_finetune.entrypoint"
 #: Exit code of a config the checks refuse (training never started).
 CONFIG_REFUSED = 2
 PREFIX = "kfp-finetune: "
 #: `python -m MODULE PROBE <run folder> <node rank>`: the network probe alone (probe_network_apart).
 PROBE = "--probe-network"
+ENGINE_FLAG = "--engine"
 
 
-def node_command(tune_command: list[str]) -> list[str]:
-    """The TrainJob's node command for a `tune run ...` command: the checks first, then that command. Another
-    engine's command is refused here, before any TrainJob is sent: its node-pod checks are not built yet."""
-    if tune_command[:1] != ["tune"]:
-        from kfp_finetune.components._shared.errors import ConfigError
-
-        raise ConfigError(
-            f"this version launches only torchtune in a TrainJob, not `{' '.join(tune_command[:4])} ...`: train "
-            "this model with tune_backend=local"
-        )
-    return ["python", "-m", MODULE, *tune_command]
+def node_command(training_command: list[str], engine: str) -> list[str]:
+    """The TrainJob's node command for `engine`'s training command: the checks first, then that command."""
+    return ["python", "-m", MODULE, ENGINE_FLAG, engine, *training_command]
 
 
-def config_path(tune_command: list[str]) -> Path:
-    try:
-        return Path(tune_command[tune_command.index("--config") + 1])
-    except (ValueError, IndexError):
-        raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>") from None
+def split_engine(argv: list[str]) -> tuple[str, list[str]]:
+    """(engine, training command) of the node command's arguments; without --engine the default engine's (a
+    command written before engines were named)."""
+    if argv[:1] == [ENGINE_FLAG]:
+        if len(argv) < 3:
+            raise SystemExit(f"{PREFIX}usage: python -m {MODULE} {ENGINE_FLAG} <engine> <training command>")
+        return argv[1], argv[2:]
+    return "", argv
 
 
 def note_device(run_dir: Path) -> None:
@@ -109,51 +104,46 @@ def probe_network_apart(run_dir: Path, rank: str) -> bool:
 
 
 def check(argv: list[str]) -> int | None:
-    """The node's checks of `tune run ... --config <yaml>`: CONFIG_REFUSED when the run must not train, None when it
-    may. The process-wide state is left as it was (process_state.kept)."""
+    """The node's checks of the engine's training command: CONFIG_REFUSED when the run must not train, None when
+    it may. The process-wide state is left as it was (process_state.kept)."""
+    return checked_run(*split_engine(argv))[0]
+
+
+def checked_run(engine: str, command: list[str]) -> tuple[int | None, Path | None]:
+    """check's answer, with the run folder the command trains into (None when refused)."""
+    from kfp_finetune.components._shared import engines
     from kfp_finetune.components._shared.errors import ConfigError
-    from kfp_finetune.components._shared.torchtune.torch_checks import check_layout_parity, check_resolved
     from kfp_finetune.components.torchtune_finetune.process_state import kept
 
-    if not argv or argv[0] != "tune":
-        raise SystemExit(f"{PREFIX}usage: python -m {MODULE} tune run ... <recipe> --config <yaml>")
-    path = config_path(argv)
     rank = os.environ.get("PET_NODE_RANK", "0")
-    config = yaml.safe_load(path.read_text())
     with kept():
         try:
-            check_resolved(config)
-            parity = check_layout_parity(config)
+            run_dir, said = engines.face(engine).check_node_command(command)
         except ConfigError as error:
-            print(
-                f"{PREFIX}the resolved config {path} cannot train (node {rank}): {error}",
-                file=sys.stderr,
-                flush=True,
-            )
-            return CONFIG_REFUSED
-        print(
-            f"{PREFIX}config {path.name} checked (torchtune validation, prompts fit max_seq_len)", flush=True
-        )
-        print(f"{PREFIX}{parity}", flush=True)
+            print(f"{PREFIX}the run cannot train (node {rank}): {error}", file=sys.stderr, flush=True)
+            return CONFIG_REFUSED, None
+        for line in said:
+            print(f"{PREFIX}{line}", flush=True)
         if rank == "0":
-            note_device(path.parent)
-    if not probe_network_apart(path.parent, rank):
-        return CONFIG_REFUSED
-    return None
+            note_device(run_dir)
+    if not probe_network_apart(run_dir, rank):
+        return CONFIG_REFUSED, None
+    return None, run_dir
 
 
 def main(argv: list[str]) -> int:
-    from kfp_finetune.components._shared.torchtune.tune_cli import run_tune
+    from kfp_finetune.components._shared import engines
     from kfp_finetune.components.torchtune_finetune.lease import guard_with_lease
 
     if argv[:1] == [PROBE]:
         return 0 if probe_network(Path(argv[1]), argv[2]) else CONFIG_REFUSED
-    refused = check(argv)
+    engine, command = split_engine(argv)
+    refused, run_dir = checked_run(engine, command)
     if refused is not None:
         return refused
     # The training stops if the step that launched it is gone (lease.py).
-    guard_with_lease(config_path(argv).parent)
-    return run_tune(argv)
+    guard_with_lease(run_dir)
+    return engines.face(engine).run_node_command(command)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def train_planned(
         "wall_seconds": wall,
         "model_metadata": model_metadata,
         "metrics": metrics,
-        "report_html": render_report(choice, plan, steps, metrics, model_metadata, checkpoint),
+        "report_html": render_report(choice, plan, steps, metrics, model_metadata, checkpoint, resolved),
         "config_files": files,
         "train_config": TrainConfig(
             recipe=model_metadata["recipe"], config=plan.settings_path.name, files=sorted(files)
@@ -138,6 +138,7 @@ def render_report(
     metrics: dict[str, float],
     model_metadata: dict,
     checkpoint: FinalCheckpoint,
+    resolved: dict,
 ) -> str:
     charts = [
         html_report.line_chart("training loss", {"loss": [(s.step, s.loss) for s in steps if s.loss is not None]}, "step"),
@@ -145,6 +146,8 @@ def render_report(
     ]  # fmt: skip
     settings = [(name, json.dumps(value)) for name, value in asdict(plan.settings).items()]
     outputs = [("merged", str(checkpoint.merged_dir or "")), ("adapter", str(checkpoint.adapter_dir or ""))]
+    # What the training process chose for the settings left to it, and why (the wing's resolved config).
+    chosen = [(c["setting"], json.dumps(c["value"]), c["reason"]) for c in resolved.get("choices", [])]
     return html_report.page(
         f"{choice.engine} fine-tune",
         f"{model_metadata['method']} on {model_metadata['base_model']} — {len(steps)} steps",
@@ -154,5 +157,6 @@ def render_report(
             html_report.section("Results", html_report.table(["metric", "value"], list(metrics.items()))),
             html_report.section("Outputs", html_report.table(["folder", "path"], outputs)),
             html_report.section("Settings", html_report.table(["setting", "value"], settings)),
+            html_report.section("Defaults chosen", html_report.table(["setting", "value", "why"], chosen)),
         ],
     )

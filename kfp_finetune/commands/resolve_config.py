@@ -1,4 +1,5 @@
-"""`kfp-finetune resolve-config`: show the complete torchtune YAML and recipe a run would use, running nothing."""
+"""`kfp-finetune resolve-config`: show the engine a run would use and why, and its complete settings — torchtune's
+recipe and YAML, or the transformers engine's settings file — running nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", required=True, help="HF-layout model folder")
     parser.add_argument(
         "--data", help="training data: a json/jsonl/csv/parquet/arrow file or a folder of them"
+    )
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        help="auto (the first engine that serves the model), torchtune or transformers",
     )
     parser.add_argument("--method", default="lora", choices=["full", "lora", "qlora", "dora"])
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs) per node")
@@ -68,6 +74,7 @@ def setting_types() -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from kfp_finetune.commands.values import UsageError, parse_pairs, parse_value
+    from kfp_finetune.components._shared import engines
     from kfp_finetune.components._shared.torchtune.config import ConfigError, from_flat
     from kfp_finetune.components._shared.torchtune.resolve import render_yaml, resolve_run
 
@@ -85,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
+        choice = engines.choose(args.model_dir, engines.model_config(args.model_dir), args.engine)
+        face = engines.face(choice.engine)
+        if hasattr(face, "preview"):  # a wing that plans its own runs shows its own settings
+            return _print_preview(face, choice, settings, args)
         config = from_flat({k: v for k, v in settings.items() if v is not None}, unknown_to_overrides=True)
         run = resolve_run(
             config,
@@ -108,9 +119,27 @@ def run(args: argparse.Namespace) -> int:
             f"recipe: {run.recipe}\nconfig: {run.config_name or 'user file'}\nwrote {args.output}",
             file=sys.stderr,
         )
-        print(chosen, end="", file=sys.stderr)
+        print(f"{choice.line()}\n{chosen}", end="", file=sys.stderr)
     else:
         print(f"# recipe: {run.recipe}")
+        print(f"# {choice.line()}")
         print(chosen, end="")
         print(text, end="")
+    return 0
+
+
+def _print_preview(face, choice, settings: dict, args: argparse.Namespace) -> int:
+    """The settings file the engine's run would get (its `auto` settings are chosen where it trains)."""
+    given = {k: v for k, v in settings.items() if v is not None}
+    data = Path(args.data) if args.data else Path("data.parquet")
+    files = sorted(str(p) for p in data.iterdir() if p.is_file()) if data.is_dir() else [str(data)]
+    text = face.preview(given, model_dir=args.model_dir, data_files=files, run_dir=args.run_dir)
+    note = (
+        "# the run's settings file; `auto` settings are chosen where it trains, with their reasons in its log"
+    )
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"{choice.line()}\nwrote {args.output}", file=sys.stderr)
+    else:
+        print(f"# {choice.line()}\n{note}\n{text}", end="")
     return 0

@@ -25,6 +25,38 @@ def test_resolve_config_prints_recipe_and_complete_yaml(tiny_llama, tiny_dataset
     assert not (tmp_path / "run").exists(), "resolve-config runs and writes nothing"
 
 
+def test_resolve_config_names_the_engine_and_shows_the_transformers_engines_settings(
+    tiny_llama, tiny_dataset, tmp_path, capsys
+):
+    """A model torchtune serves: its recipe, then the engine line; one it cannot (a mixture-of-experts): the
+    transformers engine's settings file as a run would get it, refused settings named; nothing written."""
+    pytest.importorskip("transformers")
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    data = ["--data", str(tiny_dataset["train.jsonl"]), "--run-dir", str(tmp_path / "run")]
+    assert main(["resolve-config", "--model-dir", str(tiny_llama), *data]) == 0
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[1]
+        .startswith("# engine: torchtune (torchtune serves the llama3_2")
+    )
+    moe = build_tiny_hf_model(tmp_path / "moe", "qwen3_moe")
+    assert main(["resolve-config", "--model-dir", str(moe), *data, "--set", "lora_rank=4"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("# engine: transformers (transformers ")
+        and "Qwen3MoeForCausalLM" in out.splitlines()[0]
+    )
+    settings = yaml.safe_load(out)
+    assert (settings["lora_rank"], settings["model_dir"], settings["packing"]) == (4, str(moe), "auto")
+    assert settings["data_files"] == [str(tiny_dataset["train.jsonl"])]
+    assert main(["resolve-config", "--model-dir", str(moe), *data, "--set", "compile=true"]) == 2
+    assert "tune_compile is a torchtune setting" in capsys.readouterr().err
+    assert main(["resolve-config", "--model-dir", str(tiny_llama), *data, "--engine", "megatron"]) == 2
+    assert "tune_engine='megatron' is not an engine" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists(), "resolve-config runs and writes nothing"
+
+
 def test_resolve_config_writes_a_file(tiny_llama, tiny_dataset, tmp_path, capsys):
     target = tmp_path / "resolved.yaml"
     args = ["resolve-config", "--model-dir", str(tiny_llama), "--data", str(tiny_dataset["train.jsonl"])]

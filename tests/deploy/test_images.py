@@ -506,6 +506,15 @@ def build_context(destination: Path) -> Path:
     return destination
 
 
+CHOOSE_TRANSFORMERS_ENGINE = """
+import json, sys
+from kfp_finetune.components._shared.transformers.face import serves
+served, _ = serves(None, {"model_type": "qwen3_moe"})
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+print(json.dumps({"served": served, "heavy": heavy}))
+"""
+
+
 def clean_environment() -> dict[str, str]:
     dropped = ("PYTHONPATH", "VIRTUAL_ENV", "KFP_FINETUNE_COMPONENT_IMAGE", "KFP_FINETUNE_TRAINER_IMAGE")
     return {k: v for k, v in os.environ.items() if k not in dropped}
@@ -555,6 +564,16 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
     )
     (pinned,) = [Requirement(r) for r in PYPROJECT["optional-dependencies"]["launch"]]
     assert pinned.name == "torchtune" and installed.stdout.strip() in pinned.specifier
+    # transformers' files too (launch-transformers, no dependencies): the launcher chooses and checks the
+    # transformers engine for a model torchtune cannot serve, importing neither transformers nor torch.
+    chosen = subprocess.run(
+        [str(python), "-I", "-c", CHOOSE_TRANSFORMERS_ENGINE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(chosen.stdout) == {"served": True, "heavy": []}, chosen.stdout
     out = tmp_path / "compiled"
     out.mkdir()
     result = subprocess.run(

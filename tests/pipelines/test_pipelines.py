@@ -365,8 +365,8 @@ def test_finetune_pipeline_with_the_trainjob_backend(
     spec = created[0].body["spec"]
     assert spec["runtimeRef"]["name"] == "torchtune-cpu"
     # The entrypoint runs torch's checks first in the node pod, then `tune run` (the launcher imports no torch).
-    assert spec["trainer"]["command"][:6] == [
-        "python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint",
+    assert spec["trainer"]["command"][:8] == [
+        "python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint", "--engine", "torchtune",
         "tune", "run", "kfp_finetune/components/torchtune_finetune/recipe.py",
     ]  # fmt: skip
     assert task.outputs["model"].metadata["backend"] == "trainjob"

@@ -7,7 +7,12 @@
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the run's adapter merged in, built once;
 - `evaluation()`: the module that loads the tuned model and scores eval rows as training tokenized them;
 - `DATA_PACKS`: whether the engine trains on the packs dataset-initialize writes (True: torchtune's recipes read
-  them through our packed-dataset builder, so no rank tokenizes).
+  them through our packed-dataset builder, so no rank tokenizes);
+- `RUNTIME`: the ClusterTrainingRuntime (runtimes/) whose image trains this engine's TrainJobs, when the step's
+  runtime is left to the engine;
+- `check_node_command(argv)` / `run_node_command(argv)`: in a TrainJob's node pod (the fine-tune step's
+  entrypoint.py), the checks that need torch of the engine's training command, then that command in the pod's
+  process (node.py).
 
 No torch here: `evaluation()` imports it when called.
 """
@@ -19,21 +24,26 @@ from types import ModuleType
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
+from kfp_finetune.components._shared.torchtune.node import check_node_command, run_node_command
 from kfp_finetune.components._shared.torchtune.run_layout import last_adapter_state, read_resolved_config
 
 NAME = "torchtune"
 #: The installed packages only this wing imports (tests/components/test_engine_wings.py).
 PACKAGES = ("torchtune", "torchao")
 DATA_PACKS = True
+RUNTIME = "torchtune"
 
 __all__ = [
     "DATA_PACKS",
     "NAME",
     "PACKAGES",
+    "RUNTIME",
+    "check_node_command",
     "evaluation",
     "last_adapter_state",
     "merged_model_dir",
     "read_resolved_config",
+    "run_node_command",
     "serves",
 ]
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -81,6 +81,9 @@ class ResolvedRun:
     defaults: list[Choice] = field(default_factory=list)  # what defaults.py chose, each with its reason
     token_lengths: TokenLengths | None = None  # the data's lengths the defaults were chosen from, when known
     world: int = 1  # devices x nodes
+    engine: ClassVar[str] = (
+        "torchtune"  # this wing's face.NAME: the TrainJob's node pod checks and runs with it
+    )
 
     @property
     def metrics_path(self) -> Path:

@@ -189,6 +189,8 @@ def eval_dataset(
         max_seq_len=max_seq_len or settings.max_seq_len,
         packing=False,
         bf16=False,
+        gradient_checkpointing=False,
+        liger_kernel=False,
     )
 
 

@@ -6,11 +6,15 @@ _shared/torchtune/face.py for the names every face has).
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
 - `evaluation()`: the module that loads the tuned model and scores eval rows as TRL tokenized and masked them;
-- `DATA_PACKS`: False: TRL tokenizes the rows itself (dataset-initialize writes no packs for this engine).
+- `DATA_PACKS`: False: TRL tokenizes the rows itself (dataset-initialize writes no packs for this engine);
+- `RUNTIME`: `transformers` (runtimes/transformers.yaml: the image with the pinned transformers / TRL / PEFT);
+- `check_node_command(argv)` / `run_node_command(argv)`: a TrainJob node pod's checks of the training command
+  (the settings, the model served by the image's transformers, TRL's argument checks), then the command (node.py).
 
 Beyond the common names, this wing plans its own runs: `plan_run(settings, model_dir=, data_files=, run_dir=,
 data_hints=, devices=, nodes=)` plans and checks a run from the fine-tune step's settings (plan.py), and
-`check_settings(settings)` makes the same checks for pre-flight. torchtune's face has neither: the step plans
+`check_settings(settings)` makes the same checks for pre-flight, and `preview(settings, model_dir=, data_files=,
+run_dir=)` is the settings file a run would get (`kfp-finetune resolve-config`). torchtune's face has neither: the step plans
 torchtune's runs itself (resolve.py over dataset-initialize's packs).
 
 No torch here: the merge and `evaluation()` import it when called.
@@ -22,7 +26,8 @@ from pathlib import Path
 from types import ModuleType
 
 from kfp_finetune.components._shared.transformers import installed
-from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run
+from kfp_finetune.components._shared.transformers.node import check_node_command, run_node_command
+from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run, preview
 from kfp_finetune.components._shared.transformers.run_layout import (
     last_adapter_state,
     merged_model_dir,
@@ -34,17 +39,22 @@ NAME = "transformers"
 #: are not exclusive: the torchtune wing's parity checks use them too.
 PACKAGES = ("trl",)
 DATA_PACKS = False
+RUNTIME = "transformers"
 
 __all__ = [
     "DATA_PACKS",
     "NAME",
     "PACKAGES",
+    "RUNTIME",
+    "check_node_command",
     "check_settings",
     "evaluation",
     "last_adapter_state",
     "merged_model_dir",
     "plan_run",
+    "preview",
     "read_resolved_config",
+    "run_node_command",
     "serves",
 ]
 

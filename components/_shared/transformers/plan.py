@@ -9,10 +9,11 @@ the pipelines call them `tune_<name>`), unset ones as None (_shared/unset.py). A
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.transformers import run_layout
@@ -54,6 +55,9 @@ class SftRun:
 
     settings: SftSettings
     world: int  # processes over all nodes
+    engine: ClassVar[str] = (
+        "transformers"  # this wing's face.NAME: the TrainJob's node pod checks and runs with it
+    )
 
     @property
     def run_dir(self) -> Path:
@@ -139,8 +143,17 @@ def sft_settings(
     )
     problems = settings.problems()
     if problems:
-        raise SettingError(f"tune_{_step_name(problems[0])}", problems[0].problem)
+        raise by_parameter(problems[0])
     return settings
+
+
+def preview(
+    values: dict[str, Any], *, model_dir: str | os.PathLike, data_files: list[str], run_dir: str | os.PathLike
+) -> str:
+    """The `sft_settings.json` plan_run would write for these settings, as text; nothing is written (resolve-
+    config). Refused as plan_run refuses."""
+    settings = sft_settings(values, model_dir=model_dir, data_files=data_files, run_dir=run_dir)
+    return json.dumps(asdict(settings), indent=2) + "\n"
 
 
 def check_settings(values: dict[str, Any]) -> None:
@@ -168,6 +181,8 @@ def plan_run(
     return run
 
 
-def _step_name(problem: SettingError) -> str:
-    """The step's name for an SftSettings field (its own name where the step has no such setting)."""
-    return next((step for step, field in READ.items() if field == problem.setting), problem.setting)
+def by_parameter(problem: SettingError) -> SettingError:
+    """A problem with an SftSettings field, named by the pipeline parameter that sets it (the field's own name
+    where the step has no such setting)."""
+    step = next((step for step, field in READ.items() if field == problem.setting), problem.setting)
+    return SettingError(f"tune_{step}", problem.problem)

@@ -18,13 +18,14 @@ from typing import Any
 
 from kfp_finetune.components._shared.data_formats import FORMATS, TEXT_DATASET_TYPES
 from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
+from kfp_finetune.components._shared.transformers import fast
+from kfp_finetune.components._shared.transformers.fast import AUTO, SWITCH_CHOICES
 
 _READ_FORMATS = ("parquet", "json")
 
 DATASET_TYPES = TEXT_DATASET_TYPES
 METHODS = ("lora", "qlora", "full")
 DEVICES = ("auto", "cpu", "cuda")
-BF16_CHOICES = ("auto", True, False)
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
 #: builders take column_map: {"input": "question"} reads the input from the `question` column).
 #: The Trainer's own output folder inside the run (SFTConfig.output_dir); run_layout.py names the run's outputs.
@@ -57,8 +58,10 @@ class SftSettings:
     batch_size: int = 8  # per device
     gradient_accumulation_steps: int = 1
     max_seq_len: int = 2048
-    packing: bool = False
-    gradient_checkpointing: bool = False  # TRL turns it on by default; off is faster where memory allows (§7)
+    # auto: the training process chooses from its hardware and the model (fast.py), with its reasons.
+    packing: bool | str = AUTO
+    gradient_checkpointing: bool | str = AUTO  # TRL's default is on; off is faster where memory allows (§7)
+    liger_kernel: bool | str = AUTO
     data_style: str = ""  # dataset-initialize's data_style (DATA_STYLES)
     bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
     device: str = "auto"  # auto: the GPUs where CUDA has any, else the CPU
@@ -100,8 +103,9 @@ class SftSettings:
             + one_of("device", self.device, DEVICES)
             + one_of("data_style", self.data_style, DATA_STYLES)
         )
-        if self.bf16 not in BF16_CHOICES:
-            found.append(SettingError("bf16", f"must be auto, true or false (got {self.bf16!r})"))
+        for name in ("bf16", "packing", "gradient_checkpointing", "liger_kernel"):
+            if getattr(self, name) not in SWITCH_CHOICES:
+                found.append(SettingError(name, f"must be auto, true or false (got {getattr(self, name)!r})"))
         if not self.model_dir:
             found.append(SettingError("model_dir", "is empty: give the base model's HF folder"))
         if not self.output_dir:
@@ -185,7 +189,7 @@ class SftSettings:
         them runs TRL's and transformers' own argument checks, so a bad combination fails here, before training.
         (A new SFTConfig resets accelerate's process state: build none between a trainer's creation and its run.)"""
         self.check()
-        if self.packing and importlib.util.find_spec("flash_attn") is None:
+        if self.packing is True and importlib.util.find_spec("flash_attn") is None:
             # TRL packs rows padding-free (position ids restart per row); flash attention keeps the rows of a pack
             # apart, while SDPA lets each row attend to the rows packed before it (measured with transformers 5.24
             # on the tiny Qwen3-MoE: the second row's logits moved by 0.5).
@@ -199,6 +203,8 @@ class SftSettings:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", "is cuda, but CUDA sees no GPU here: set it to auto or cpu")
         bf16 = self.use_bf16()
+        chosen = {choice.setting: choice.value for choice in self.fast_choices()}
+        packing = chosen.get("packing", self.packing)
         sft = SFTConfig(
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
             num_train_epochs=self.epochs,
@@ -209,8 +215,10 @@ class SftSettings:
             lr_scheduler_type=self.lr_scheduler,
             warmup_steps=self.warmup_steps,
             max_length=self.max_seq_len,
-            packing=self.packing,
-            gradient_checkpointing=self.gradient_checkpointing,
+            packing=packing,
+            gradient_checkpointing=chosen.get("gradient_checkpointing", self.gradient_checkpointing),
+            use_liger_kernel=chosen.get("liger_kernel", self.liger_kernel),
+            train_sampling_strategy=chosen.get("train_sampling_strategy", "random"),
             bf16=bf16,
             fp16=False,
             use_cpu=self.device == "cpu" or not torch.cuda.is_available(),
@@ -224,7 +232,7 @@ class SftSettings:
             # torchtune trains instruct rows with train_on_input false: the prompt is masked out of the loss.
             completion_only_loss=self.dataset_type == "instruct",
             assistant_only_loss=self.dataset_type == "chat",
-            model_init_kwargs=self._model_init_kwargs(bf16),
+            model_init_kwargs=self._model_init_kwargs(bf16, packing),
             ddp_find_unused_parameters=False if world_size > 1 else None,
         )
         return sft, self.lora_config()
@@ -244,11 +252,17 @@ class SftSettings:
             task_type="CAUSAL_LM",
         )
 
-    def _model_init_kwargs(self, bf16: bool) -> dict[str, Any]:
+    def fast_choices(self) -> list[fast.Choice]:
+        """What the auto settings become where this process trains (fast.py; imports torch)."""
+        hardware = fast.Hardware.here(self.device)
+        needs_model = hardware.cuda and self.gradient_checkpointing == AUTO
+        return fast.choose(self, hardware, fast.ModelSize.of(self.model_dir) if needs_model else None)
+
+    def _model_init_kwargs(self, bf16: bool, packing: bool) -> dict[str, Any]:
         # A frozen LoRA base is read in bf16 where training computes in bf16 (half the memory); a full fine-tune
         # keeps fp32 master weights under bf16 autocast.
         kwargs: dict[str, Any] = {"dtype": "bfloat16" if bf16 and self.method != "full" else "float32"}
-        if self.packing:
+        if packing:
             kwargs["attn_implementation"] = "flash_attention_2"
         if self.method == "qlora":
             from transformers import BitsAndBytesConfig
@@ -271,6 +285,7 @@ class SftSettings:
             "engine": "transformers",
             "settings": {**asdict(self), "bf16": sft.bf16},
             "world_size": world_size,
+            "choices": [asdict(choice) for choice in self.fast_choices()],
             "sft_config": _jsonable(sft.to_dict()),
             "lora_config": _jsonable(lora.to_dict()) if lora is not None else None,
         }

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ log = get_logger(__name__)
 # `datasets`' Arrow cache of the formatted and tokenized rows, shared by the ranks; removed after training.
 _DATASETS_CACHE = ".datasets-cache"
 ASSISTANT_TURNS, LAST_ASSISTANT_TURN = "assistant_turns", "last_assistant_turn"
+#: The label of a position left out of the loss (transformers' and TRL's -100).
+IGNORED_LABEL = -100
 
 
 def world_size() -> int:
@@ -157,21 +161,45 @@ def _text(row: dict, columns: dict[str, str], chat: bool) -> dict:
 _CONVERSIONS = {"instruct": _instruct, "chat": _chat, "text": _text}
 
 
-def metrics_callback(path: Path, processes: int) -> Any:
+@dataclass
+class TrainedTokens:
+    """This rank's trained tokens so far: label positions not masked out of the loss, as torchtune counts its
+    tokens/s (TRL's own `num_tokens` counts every token of the batch, masked prompt included)."""
+
+    count: int = 0
+
+
+def counting_trainer(trained: TrainedTokens) -> type:
+    """SFTTrainer, counting each micro-batch's trained tokens into `trained` (imports TRL)."""
+    from trl import SFTTrainer
+
+    class CountingSFTTrainer(SFTTrainer):
+        trained_tokens = trained
+
+        def training_step(self, model, inputs, *args, **kwargs):
+            labels = inputs.get("labels")
+            if labels is not None:
+                trained.count += int((labels != IGNORED_LABEL).sum())
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    return CountingSFTTrainer
+
+
+def metrics_callback(path: Path, trained: TrainedTokens) -> Any:
     """A TrainerCallback that appends each logged step to `path` in the metrics-file format (_shared/
     metrics_file.py), flushed at once, so a watcher (the fine-tune step, a pod-log reader) sees it live."""
     from transformers import TrainerCallback
 
     class MetricsFile(TrainerCallback):
         def __init__(self) -> None:
-            self.last: tuple[float, float] | None = None  # (monotonic time, TRL's cumulative num_tokens)
+            self.last: tuple[float, int] | None = None  # (monotonic time, this rank's trained tokens)
             self.last_step = 0
 
         def on_train_begin(self, args, state, control, **kwargs):
             if state.is_world_process_zero:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("")
-            self.last, self.last_step = (time.monotonic(), 0.0), state.global_step
+            self.last, self.last_step = (time.monotonic(), trained.count), state.global_step
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs or "loss" not in logs:
@@ -179,12 +207,10 @@ def metrics_callback(path: Path, processes: int) -> Any:
             values = {"loss": logs["loss"], "lr": logs.get("learning_rate")}
             if logs.get("grad_norm") is not None:
                 values["grad_norm"] = logs["grad_norm"]
-            now, tokens = time.monotonic(), float(logs.get("num_tokens") or 0.0)
-            if self.last is not None and tokens and now > self.last[0]:
-                # TRL's num_tokens counts every rank's tokens: per GPU, as torchtune reports it.
-                values["tokens_per_second_per_gpu"] = (
-                    (tokens - self.last[1]) / (now - self.last[0]) / processes
-                )
+            now, tokens = time.monotonic(), trained.count
+            if self.last is not None and tokens > self.last[1] and now > self.last[0]:
+                # Rank 0's own tokens: per GPU, as torchtune reports it.
+                values["tokens_per_second_per_gpu"] = (tokens - self.last[1]) / (now - self.last[0])
                 if state.global_step > self.last_step:
                     values["seconds_per_step"] = (now - self.last[0]) / (state.global_step - self.last_step)
             self.last, self.last_step = (now, tokens), state.global_step
@@ -213,19 +239,19 @@ def formatted_rows(settings: SftSettings, tokenizer: Any, processes: int = 1) ->
 def build_trainer(settings: SftSettings) -> Any:
     """The SFTTrainer for `settings`: model and tokenizer read from model_dir, rows formatted, PEFT applied."""
     from transformers import AutoTokenizer
-    from trl import SFTTrainer
 
     processes = world_size()
     tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
     sft_config, lora_config, rows = formatted_rows(settings, tokenizer, processes)
     metrics_path = Path(settings.output_dir) / run_layout.METRICS_FILE
-    return SFTTrainer(
+    trained = TrainedTokens()
+    return counting_trainer(trained)(
         model=settings.model_dir,
         args=sft_config,
         train_dataset=rows,
         processing_class=tokenizer,
         peft_config=lora_config,
-        callbacks=[metrics_callback(metrics_path, processes)],
+        callbacks=[metrics_callback(metrics_path, trained)],
     )
 
 
@@ -243,6 +269,10 @@ def train(settings: SftSettings) -> dict:
         # What the trainer trains on, as it decided (chat rows: every assistant turn, or the last one).
         resolved["sft_config"]["completion_only_loss"] = trainer.completion_only_loss
         write_json_atomic(run_dir / run_layout.RESOLVED_CONFIG, resolved)
+        for choice in resolved[
+            "choices"
+        ]:  # the fast defaults chosen here (fast.py), as the report shows them
+            log.info("chosen %s=%s: %s", choice["setting"], json.dumps(choice["value"]), choice["reason"])
     started = time.monotonic()
     result = trainer.train()
     log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)

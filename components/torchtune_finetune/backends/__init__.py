@@ -34,6 +34,9 @@ class LaunchPlan(Protocol):
     """One engine's planned run, as a backend launches it: the torchtune wing's ResolvedRun, the transformers
     wing's SftRun."""
 
+    #: The engine whose face checks and runs the command in a TrainJob's node pods (entrypoint.py).
+    engine: str
+
     @property
     def run_dir(self) -> Path: ...
 

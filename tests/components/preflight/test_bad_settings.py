@@ -46,7 +46,11 @@ CASES = {
     ),
     "unsupported family": ({}, "org/made-up", "model_uri", "no causal-LM class for model_type 'made_up_lm'"),
     "torchtune setting on the transformers engine": (
-        {"tune_compile": "true"}, "org/qwen3-moe", "tune_compile", "is a torchtune setting the transformers engine",
+        {"tune_compile": "true", "tune_backend": "local"}, "org/qwen3-moe", "tune_compile", "is a torchtune setting the transformers engine",
+    ),
+    # tune_runtime auto: the chosen engine's runtime, which this cluster lacks (it has torchtune's only).
+    "the engine's runtime not installed": (
+        {}, "org/qwen3-moe", "tune_runtime", "ClusterTrainingRuntime 'transformers' not found: install",
     ),
     "incomplete config.json": ({}, "org/no-dims", "model_uri", "config.json has no 'hidden_size'"),
     "unproven layout": (

@@ -62,7 +62,7 @@ def test_trainjob_backend_manifest_is_what_build_trainjob_makes():
     )
     name = tj.trainjob_name("run-1", "finetune")
     command = node_command(
-        ["tune", "run", *tj.torchrun_args(name), RECIPE_PATH, "--config", "/ws/runs/x/c.yaml"]
+        ["tune", "run", *tj.torchrun_args(name), RECIPE_PATH, "--config", "/ws/runs/x/c.yaml"], "torchtune"
     )
     assert backend.job_name == name and backend.gpus_available()
     assert backend.manifest(resolved) == tj.build_trainjob(

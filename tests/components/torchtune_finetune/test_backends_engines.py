@@ -1,6 +1,6 @@
 """The backends launch any engine's plan (backends.LaunchPlan): the local backend trains the transformers engine's
-plan for real, with progress lines from its metric lines; the TrainJob backend refuses it, before any TrainJob is
-sent, until its node-pod checks exist."""
+plan for real, with progress lines from its metric lines; the TrainJob backend sends it behind the node
+entrypoint's `--engine`, on the engine's runtime."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.metrics_file import read_metrics_file
 from kfp_finetune.components._shared.transformers import plan, run_layout
 from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend, resolve_executable
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
+from kfp_finetune.components.torchtune_finetune.entrypoint import node_command
 
 WHERE = {"model_dir": "/nowhere/model", "data_files": ["/nowhere/train.parquet"]}
 
@@ -25,11 +25,23 @@ def test_python_and_torchrun_run_from_this_interpreters_environment():
     ]  # fmt: skip
 
 
-def test_the_trainjob_backend_refuses_a_plan_it_cannot_check_in_its_pods(tmp_path):
-    sft = plan.plan_run({}, **WHERE, run_dir=tmp_path)
-    backend = TrainJobBackend(tj.NodePodSettings(), run_id="run-1", task_name="torchtune-finetune")
-    with pytest.raises(ConfigError, match="launches only torchtune in a TrainJob.* tune_backend=local"):
-        backend.manifest(sft)
+def test_a_trainjob_names_the_engine_for_its_node_pods_and_runs_on_the_engines_runtime(tmp_path):
+    """The transformers engine's run: its command behind `--engine transformers`, on the runtime `transformers`
+    when none is named (auto); a runtime that is named is kept."""
+    (tmp_path / "data.jsonl").write_text("")
+    sft = plan.plan_run({}, model_dir=tmp_path, data_files=[str(tmp_path / "data.jsonl")], run_dir=tmp_path / "run",
+                    devices=2)  # fmt: skip
+    backend = TrainJobBackend(pod=tj.NodePodSettings(), devices=2, run_id="run-1", task_name="finetune")
+    spec = backend.manifest(sft)["spec"]
+    torchrun = tj.torchrun_args(backend.job_name)
+    assert spec["runtimeRef"]["name"] == "transformers"
+    assert spec["trainer"]["command"] == node_command(
+        ["torchrun", *torchrun, "-m", plan.MODULE, str(tmp_path / "run" / "sft_settings.json")],
+        "transformers",
+    )
+    assert spec["trainer"]["command"][3:5] == ["--engine", "transformers"]
+    named = TrainJobBackend(pod=tj.NodePodSettings(), runtime="transformers-cpu", run_id="r", task_name="t")
+    assert named.manifest(sft)["spec"]["runtimeRef"]["name"] == "transformers-cpu"
 
 
 @pytest.mark.slow

@@ -123,3 +123,13 @@ def test_the_node_command_trains_in_its_own_process_importing_torch_once(tiny_ll
     assert (
         read_startup(run.run_dir).seconds_to_first_step > 0
     )  # from this process's start: the checks included
+
+
+def test_the_node_command_names_its_engine_and_an_unknown_engine_is_refused_in_one_line(capsys):
+    command = entrypoint.node_command(["tune", "run", "r.py", "--config", "c.yaml"], "torchtune")
+    assert command[3:] == ["--engine", "torchtune", "tune", "run", "r.py", "--config", "c.yaml"]
+    assert entrypoint.split_engine(command[3:]) == ("torchtune", command[5:])
+    assert entrypoint.split_engine(command[5:]) == ("", command[5:]), "no flag: the default engine"
+    assert entrypoint.check(["--engine", "megatron", "train.py"]) == entrypoint.CONFIG_REFUSED
+    (said,) = capsys.readouterr().err.strip().splitlines()
+    assert said.startswith("kfp-finetune: the run cannot train (node 0): ") and "'megatron'" in said, said

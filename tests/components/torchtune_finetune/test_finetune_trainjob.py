@@ -122,7 +122,9 @@ def test_trainjob_backend_matches_local_backend(inputs, cpu_runtime, tmp_path, m
     name = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
     created = kube.requests_for("POST", "trainjobs")[0].body
     spec = created["spec"]
-    assert spec["trainer"]["command"][3:6] == [
+    assert spec["trainer"]["command"][3:8] == [
+        "--engine",
+        "torchtune",
         "tune",
         "run",
         "kfp_finetune/components/torchtune_finetune/recipe.py",

@@ -57,7 +57,7 @@ def test_the_trainjob_step_imports_no_torch(inputs, cpu_runtime, tmp_path):
     assert result["steps"] == 4, "the TrainJob trained"
     assert result["heavy"] == [], f"the launcher step imported {result['heavy'][:5]}"
     command = kube.requests_for("POST", "trainjobs")[0].body["spec"]["trainer"]["command"]
-    assert command[:3] == ["python", "-m", MODULE] and command[3:6] == [
+    assert command[:5] == ["python", "-m", MODULE, "--engine", "torchtune"] and command[5:8] == [
         "tune",
         "run",
         "kfp_finetune/components/torchtune_finetune/recipe.py",
@@ -78,7 +78,10 @@ def test_a_config_torch_refuses_fails_the_trainjob_first_with_the_reason(
             workspace, base_model, train, tmp_path, "trainjob", task_config(workspace), max_seq_len=8
         )
     message = str(failed.value)
-    assert "kfp-finetune: the resolved config" in message and "8-token tune_max_seq_len" in message
+    assert (
+        "kfp-finetune: the run cannot train (node 0): the resolved config" in message
+        and "8-token tune_max_seq_len" in message
+    )
     assert "tune_train_on_input=true" in message
     run_dir = workspace / "runs"
     assert not list(run_dir.glob("*/logs/metrics.txt")), "training never started"
@@ -98,7 +101,8 @@ def test_the_entrypoint_refuses_before_tune_starts(tiny_llama, tiny_dataset, tmp
     )  # fmt: skip
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("kfp-finetune: the resolved config") and "8-token tune_max_seq_len" in last
+    assert last.startswith("kfp-finetune: the run cannot train (node 0): the resolved config")
+    assert "8-token tune_max_seq_len" in last
     assert "Traceback" not in done.stderr
 
 

@@ -21,7 +21,9 @@ DOCKER_HUB = "docker.io"
 DEFAULT_IMAGES = (
     f"ghcr.io/kfp-finetune/kfp-finetune-trainer:{__version__}",
     f"ghcr.io/kfp-finetune/kfp-finetune-component:{__version__}",
+    f"ghcr.io/kfp-finetune/kfp-finetune-trainer-transformers:{__version__}",
     images.TRAINER_IMAGE,
+    images.TRANSFORMERS_TRAINER_IMAGE,
     images.COMPONENT_IMAGE,
     "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime",
 )

@@ -7,12 +7,12 @@ from typing import Any
 
 import yaml
 
+from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.torchtune_finetune.backends import LaunchPlan, TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import (
     CLUSTER_RUNTIME_KIND,
-    DEFAULT_RUNTIME,
     NodePodSettings,
     build_trainjob,
     torchrun_args,
@@ -36,7 +36,8 @@ class TrainJobBackend:
         devices: Processes per node (`numProcPerNode`; None: the runtime's).
         nodes: Node pods.
         workspace_path: The run workspace, which must be on a volume the node pods mount ("": not checked).
-        runtime: The (Cluster)TrainingRuntime.
+        runtime: The (Cluster)TrainingRuntime; "auto": the engine's own (its face's RUNTIME: `torchtune` or
+            `transformers`, whose images hold each engine's stack).
         runtime_kind: ClusterTrainingRuntime or TrainingRuntime.
         image: Trainer image override (None: the runtime's).
         timeout: Seconds until the TrainJob is deleted and the step fails (also `activeDeadlineSeconds`).
@@ -61,7 +62,7 @@ class TrainJobBackend:
     devices: int | None = None
     nodes: int = 1
     workspace_path: str = ""
-    runtime: str = DEFAULT_RUNTIME
+    runtime: str = engines.AUTO
     runtime_kind: str = CLUSTER_RUNTIME_KIND
     image: str | None = None
     timeout: int | None = None
@@ -97,9 +98,9 @@ class TrainJobBackend:
             )
         return build_trainjob(
             self.job_name,
-            node_command(plan.command(torchrun)),
+            node_command(plan.command(torchrun), plan.engine),
             namespace=self.namespace,
-            runtime=self.runtime,
+            runtime=self.runtime_for(plan),
             runtime_kind=self.runtime_kind,
             image=self.image,
             num_nodes=self.nodes,
@@ -112,6 +113,10 @@ class TrainJobBackend:
             priority_class=self.priority_class,
             annotations={ANNOTATION_ALLOW_SLOW_NETWORK: "true"} if self.allow_slow_network else None,
         )
+
+    def runtime_for(self, plan: LaunchPlan) -> str:
+        """The runtime the TrainJob names: the one set, else the plan's engine's."""
+        return engines.face(plan.engine).RUNTIME if self.runtime == engines.AUTO else self.runtime
 
     def compile_cache_mounted(self, pod: NodePodSettings) -> bool:
         """Whether the node pods mount the persistent compile cache root, writable."""

@@ -299,3 +299,15 @@ def test_torchrun_trains_data_parallel_at_its_world_size(root, tmp_path):
     assert (
         face.last_adapter_state(run) is not None and (run / run_layout.MERGED_DIR / "config.json").is_file()
     )
+
+
+def test_tokens_per_second_counts_the_trained_tokens_not_the_masked_prompt(root):
+    """A micro-batch's trained tokens are its label positions in the loss: the instruct rows' prompts (masked, as
+    torchtune's train_on_input false) are not counted, as torchtune does not count them."""
+    trainer = train.build_trainer(settings_for(root, "count"))
+    batch = next(iter(trainer.get_train_dataloader()))
+    in_loss = int((batch["labels"] != train.IGNORED_LABEL).sum())
+    assert 0 < in_loss < int(batch["attention_mask"].sum()), "the prompts are masked out of the loss"
+    trainer.current_gradient_accumulation_steps = 1  # what Trainer's loop sets before its steps
+    trainer.training_step(trainer.model, batch)
+    assert trainer.trained_tokens.count == in_loss

@@ -1,0 +1,159 @@
+"""The transformers engine's fast defaults (DESIGN.md §7): what the training process chooses for the settings the
+step left to it (`auto`), from the hardware it runs on and the model, each with its reason — printed in the step
+log, recorded in `trl_config.json` and shown in the report. An explicit setting is never changed.
+
+- batching: padding-free packing (TRL's best-fit-decreasing packs) where a GPU has flash attention, which keeps the
+  packed rows apart; elsewhere rows of similar length share a micro-batch (the length-grouped sampler), so little
+  of each batch is padding;
+- Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) where the image has liger-kernel
+  and training runs on a GPU;
+- activation checkpointing only when a memory model says the run does not fit the GPU without it.
+
+Imports torch only in `Hardware.here`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+AUTO = "auto"
+SWITCH_CHOICES = (AUTO, True, False)
+GIB = 1024**3
+#: Share of a GPU's memory a run may plan for: the CUDA context, the allocator's fragmentation and NCCL's buffers
+#: take the rest.
+USABLE_SHARE = 0.85
+#: Activation bytes per token, layer and unit of hidden size kept for the backward pass in 16-bit precision with
+#: fused attention (no score matrix kept): Korthikanti et al., "Reducing Activation Recomputation in Large
+#: Transformer Models" (2022), 34·s·b·h per layer.
+ACTIVATION_BYTES = 34
+#: Bytes a parameter costs in training by method: full = fp32 weights, gradients and Adam's two moments; LoRA = the
+#: frozen bf16 base; QLoRA = 4-bit NF4 with its double-quantized scales (~4.5 bits). Adapters are a rounding error.
+BYTES_PER_PARAMETER = {"full": 16.0, "lora": 2.0, "qlora": 0.56}
+#: Logits and their gradient in fp32 per token and vocabulary entry, unless Liger's fused cross-entropy computes
+#: the loss in chunks without them.
+LOGIT_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Choice:
+    setting: str
+    value: Any
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.setting}={json.dumps(self.value)}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the training process sees: a CUDA GPU (and one GPU's memory), flash attention, Liger's kernels."""
+
+    cuda: bool
+    gpu_bytes: int | None = None
+    flash_attention: bool = False
+    liger: bool = False
+
+    @classmethod
+    def here(cls, device: str) -> Hardware:
+        import torch
+
+        cuda = device != "cpu" and torch.cuda.is_available()
+        return cls(
+            cuda=cuda,
+            gpu_bytes=torch.cuda.get_device_properties(0).total_memory if cuda else None,
+            flash_attention=importlib.util.find_spec("flash_attn") is not None,
+            liger=importlib.util.find_spec("liger_kernel") is not None,
+        )
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    parameters: int
+    hidden: int
+    layers: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model_dir: str | Path) -> ModelSize:
+        """From the folder's config.json and its safetensors headers (the tensors' shapes; no weight is read)."""
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        text = config.get("text_config") or config
+        parameters = sum(_tensor_elements(path) for path in Path(model_dir).glob("*.safetensors"))
+        return cls(parameters, text["hidden_size"], text["num_hidden_layers"], text["vocab_size"])
+
+
+def _tensor_elements(path: Path) -> int:
+    """The elements of a safetensors file's tensors, from its header: an 8-byte little-endian length, then JSON
+    {name: {dtype, shape, data_offsets}} (the safetensors format)."""
+    with path.open("rb") as file:
+        header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+    return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
+
+
+def training_bytes(method: str, model: ModelSize, tokens: int, *, checkpointing: bool, liger: bool) -> int:
+    """The memory model: one device's bytes to train `tokens` tokens per micro-batch (no sharding)."""
+    weights = model.parameters * BYTES_PER_PARAMETER[method]
+    layer = tokens * model.hidden * ACTIVATION_BYTES
+    # Checkpointed: each layer's 16-bit input is kept, and one layer's activations are rebuilt at a time.
+    activations = layer + tokens * model.hidden * 2 * model.layers if checkpointing else layer * model.layers
+    logits = 0 if liger else tokens * model.vocab * LOGIT_BYTES
+    return int(weights + activations + logits)
+
+
+def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) -> list[Choice]:
+    """The choices for `settings`' auto settings (SftSettings: packing, liger_kernel, gradient_checkpointing).
+    `model` is read only for the memory model (a GPU, checkpointing left to us)."""
+    chosen = []
+    if settings.packing == AUTO:
+        chosen += _batching(hardware)
+    liger = settings.liger_kernel
+    if liger == AUTO:
+        found = _liger(hardware)
+        liger = found.value
+        chosen.append(found)
+    if settings.gradient_checkpointing == AUTO:
+        chosen.append(_checkpointing(settings, hardware, model, liger))
+    return chosen
+
+
+def _batching(hardware: Hardware) -> list[Choice]:
+    if hardware.cuda and hardware.flash_attention:
+        return [Choice("packing", True, "padding-free packs (TRL's best-fit decreasing), flash attention keeping "
+                                        "the packed rows apart: no token of a batch is padding")]  # fmt: skip
+    missing = "no GPU" if not hardware.cuda else "flash attention (flash-attn) is not installed"
+    return [
+        Choice("packing", False, f"packing rows needs flash attention on a GPU to keep them apart ({missing})"),
+        Choice("train_sampling_strategy", "group_by_length",
+               "rows of similar length share a micro-batch, so little of it is padding"),
+    ]  # fmt: skip
+
+
+def _liger(hardware: Hardware) -> Choice:
+    if not hardware.cuda:
+        return Choice(
+            "liger_kernel", False, "Liger's kernels are Triton GPU kernels: training runs on the CPU"
+        )
+    if not hardware.liger:
+        return Choice("liger_kernel", False, "liger-kernel is not installed in this image")
+    return Choice("liger_kernel", True, "Liger's fused kernels: the loss without materialized logits, fused "
+                                        "RMSNorm / RoPE / SwiGLU (less memory, more tokens/s)")  # fmt: skip
+
+
+def _checkpointing(settings: Any, hardware: Hardware, model: ModelSize | None, liger: bool) -> Choice:
+    if not hardware.cuda or not hardware.gpu_bytes:
+        return Choice("gradient_checkpointing", False, "training runs on the CPU: no GPU memory to save, and "
+                                                       "recomputing activations would only slow it")  # fmt: skip
+    tokens = settings.batch_size * settings.max_seq_len
+    budget = hardware.gpu_bytes * USABLE_SHARE
+    need = training_bytes(settings.method, model, tokens, checkpointing=False, liger=bool(liger))
+    sizes = f"{need / GIB:.1f} GiB for {tokens} tokens per micro-batch, of {budget / GIB:.1f} GiB usable"
+    if need <= budget:
+        return Choice("gradient_checkpointing", False, f"fits without recomputing activations ({sizes})")
+    return Choice(
+        "gradient_checkpointing", True, f"activations recomputed in the backward pass: without, {sizes}"
+    )

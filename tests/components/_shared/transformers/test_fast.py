@@ -1,0 +1,116 @@
+"""The transformers engine's fast defaults (fast.py): what an auto setting becomes on each kind of hardware, the
+memory model against sizes measured on GPUs, and an explicit setting left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from kfp_finetune.components._shared.transformers import fast
+from kfp_finetune.components._shared.transformers.fast import GIB, Hardware, ModelSize
+from kfp_finetune.components._shared.transformers.settings import SftSettings
+
+CPU = Hardware(cuda=False)
+H100 = Hardware(cuda=True, gpu_bytes=80 * GIB, flash_attention=True, liger=True)
+H200 = Hardware(cuda=True, gpu_bytes=140 * GIB, flash_attention=True, liger=False)
+BARE_GPU = Hardware(cuda=True, gpu_bytes=80 * GIB)
+# Llama-3.1-8B's and Llama-3.2-1B's dimensions (their config.json files) and parameter counts.
+LLAMA_8B = ModelSize(parameters=8_030_261_248, hidden=4096, layers=32, vocab=128_256)
+LLAMA_1B = ModelSize(parameters=1_235_814_400, hidden=2048, layers=16, vocab=128_256)
+
+
+def settings(**changes) -> SftSettings:
+    return SftSettings(model_dir="/nowhere", data_files=["t.parquet"], output_dir="/tmp/run", **changes)
+
+
+def chosen(settings_: SftSettings, hardware: Hardware, model: ModelSize | None = None) -> dict:
+    return {c.setting: c.value for c in fast.choose(settings_, hardware, model)}
+
+
+def test_on_the_cpu_rows_are_grouped_by_length_and_nothing_gpu_only_is_chosen():
+    found = fast.choose(settings(), CPU)
+    assert {c.setting: c.value for c in found} == {
+        "packing": False,
+        "train_sampling_strategy": "group_by_length",
+        "liger_kernel": False,
+        "gradient_checkpointing": False,
+    }
+    assert all(c.reason for c in found) and "no GPU" in found[0].reason
+
+
+def test_a_gpu_with_flash_attention_packs_padding_free_and_liger_is_used_where_installed():
+    on_h100 = chosen(settings(batch_size=4, max_seq_len=2048), H100, LLAMA_1B)
+    assert on_h100["packing"] is True and "train_sampling_strategy" not in on_h100
+    assert on_h100["liger_kernel"] is True
+    bare = fast.choose(settings(batch_size=4, max_seq_len=2048), BARE_GPU, LLAMA_1B)
+    by_setting = {c.setting: c for c in bare}
+    assert by_setting["packing"].value is False and "flash-attn" in by_setting["packing"].reason
+    assert by_setting["train_sampling_strategy"].value == "group_by_length"
+    assert by_setting["liger_kernel"].value is False and "not installed" in by_setting["liger_kernel"].reason
+
+
+@pytest.mark.parametrize(
+    ("method", "model", "tokens", "hardware", "checkpointing"),
+    [
+        # 8B LoRA at 16k tokens per micro-batch trains without checkpointing on an H200 (RESULTS.md §10b: 94-101
+        # GiB measured) and not on an 80 GiB GPU; 1B LoRA fits an 80 GiB GPU; a full 8B (128 GB of weights,
+        # gradients and Adam state on one GPU) never fits: checkpointing is no cure, but it is the least wrong.
+        ("lora", LLAMA_8B, 4 * 4096, H200, False),
+        ("lora", LLAMA_8B, 4 * 4096, BARE_GPU, True),
+        ("lora", LLAMA_1B, 8 * 2048, BARE_GPU, False),
+        ("full", LLAMA_8B, 1 * 2048, H200, True),
+    ],
+)
+def test_checkpointing_is_on_only_where_the_memory_model_says_the_run_does_not_fit(
+    method, model, tokens, hardware, checkpointing
+):
+    run = settings(method=method, batch_size=tokens // 2048, max_seq_len=2048)
+    (choice,) = [c for c in fast.choose(run, hardware, model) if c.setting == "gradient_checkpointing"]
+    assert choice.value is checkpointing, choice.reason
+    assert f"{tokens} tokens per micro-batch" in choice.reason
+
+
+def test_the_memory_model_counts_what_checkpointing_and_liger_save():
+    tokens = 16_384
+    plain = fast.training_bytes("lora", LLAMA_8B, tokens, checkpointing=False, liger=False)
+    assert 95 * GIB < plain < 105 * GIB  # the H200 runs above measured 94-101 GiB at 16k tokens
+    assert fast.training_bytes("lora", LLAMA_8B, tokens, checkpointing=True, liger=False) < plain / 2
+    assert plain - fast.training_bytes("lora", LLAMA_8B, tokens, checkpointing=False, liger=True) == (
+        tokens * LLAMA_8B.vocab * fast.LOGIT_BYTES
+    )
+
+
+def test_an_explicit_setting_is_never_chosen_over():
+    assert (
+        chosen(settings(packing=False, liger_kernel=True, gradient_checkpointing=True), H100, LLAMA_8B) == {}
+    )
+
+
+def test_the_model_size_is_read_from_the_folder_as_transformers_counts_it(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    folder = build_tiny_hf_model(tmp_path / "moe", "qwen3_moe")
+    size = ModelSize.of(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert size.parameters == sum(p.numel() for p in model.parameters())
+    assert (size.hidden, size.layers, size.vocab) == (
+        model.config.hidden_size,
+        model.config.num_hidden_layers,
+        model.config.vocab_size,
+    )
+
+
+def test_the_training_process_applies_the_choices_and_records_them():
+    pytest.importorskip("trl")
+    sft, _ = settings(device="cpu").trl_config()
+    assert sft.train_sampling_strategy == "group_by_length" and sft.packing is False
+    assert sft.use_liger_kernel is False and sft.gradient_checkpointing is False
+    recorded = settings(device="cpu").resolved()["choices"]
+    assert [c["setting"] for c in recorded] == [
+        "packing",
+        "train_sampling_strategy",
+        "liger_kernel",
+        "gradient_checkpointing",
+    ]

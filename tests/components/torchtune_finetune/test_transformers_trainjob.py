@@ -1,0 +1,138 @@
+"""The transformers engine in a TrainJob (issue 28): the fine-tune step launches the engine's command through the
+node entrypoint (`--engine transformers`), on the engine's own runtime when none is named, and the stand-in's
+execute mode runs that command for real. Same inputs and seed as the local backend, same losses; a run the node's
+checks refuse fails the TrainJob with one line before training."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp.dsl import HTML, Artifact, Dataset, Metrics, Model, TaskConfig
+
+from kfp_finetune.components._shared.transformers.plan import MODULE as TRAIN_MODULE
+from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
+from kfp_finetune.components.model_initialize.initialize import initialize_model
+from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobFailed
+from kfp_finetune.components.torchtune_finetune.entrypoint import MODULE as ENTRYPOINT
+from kfp_finetune.components.torchtune_finetune.finetune import run_component
+from tests.support import kube_standin as standin
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.slow
+kube_standin = standin.kube_standin
+
+RUN_ID = "7e3f-transformers"
+WORKSPACE_PVC = "run-7e3f-kfp-workspace"
+STEP_POD, STEP_NODE = "finetune-step-pod", "kfp-node-a"
+RUNTIMES = Path(__file__).resolve().parents[3] / "runtimes"
+TRAINING = {"method": "lora", "device": "cpu", "batch_size": 4, "max_steps_per_epoch": 3, "seed": 0,
+            "learning_rate": 1e-3}  # fmt: skip
+
+
+@pytest.fixture
+def inputs(tiny_dataset, tmp_path):
+    """A workspace with the tiny Qwen3-MoE (torchtune cannot serve it) and the data, by the real initializers."""
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    workspace = tmp_path / "workspace"
+    model = Model(uri=str(tmp_path / "artifacts" / "base_model"))
+    train = Dataset(uri=str(tmp_path / "artifacts" / "train"))
+    initialize_model(str(build_tiny_hf_model(tmp_path / "moe", "qwen3_moe")), str(workspace), name="base",
+                     output_model=model)  # fmt: skip
+    initialize_dataset(str(tiny_dataset["train.jsonl"]), str(workspace), name="reverse", eval_fraction=0.1,
+                       output_train=train, output_eval=Dataset(uri=str(tmp_path / "artifacts" / "eval")))  # fmt: skip
+    return workspace, model, train
+
+
+@pytest.fixture
+def cluster(kube_standin, inputs, monkeypatch):
+    """The transformers-cpu runtime; this process as the step pod holding the workspace; node commands executed."""
+    workspace = inputs[0]
+    kube_standin.add_object(yaml.safe_load((RUNTIMES / "transformers-cpu.yaml").read_text()))
+    kube_standin.add_claim(WORKSPACE_PVC, "ReadWriteOnce")
+    kube_standin.add_running_pod(STEP_POD, STEP_NODE, claims=(WORKSPACE_PVC,))
+    monkeypatch.setenv("KFP_POD_NAME", STEP_POD)
+    monkeypatch.setenv("KUBECONFIG", str(kube_standin.kubeconfig_path))
+    kube_standin.execute(
+        {WORKSPACE_PVC: workspace},
+        extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"},
+    )
+    return kube_standin
+
+
+def fine_tune(inputs, tmp_path, backend, config, **params):
+    workspace, base_model, train = inputs
+    outputs = tmp_path / f"outputs-{backend}"
+    artifacts = {
+        "model": Model(uri=str(outputs / "model")),
+        "metrics": Metrics(uri=str(outputs / "metrics")),
+        "report": HTML(uri=str(outputs / "report")),
+        "train_config": Artifact(uri=str(outputs / "train_config")),
+    }
+    step = {"backend": backend, "runtime_name": "transformers-cpu", "runtime_kind": "ClusterTrainingRuntime",
+            "num_nodes": 1, "num_proc_per_node": 0, "timeout_seconds": 600, "cleanup_policy": "on-success",
+            "trainer_image": "", "run_id": f"{RUN_ID}-{backend}", "task_name": "torchtune-finetune"}  # fmt: skip
+    result = run_component(
+        workspace_path=str(workspace), train_data=train, base_model=base_model, eval_data=None,
+        kubernetes_config=config, **artifacts, **{**step, **TRAINING, **params},
+    )  # fmt: skip
+    return result, artifacts
+
+
+def task_config(workspace: Path) -> TaskConfig:
+    return TaskConfig(
+        volumes=[{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}],
+        volume_mounts=[{"name": "kfp-workspace", "mountPath": str(workspace)}],
+        resources={"requests": {"cpu": "2", "memory": "4Gi"}},
+    )
+
+
+def test_the_transformers_engine_trains_in_a_trainjob_as_it_does_locally(inputs, cluster, tmp_path):
+    remote, artifacts = fine_tune(inputs, tmp_path, "trainjob", task_config(inputs[0]))
+    local, _ = fine_tune(inputs, tmp_path, "local", TaskConfig())
+
+    assert artifacts["model"].metadata["engine"] == "transformers"
+    assert artifacts["model"].metadata["backend"] == "trainjob"
+    assert [round(s.loss, 4) for s in remote.steps] == [round(s.loss, 4) for s in local.steps]
+    assert len(remote.steps) == 3
+    spec = cluster.requests_for("POST", "trainjobs")[0].body["spec"]
+    assert spec["runtimeRef"]["name"] == "transformers-cpu"
+    # The node pod checks with torch first (entrypoint --engine), then trains in the same process.
+    settings = str(Path(remote.run.settings_path))
+    assert spec["trainer"]["command"] == [
+        "python", "-m", ENTRYPOINT, "--engine", "transformers", "python", "-m", TRAIN_MODULE, settings,
+    ]  # fmt: skip
+    assert sorted(p.name for p in Path(artifacts["train_config"].path).iterdir()) == [
+        "sft_settings.json", "trainjob.yaml", "trl_config.json",
+    ]  # fmt: skip
+    merged = Path(inputs[0]) / artifacts["model"].metadata["merged_path"]
+    assert (merged / "config.json").is_file()
+
+
+def test_a_run_the_node_refuses_fails_the_trainjob_with_the_reason_before_training(inputs, cluster, tmp_path):
+    """The launcher (no torch) cannot know that this image's CUDA sees no GPU: the node's TRL checks can."""
+    with pytest.raises(TrainJobFailed) as failed:
+        fine_tune(inputs, tmp_path, "trainjob", task_config(inputs[0]), device="cuda")
+    assert "kfp-finetune: the run cannot train (node 0): tune_device is cuda, but CUDA sees no GPU" in str(
+        failed.value
+    )
+    assert not list(Path(inputs[0]).glob("runs/*/logs/metrics.txt")), "training never started"
+
+
+def test_two_processes_per_node_train_data_parallel_under_torchrun(inputs, cluster, tmp_path):
+    """`torchrun` from Trainer's PET_* environment starts one process per device and the Trainer trains at world
+    size 2 (KEP-2839 found `accelerate launch` silently trained at world size 1): the recorded world size is 2 and
+    each optimizer step consumed two micro-batches, one per process."""
+    result, artifacts = fine_tune(inputs, tmp_path, "trainjob", task_config(inputs[0]), num_proc_per_node=2)
+    spec = cluster.requests_for("POST", "trainjobs")[0].body["spec"]
+    command = spec["trainer"]["command"]
+    assert command[5] == "torchrun" and command[-3:-1] == ["-m", TRAIN_MODULE]
+    assert spec["trainer"]["numProcPerNode"] == 2
+    resolved = json.loads(
+        (Path(inputs[0]) / artifacts["model"].metadata["run_dir"] / "trl_config.json").read_text()
+    )
+    assert resolved["world_size"] == 2
+    assert len(result.steps) == 3
