@@ -51,7 +51,9 @@ def train_planned(
         raise ConfigError(
             f"train_data files are missing from the workspace: {', '.join(missing[:3]) or 'none'}"
         )
-    backend.prepare(run_dir, resume=False)  # this engine's runs keep no checkpoints: a retry starts over
+    # The wing's run resumes itself inside a TrainJob (a replaced pod finds the run's checkpoint); a retried local
+    # step starts over.
+    backend.prepare(run_dir, resume=False)
     plan = face.plan_run(
         settings,
         model_dir=model_dir,

@@ -40,6 +40,8 @@ READ = {
     "packed": "packing",
     "enable_activation_checkpointing": "gradient_checkpointing",
     "device": "device",
+    "checkpoint_every_steps": "checkpoint_every_steps",
+    "checkpoint_every_minutes": "checkpoint_every_minutes",
 }
 #: Settings read here under a rule of their own: max_steps_per_epoch x epochs is max_steps; dtype is bf16 or not;
 #: conversation_style is how chat rows are written (a data style).

@@ -62,6 +62,9 @@ class SftSettings:
     packing: bool | str = AUTO
     gradient_checkpointing: bool | str = AUTO  # TRL's default is on; off is faster where memory allows (§7)
     liger_kernel: bool | str = AUTO
+    # Resume (train.py): a checkpoint every N optimizer steps (0: none), every M minutes (0: none) and on SIGTERM.
+    checkpoint_every_steps: int = 0
+    checkpoint_every_minutes: float = 30.0
     data_style: str = ""  # dataset-initialize's data_style (DATA_STYLES)
     bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
     device: str = "auto"  # auto: the GPUs where CUDA has any, else the CPU
@@ -127,10 +130,13 @@ class SftSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 found.append(SettingError(name, f"must be a whole number of at least 1 (got {value!r})"))
-        for name in ("seed", "warmup_steps"):
+        for name in ("seed", "warmup_steps", "checkpoint_every_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 found.append(SettingError(name, f"must be a whole number, 0 or more (got {value!r})"))
+        if not _number(self.checkpoint_every_minutes) or self.checkpoint_every_minutes < 0:
+            found.append(SettingError("checkpoint_every_minutes",
+                                      f"must be a number, 0 or more (got {self.checkpoint_every_minutes!r})"))  # fmt: skip
         if not _positive(self.learning_rate):
             found.append(
                 SettingError("learning_rate", f"must be a number above 0 (got {self.learning_rate!r})")
@@ -225,7 +231,12 @@ class SftSettings:
             seed=self.seed,
             data_seed=self.seed,
             logging_steps=self.logging_steps,
-            save_strategy="no",  # the run's outputs are written by train.py, in run_layout's names
+            # Checkpoints only for resuming (train.py: also on time and SIGTERM); the run's outputs are written by
+            # train.py, in run_layout's names.
+            save_strategy="steps" if self.checkpoint_every_steps else "no",
+            save_steps=self.checkpoint_every_steps
+            or 500,  # 500: transformers' default, unused without "steps"
+            save_total_limit=1,
             report_to=[],
             disable_tqdm=True,
             dataloader_num_workers=0,

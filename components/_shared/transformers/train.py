@@ -20,10 +20,10 @@ Only rank 0 writes the outputs. torch, transformers and TRL are imported inside 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.metrics_file import parse_metric_line
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.settings import (
     TRAINER_DIR,
@@ -44,6 +45,8 @@ log = get_logger(__name__)
 # `datasets`' Arrow cache of the formatted and tokenized rows, shared by the ranks; removed after training.
 _DATASETS_CACHE = ".datasets-cache"
 ASSISTANT_TURNS, LAST_ASSISTANT_TURN = "assistant_turns", "last_assistant_turn"
+#: The exit code of a run stopped by SIGTERM after saving its checkpoint (128 + SIGTERM).
+INTERRUPTED = 128 + 15
 #: The label of a position left out of the loss (transformers' and TRL's -100).
 IGNORED_LABEL = -100
 
@@ -196,9 +199,10 @@ def metrics_callback(path: Path, trained: TrainedTokens) -> Any:
             self.last_step = 0
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
+            if state.is_world_process_zero:  # resumed: the steps up to the checkpoint's stay
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text("")
+                kept = path.read_text().splitlines(keepends=True) if path.is_file() else []
+                path.write_text("".join(line for line in kept if _step_of(line) <= state.global_step))
             self.last, self.last_step = (time.monotonic(), trained.count), state.global_step
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -222,6 +226,73 @@ def metrics_callback(path: Path, trained: TrainedTokens) -> Any:
             print(line, flush=True)
 
     return MetricsFile()
+
+
+def _step_of(line: str) -> int:
+    found = parse_metric_line(line)
+    return found.step if found else 0
+
+
+def last_checkpoint(trainer_dir: Path) -> Path | None:
+    """The newest complete checkpoint an earlier start of this run saved, None when there is none: the Trainer
+    writes trainer_state.json into a checkpoint last, so one without it (a start killed while saving) is skipped."""
+    numbered = [p for p in trainer_dir.glob("checkpoint-*") if p.name.rpartition("-")[2].isdigit()]
+    for path in sorted(numbered, key=lambda p: int(p.name.rpartition("-")[2]), reverse=True):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        return path
+    return None
+
+
+def agreed(flag: bool) -> bool:
+    """True when any process of the run says so: every rank saves and stops at the same step."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    found = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    return bool(found.item())
+
+
+def checkpoint_callback(every_minutes: float) -> Any:
+    """A TrainerCallback that saves a checkpoint every `every_minutes` (0: never by time) and, on SIGTERM (a
+    preempted or drained pod gets it before its grace period ends), saves one and stops training."""
+    from transformers import TrainerCallback
+
+    class Checkpoints(TrainerCallback):
+        def __init__(self) -> None:
+            self.stop_requested = False
+            self.saved_at = time.monotonic()
+            self.previous_handler: Any = None
+
+        def _on_sigterm(self, signum, frame) -> None:
+            self.stop_requested = True
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.saved_at = time.monotonic()
+            self.previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            due = every_minutes > 0 and time.monotonic() - self.saved_at >= every_minutes * 60
+            stop = agreed(self.stop_requested)
+            if agreed(due) or stop:
+                control.should_save = True
+            if stop:
+                self.stop_requested = control.should_training_stop = True
+
+        def on_save(self, args, state, control, **kwargs):
+            self.saved_at = time.monotonic()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.previous_handler is not None:
+                signal.signal(signal.SIGTERM, self.previous_handler)
+
+    return Checkpoints()
 
 
 def formatted_rows(settings: SftSettings, tokenizer: Any, processes: int = 1) -> tuple[Any, Any, Any]:
@@ -251,7 +322,10 @@ def build_trainer(settings: SftSettings) -> Any:
         train_dataset=rows,
         processing_class=tokenizer,
         peft_config=lora_config,
-        callbacks=[metrics_callback(metrics_path, trained)],
+        callbacks=[
+            metrics_callback(metrics_path, trained),
+            checkpoint_callback(settings.checkpoint_every_minutes),
+        ],
     )
 
 
@@ -269,20 +343,27 @@ def train(settings: SftSettings) -> dict:
         # What the trainer trains on, as it decided (chat rows: every assistant turn, or the last one).
         resolved["sft_config"]["completion_only_loss"] = trainer.completion_only_loss
         write_json_atomic(run_dir / run_layout.RESOLVED_CONFIG, resolved)
-        for choice in resolved[
-            "choices"
-        ]:  # the fast defaults chosen here (fast.py), as the report shows them
+        # The fast defaults chosen here (fast.py), as the report shows them.
+        for choice in resolved["choices"]:
             log.info("chosen %s=%s: %s", choice["setting"], json.dumps(choice["value"]), choice["reason"])
+    resume = last_checkpoint(run_dir / TRAINER_DIR)
+    if resume is not None:
+        log.info("an earlier start of this run saved %s: training resumes from it", resume.name)
+    checkpoints = next(cb for cb in trainer.callback_handler.callbacks if hasattr(cb, "stop_requested"))
     started = time.monotonic()
-    result = trainer.train()
-    log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     summary = {"global_step": result.global_step, "train_loss": result.training_loss, "run_dir": str(run_dir)}
+    if checkpoints.stop_requested:
+        log.info(
+            "stopped by SIGTERM at step %d, its checkpoint saved: a restart resumes from it",
+            result.global_step,
+        )
+        return {**summary, "interrupted": True}
+    log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
     if trainer.is_world_process_zero():
         summary.update(write_outputs(trainer, settings))
         shutil.rmtree(run_dir / _DATASETS_CACHE, ignore_errors=True)
-        # SFTConfig's output_dir: empty, as the trainer saves no checkpoints (save_strategy "no").
-        with contextlib.suppress(OSError):
-            (run_dir / TRAINER_DIR).rmdir()
+        shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)  # its checkpoints: the run is complete
     trainer.accelerator.wait_for_everyone()
     return summary
 
@@ -316,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = train(SftSettings.from_json(args.settings))
     if is_rank_zero():
         print(summary, flush=True)
-    return 0
+    # Stopped by SIGTERM: the exit a terminated process has, so the pod is not taken for a finished one.
+    return INTERRUPTED if summary.get("interrupted") else 0
 
 
 if __name__ == "__main__":

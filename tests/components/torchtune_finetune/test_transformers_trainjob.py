@@ -136,3 +136,26 @@ def test_two_processes_per_node_train_data_parallel_under_torchrun(inputs, clust
     )
     assert resolved["world_size"] == 2
     assert len(result.steps) == 3
+
+
+def test_a_preempted_node_pod_is_replaced_and_the_run_resumes_from_its_sigterm_checkpoint(
+    inputs, cluster, tmp_path
+):
+    """The scheduler preempts the node pod once it logged step 2: the kubelet's SIGTERM makes the run save a
+    checkpoint and exit 143; the Job replaces the pod (DisruptionTarget: not a failure) and the new pod's run
+    resumes from that checkpoint; every step is logged once and the losses are the uninterrupted run's."""
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
+
+    steps = {"max_steps_per_epoch": 6}
+    straight, _ = fine_tune(inputs, tmp_path, "local", TaskConfig(), **steps)
+    job = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
+    cluster.scenario(job, standin.Scenario(execute=True, preempt_on_line="Step 2 |"))
+    result, _ = fine_tune(
+        inputs, tmp_path, "trainjob", task_config(inputs[0]), cleanup_policy="never", **steps
+    )
+
+    assert [s.step for s in result.steps] == list(range(1, 7))
+    assert [round(s.loss, 4) for s in result.steps] == [round(s.loss, 4) for s in straight.steps]
+    (replacement,) = cluster.pods(job)
+    log = cluster.pod_log(replacement["metadata"]["name"])
+    assert "training resumes from it" in log, log[-2000:]

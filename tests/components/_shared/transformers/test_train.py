@@ -311,3 +311,61 @@ def test_tokens_per_second_counts_the_trained_tokens_not_the_masked_prompt(root)
     trainer.current_gradient_accumulation_steps = 1  # what Trainer's loop sets before its steps
     trainer.training_step(trainer.model, batch)
     assert trainer.trained_tokens.count == in_loss
+
+
+def _train_process(settings: SftSettings, folder: Path):
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sft_settings.json"
+    path.write_text(json.dumps(asdict(settings)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", train.__name__, str(path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_where_it_stopped(root):
+    """SIGTERM (a preempted pod) mid-run: the run saves a checkpoint, stops and exits 143; the same command again
+    resumes from it and trains to the end with the uninterrupted run's losses, each step logged once."""
+    import signal
+
+    steps = 30
+    straight = settings_for(
+        root, "straight", max_steps=steps, checkpoint_every_steps=4, checkpoint_every_minutes=0
+    )
+    done = _train_process(straight, root / "straight")
+    assert done.wait(timeout=600) == 0, done.stdout.read()[-3000:]
+    expected = [
+        round(s.loss, 4) for s in read_metrics_file(Path(straight.output_dir) / run_layout.METRICS_FILE)
+    ]
+
+    stopped = replace(straight, output_dir=str(root / "stopped"))
+    metrics = Path(stopped.output_dir) / run_layout.METRICS_FILE
+    first = _train_process(stopped, root / "stopped")
+    for line in first.stdout:  # synchronised on the run's own output: step 3 logged, then the signal
+        if line.startswith("Step 3 |"):
+            first.send_signal(signal.SIGTERM)
+            break
+    rest = first.stdout.read()
+    assert first.wait(timeout=600) == train.INTERRUPTED, rest[-3000:]
+    (saved,) = list((Path(stopped.output_dir) / "trainer").glob("checkpoint-*"))
+    at = int(saved.name.rpartition("-")[2])
+    assert 3 <= at < steps and "stopped by SIGTERM" in rest
+    assert not (Path(stopped.output_dir) / run_layout.MERGED_DIR).exists(), "no output from a stopped run"
+
+    again = _train_process(stopped, root / "stopped")
+    output = again.stdout.read()
+    assert again.wait(timeout=600) == 0, output[-3000:]
+    assert f"saved checkpoint-{at}: training resumes from it" in output
+    logged = read_metrics_file(metrics)
+    assert [s.step for s in logged] == list(range(1, steps + 1))
+    assert [round(s.loss, 4) for s in logged] == expected
+    assert not (Path(stopped.output_dir) / "trainer").exists(), "checkpoints removed once the run is complete"
+    assert face.last_adapter_state(Path(stopped.output_dir)) is not None
