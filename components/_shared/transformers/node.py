@@ -12,6 +12,7 @@ through the face): plan.SftRun's command, `python -m <train module> <settings>` 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -46,6 +47,11 @@ def check_node_command(argv: list[str]) -> tuple[Path, list[str]]:
     from kfp_finetune.components._shared.transformers.settings import SftSettings
 
     path = settings_path(argv)
+    if importlib.util.find_spec("trl") is None:
+        raise ConfigError(
+            "this image has no TRL, which the transformers engine trains with: set tune_runtime=auto (the "
+            "`transformers` runtime) or name a runtime whose image is kfp-finetune-trainer-transformers"
+        )
     settings = SftSettings.from_json(path)
     served, reason = serves(Path(settings.model_dir), engines.model_config(settings.model_dir))
     if not served:

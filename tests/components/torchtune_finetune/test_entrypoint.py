@@ -133,3 +133,20 @@ def test_the_node_command_names_its_engine_and_an_unknown_engine_is_refused_in_o
     assert entrypoint.check(["--engine", "megatron", "train.py"]) == entrypoint.CONFIG_REFUSED
     (said,) = capsys.readouterr().err.strip().splitlines()
     assert said.startswith("kfp-finetune: the run cannot train (node 0): ") and "'megatron'" in said, said
+
+
+def test_a_transformers_run_on_an_image_without_trl_is_refused_naming_the_runtime(
+    tmp_path, monkeypatch, capsys
+):
+    """tune_runtime names the torchtune image for a model only the transformers engine serves: one line that
+    says which runtime to use, not an ImportError minutes later."""
+    from kfp_finetune.components._shared.transformers.plan import MODULE as TRAIN_MODULE
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "trl" else find_spec(name, *args)
+    )
+    argv = ["--engine", "transformers", "python", "-m", TRAIN_MODULE, str(tmp_path / "sft_settings.json")]
+    assert entrypoint.check(argv) == entrypoint.CONFIG_REFUSED
+    (said,) = capsys.readouterr().err.strip().splitlines()
+    assert "this image has no TRL" in said and "tune_runtime=auto" in said, said
