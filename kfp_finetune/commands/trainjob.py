@@ -100,6 +100,7 @@ def _workspace(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
+    from kfp_finetune.components._shared import engines
     from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
     from kfp_finetune.components._shared.torchtune.resolve import resolve_run
     from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
@@ -116,17 +117,26 @@ def run(args: argparse.Namespace) -> int:
             else tj.trainjob_name(args.run_id, args.task, args.task_id)
         )
         workspace = _workspace(args)
-        config = TorchtuneConfig(method=args.method, device="cpu" if args.gpus == 0 else None)
         run_dir = workspace / "runs" / name
-        resolved = resolve_run(
-            config,
-            args.model_dir,
-            args.data,
-            run_dir,
-            devices=max(args.gpus, 1),
-            nodes=args.nodes,
-            write=False,
-        )
+        choice = engines.choose(args.model_dir, engines.model_config(args.model_dir))
+        face = engines.face(choice.engine)
+        device = "cpu" if args.gpus == 0 else None
+        if hasattr(face, "plan_run"):  # a wing that plans its own runs
+            resolved = face.plan_run(
+                {"method": args.method, "device": device}, model_dir=Path(args.model_dir).absolute(),
+                data_files=[str(Path(args.data).absolute())], run_dir=run_dir, devices=max(args.gpus, 1),
+                nodes=args.nodes, write=False,
+            )  # fmt: skip
+        else:
+            resolved = resolve_run(
+                TorchtuneConfig(method=args.method, device=device),
+                args.model_dir,
+                args.data,
+                run_dir,
+                devices=max(args.gpus, 1),
+                nodes=args.nodes,
+                write=False,
+            )
     except (ConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -142,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         pod=pod,
         devices=args.gpus or None,
         nodes=args.nodes,
-        runtime=args.runtime or ("torchtune" if args.gpus else "torchtune-cpu"),
+        # The engine's runtime, or its CPU variant (runtimes/: `<runtime>-cpu`).
+        runtime=args.runtime or (face.RUNTIME if args.gpus else f"{face.RUNTIME}-cpu"),
         image=args.image,
         timeout=args.timeout or None,
         run_id=args.run_id,
@@ -152,9 +163,14 @@ def run(args: argparse.Namespace) -> int:
     )
     manifest = backend.manifest(resolved)
 
-    print(f"# recipe {resolved.recipe}, config {resolved.config_name or 'user file'}", file=sys.stderr)
-    print(f"# resolved YAML (not written by --dry-run): {resolved.yaml_path}", file=sys.stderr)
-    paths = [str(resolved.yaml_path), str(Path(args.model_dir).absolute()), str(Path(args.data).absolute())]
+    written = getattr(resolved, "yaml_path", None) or resolved.settings_path
+    print(f"# {choice.line()}", file=sys.stderr)
+    print(
+        f"# recipe {resolved.recipe}, config {getattr(resolved, 'config_name', None) or 'user file'}",
+        file=sys.stderr,
+    )
+    print(f"# resolved settings (not written by --dry-run): {written}", file=sys.stderr)
+    paths = [str(written), str(Path(args.model_dir).absolute()), str(Path(args.data).absolute())]
     missing = tj.unmounted_paths(paths, pod.volume_mounts)
     if missing:
         print(

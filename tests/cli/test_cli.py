@@ -143,3 +143,24 @@ def test_demo_is_quiet_and_keeps_its_results(tmp_path, monkeypatch, capfd):
     assert shown["train report"].strip().endswith(".html")
     assert "<svg" in (tmp_path / shown["train report"].strip()).read_text()
     assert (tmp_path / shown["tuned model (merged)"].strip() / "model-00001-of-00001.safetensors").is_file()
+
+
+def test_trainjob_dry_run_previews_a_transformers_engine_job_on_its_runtime(tiny_dataset, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from kfp_finetune.components._shared.transformers.plan import MODULE as TRAIN_MODULE
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    moe = build_tiny_hf_model(tmp_path / "moe", "qwen3_moe")
+    args = ["trainjob", "--dry-run", "--model-dir", str(moe), "--data", str(tiny_dataset["train.jsonl"])]
+    assert main([*args, "--gpus", "0", "--workspace", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    manifest = yaml.safe_load(captured.out)
+    assert manifest["spec"]["runtimeRef"]["name"] == "transformers-cpu"
+    command = manifest["spec"]["trainer"]["command"]
+    assert command[3:8] == ["--engine", "transformers", "python", "-m", TRAIN_MODULE]
+    assert "# engine: transformers (" in captured.err
+    assert not list(tmp_path.glob("runs/*")), "--dry-run writes nothing"
+    assert main([*args, "--gpus", "2", "--workspace", str(tmp_path)]) == 0
+    manifest = yaml.safe_load(capsys.readouterr().out)
+    assert manifest["spec"]["runtimeRef"]["name"] == "transformers"
+    assert manifest["spec"]["trainer"]["command"][5] == "torchrun"

@@ -172,14 +172,17 @@ def plan_run(
     data_hints: dict[str, str] | None = None,
     devices: int = 1,
     nodes: int = 1,
+    write: bool = True,
 ) -> SftRun:
-    """The checked run, its settings written into the run folder for the training command to read."""
+    """The checked run, its settings written into the run folder for the training command to read (`write`
+    False: a preview, nothing written)."""
     settings = sft_settings(
         values, model_dir=model_dir, data_files=data_files, run_dir=run_dir, data_hints=data_hints
     )
     run = SftRun(settings, devices * nodes)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run.settings_path, asdict(run.settings))
+    if write:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run.settings_path, asdict(run.settings))
     return run
 
 

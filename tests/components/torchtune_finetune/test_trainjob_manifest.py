@@ -482,7 +482,13 @@ def dry_run(*argv: str) -> tuple[dict, str]:
 
 
 # The node pods check the config with torch first (entrypoint.py), then run `tune run` in the same process.
-ENTRYPOINT = ["python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint"]
+ENTRYPOINT = [
+    "python",
+    "-m",
+    "kfp_finetune.components.torchtune_finetune.entrypoint",
+    "--engine",
+    "torchtune",
+]
 
 
 @pytest.mark.slow
