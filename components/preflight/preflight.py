@@ -135,9 +135,9 @@ def runtime_name(tune_runtime: str, engine: str) -> str:
     """The runtime the fine-tune's TrainJob will name: `tune_runtime`, or for auto the chosen engine's."""
     if tune_runtime != engines.AUTO:
         return tune_runtime
-    name = engines.face(engine).RUNTIME
-    log.info("tune_runtime: auto, the %s engine's runtime %r", engines.face(engine).NAME, name)
-    return name
+    face = engines.face(engine)
+    log.info("tune_runtime: auto, the %s engine's runtime %r", face.NAME, face.RUNTIME)
+    return face.RUNTIME
 
 
 def check_runtime(

@@ -81,9 +81,8 @@ class ResolvedRun:
     defaults: list[Choice] = field(default_factory=list)  # what defaults.py chose, each with its reason
     token_lengths: TokenLengths | None = None  # the data's lengths the defaults were chosen from, when known
     world: int = 1  # devices x nodes
-    engine: ClassVar[str] = (
-        "torchtune"  # this wing's face.NAME: the TrainJob's node pod checks and runs with it
-    )
+    # This wing's face.NAME: the TrainJob's node pod checks and runs the command with it.
+    engine: ClassVar[str] = "torchtune"
 
     @property
     def metrics_path(self) -> Path:

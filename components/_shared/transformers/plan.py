@@ -57,9 +57,8 @@ class SftRun:
 
     settings: SftSettings
     world: int  # processes over all nodes
-    engine: ClassVar[str] = (
-        "transformers"  # this wing's face.NAME: the TrainJob's node pod checks and runs with it
-    )
+    # This wing's face.NAME: the TrainJob's node pod checks and runs the command with it.
+    engine: ClassVar[str] = "transformers"
 
     @property
     def run_dir(self) -> Path:

@@ -234,8 +234,7 @@ class SftSettings:
             # Checkpoints only for resuming (train.py: also on time and SIGTERM); the run's outputs are written by
             # train.py, in run_layout's names.
             save_strategy="steps" if self.checkpoint_every_steps else "no",
-            save_steps=self.checkpoint_every_steps
-            or 500,  # 500: transformers' default, unused without "steps"
+            save_steps=self.checkpoint_every_steps or 500,  # 500 (transformers' default): unused with "no"
             save_total_limit=1,
             report_to=[],
             disable_tqdm=True,

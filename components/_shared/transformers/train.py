@@ -172,12 +172,14 @@ class TrainedTokens:
     count: int = 0
 
 
-def counting_trainer(trained: TrainedTokens) -> type:
-    """SFTTrainer, counting each micro-batch's trained tokens into `trained` (imports TRL)."""
+def counting_trainer(trained: TrainedTokens, checkpoints: Any) -> type:
+    """SFTTrainer, counting each micro-batch's trained tokens into `trained` and holding the run's `checkpoints`
+    callback (checkpoint_callback) for train() to ask whether SIGTERM stopped it (imports TRL)."""
     from trl import SFTTrainer
 
     class CountingSFTTrainer(SFTTrainer):
         trained_tokens = trained
+        checkpoint_callback = checkpoints
 
         def training_step(self, model, inputs, *args, **kwargs):
             labels = inputs.get("labels")
@@ -246,17 +248,18 @@ def last_checkpoint(trainer_dir: Path) -> Path | None:
     return None
 
 
-def agreed(flag: bool) -> bool:
-    """True when any process of the run says so: every rank saves and stops at the same step."""
+def agreed(*flags: bool) -> tuple[bool, ...]:
+    """Each flag, True where any process of the run says so (one all-reduce): every rank saves and stops at the
+    same step."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return flag
+        return flags
     device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    found = torch.tensor([int(flag)], device=device)
+    found = torch.tensor([int(flag) for flag in flags], device=device)
     dist.all_reduce(found, op=dist.ReduceOp.MAX)
-    return bool(found.item())
+    return tuple(bool(value) for value in found.tolist())
 
 
 def checkpoint_callback(every_minutes: float) -> Any:
@@ -279,8 +282,8 @@ def checkpoint_callback(every_minutes: float) -> Any:
 
         def on_step_end(self, args, state, control, **kwargs):
             due = every_minutes > 0 and time.monotonic() - self.saved_at >= every_minutes * 60
-            stop = agreed(self.stop_requested)
-            if agreed(due) or stop:
+            due, stop = agreed(due, self.stop_requested)
+            if due or stop:
                 control.should_save = True
             if stop:
                 self.stop_requested = control.should_training_stop = True
@@ -316,16 +319,14 @@ def build_trainer(settings: SftSettings) -> Any:
     sft_config, lora_config, rows = formatted_rows(settings, tokenizer, processes)
     metrics_path = Path(settings.output_dir) / run_layout.METRICS_FILE
     trained = TrainedTokens()
-    return counting_trainer(trained)(
+    checkpoints = checkpoint_callback(settings.checkpoint_every_minutes)
+    return counting_trainer(trained, checkpoints)(
         model=settings.model_dir,
         args=sft_config,
         train_dataset=rows,
         processing_class=tokenizer,
         peft_config=lora_config,
-        callbacks=[
-            metrics_callback(metrics_path, trained),
-            checkpoint_callback(settings.checkpoint_every_minutes),
-        ],
+        callbacks=[metrics_callback(metrics_path, trained), checkpoints],
     )
 
 
@@ -349,11 +350,10 @@ def train(settings: SftSettings) -> dict:
     resume = last_checkpoint(run_dir / TRAINER_DIR)
     if resume is not None:
         log.info("an earlier start of this run saved %s: training resumes from it", resume.name)
-    checkpoints = next(cb for cb in trainer.callback_handler.callbacks if hasattr(cb, "stop_requested"))
     started = time.monotonic()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     summary = {"global_step": result.global_step, "train_loss": result.training_loss, "run_dir": str(run_dir)}
-    if checkpoints.stop_requested:
+    if trainer.checkpoint_callback.stop_requested:
         log.info(
             "stopped by SIGTERM at step %d, its checkpoint saved: a restart resumes from it",
             result.global_step,
