@@ -81,7 +81,9 @@ TABLE: tuple[Parameter, ...] = (
        "Evaluate metric that picks the best trial (eval_loss, perplexity, exact_match, ...).",
        "select_best.metric"),
     # --- data -------------------------------------------------------------------------------------------------
-    _p("data_type", str, "instruct", "instruct (input/output or alpaca), chat (messages or conversations) or text.",
+    _p("data_type", str, "instruct",
+       "instruct (input/output or alpaca), chat (messages or conversations), text, or classification (text + label: "
+       "trains a sequence classifier).",
        "dataset_initialize.dataset_type"),
     _p("data_column_map", dict, {},
        'Renames the data\'s columns to the standard ones, e.g. {"input": "question"}.',
@@ -259,7 +261,7 @@ TABLE: tuple[Parameter, ...] = (
     _p("eval_max_samples", int, 200, "Held-out rows evaluated; 0: all.", "evaluate.max_samples", "preflight.eval_max_samples"),
     _p("eval_max_new_tokens", int, 64, "Generation length limit.", "evaluate.max_new_tokens", "preflight.eval_max_new_tokens"),
     _p("eval_gate_metric", str, "eval_loss",
-       "Metric the tuned model must improve over the base (eval_loss, exact_match, ...).",
+       "Metric the tuned model must improve over the base (eval_loss, exact_match, accuracy, macro_f1, ...).",
        "evaluate.gate_metric", "quality_gate.gate_metric", "preflight.eval_gate_metric"),
     _p("eval_min_improvement", float, 0.0,
        "Required gain on eval_gate_metric, on top of a gain beyond the eval set's noise; 0: no more.",

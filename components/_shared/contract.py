@@ -229,6 +229,7 @@ class TunedModel(_Metadata):
     config: str = ""  # torchtune's config name, or "user file"
     method: str = ""  # lora | qlora | dora | full
     engine: str = ""  # the engine that trained it (_shared/engines.py); "" from before engines were recorded
+    task: str = ""  # what it learned (engines.task_of): classification, or "" (text generation)
     backend: str = ""  # local | trainjob
     device: str = ""  # what training ran on (cpu | cuda): evaluate's device auto follows it
     dtype: str = ""  # training's precision (bf16 | fp32 | ...): evaluate on a GPU uses it

@@ -18,6 +18,9 @@ from kfp_finetune.components._shared.errors import ConfigError
 
 AUTO = "auto"
 DEFAULT_ENGINE = "torchtune"
+#: What a fine-tune learns, from the data's type: text generation (instruct, chat, text rows) or sequence
+#: classification (dataset_type `classification`: a text and a class id per row).
+GENERATION, CLASSIFICATION = "generation", "classification"
 #: The engines in the order `auto` tries them: the first that serves a model trains it.
 WINGS = {
     "torchtune": "kfp_finetune.components._shared.torchtune.face",
@@ -42,6 +45,7 @@ FACE = (
 class EngineChoice:
     engine: str
     reason: str  # for people: why this engine trains the model
+    task: str = GENERATION  # what it trains the model to do
 
     def line(self) -> str:
         return f"engine: {self.engine} ({self.reason})"
@@ -74,10 +78,17 @@ def model_config(model_dir: str | Path) -> dict:
     return found
 
 
-def choose(model_dir: str | Path, hf_config: dict, requested: str = AUTO) -> EngineChoice:
-    """The engine that trains the model in `model_dir` (its config.json is `hf_config`): `requested` when it
-    serves the model, else (auto) the first engine in WINGS that does. Refused with every engine's reason when
-    none does, before anything is downloaded beyond config.json and the tokenizer files."""
+def task_of(dataset_type: str | None) -> str:
+    """The task a fine-tune on data of `dataset_type` (dataset-initialize's) learns."""
+    return CLASSIFICATION if dataset_type == CLASSIFICATION else GENERATION
+
+
+def choose(
+    model_dir: str | Path, hf_config: dict, requested: str = AUTO, task: str = GENERATION
+) -> EngineChoice:
+    """The engine that trains the model in `model_dir` (its config.json is `hf_config`) for `task`: `requested`
+    when it serves the model, else (auto) the first engine in WINGS that does. Refused with every engine's reason
+    when none does, before anything is downloaded beyond config.json and the tokenizer files."""
     if requested not in (AUTO, *WINGS):
         raise ConfigError(
             f"tune_engine={requested!r} is not an engine: set one of {', '.join((AUTO, *WINGS))}"
@@ -85,9 +96,9 @@ def choose(model_dir: str | Path, hf_config: dict, requested: str = AUTO) -> Eng
     names = list(WINGS) if requested == AUTO else [requested]
     refusals = []
     for name in names:
-        served, reason = face(name).serves(Path(model_dir), hf_config)
+        served, reason = face(name).serves(Path(model_dir), hf_config, task)
         if served:
             how = "chosen by the engine setting" if requested != AUTO else "the first engine that serves it"
-            return EngineChoice(name, f"{reason}; {how}")
+            return EngineChoice(name, f"{reason}; {how}", task)
         refusals.append(f"{name}: {reason}")
     raise ConfigError("no engine can fine-tune this model. " + "; ".join(refusals))

@@ -40,8 +40,9 @@ class Example:
     prompt_tokens: (
         list[int] | None
     )  # the training sequence up to the answer's text; None: nothing to generate
-    prompt: str  # for people: the last user turn
-    reference: str  # the expected answer: the last assistant turn
+    prompt: str  # for people: the last user turn (classification: the text)
+    reference: str  # the expected answer: the last assistant turn (classification: the class's name)
+    class_id: int | None = None  # classification rows: the true class (labels is [class_id])
 
 
 @dataclass
@@ -50,8 +51,9 @@ class ModelScores:
     loss_tokens: int
     example_losses: list[float | None]  # mean NLL per example (None: no response tokens)
     example_tokens: list[int]  # response tokens per example: its weight in the token-weighted eval_loss
-    generations: list[str | None]  # None where the example has no prompt (text data)
+    generations: list[str | None]  # None where the example has no prompt (text data); a classifier: the class
     seconds: float
+    predictions: list[int] | None = None  # a classifier's predicted class ids (None: a language model)
 
     @property
     def eval_loss(self) -> float:

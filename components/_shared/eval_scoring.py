@@ -16,6 +16,16 @@ Forward = Callable[[Any, Any], Any]
 Generate = Callable[[Sequence[list[int]]], list[str]]
 
 
+def right_padded(batch: Sequence[Example], pad_id: int, device: Any) -> tuple[Any, Any]:
+    """The batch's tokens right-padded to its longest, and their attention mask (1: a token, 0: padding)."""
+    import torch
+
+    width = max(len(e.tokens) for e in batch)
+    tokens = torch.tensor([e.tokens + [pad_id] * (width - len(e.tokens)) for e in batch], device=device)
+    mask = torch.tensor([[1] * len(e.tokens) + [0] * (width - len(e.tokens)) for e in batch], device=device)
+    return tokens, mask
+
+
 def teacher_forced_losses(
     forward: Forward, examples: Sequence[Example], batch_size: int, pad_id: int, device: Any
 ) -> tuple[float, int, list[float | None], list[int]]:
@@ -27,15 +37,10 @@ def teacher_forced_losses(
     total, count, per_example, per_example_tokens = 0.0, 0, [], []
     with torch.inference_mode():
         for batch in batches(examples, batch_size):
-            width = max(len(e.tokens) for e in batch)
-            tokens = torch.tensor(
-                [e.tokens + [pad_id] * (width - len(e.tokens)) for e in batch], device=device
-            )
+            tokens, mask = right_padded(batch, pad_id, device)
+            width = tokens.shape[1]
             labels = torch.tensor(
                 [e.labels + [IGNORE_INDEX] * (width - len(e.labels)) for e in batch], device=device
-            )
-            mask = torch.tensor(
-                [[1] * len(e.tokens) + [0] * (width - len(e.tokens)) for e in batch], device=device
             )
             logits, labels = forward(tokens, mask)[:, :-1], labels[:, 1:]
             # Only the trained positions go to fp32: full-vocabulary logits of whole batches are the memory peak.

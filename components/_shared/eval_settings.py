@@ -10,6 +10,8 @@ from kfp_finetune.components._shared.errors import SettingError
 
 GENERATION_METRICS = ("exact_match", "token_f1", "rouge_l")
 LOSS_METRICS = ("eval_loss", "perplexity")
+#: A sequence classifier's scores (its eval_loss is the cross-entropy of each row's class).
+CLASSIFICATION_METRICS = ("accuracy", "macro_f1")
 #: The improvement's confidence interval must lie above 0 at this level for the gate to pass.
 DEFAULT_CONFIDENCE = 0.95
 
@@ -68,7 +70,7 @@ class EvalSettings:
                 )
             )
         # lm-eval metric names are known only after the tasks ran; the others are checked before any work.
-        known = (*LOSS_METRICS, *GENERATION_METRICS)
+        known = (*LOSS_METRICS, *GENERATION_METRICS, *CLASSIFICATION_METRICS)
         for name, metrics in (("gate_metric", [self.gate_metric]), ("thresholds", list(self.thresholds))):
             unknown = [m for m in metrics if m not in known and not m.startswith("lm_eval_")]
             if unknown:
@@ -87,3 +89,19 @@ class EvalSettings:
                 SettingError("thresholds", f"values must be numbers, e.g. {{'exact_match': 0.5}} (got {bad})")
             )
         return found
+
+    def check_scored(self, classifier: bool) -> None:
+        """Refuse a gate metric or threshold the model cannot be scored on (a classifier generates no text; a
+        language model predicts no classes), before any model is loaded."""
+        unscored = (*GENERATION_METRICS, "perplexity") if classifier else CLASSIFICATION_METRICS
+        scored = (
+            (*LOSS_METRICS[:1], *CLASSIFICATION_METRICS)
+            if classifier
+            else (*LOSS_METRICS, *GENERATION_METRICS)
+        )
+        kind = "a sequence classifier" if classifier else "a language model"
+        for name, metrics in (("gate_metric", [self.gate_metric]), ("thresholds", list(self.thresholds))):
+            wrong = [m for m in metrics if m in unscored]
+            if wrong:
+                raise SettingError(name, f"names {', '.join(wrong)}, which {kind} is not scored on: use "
+                                         f"{', '.join(scored)}")  # fmt: skip

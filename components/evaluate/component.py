@@ -42,7 +42,8 @@ def evaluate(
     the eval examples with the training run's own torchtune dataset builder and tokenizer, so the loss is
     computed on exactly the tokens training learned (the response; the prompt is masked). For every sample it
     measures teacher-forced loss, then generates greedily (deterministic) from the training prompt format and
-    scores the answer against the reference: exact match, token F1 and ROUGE-L. Optionally runs lm-eval-harness
+    scores the answer against the reference: exact match, token F1 and ROUGE-L. A sequence classifier (trained on
+    classification data) is scored by its eval_loss on each row's class, accuracy and macro-F1 instead. Optionally runs lm-eval-harness
     tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). Base and tuned are
     scored on the same examples, so each metric's improvement gets a paired bootstrap confidence interval (2,000
     seeded resamples of the examples; lm-eval metrics: a normal approximation from lm-eval's standard errors).
@@ -69,7 +70,8 @@ def evaluate(
         device: auto (cuda when this step has a GPU, in the dtype training used, bf16 by default; else cpu in
             fp32), cpu or cuda.
         gate_metric: The metric the tuned model must improve: eval_loss, perplexity, exact_match, token_f1,
-            rouge_l, or an lm-eval metric `lm_eval_<task>_<metric>` (e.g. lm_eval_arc_easy_acc).
+            rouge_l, accuracy or macro_f1 (classifiers), or an lm-eval metric `lm_eval_<task>_<metric>` (e.g.
+            lm_eval_arc_easy_acc).
         min_improvement: Required gain of tuned over base on gate_metric, in its units (a loss decrease for
             eval_loss, absolute points for exact_match: 0.05 = 5 points), on top of the gain beyond the noise
             the gate always requires; 0: no more than that. Needs a base model.

@@ -63,28 +63,38 @@ def paired_bootstrap(
     summary metric (its response tokens for a token-weighted loss, 1 for a per-example mean). Each resample
     draws len(tuned) examples with replacement and takes both models' weighted means over the same draw.
     """
-    _require_level(confidence)
     if not len(tuned) == len(base) == len(weights):
         raise ValueError(f"paired scores differ in length: {len(tuned)}, {len(base)}, {len(weights)}")
-    count = len(tuned)
-    if count < MIN_EXAMPLES:
-        raise ValueError(f"a bootstrap needs at least {MIN_EXAMPLES} paired examples (got {count})")
-    # Weighted sums of a resample as sums of precomputed products: the loop below runs resamples × count times.
+    # Weighted sums of a resample as sums of precomputed products: the loop runs resamples × count times.
     tuned_products = [t * w for t, w in zip(tuned, weights, strict=True)]
     base_products = [b * w for b, w in zip(base, weights, strict=True)]
+
+    def resampled(picks: list[int]) -> float:
+        total = sum(map(weights.__getitem__, picks))
+        return improvement(
+            sum(map(tuned_products.__getitem__, picks)) / total,
+            sum(map(base_products.__getitem__, picks)) / total,
+        )
+
+    return paired_bootstrap_of(len(tuned), resampled, confidence=confidence, seed=seed, resamples=resamples)
+
+
+def paired_bootstrap_of(
+    count: int,
+    improvement: Callable[[list[int]], float],
+    *,
+    confidence: float,
+    seed: int,
+    resamples: int = RESAMPLES,
+) -> Interval:
+    """Percentile interval of `improvement(picks)` over resamples of `count` paired examples, for a summary metric
+    that is not a mean of per-example scores (macro-F1): `picks` are the resample's example indices."""
+    _require_level(confidence)
+    if count < MIN_EXAMPLES:
+        raise ValueError(f"a bootstrap needs at least {MIN_EXAMPLES} paired examples (got {count})")
     rng = random.Random(seed)
     everything = range(count)
-    improvements = []
-    for _ in range(resamples):
-        picks = rng.choices(everything, k=count)
-        total = sum(map(weights.__getitem__, picks))
-        improvements.append(
-            improvement(
-                sum(map(tuned_products.__getitem__, picks)) / total,
-                sum(map(base_products.__getitem__, picks)) / total,
-            )
-        )
-    improvements.sort()
+    improvements = sorted(improvement(rng.choices(everything, k=count)) for _ in range(resamples))
     tail = (1 - confidence) / 2
     low = improvements[max(0, math.floor(tail * resamples))]
     high = improvements[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]

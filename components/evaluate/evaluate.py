@@ -167,6 +167,7 @@ def run_evaluate(
     train_config = training_config(workspace, model)
     base_dir = base_folder(workspace, base_model, model, model_eval)
     tuned = tuned_model(workspace, model, base_dir, train_config)
+    settings.check_scored(classifier=getattr(tuned, "classifier", False))
     tuned_dir = tuned.folder
     if base_dir is not None:
         model_eval.check_same_tokenizer(tuned_dir, base_dir)

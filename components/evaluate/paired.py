@@ -15,6 +15,7 @@ from kfp_finetune.components.evaluate.confidence import (
     Interval,
     normal_interval,
     paired_bootstrap,
+    paired_bootstrap_of,
 )
 from kfp_finetune.components.evaluate.lm_eval_tasks import LmEvalScores
 
@@ -28,19 +29,33 @@ def perplexity(loss: float) -> float:
 
 def example_scores(scores: ModelScores, examples: list[Example]) -> dict[str, list[float | None]]:
     """Per example: its mean loss on the response tokens, its generation scores (None where it has none) and
-    its response tokens under "tokens" (its weight in the token-weighted eval_loss)."""
+    its response tokens under "tokens" (its weight in the token-weighted eval_loss). A classifier's: its loss on
+    the class, "accuracy" (1 when the predicted class is right), "predicted" and "actual" (the class ids)."""
     per_example: dict[str, list[float | None]] = {"eval_loss": list(scores.example_losses)}
+    per_example["tokens"] = [float(n) for n in scores.example_tokens]
+    if scores.predictions is not None:
+        actual = [e.class_id for e in examples]
+        per_example["accuracy"] = [float(p == a) for p, a in zip(scores.predictions, actual, strict=True)]
+        per_example["predicted"], per_example["actual"] = list(scores.predictions), actual
+        return per_example
     for name in GENERATION_METRICS:
         per_example[name] = [
             None if g is None else scoring.score_generation(g, e.reference)[name]
             for g, e in zip(scores.generations, examples, strict=True)
         ]
-    per_example["tokens"] = [float(n) for n in scores.example_tokens]
     return per_example
 
 
 def summarize(scores: ModelScores, per_example: dict[str, list[float | None]]) -> dict[str, float]:
-    """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores."""
+    """eval_loss and perplexity (token-weighted over the response tokens) + mean generation scores; a classifier's
+    eval_loss (the mean cross-entropy of the classes), accuracy and macro_f1."""
+    if "accuracy" in per_example:
+        accuracy = per_example["accuracy"]
+        return {
+            "eval_loss": scores.eval_loss,
+            "accuracy": sum(accuracy) / len(accuracy),
+            "macro_f1": scoring.macro_f1(per_example["predicted"], per_example["actual"]),
+        }
     values = {"eval_loss": scores.eval_loss, "perplexity": perplexity(scores.eval_loss)}
     for name in GENERATION_METRICS:
         scored = [v for v in per_example[name] if v is not None]
@@ -57,10 +72,11 @@ def bootstrap_intervals(
     generation scores as plain means. Returns (intervals, why not) by metric."""
     tuned, base = per_example["tuned"], per_example["base"]
     intervals, missing = {}, {}
+    classifier = "accuracy" in tuned
     for metric, source, transform in (
         ("eval_loss", "eval_loss", None),
-        ("perplexity", "eval_loss", perplexity),
-        *((name, name, None) for name in GENERATION_METRICS),
+        *((("accuracy", "accuracy", None),) if classifier else (("perplexity", "eval_loss", perplexity),)),
+        *((name, name, None) for name in GENERATION_METRICS if name in tuned),
     ):
         weighted = source == "eval_loss"
         rows = [
@@ -85,7 +101,23 @@ def bootstrap_intervals(
             confidence=confidence,
             seed=seed,
         )
+    if classifier and "accuracy" in missing:  # too few examples: the same reason
+        missing["macro_f1"] = missing["accuracy"].replace("accuracy", "macro_f1")
+    elif classifier:
+        intervals["macro_f1"] = paired_bootstrap_of(
+            len(tuned["actual"]),
+            functools.partial(_macro_f1_improvement, tuned["predicted"], base["predicted"], tuned["actual"]),
+            confidence=confidence,
+            seed=seed,
+        )
     return intervals, missing
+
+
+def _macro_f1_improvement(tuned: list, base: list, actual: list, picks: list[int]) -> float:
+    drawn = [actual[i] for i in picks]
+    return scoring.macro_f1([tuned[i] for i in picks], drawn) - scoring.macro_f1(
+        [base[i] for i in picks], drawn
+    )
 
 
 def _mean_improvement(

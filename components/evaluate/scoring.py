@@ -67,6 +67,20 @@ def score_generation(prediction: str, reference: str) -> dict[str, float]:
     }
 
 
+def macro_f1(predicted: list[int], actual: list[int]) -> float:
+    """The mean over classes of each class's F1 (2·TP / (2·TP + FP + FN)), every class that is predicted or true
+    counted once whatever its size (scikit-learn's f1_score(average="macro") over the classes present)."""
+    classes = set(predicted) | set(actual)
+    if not classes:
+        return float("nan")
+    total = 0.0
+    for label in classes:
+        hits = sum(p == a == label for p, a in zip(predicted, actual, strict=True))
+        wrong = sum((p == label) != (a == label) for p, a in zip(predicted, actual, strict=True))
+        total += 2 * hits / (2 * hits + wrong)
+    return total / len(classes)
+
+
 def improvement(metric: str, tuned: float, base: float) -> float:
     """How much better tuned is than base, in the metric's units (positive = better, whatever the direction)."""
     return base - tuned if lower_is_better(metric) else tuned - base

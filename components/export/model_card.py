@@ -116,19 +116,21 @@ def render_card(card: CardInputs) -> str:
     lines += ["", "## Usage", "", "```python"]
     adapter_folder = next((f for f, what in card.layout.items() if what.startswith("PEFT")), None)
     merged_folder = next((f for f, what in card.layout.items() if what.startswith("merged")), None)
+    # The class the model loads with: a sequence classifier's config.json names its classes (id2label).
+    auto = "AutoModelForSequenceClassification" if meta.task == "classification" else "AutoModelForCausalLM"
     if merged_folder is not None:
         lines += [
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"from transformers import {auto}, AutoTokenizer",
             "",
-            f'model = AutoModelForCausalLM.from_pretrained("<this repo or folder>"{_subfolder(merged_folder)})',
+            f'model = {auto}.from_pretrained("<this repo or folder>"{_subfolder(merged_folder)})',
         ]
     if adapter_folder is not None:
         lines += [""] if merged_folder is not None else []
         lines += [
             "from peft import PeftModel",
-            "from transformers import AutoModelForCausalLM",
+            f"from transformers import {auto}",
             "",
-            f'base = AutoModelForCausalLM.from_pretrained("{base or "<base model>"}")',
+            f'base = {auto}.from_pretrained("{base or "<base model>"}")',
             f'model = PeftModel.from_pretrained(base, "<this repo or folder>"{_subfolder(adapter_folder)})',
         ]
     lines += ["```", "", "## Training", ""]

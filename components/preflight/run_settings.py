@@ -205,7 +205,12 @@ def check_model_and_run(
             log.info("model_uri: fetched %s (no weights)", ", ".join(fetched))
             hf_config = _hf_config(Path(folder) / "config.json")
             if hf_config:  # else the inspection below names what is wrong with config.json
-                choice = engines.choose(folder, hf_config, settings.get("tune_engine", engines.AUTO))
+                choice = engines.choose(
+                    folder,
+                    hf_config,
+                    settings.get("tune_engine", engines.AUTO),
+                    engines.task_of(settings.get("data_type", "instruct")),
+                )
                 log.info("%s", choice.line())
                 settings.engine = choice.engine
                 face = engines.face(choice.engine)

@@ -136,12 +136,6 @@ def _check_fits_data(config: TorchtuneConfig, split: DatasetSplit) -> None:
             f"{split.dataset_type!r}): this fine-tune step trains text models only, on instruct, chat or text "
             "data; fine-tuning a vision-language model is not supported yet"
         )
-    if split.num_labels or split.dataset_type == "classification":
-        raise ConfigError(
-            f"train_data holds sequence-classification rows ({split.num_labels or '?'} classes, dataset_type "
-            f"{split.dataset_type!r}): this fine-tune step trains text generation only, on instruct, chat or text "
-            "data; fine-tuning a sequence classifier is not supported yet"
-        )
     written = split.dataset_type
     wanted = config.dataset.dataset_type
     if written and wanted != written and not config.dataset.source:
@@ -198,7 +192,8 @@ def run_finetune(
     # The TrainJob's name doubles as the run folder's: deterministic per KFP task instance, so a retry finds both
     # and a second instance (a nested use, a ParallelFor iteration) gets its own.
     run_dir = area_dir(workspace, "runs", trainjob_name(run_id, task_name, task_id))
-    choice = engines.choose(model_dir, engines.model_config(model_dir), engine)
+    task = engines.task_of(train.dataset_type)
+    choice = engines.choose(model_dir, engines.model_config(model_dir), engine, task)
     log.info("%s", choice.line())
     face = engines.face(choice.engine)
     if hasattr(face, "plan_run"):  # the wing plans its runs from the step's settings (planned_run.py)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kfp_finetune.components._shared import html_report
+from kfp_finetune.components._shared import engines, html_report
 from kfp_finetune.components._shared.contract import BaseModel, DatasetSplit, TrainConfig, TunedModel
 from kfp_finetune.components._shared.engines import EngineChoice
 from kfp_finetune.components._shared.errors import ConfigError
@@ -103,6 +103,7 @@ def train_planned(
         config=plan.settings_path.name,
         method=method,
         engine=face.NAME,
+        task="" if choice.task == engines.GENERATION else choice.task,
         backend=backend.name,
         device=plan.settings.device if plan.settings.device != "auto" else "",
         dtype="bf16" if resolved.get("settings", {}).get("bf16") else "fp32",

@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        choice = engines.choose(args.model_dir, engines.model_config(args.model_dir), args.engine)
+        # --set dataset_type=classification previews a classifier's run (the engine that trains one).
+        task = engines.task_of(settings.get("dataset_type"))
+        choice = engines.choose(args.model_dir, engines.model_config(args.model_dir), args.engine, task)
         face = engines.face(choice.engine)
         if hasattr(face, "preview"):  # a wing that plans its own runs shows its own settings
             return _print_preview(face, choice, settings, args)

@@ -54,6 +54,12 @@ def test_resolve_config_names_the_engine_and_shows_the_transformers_engines_sett
     assert "tune_compile is a torchtune setting" in capsys.readouterr().err
     assert main(["resolve-config", "--model-dir", str(tiny_llama), *data, "--engine", "megatron"]) == 2
     assert "tune_engine='megatron' is not an engine" in capsys.readouterr().err
+    # A classifier of a family torchtune serves: the engine that trains classifiers, and its settings.
+    classify = ["--set", "dataset_type=classification"]
+    assert main(["resolve-config", "--model-dir", str(tiny_llama), *data, *classify]) == 0
+    out = capsys.readouterr().out
+    assert "LlamaForSequenceClassification" in out.splitlines()[0]
+    assert yaml.safe_load(out)["dataset_type"] == "classification"
     assert not (tmp_path / "run").exists(), "resolve-config runs and writes nothing"
 
 

@@ -1,7 +1,8 @@
 """The torchtune engine's face: what the steps above the wings (evaluate, export) may ask of a run it trained.
 `_shared/engines.py` finds it by the engine name the fine-tune recorded; every engine's face has these names.
 
-- `serves(model_dir, hf_config)`: (True, why) when the engine can fine-tune the model, else (False, why not);
+- `serves(model_dir, hf_config, task)`: (True, why) when the engine can fine-tune the model for the task
+  (engines.GENERATION or CLASSIFICATION), else (False, why not);
 - `read_resolved_config(run_dir)`: the settings the run trained with ({} for a folder this library did not train);
 - `last_adapter_state(run_dir)`: the run's last adapter in the engine's own names, None when there is none;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the run's adapter merged in, built once;
@@ -48,9 +49,14 @@ __all__ = [
 ]
 
 
-def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
+def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[bool, str]:
     """Whether torchtune 0.6.1 (with this project's builders) has the model's family, from config.json and the
-    tokenizer files alone."""
+    tokenizer files alone; it trains text generation only (its recipes have no sequence-classification loss)."""
+    if task != "generation":
+        return (
+            False,
+            f"torchtune's recipes train text generation only, not {task} (the transformers engine does)",
+        )
     from kfp_finetune.components._shared.torchtune.model_inspection import detect_family
 
     try:

@@ -31,8 +31,8 @@ from kfp_finetune.components._shared.eval_examples import Example, ModelScores, 
 from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
-from kfp_finetune.components._shared.transformers import plan, train
-from kfp_finetune.components._shared.transformers.settings import DATASET_TYPES, SftSettings
+from kfp_finetune.components._shared.transformers import classify, plan, train
+from kfp_finetune.components._shared.transformers.settings import CLASSIFICATION, DATASET_TYPES, SftSettings
 
 log = get_logger(__name__)
 
@@ -126,16 +126,29 @@ def _file_hash(path: Path) -> str | None:
 @dataclass
 class TunedModel:
     folder: ModelDir  # the merged model: the full fine-tune, or the base with the adapter merged in
+    classifier: bool = False  # a sequence classifier (classify.py), not a causal LM
 
 
 def tuned_model(
     path: Path, run_dir: Path | None, base_dir: ModelDir | None, train_config: dict
 ) -> TunedModel:
-    """The model folder at `path` (the fine-tune records its run's merged/ folder as the model)."""
-    return TunedModel(inspect_model(path, "model"))
+    """The model folder at `path` (the fine-tune records its run's merged/ folder as the model): a classifier
+    when its run trained one, or (a folder this library did not train) when its architecture is one."""
+    folder = inspect_model(path, "model")
+    trained = (train_config.get("settings") or {}).get("dataset_type")
+    architectures = folder.hf_config.get("architectures") or [""]
+    classifier = trained == CLASSIFICATION or (
+        not trained and architectures[0].endswith("ForSequenceClassification")
+    )
+    return TunedModel(folder, classifier)
 
 
 def lm_eval_folder(tuned: TunedModel, run_dir: Path) -> ModelDir:
+    if tuned.classifier:
+        raise ConfigError(
+            "eval_lm_eval_tasks: lm-eval's tasks score language models, and this model is a sequence classifier: "
+            "leave eval_lm_eval_tasks empty (evaluate reports accuracy and macro_f1)"
+        )
     return tuned.folder
 
 
@@ -144,9 +157,21 @@ def models_to_score(
 ) -> Iterator[tuple[str, Any]]:
     """("tuned", model), then ("base", model) when there is a base, one in memory at a time (the caller drops
     each before asking for the next)."""
+    if tuned.classifier:
+        model = classify.load_classifier(tuned.folder.path, _class_names(tuned.folder), dtype=dtype)
+        yield "tuned", model.to(device).eval()
+        if base_dir is not None:  # the base with the tuned model's classes (a new head where its own differs)
+            model = classify.load_classifier(base_dir.path, _class_names(tuned.folder), dtype=dtype)
+            yield "base", model.to(device).eval()
+        return
     yield "tuned", load_model(tuned.folder, device, dtype)
     if base_dir is not None:
         yield "base", load_model(base_dir, device, dtype)
+
+
+def _class_names(folder: ModelDir) -> list[str]:
+    id2label = folder.hf_config.get("id2label") or {}
+    return [str(id2label.get(str(i), i)) for i in range(len(id2label))]
 
 
 def load_model(model_dir: ModelDir, device: Any, dtype: Any) -> Any:
@@ -211,6 +236,11 @@ def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-rows-") as scratch:
         # The settings check wants a model folder; the rows need only the tokenizer's, which is the same.
         settings = dataclasses.replace(settings, model_dir=tokenizer.name_or_path, output_dir=scratch)
+        if settings.task == CLASSIFICATION:
+            try:
+                return classify.eval_rows(settings, tokenizer)
+            except ValueError as err:
+                raise ConfigError(f"eval_data: {err}") from err
         try:
             sft_config, _, rows = train.formatted_rows(settings, tokenizer)
         except ValueError as err:
@@ -238,7 +268,10 @@ def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
 
 
 def make_examples(dataset: list[dict], tokenizer: Any, rows: Sequence[int]) -> list[Example]:
-    """Examples for the chosen rows. Text rows have no prompt/answer split: loss only."""
+    """Examples for the chosen rows. Text rows have no prompt/answer split: loss only; classification rows have
+    their class."""
+    if dataset and "label_name" in dataset[0]:
+        return classify.examples(dataset, rows)
     examples = []
     for i in rows:
         item = dataset[i]
@@ -336,7 +369,13 @@ def score_model(
     seed: int,
     progress: Callable[[str], None] = log.info,
 ) -> ModelScores:
-    """Loss over all examples, then greedy generations for those with a prompt (eval_scoring.py)."""
+    """Loss over all examples, then greedy generations for those with a prompt (eval_scoring.py); a classifier's
+    loss on each class and its predicted class (classify.py)."""
+    if examples and examples[0].class_id is not None:
+        return classify.score(
+            model, examples, label=label, batch_size=batch_size, pad_id=_pad_id(tokenizer), device=device,
+            progress=progress,
+        )  # fmt: skip
     return score_examples(
         examples,
         forward=lambda tokens, mask: model(input_ids=tokens, attention_mask=mask).logits,

@@ -1,7 +1,8 @@
 """The transformers engine's face: what the steps above the wings may ask of a run it trained (see
 _shared/torchtune/face.py for the names every face has).
 
-- `serves(model_dir, hf_config)`: whether the installed transformers has the model's causal-LM class natively;
+- `serves(model_dir, hf_config, task)`: whether the installed transformers has the model's class for the task
+  (a causal LM; a sequence classifier) natively;
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
@@ -59,18 +60,20 @@ __all__ = [
 ]
 
 
-def serves(model_dir: Path, hf_config: dict) -> tuple[bool, str]:
-    """(True, why) when the installed transformers has a causal-LM class for config.json's model_type, without
-    remote code (auto_map: code from the model's repo, which this engine never runs). Imports no torch."""
+def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[bool, str]:
+    """(True, why) when the installed transformers has a class for config.json's model_type that trains `task` (a
+    causal LM; a sequence classifier), without remote code (auto_map: code from the model's repo, which this
+    engine never runs). Imports no torch."""
     if hf_config.get("auto_map"):
         return False, "config.json names remote code (auto_map), which this engine does not run"
     found_version = installed.version()
     if found_version is None:
         return False, "transformers is not installed here"
     model_type = hf_config.get("model_type")
-    found = installed.causal_lm_classes().get(model_type) if isinstance(model_type, str) else None
+    found = installed.model_classes(task).get(model_type) if isinstance(model_type, str) else None
+    kind = "causal-LM" if task == "generation" else "sequence-classification"
     if found is None:
-        return False, f"transformers {found_version} has no causal-LM class for model_type {model_type!r}"
+        return False, f"transformers {found_version} has no {kind} class for model_type {model_type!r}"
     return True, f"transformers {found_version} has {found} for model_type {model_type!r}"
 
 

@@ -109,11 +109,12 @@ def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) ->
     """The choices for `settings`' auto settings (SftSettings: packing, liger_kernel, gradient_checkpointing).
     `model` is read only for the memory model (a GPU, checkpointing left to us)."""
     chosen = []
+    classifier = settings.task == "classification"
     if settings.packing == AUTO:
-        chosen += _batching(hardware)
+        chosen += _batching(hardware, classifier)
     liger = settings.liger_kernel
     if liger == AUTO:
-        found = _liger(hardware)
+        found = _liger(hardware, classifier)
         liger = found.value
         chosen.append(found)
     if settings.gradient_checkpointing == AUTO:
@@ -121,19 +122,40 @@ def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) ->
     return chosen
 
 
-def _batching(hardware: Hardware) -> list[Choice]:
+def _batching(hardware: Hardware, classifier: bool = False) -> list[Choice]:
+    if classifier:
+        return [
+            Choice(
+                "packing",
+                False,
+                "a classifier reads one padded row per example (packs are causal-LM sequences)",
+            ),
+            _GROUPED,
+        ]
     if hardware.cuda and hardware.flash_attention:
         return [Choice("packing", True, "padding-free packs (TRL's best-fit decreasing), flash attention keeping "
                                         "the packed rows apart: no token of a batch is padding")]  # fmt: skip
     missing = "no GPU" if not hardware.cuda else "flash attention (flash-attn) is not installed"
     return [
-        Choice("packing", False, f"packing rows needs flash attention on a GPU to keep them apart ({missing})"),
-        Choice("train_sampling_strategy", "group_by_length",
-               "rows of similar length share a micro-batch, so little of it is padding"),
-    ]  # fmt: skip
+        Choice(
+            "packing", False, f"packing rows needs flash attention on a GPU to keep them apart ({missing})"
+        ),
+        _GROUPED,
+    ]
 
 
-def _liger(hardware: Hardware) -> Choice:
+_GROUPED = Choice(
+    "train_sampling_strategy",
+    "group_by_length",
+    "rows of similar length share a micro-batch, so little of it is padding",
+)
+
+
+def _liger(hardware: Hardware, classifier: bool = False) -> Choice:
+    if classifier:
+        return Choice(
+            "liger_kernel", False, "Liger's kernels patch causal LMs (their loss and decoder layers)"
+        )
     if not hardware.cuda:
         return Choice(
             "liger_kernel", False, "Liger's kernels are Triton GPU kernels: training runs on the CPU"

@@ -9,7 +9,11 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
-MAPPING = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+#: The auto mapping (models/auto/modeling_auto.py) of the model classes each task trains.
+MAPPINGS = {
+    "generation": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+}
 
 
 def version() -> str | None:
@@ -19,16 +23,17 @@ def version() -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=1)
-def causal_lm_classes() -> dict[str, str]:
-    """model_type -> the causal-LM class transformers builds for it (its auto mapping, models/auto/modeling_auto.py);
-    {} when transformers is not installed."""
+@functools.lru_cache(maxsize=2)
+def model_classes(task: str = "generation") -> dict[str, str]:
+    """model_type -> the class transformers builds for `task` (a causal LM, a sequence classifier) by its auto
+    mapping (models/auto/modeling_auto.py); {} when transformers is not installed."""
+    mapping = MAPPINGS[task]
     spec = importlib.util.find_spec("transformers")
     if spec is None or not spec.submodule_search_locations:
         return {}
     source = Path(spec.submodule_search_locations[0]) / "models" / "auto" / "modeling_auto.py"
     for node in ast.parse(source.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == MAPPING for t in node.targets):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == mapping for t in node.targets):
             pairs = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
             return dict(ast.literal_eval(pairs))
-    raise RuntimeError(f"{source} no longer defines {MAPPING}: this transformers version is not supported")
+    raise RuntimeError(f"{source} no longer defines {mapping}: this transformers version is not supported")

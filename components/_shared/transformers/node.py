@@ -53,7 +53,7 @@ def check_node_command(argv: list[str]) -> tuple[Path, list[str]]:
             "`transformers` runtime) or name a runtime whose image is kfp-finetune-trainer-transformers"
         )
     settings = SftSettings.from_json(path)
-    served, reason = serves(Path(settings.model_dir), engines.model_config(settings.model_dir))
+    served, reason = serves(Path(settings.model_dir), engines.model_config(settings.model_dir), settings.task)
     if not served:
         raise ConfigError(f"this image cannot train the model in {settings.model_dir}: {reason}")
     try:

@@ -1,8 +1,8 @@
 """A transformers-engine run folder as train.py leaves it, and the one reader of its layout:
 
     <run>/trl_config.json      the resolved settings the run trained with (RESOLVED_CONFIG)
-    <run>/adapter/             the PEFT adapter (adapter_model.safetensors + adapter_config.json naming the base);
-                               LoRA and QLoRA runs only
+    <run>/adapter/             the PEFT adapter (adapter_model.safetensors + adapter_config.json naming the base;
+                               a classifier's also its class names, classify.LABELS_FILE); LoRA and QLoRA runs only
     <run>/merged/              the HF folder consumers load: the full fine-tune, or the base with the adapter merged
     <run>/logs/metrics.txt     one `Step N | loss:.. lr:..` line per logged step (_shared/metrics_file.py)
 
@@ -78,8 +78,14 @@ def merge_adapter(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from kfp_finetune.components._shared.transformers import classify
+
     log.info("merging the adapter %s into the base model %s on CPU", adapter_dir, base_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto", device_map={"": "cpu"})
+    names = classify.read_labels(adapter_dir)
+    if names is not None:  # a classifier's adapter: the base with a head of the trained classes
+        base = classify.load_classifier(base_dir, names, dtype="auto", device_map={"": "cpu"})
+    else:
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto", device_map={"": "cpu"})
     model = PeftModel.from_pretrained(base, str(adapter_dir), torch_device="cpu")
     with torch.no_grad():
         merged = model.merge_and_unload()

@@ -23,17 +23,26 @@ from kfp_finetune.components._shared.transformers.fast import AUTO, SWITCH_CHOIC
 
 _READ_FORMATS = ("parquet", "json")
 
-DATASET_TYPES = TEXT_DATASET_TYPES
+#: Sequence-classification rows (dataset-initialize's labels.py): a text, optionally a second one, and a class id.
+CLASSIFICATION = "classification"
+DATASET_TYPES = (*TEXT_DATASET_TYPES, CLASSIFICATION)
 METHODS = ("lora", "qlora", "full")
 DEVICES = ("auto", "cpu", "cuda")
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
 #: builders take column_map: {"input": "question"} reads the input from the `question` column).
 #: The Trainer's own output folder inside the run (SFTConfig.output_dir); run_layout.py names the run's outputs.
 TRAINER_DIR = "trainer"
-COLUMNS = {"instruct": ("input", "output"), "chat": ("messages",), "text": ("text",)}
+COLUMNS = {
+    "instruct": ("input", "output"),
+    "chat": ("messages",),
+    "text": ("text",),
+    CLASSIFICATION: ("text", "label"),
+}
+#: Columns read when the data has them: the second text of a sentence-pair classification.
+OPTIONAL_COLUMNS = {CLASSIFICATION: ("text_pair",)}
 #: How dataset-initialize wrote the rows (its `data_style`); "" reads COLUMNS as they are. Alpaca rows keep their
 #: `instruction` (and optional `input`); ShareGPT turns are {"from", "value"} (read as OpenAI roles).
-DATA_STYLES = ("", "input_output", "alpaca", "openai", "sharegpt", "text")
+DATA_STYLES = ("", "input_output", "alpaca", "openai", "sharegpt", "text", CLASSIFICATION)
 _STYLE_COLUMNS = {"alpaca": ("instruction", "input", "output")}
 
 
@@ -159,7 +168,9 @@ class SftSettings:
         ):
             found.append(SettingError("column_map", "must map column names to column names"))
         elif self.dataset_type in COLUMNS:
-            extra = sorted(set(self.column_map) - set(self.columns()))
+            extra = sorted(
+                set(self.column_map) - {*self.columns(), *OPTIONAL_COLUMNS.get(self.dataset_type, ())}
+            )
             if extra:
                 found.append(
                     SettingError(
@@ -168,7 +179,15 @@ class SftSettings:
                         f"are {', '.join(self.columns())}",
                     )
                 )
+        if self.task == CLASSIFICATION and self.packing is True:
+            found.append(SettingError("packing", "packs causal-LM sequences; a classifier reads one padded row "
+                                                 "per example: set it false or auto"))  # fmt: skip
         return found
+
+    @property
+    def task(self) -> str:
+        """What the run learns: `classification` (a sequence classifier) or `generation` (a causal LM)."""
+        return CLASSIFICATION if self.dataset_type == CLASSIFICATION else "generation"
 
     def columns(self) -> tuple[str, ...]:
         """The columns the rows are read from, by their names before column_map."""
@@ -204,14 +223,12 @@ class SftSettings:
                 "needs flash attention (the flash-attn package) to keep packed rows apart: set it false",
             )
         import torch
-        from trl import SFTConfig
 
         if self.device == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", "is cuda, but CUDA sees no GPU here: set it to auto or cpu")
         bf16 = self.use_bf16()
         chosen = {choice.setting: choice.value for choice in self.fast_choices()}
-        packing = chosen.get("packing", self.packing)
-        sft = SFTConfig(
+        common = dict(
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
             num_train_epochs=self.epochs,
             max_steps=self.max_steps if self.max_steps is not None else -1,
@@ -220,8 +237,6 @@ class SftSettings:
             learning_rate=self.learning_rate,
             lr_scheduler_type=self.lr_scheduler,
             warmup_steps=self.warmup_steps,
-            max_length=self.max_seq_len,
-            packing=packing,
             gradient_checkpointing=chosen.get("gradient_checkpointing", self.gradient_checkpointing),
             use_liger_kernel=chosen.get("liger_kernel", self.liger_kernel),
             train_sampling_strategy=chosen.get("train_sampling_strategy", "random"),
@@ -239,11 +254,23 @@ class SftSettings:
             report_to=[],
             disable_tqdm=True,
             dataloader_num_workers=0,
+            ddp_find_unused_parameters=False if world_size > 1 else None,
+        )
+        if self.task == CLASSIFICATION:  # transformers' own Trainer trains the classifier (classify.py)
+            from transformers import TrainingArguments
+
+            return TrainingArguments(**common), self.lora_config()
+        from trl import SFTConfig
+
+        packing = chosen.get("packing", self.packing)
+        sft = SFTConfig(
+            **common,
+            max_length=self.max_seq_len,
+            packing=packing,
             # torchtune trains instruct rows with train_on_input false: the prompt is masked out of the loss.
             completion_only_loss=self.dataset_type == "instruct",
             assistant_only_loss=self.dataset_type == "chat",
-            model_init_kwargs=self._model_init_kwargs(bf16, packing),
-            ddp_find_unused_parameters=False if world_size > 1 else None,
+            model_init_kwargs=self.model_init_kwargs(bf16, packing),
         )
         return sft, self.lora_config()
 
@@ -259,7 +286,8 @@ class SftSettings:
             target_modules=self.target_modules,
             target_parameters=list(self.target_parameters) or None,
             bias="none",
-            task_type="CAUSAL_LM",
+            # A classifier's new head (PEFT: `classifier` / `score`) trains in full beside the adapter.
+            task_type="SEQ_CLS" if self.task == CLASSIFICATION else "CAUSAL_LM",
         )
 
     def fast_choices(self) -> list[fast.Choice]:
@@ -268,7 +296,7 @@ class SftSettings:
         needs_model = hardware.cuda and self.gradient_checkpointing == AUTO
         return fast.choose(self, hardware, fast.ModelSize.of(self.model_dir) if needs_model else None)
 
-    def _model_init_kwargs(self, bf16: bool, packing: bool) -> dict[str, Any]:
+    def model_init_kwargs(self, bf16: bool, packing: bool) -> dict[str, Any]:
         # A frozen LoRA base is read in bf16 where training computes in bf16 (half the memory); a full fine-tune
         # keeps fp32 master weights under bf16 autocast.
         kwargs: dict[str, Any] = {"dtype": "bfloat16" if bf16 and self.method != "full" else "float32"}
@@ -291,12 +319,14 @@ class SftSettings:
         accelerate state the trainer holds)."""
         if sft is None:
             sft, lora = self.trl_config(world_size)
+        # TRL's SFTConfig, or (classification) transformers' TrainingArguments.
+        arguments = "sft_config" if self.task != CLASSIFICATION else "training_arguments"
         return {
             "engine": "transformers",
             "settings": {**asdict(self), "bf16": sft.bf16},
             "world_size": world_size,
             "choices": [asdict(choice) for choice in self.fast_choices()],
-            "sft_config": _jsonable(sft.to_dict()),
+            arguments: _jsonable(sft.to_dict()),
             "lora_config": _jsonable(lora.to_dict()) if lora is not None else None,
         }
 

@@ -12,7 +12,9 @@ The rows become TRL's dataset formats so that the loss covers what the torchtune
   where the tokenizer has a chat template (torchtune formats instruct rows with the model's template too); TRL's
   completion-only loss then masks the prompt, as torchtune's train_on_input false does;
 - chat: the `messages` column as a conversation, with assistant-only loss;
-- text: the `text` column, every token trained.
+- text: the `text` column, every token trained;
+- classification: `text` (+ `text_pair`) and a class id: transformers' Trainer trains a sequence classifier
+  (classify.py), with the same callbacks, checkpoints and outputs.
 
 Only rank 0 writes the outputs. torch, transformers and TRL are imported inside the functions.
 """
@@ -34,6 +36,7 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import parse_metric_line
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.settings import (
+    CLASSIFICATION,
     TRAINER_DIR,
     SftSettings,
     data_format,
@@ -60,8 +63,8 @@ def is_rank_zero() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = ASSISTANT_TURNS) -> Any:
-    """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type."""
+def read_rows(settings: SftSettings) -> Any:
+    """The data files as a `datasets.Dataset`, checked for the columns the settings' dataset type reads."""
     import datasets
 
     builders = {data_format(path) for path in settings.data_files}
@@ -82,6 +85,13 @@ def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = A
             f"the {settings.dataset_type} data has no column {', '.join(missing)} (it has "
             f"{', '.join(rows.column_names)}): set data_column_map to the columns to read"
         )
+    return rows
+
+
+def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = ASSISTANT_TURNS) -> Any:
+    """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type."""
+    rows = read_rows(settings)
+    wanted = {name: settings.column(name) for name in settings.columns()}
     convert = _CONVERSIONS[settings.dataset_type]
     if settings.dataset_type == "chat" and chat_loss == LAST_ASSISTANT_TURN:
         convert = _chat_last_turn
@@ -167,27 +177,35 @@ _CONVERSIONS = {"instruct": _instruct, "chat": _chat, "text": _text}
 @dataclass
 class TrainedTokens:
     """This rank's trained tokens so far: label positions not masked out of the loss, as torchtune counts its
-    tokens/s (TRL's own `num_tokens` counts every token of the batch, masked prompt included)."""
+    tokens/s (TRL's own `num_tokens` counts every token of the batch, masked prompt included); a classifier's:
+    the tokens it read (each row's, padding left out)."""
 
     count: int = 0
 
 
-def counting_trainer(trained: TrainedTokens, checkpoints: Any) -> type:
-    """SFTTrainer, counting each micro-batch's trained tokens into `trained` and holding the run's `checkpoints`
-    callback (checkpoint_callback) for train() to ask whether SIGTERM stopped it (imports TRL)."""
-    from trl import SFTTrainer
+def batch_tokens(inputs: dict) -> int:
+    """The trained tokens of one micro-batch (TrainedTokens)."""
+    labels = inputs.get("labels")
+    if labels is not None and labels.dim() > 1:
+        return int((labels != IGNORED_LABEL).sum())
+    mask = inputs.get("attention_mask")
+    return int(mask.sum()) if mask is not None else 0
 
-    class CountingSFTTrainer(SFTTrainer):
+
+def counting_trainer(trained: TrainedTokens, checkpoints: Any, trainer_class: type) -> type:
+    """`trainer_class` (TRL's SFTTrainer, transformers' Trainer), counting each micro-batch's trained tokens into
+    `trained` and holding the run's `checkpoints` callback (checkpoint_callback) for train() to ask whether
+    SIGTERM stopped it."""
+
+    class CountingTrainer(trainer_class):
         trained_tokens = trained
         checkpoint_callback = checkpoints
 
         def training_step(self, model, inputs, *args, **kwargs):
-            labels = inputs.get("labels")
-            if labels is not None:
-                trained.count += int((labels != IGNORED_LABEL).sum())
+            trained.count += batch_tokens(inputs)
             return super().training_step(model, inputs, *args, **kwargs)
 
-    return CountingSFTTrainer
+    return CountingTrainer
 
 
 def metrics_callback(path: Path, trained: TrainedTokens) -> Any:
@@ -311,22 +329,30 @@ def formatted_rows(settings: SftSettings, tokenizer: Any, processes: int = 1) ->
 
 
 def build_trainer(settings: SftSettings) -> Any:
-    """The SFTTrainer for `settings`: model and tokenizer read from model_dir, rows formatted, PEFT applied."""
-    from transformers import AutoTokenizer
-
-    processes = world_size()
-    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
-    sft_config, lora_config, rows = formatted_rows(settings, tokenizer, processes)
+    """The trainer for `settings`: TRL's SFTTrainer (model and tokenizer read from model_dir, rows formatted, PEFT
+    applied), or for classification transformers' Trainer (classify.py)."""
     metrics_path = Path(settings.output_dir) / run_layout.METRICS_FILE
     trained = TrainedTokens()
     checkpoints = checkpoint_callback(settings.checkpoint_every_minutes)
-    return counting_trainer(trained, checkpoints)(
+    callbacks = [metrics_callback(metrics_path, trained), checkpoints]
+    if settings.task == CLASSIFICATION:
+        from transformers import Trainer
+
+        from kfp_finetune.components._shared.transformers import classify
+
+        return classify.build_trainer(settings, counting_trainer(trained, checkpoints, Trainer), callbacks)
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+    sft_config, lora_config, rows = formatted_rows(settings, tokenizer, world_size())
+    return counting_trainer(trained, checkpoints, SFTTrainer)(
         model=settings.model_dir,
         args=sft_config,
         train_dataset=rows,
         processing_class=tokenizer,
         peft_config=lora_config,
-        callbacks=[metrics_callback(metrics_path, trained), checkpoints],
+        callbacks=callbacks,
     )
 
 
@@ -341,8 +367,8 @@ def train(settings: SftSettings) -> dict:
     if is_rank_zero():
         peft_config = getattr(trainer.model, "peft_config", {}).get("default")
         resolved = settings.resolved(processes, trainer.args, peft_config)
-        # What the trainer trains on, as it decided (chat rows: every assistant turn, or the last one).
-        resolved["sft_config"]["completion_only_loss"] = trainer.completion_only_loss
+        if "sft_config" in resolved:  # what TRL trains on, as it decided (chat rows: every turn, or the last)
+            resolved["sft_config"]["completion_only_loss"] = trainer.completion_only_loss
         write_json_atomic(run_dir / run_layout.RESOLVED_CONFIG, resolved)
         # The fast defaults chosen here (fast.py), as the report shows them.
         for choice in resolved["choices"]:
@@ -380,6 +406,10 @@ def write_outputs(trainer: Any, settings: SftSettings) -> dict:
     else:
         with atomic_dir(run_dir / run_layout.ADAPTER_DIR) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
+            if settings.task == CLASSIFICATION:
+                from kfp_finetune.components._shared.transformers.classify import write_labels
+
+                write_labels(model, tmp)
         written["adapter_dir"] = str(run_dir / run_layout.ADAPTER_DIR)
         # Merged from the saved adapter into the base read afresh on CPU: the same files whether the run trained
         # a bf16 or a 4-bit (QLoRA) base, and the same merge as a later step's (face.merged_model_dir).

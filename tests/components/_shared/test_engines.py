@@ -37,6 +37,20 @@ def test_auto_chooses_the_engine_that_serves_what_torchtune_cannot(tiny_llama):
     )
 
 
+def test_classification_data_chooses_the_engine_that_trains_a_classifier(tiny_llama):
+    """torchtune serves the Llama family, but its recipes train text generation only: a classifier of the same
+    model is trained by the transformers engine, and naming torchtune is refused with why."""
+    assert engines.task_of("classification") == engines.CLASSIFICATION
+    assert engines.task_of("instruct") == engines.task_of(None) == engines.GENERATION
+    choice = engines.choose(tiny_llama, _config(tiny_llama), task=engines.task_of("classification"))
+    assert (choice.engine, choice.task) == ("transformers", "classification")
+    assert "LlamaForSequenceClassification" in choice.reason
+    with pytest.raises(
+        ConfigError, match="torchtune's recipes train text generation only, not classification"
+    ):
+        engines.choose(tiny_llama, _config(tiny_llama), requested="torchtune", task="classification")
+
+
 def test_a_named_engine_that_cannot_serve_the_model_is_refused_with_its_reason(tiny_llama):
     with pytest.raises(
         ConfigError, match=r"^no engine can fine-tune this model. torchtune: .*model_type 'qwen3_moe'"

@@ -646,7 +646,10 @@ def test_bad_settings_name_the_parameter():
         (EvalSettings(max_samples=-1), "max_samples must be 0 or more"),
         (EvalSettings(device="tpu"), "device must be auto, cpu or cuda"),
         (EvalSettings(thresholds={"exact_match": "high"}), "thresholds values must be numbers"),
-        (EvalSettings(gate_metric="accuracy"), "gate_metric names unknown metric.*accuracy.*exact_match"),
+        (
+            EvalSettings(gate_metric="recall"),
+            "gate_metric names unknown metric.*recall.*exact_match.*macro_f1",
+        ),
         (EvalSettings(thresholds={"bleu": 0.3}), "thresholds names unknown metric.*bleu"),
     ):
         with pytest.raises(ConfigError, match=message):

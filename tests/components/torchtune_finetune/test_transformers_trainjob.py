@@ -49,8 +49,11 @@ def inputs(tiny_dataset, tmp_path):
 
 @pytest.fixture
 def cluster(kube_standin, inputs, monkeypatch):
+    return serve_workspace(kube_standin, inputs[0], monkeypatch)
+
+
+def serve_workspace(kube_standin, workspace: Path, monkeypatch):
     """The transformers-cpu runtime; this process as the step pod holding the workspace; node commands executed."""
-    workspace = inputs[0]
     kube_standin.add_object(yaml.safe_load((RUNTIMES / "transformers-cpu.yaml").read_text()))
     kube_standin.add_claim(WORKSPACE_PVC, "ReadWriteOnce")
     kube_standin.add_running_pod(STEP_POD, STEP_NODE, claims=(WORKSPACE_PVC,))
@@ -110,6 +113,38 @@ def test_the_transformers_engine_trains_in_a_trainjob_as_it_does_locally(inputs,
     ]  # fmt: skip
     merged = Path(inputs[0]) / artifacts["model"].metadata["merged_path"]
     assert (merged / "config.json").is_file()
+
+
+@pytest.fixture
+def classifier_inputs(tmp_path):
+    """The tiny BERT classifier and star-rated reviews as classification data, by the real initializers."""
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+    from kfp_finetune.tiny.reviews import write_reviews
+
+    workspace = tmp_path / "workspace"
+    model = Model(uri=str(tmp_path / "artifacts" / "base_model"))
+    train = Dataset(uri=str(tmp_path / "artifacts" / "train"))
+    initialize_model(str(build_tiny_hf_model(tmp_path / "bert", "bert_classifier")), str(workspace), name="bert",
+                     output_model=model)  # fmt: skip
+    initialize_dataset(str(write_reviews(tmp_path / "yelp.jsonl", count=60)), str(workspace), name="yelp",
+                       dataset_type="classification", eval_fraction=0.1, output_train=train,
+                       output_eval=Dataset(uri=str(tmp_path / "artifacts" / "eval")))  # fmt: skip
+    return workspace, model, train
+
+
+def test_a_sequence_classifier_trains_in_a_trainjob_as_it_does_locally(
+    classifier_inputs, kube_standin, monkeypatch, tmp_path
+):
+    """Classification data: the node pod checks that its transformers has the classifier class, then trains
+    transformers' Trainer; the losses are the local run's."""
+    serve_workspace(kube_standin, classifier_inputs[0], monkeypatch)
+    remote, artifacts = fine_tune(classifier_inputs, tmp_path, "trainjob", task_config(classifier_inputs[0]))
+    local, _ = fine_tune(classifier_inputs, tmp_path, "local", TaskConfig())
+    meta = artifacts["model"].metadata
+    assert (meta["engine"], meta["task"], meta["backend"]) == ("transformers", "classification", "trainjob")
+    assert [round(s.loss, 4) for s in remote.steps] == [round(s.loss, 4) for s in local.steps]
+    merged = json.loads((Path(classifier_inputs[0]) / meta["merged_path"] / "config.json").read_text())
+    assert merged["architectures"] == ["BertForSequenceClassification"] and len(merged["id2label"]) == 5
 
 
 def test_a_run_the_node_refuses_fails_the_trainjob_with_the_reason_before_training(inputs, cluster, tmp_path):

@@ -49,11 +49,23 @@ def test_serving_is_decided_from_transformers_files_without_importing_torch():
     assert done.stdout.split() == ["True", "False"]
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from kfp_finetune.components._shared.transformers.installed import causal_lm_classes
+    from kfp_finetune.components._shared.transformers.installed import model_classes
 
-    assert causal_lm_classes() == dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    assert model_classes() == dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def test_the_readers_answer_for_a_folder_this_engine_did_not_train(tmp_path):
+def test_a_classifier_is_served_by_the_sequence_classification_mapping(tmp_path):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    from kfp_finetune.components._shared.transformers.installed import model_classes
+
+    assert model_classes("classification") == dict(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    served, why = face.serves(tmp_path, {"model_type": "bert"}, "classification")
+    assert served and "BertForSequenceClassification" in why
+    # A causal LM transformers has no sequence-classification head for (cohere) is refused for classification.
+    served, why = face.serves(tmp_path, {"model_type": "cohere"}, "classification")
+    assert not served and "no sequence-classification class" in why
+    assert face.serves(tmp_path, {"model_type": "cohere"})[0]
+
     assert face.read_resolved_config(tmp_path) == {}
     assert face.last_adapter_state(tmp_path) is None
