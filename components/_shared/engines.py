@@ -34,6 +34,7 @@ FACE = (
     "serves",
     "read_resolved_config",
     "last_adapter_state",
+    "resume_point",
     "merged_model_dir",
     "evaluation",
     "check_node_command",

@@ -174,7 +174,8 @@ def torchtune_finetune(
             empty: none.
         engine: The fine-tuning engine: auto (torchtune for every family it serves, else transformers: TRL's SFT
             trainer with PEFT, for causal LMs transformers builds natively, e.g. mixture-of-experts; the choice
-            and its reason are in the log and report), torchtune or transformers.
+            and its reason are in the log and report; classification data: transformers, which trains a
+            sequence classifier), torchtune or transformers.
         backend: trainjob (a Kubeflow Trainer TrainJob) or local (train in this step's process: on a cluster, with
             the step pod's own resources, so CPU unless GPUs are applied to the pod itself). The step runs on the
             component image, which has no torch: for local on a cluster, give the task the trainer image

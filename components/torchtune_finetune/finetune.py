@@ -203,7 +203,7 @@ def run_finetune(
         ))  # fmt: skip
     config, _ = training_settings(settings, train_data, workspace)
     config.device = pick_device(config.device, backend.gpus_available())
-    backend.prepare(run_dir, resume=config.resume is not False)
+    backend.prepare(run_dir, resume_point=torchtune_face.resume_point if config.resume is not False else None)
     resolved = resolve_run(
         config,
         model_dir,

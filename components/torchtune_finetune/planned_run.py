@@ -51,9 +51,8 @@ def train_planned(
         raise ConfigError(
             f"train_data files are missing from the workspace: {', '.join(missing[:3]) or 'none'}"
         )
-    # The wing's run resumes itself inside a TrainJob (a replaced pod finds the run's checkpoint); a retried local
-    # step starts over.
-    backend.prepare(run_dir, resume=False)
+    # A retried step finds what the earlier attempt's training saved (train.py resumes from it).
+    backend.prepare(run_dir, resume_point=face.resume_point)
     plan = face.plan_run(
         settings,
         model_dir=model_dir,

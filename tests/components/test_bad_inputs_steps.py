@@ -53,7 +53,7 @@ class RecordingBackend:
     def gpus_available(self) -> bool:
         return False
 
-    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
+    def prepare(self, run_dir: Path, *, resume_point=None) -> None:
         pass
 
     def run(self, resolved, *, total_steps):
@@ -134,10 +134,12 @@ FINETUNE_ROWS = [
         ["train_data", "3 images", "'multimodal'", "text models only"],
     ),
     (
-        "classification-data",
-        {},
+        # Classification data goes to the transformers engine (torchtune trains text generation only), which
+        # refuses a torchtune setting by its pipeline name before anything is written.
+        "classification-data-with-a-torchtune-setting",
+        {"recipe": "lora_finetune_single_device"},
         lambda t, m: ({**t, "dataset_type": "classification", "num_labels": 5, "label_column": "label"}, m),
-        ["train_data", "5 classes", "'classification'", "text generation only"],
+        ["tune_recipe", "torchtune setting", "transformers engine"],
     ),
     (
         "column-map-contradicts-data",
@@ -223,7 +225,7 @@ EVALUATE_ROWS = [
     ("lm-eval-limit-negative", {"lm_eval_limit": -1}, ["lm_eval_limit", "0 or more"]),
     ("report-samples-negative", {"report_samples": -3}, ["report_samples", "0 or more"]),
     ("unknown-device", {"device": "tpu"}, ["device", "'tpu'", "cpu"]),
-    ("unknown-gate-metric", {"gate_metric": "accuracy"}, ["gate_metric", "accuracy", "eval_loss"]),
+    ("unknown-gate-metric", {"gate_metric": "recall"}, ["gate_metric", "recall", "eval_loss"]),
     ("unknown-threshold-metric", {"thresholds": {"bleu": 0.3}}, ["thresholds", "bleu"]),
     ("non-numeric-threshold", {"thresholds": {"exact_match": "high"}}, ["thresholds", "numbers", "'high'"]),
     ("confidence-one", {"confidence": 1.0}, ["confidence must be", "between 0 and 1", "0.95"]),

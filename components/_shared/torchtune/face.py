@@ -44,6 +44,7 @@ __all__ = [
     "last_adapter_state",
     "merged_model_dir",
     "read_resolved_config",
+    "resume_point",
     "run_node_command",
     "serves",
 ]
@@ -64,6 +65,14 @@ def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[
     except ConfigError as err:
         return False, str(err)
     return True, f"torchtune serves the {family} family"
+
+
+def resume_point(run_dir: Path) -> str | None:
+    """The newest complete checkpoint an earlier attempt of the run saved, described; None when there is none."""
+    from kfp_finetune.components._shared.torchtune.resume import latest
+
+    point = latest(run_dir)
+    return point.describe() if point is not None else None
 
 
 def evaluation() -> ModuleType:

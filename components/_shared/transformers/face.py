@@ -55,6 +55,7 @@ __all__ = [
     "plan_run",
     "preview",
     "read_resolved_config",
+    "resume_point",
     "run_node_command",
     "serves",
 ]
@@ -75,6 +76,16 @@ def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[
     if found is None:
         return False, f"transformers {found_version} has no {kind} class for model_type {model_type!r}"
     return True, f"transformers {found_version} has {found} for model_type {model_type!r}"
+
+
+def resume_point(run_dir: Path) -> str | None:
+    """The newest complete checkpoint an earlier attempt of the run saved (train.last_checkpoint), described;
+    None when there is none."""
+    from kfp_finetune.components._shared.transformers.settings import TRAINER_DIR
+    from kfp_finetune.components._shared.transformers.train import last_checkpoint
+
+    found = last_checkpoint(Path(run_dir) / TRAINER_DIR)
+    return f"{found.name} in {found.parent}" if found is not None else None
 
 
 def evaluation() -> ModuleType:

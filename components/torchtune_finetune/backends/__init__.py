@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +18,11 @@ from kfp_finetune.components._shared.launch_settings import BACKENDS
 
 if TYPE_CHECKING:
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import NodePodSettings
+
+
+#: An engine's finder of the newest complete checkpoint an earlier attempt left in a run folder (its face's
+#: `resume_point`): a description of it, None when there is none.
+ResumePoint = Callable[[Path], "str | None"]
 
 
 @dataclasses.dataclass
@@ -73,9 +79,10 @@ class TrainingBackend(Protocol):
         """Whether the training will see GPUs (picks the device when the settings leave it to us)."""
         ...
 
-    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
-        """Before resolving: deal with what an earlier attempt of this task left in the run folder (with `resume`,
-        a complete checkpoint stays for the training to continue from)."""
+    def prepare(self, run_dir: Path, *, resume_point: ResumePoint | None = None) -> None:
+        """Before resolving: deal with what an earlier attempt of this task left in the run folder (with
+        `resume_point`, the engine's finder of its newest complete checkpoint, one stays for the training to
+        continue from; None: the run starts over)."""
         ...
 
     def run(self, plan: LaunchPlan, *, total_steps: int | None) -> TrainingOutcome:

@@ -22,8 +22,7 @@ from kfp_finetune.components._shared.cancel import StopSignals, signal_name
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import StepMetrics, parse_metric_line
-from kfp_finetune.components._shared.torchtune.resume import latest as latest_checkpoint
-from kfp_finetune.components.torchtune_finetune.backends import LaunchPlan, TrainingOutcome
+from kfp_finetune.components.torchtune_finetune.backends import LaunchPlan, ResumePoint, TrainingOutcome
 from kfp_finetune.components.torchtune_finetune.metrics import LossDiverged, divergence
 from kfp_finetune.components.torchtune_finetune.progress import ProgressClock
 from kfp_finetune.components.torchtune_finetune.warm_start import COMPILE_CACHE_ENV
@@ -88,12 +87,11 @@ class LocalBackend:
     def gpus_available(self) -> bool:
         return _cuda_available()
 
-    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
-        point = latest_checkpoint(run_dir) if resume else None
+    def prepare(self, run_dir: Path, *, resume_point: ResumePoint | None = None) -> None:
+        point = resume_point(run_dir) if resume_point else None
         if point is not None:
             log.info(
-                "an earlier attempt of this task left a checkpoint at %s: training resumes from it",
-                point.describe(),
+                "an earlier attempt of this task left a checkpoint at %s: training resumes from it", point
             )
         elif run_dir.exists():
             log.info("removing %s left by an earlier attempt of this task: training starts over", run_dir)

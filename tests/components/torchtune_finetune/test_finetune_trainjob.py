@@ -205,7 +205,7 @@ class MetricLinesOnly:
     def gpus_available(self) -> bool:
         return False
 
-    def prepare(self, run_dir: Path, *, resume: bool = True) -> None:
+    def prepare(self, run_dir: Path, *, resume_point=None) -> None:
         pass
 
     def run(self, resolved, *, total_steps):

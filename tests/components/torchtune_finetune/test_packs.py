@@ -121,7 +121,7 @@ class _CaptureConfig:
     def gpus_available(self) -> bool:
         return False
 
-    def prepare(self, run_dir, *, resume=True) -> None:
+    def prepare(self, run_dir, *, resume_point=None) -> None:
         pass
 
     def run(self, resolved, *, total_steps):

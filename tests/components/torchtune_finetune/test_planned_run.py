@@ -6,6 +6,7 @@ the engine, and is refused by name when a setting only torchtune reads is set or
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -88,3 +89,45 @@ def test_a_setting_only_torchtune_reads_is_refused_before_anything_trains(worksp
 def test_torchtune_forced_on_a_model_it_cannot_serve_is_refused_with_its_reason(workspace):
     with pytest.raises(ConfigError, match="no engine can fine-tune this model. torchtune: .*qwen3_moe"):
         finetune(workspace, "forced", engine="torchtune")
+
+
+def test_a_retried_local_step_resumes_from_the_checkpoint_its_earlier_attempt_saved(workspace, caplog):
+    """The earlier attempt's training is stopped by SIGTERM after its checkpoint (a KFP retry of a step whose
+    process was killed); the retried step finds the checkpoint through the engine's face, trains only what was
+    left, and its losses are an uninterrupted run's."""
+    import signal
+    import subprocess
+    import sys
+
+    from kfp_finetune.components._shared.transformers import face
+    from kfp_finetune.components._shared.workspace import area_dir
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
+
+    root, train = workspace
+    steps = {"max_steps_per_epoch": 8, "checkpoint_every_steps": 2}
+    straight = [round(s.loss, 4) for s in finetune(workspace, "straight", **steps).steps]
+
+    run_dir = area_dir(root, "runs", trainjob_name("planned", "retried", ""))
+    plan = face.plan_run(
+        component_settings({"device": "cpu", "batch_size": 4, "max_seq_len": 64, "learning_rate": 1e-3, **steps}),
+        model_dir=root / "models" / "moe", data_files=[str(root / f) for f in train["data_files"]],
+        run_dir=run_dir, data_hints={k: v for k, v in train.items() if k in ("dataset_type", "data_style")},
+    )  # fmt: skip
+    first = subprocess.Popen([sys.executable, *plan.command()[1:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    for line in first.stdout:  # synchronised on the run's own output: step 3 logged, then the signal
+        if line.startswith("Step 3 |"):
+            first.send_signal(signal.SIGTERM)
+            break
+    rest = first.stdout.read()
+    assert first.wait(timeout=600) == 143, rest[-2000:]
+    saved = face.resume_point(run_dir)
+    assert saved is not None and saved.startswith("checkpoint-")
+
+    retried = finetune(workspace, "retried", **steps)
+    assert (
+        f"an earlier attempt of this task left a checkpoint at {saved}: training resumes from it"
+        in caplog.text
+    )
+    assert [round(s.loss, 4) for s in retried.steps] == straight and len(straight) == 8
+    assert face.resume_point(run_dir) is None, "the checkpoints are removed once the run is complete"

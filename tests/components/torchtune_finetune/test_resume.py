@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kfp_finetune.components._shared.metrics_file import read_metrics_file, read_resume_points
+from kfp_finetune.components._shared.torchtune import face as torchtune_face
 from kfp_finetune.components._shared.torchtune import resume
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run, tune_command
@@ -91,7 +92,7 @@ def test_training_killed_at_a_random_step_continues_exactly(
         assert point.reason == "interval" and point.step == killed_at // EVERY * EVERY, why
 
     # The retry: the local backend keeps a run folder with a complete checkpoint, and trains on.
-    LocalBackend().prepare(run.run_dir)
+    LocalBackend().prepare(run.run_dir, resume_point=torchtune_face.resume_point)
     again = resolved(tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run", method)
     result = run_local(tune_command(again.recipe, again.yaml_path), cwd=again.run_dir)
 
@@ -105,7 +106,9 @@ def test_a_kill_before_the_first_checkpoint_starts_over(tiny_llama, tiny_dataset
     run = resolved(tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run", "lora")
     assert kill_at(run, 1, signal.SIGKILL) == -signal.SIGKILL
     assert resume.latest(run.run_dir) is None
-    LocalBackend().prepare(run.run_dir)  # nothing to resume from: the folder is cleared
+    LocalBackend().prepare(
+        run.run_dir, resume_point=torchtune_face.resume_point
+    )  # nothing to resume from: cleared
     assert not run.run_dir.exists()
 
 
@@ -113,5 +116,5 @@ def test_resume_off_writes_no_checkpoint_and_a_sigterm_ends_training(tiny_llama,
     run = resolved(tiny_llama, tiny_dataset["train.jsonl"], tmp_path / "run", "lora", resume=False)
     assert kill_at(run, 3, signal.SIGTERM) == -signal.SIGTERM  # not caught: no checkpoint to save first
     assert not resume.resume_root(run.run_dir).exists()
-    LocalBackend().prepare(run.run_dir, resume=False)
+    LocalBackend().prepare(run.run_dir, resume_point=None)
     assert not run.run_dir.exists()

@@ -84,7 +84,7 @@ class TrainJobBackend:
     def gpus_available(self) -> bool:
         return self.pod.gpus > 0
 
-    def prepare(self, run_dir: Any, *, resume: bool = True) -> None:
+    def prepare(self, run_dir: Any, *, resume_point: Any = None) -> None:
         """Nothing to clear: a retry re-attaches to the TrainJob, which writes into the same run folder, or
         replaces a failed one, whose node pods resume from its newest checkpoint (recipe.py)."""
 
