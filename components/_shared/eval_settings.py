@@ -95,9 +95,7 @@ class EvalSettings:
         language model predicts no classes), before any model is loaded."""
         unscored = (*GENERATION_METRICS, "perplexity") if classifier else CLASSIFICATION_METRICS
         scored = (
-            (*LOSS_METRICS[:1], *CLASSIFICATION_METRICS)
-            if classifier
-            else (*LOSS_METRICS, *GENERATION_METRICS)
+            ("eval_loss", *CLASSIFICATION_METRICS) if classifier else (*LOSS_METRICS, *GENERATION_METRICS)
         )
         kind = "a sequence classifier" if classifier else "a language model"
         for name, metrics in (("gate_metric", [self.gate_metric]), ("thresholds", list(self.thresholds))):
