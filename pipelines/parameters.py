@@ -82,12 +82,21 @@ TABLE: tuple[Parameter, ...] = (
        "select_best.metric"),
     # --- data -------------------------------------------------------------------------------------------------
     _p("data_type", str, "instruct",
-       "instruct (input/output or alpaca), chat (messages or conversations), text, or classification (text + label: "
-       "trains a sequence classifier).",
-       "dataset_initialize.dataset_type"),
+       "instruct (input/output or alpaca), chat (messages or conversations), text, classification (text + label: "
+       "trains a sequence classifier), or multimodal (instruct or chat rows + images: trains a vision-language "
+       "model).",
+       "dataset_initialize.dataset_type", "preflight.data_type"),
     _p("data_column_map", dict, {},
        'Renames the data\'s columns to the standard ones, e.g. {"input": "question"}.',
        "dataset_initialize.column_map"),
+    _p("data_image_dir", str, "",
+       "Multimodal: the folder inside the source that the rows' image paths are relative to; empty: the source's "
+       "root.",
+       "dataset_initialize.image_dir"),
+    _p("data_image_tag", str, "<image>",
+       "Multimodal: the placeholder in the text where each image goes, in order; empty: the images come before "
+       "the first user turn.",
+       "dataset_initialize.image_tag"),
     _p("data_train_split", str, "train",
        "Training split, a datasets split expression such as train or train[:5000].",
        "dataset_initialize.train_split"),

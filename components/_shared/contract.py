@@ -178,6 +178,13 @@ class DatasetSplit(_Metadata):
         keys = ("dataset_type", "data_style", "conversation_style", "conversation_column", "text_column")
         return {k: getattr(self, k) for k in keys if getattr(self, k)}
 
+    def reading_hints(self) -> dict[str, str]:
+        """How any engine should read the rows: torchtune_hints, and a multimodal split's image_tag ("" is one)."""
+        hints = self.torchtune_hints()
+        if self.image_tag is not None:
+            hints["image_tag"] = self.image_tag
+        return hints
+
 
 @dataclass(kw_only=True)
 class BaseModel(_Metadata):
@@ -229,7 +236,9 @@ class TunedModel(_Metadata):
     config: str = ""  # torchtune's config name, or "user file"
     method: str = ""  # lora | qlora | dora | full
     engine: str = ""  # the engine that trained it (_shared/engines.py); "" from before engines were recorded
-    task: str = ""  # what it learned (engines.task_of): classification, or "" (text generation)
+    task: str = (
+        ""  # what it learned (engines.task_of): classification, image-text-to-text, or "" (text generation)
+    )
     backend: str = ""  # local | trainjob
     device: str = ""  # what training ran on (cpu | cuda): evaluate's device auto follows it
     dtype: str = ""  # training's precision (bf16 | fp32 | ...): evaluate on a GPU uses it

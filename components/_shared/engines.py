@@ -18,9 +18,11 @@ from kfp_finetune.components._shared.errors import ConfigError
 
 AUTO = "auto"
 DEFAULT_ENGINE = "torchtune"
-#: What a fine-tune learns, from the data's type: text generation (instruct, chat, text rows) or sequence
-#: classification (dataset_type `classification`: a text and a class id per row).
-GENERATION, CLASSIFICATION = "generation", "classification"
+#: What a fine-tune learns, from the data's type: text generation (instruct, chat, text rows), sequence
+#: classification (dataset_type `classification`: a text and a class id per row), or text generation from images
+#: and text (dataset_type `multimodal`: a vision-language model; Hugging Face's task name).
+GENERATION, CLASSIFICATION, IMAGE_TEXT = "generation", "classification", "image-text-to-text"
+_TASKS = {"classification": CLASSIFICATION, "multimodal": IMAGE_TEXT}
 #: The engines in the order `auto` tries them: the first that serves a model trains it.
 WINGS = {
     "torchtune": "kfp_finetune.components._shared.torchtune.face",
@@ -81,7 +83,7 @@ def model_config(model_dir: str | Path) -> dict:
 
 def task_of(dataset_type: str | None) -> str:
     """The task a fine-tune on data of `dataset_type` (dataset-initialize's) learns."""
-    return CLASSIFICATION if dataset_type == CLASSIFICATION else GENERATION
+    return _TASKS.get(dataset_type or "", GENERATION)
 
 
 def choose(
@@ -102,4 +104,7 @@ def choose(
             how = "chosen by the engine setting" if requested != AUTO else "the first engine that serves it"
             return EngineChoice(name, f"{reason}; {how}", task)
         refusals.append(f"{name}: {reason}")
-    raise ConfigError("no engine can fine-tune this model. " + "; ".join(refusals))
+    why = "; ".join(refusals)
+    if task != GENERATION:
+        why += f". The task, {task}, comes from data_type: use a model of that kind, or data of another type"
+    raise ConfigError(f"no engine can fine-tune this model. {why}")

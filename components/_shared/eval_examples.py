@@ -43,6 +43,9 @@ class Example:
     prompt: str  # for people: the last user turn (classification: the text)
     reference: str  # the expected answer: the last assistant turn (classification: the class's name)
     class_id: int | None = None  # classification rows: the true class (labels is [class_id])
+    # A vision-language model's inputs beyond the tokens, as training's collator made them: per-image tensors
+    # (pixel_values, ...) and per-token lists (token_type_ids, ...); None for text models.
+    model_inputs: dict[str, Any] | None = None
 
 
 @dataclass

@@ -10,10 +10,11 @@ from typing import Any
 
 from kfp_finetune.components._shared.eval_examples import IGNORE_INDEX, Example, ModelScores, batches
 
-#: forward(tokens [batch, width], attention_mask [batch, width]) -> logits [batch, width, vocabulary]
-Forward = Callable[[Any, Any], Any]
-#: generate(prompt token lists) -> the texts generated for them, in order
-Generate = Callable[[Sequence[list[int]]], list[str]]
+#: forward(tokens [batch, width], attention_mask [batch, width], the batch's examples) -> logits [batch, width,
+#: vocabulary]; the examples carry any inputs beyond the tokens (a vision-language model's images)
+Forward = Callable[[Any, Any, Sequence[Example]], Any]
+#: generate(examples) -> the texts generated from their prompt_tokens, in order
+Generate = Callable[[Sequence[Example]], list[str]]
 
 
 def right_padded(batch: Sequence[Example], pad_id: int, device: Any) -> tuple[Any, Any]:
@@ -42,7 +43,7 @@ def teacher_forced_losses(
             labels = torch.tensor(
                 [e.labels + [IGNORE_INDEX] * (width - len(e.labels)) for e in batch], device=device
             )
-            logits, labels = forward(tokens, mask)[:, :-1], labels[:, 1:]
+            logits, labels = forward(tokens, mask, batch)[:, :-1], labels[:, 1:]
             # Only the trained positions go to fp32: full-vocabulary logits of whole batches are the memory peak.
             trained = labels != IGNORE_INDEX
             nll = F.cross_entropy(logits[trained].float(), labels[trained], reduction="none")
@@ -85,7 +86,7 @@ def score_examples(
     todo = [i for i, e in enumerate(examples) if e.prompt_tokens]
     generation_started, done = time.monotonic(), 0
     for batch in batches(todo, batch_size):
-        texts = generate([examples[i].prompt_tokens for i in batch])
+        texts = generate([examples[i] for i in batch])
         for i, text in zip(batch, texts, strict=True):
             generations[i] = text
         done += len(batch)

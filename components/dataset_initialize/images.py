@@ -36,7 +36,9 @@ _MAGIC = {
     "GIF": (b"GIF87a", b"GIF89a"),
     "BMP": (b"BM",),
 }
-VALUE_FIX = "give a path (relative to image_dir), image bytes, an {bytes, path} struct, or a list of them"
+VALUE_FIX = (
+    "give a path (relative to data_image_dir), image bytes, an {bytes, path} struct, or a list of them"
+)
 
 
 def image_source_column(columns: list[str], column_map: dict[str, str]) -> str | None:
@@ -53,7 +55,7 @@ def checked_image_dir(image_dir: str) -> PurePosixPath:
     folder = PurePosixPath(image_dir.strip() or ".")
     if folder.is_absolute() or ".." in folder.parts or "\\" in image_dir:
         raise ConfigError(
-            f"image_dir={image_dir!r} must be a folder inside the dataset source, relative to it (e.g. "
+            f"data_image_dir={image_dir!r} must be a folder inside the dataset source, relative to it (e.g. "
             "`images`): absolute paths and `..` are refused"
         )
     return folder
@@ -124,8 +126,8 @@ class _Images:
         relative = _relative_path(name)
         if relative is None:
             return None, (
-                f"image path {name!r} is absolute or leaves image_dir: name it relative to "
-                f"image_dir ({self.image_dir.as_posix()}), inside the dataset source"
+                f"image path {name!r} is absolute or leaves data_image_dir: name it relative to "
+                f"data_image_dir ({self.image_dir.as_posix()}), inside the dataset source"
             )
         path = self.root / self.image_dir / relative
         if self.local is not None:
@@ -134,7 +136,7 @@ class _Images:
             shown = (self.image_dir / relative).as_posix()
             return (
                 None,
-                f"image file {shown} is missing: add it to the source, or fix the path (image_dir)",
+                f"image file {shown} is missing: add it to the source, or fix the path (data_image_dir)",
             )
         return path.read_bytes(), ""
 
@@ -165,7 +167,7 @@ class _Images:
         if tags != len(images):
             return [], (
                 f"the text holds {tags} {self.tag!r} tag(s) for {len(images)} image(s): put one {self.tag!r} "
-                "where each image belongs, in order (or set image_tag to the placeholder the data uses)"
+                "where each image belongs, in order (or set data_image_tag to the placeholder the data uses)"
             )
         return images, ""
 

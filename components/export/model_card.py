@@ -116,8 +116,9 @@ def render_card(card: CardInputs) -> str:
     lines += ["", "## Usage", "", "```python"]
     adapter_folder = next((f for f, what in card.layout.items() if what.startswith("PEFT")), None)
     merged_folder = next((f for f, what in card.layout.items() if what.startswith("merged")), None)
-    # The class the model loads with: a sequence classifier's config.json names its classes (id2label).
-    auto = "AutoModelForSequenceClassification" if meta.task == "classification" else "AutoModelForCausalLM"
+    # The class the model loads with: a sequence classifier's config.json names its classes (id2label); a
+    # vision-language model loads whole, its vision tower included.
+    auto = _AUTO_CLASSES.get(meta.task, "AutoModelForCausalLM")
     if merged_folder is not None:
         lines += [
             f"from transformers import {auto}, AutoTokenizer",
@@ -167,6 +168,12 @@ def render_card(card: CardInputs) -> str:
         ]
     )
     return "\n".join(lines) + "\n"
+
+
+_AUTO_CLASSES = {
+    "classification": "AutoModelForSequenceClassification",
+    "image-text-to-text": "AutoModelForImageTextToText",
+}
 
 
 def _subfolder(folder: str) -> str:

@@ -37,7 +37,7 @@ def model_initialize(
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
         name: Readable part of the folder name under `models/`; default: the repo or folder name of the source.
         allow_patterns: Glob patterns of files to copy; default: `*.safetensors`, `*.json`, `*.txt`, `*.model`,
-            `*.tiktoken`.
+            `*.tiktoken`, `*.jinja`.
         base_model_id: Model id recorded as the base model of trained adapters; default: the hf:// repo id,
             else the source URI.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.

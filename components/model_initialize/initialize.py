@@ -42,8 +42,9 @@ from kfp_finetune.components.model_initialize import cache
 
 log = get_logger(__name__)
 
-# What training needs: weights, configs, tokenizer files (incl. Llama-3's original/tokenizer.model).
-DEFAULT_ALLOW_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken")
+# What training needs: weights, configs, tokenizer files (incl. Llama-3's original/tokenizer.model) and chat
+# templates (transformers saves a tokenizer's or processor's template as chat_template.jinja).
+DEFAULT_ALLOW_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja")
 # Other weight formats, fetched only when a repo has no safetensors (torchtune reads PyTorch .bin too).
 FALLBACK_WEIGHT_PATTERNS = ("*.bin", "*.pth", "*.pt")
 # TensorFlow / Flax weights are never useful here.

@@ -10,6 +10,7 @@ def preflight(
     export_destination: str = "",
     model_uri: str = "",
     data_uri: str = "",
+    data_type: str = "instruct",
     s3_endpoint_url: str = "",
     hf_token_secret: str = "hf-token",
     s3_secret: str = "s3-credentials",
@@ -98,6 +99,8 @@ def preflight(
         model_uri: The base model: an hf:// repo or s3:// prefix is checked for access; its config.json and
             tokenizer files are fetched (no weights) and the run resolved; empty: not checked.
         data_uri: The dataset; an hf:// repo or s3:// prefix is checked for access; empty: not checked.
+        data_type: The data's type (instruct, chat, text, classification, multimodal): what the model learns,
+            which decides the engine (a classifier or a vision-language model trains on transformers).
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; empty: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_token_secret: Name of the Secret that gives HF_TOKEN (named in the fix when HF_TOKEN is missing).
         s3_secret: Name of the Secret that gives AWS_* (named in the fix when S3 credentials are missing).
@@ -202,6 +205,7 @@ def preflight(
     from kfp_finetune.components.preflight.preflight import PreflightError, run_preflight
 
     settings = {
+        "data_type": data_type,
         "tune_method": tune_method,
         "tune_recipe": tune_recipe,
         "tune_config": tune_config,

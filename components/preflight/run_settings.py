@@ -259,8 +259,8 @@ def check_model_and_run(
 
 def check_planned(face: Any, settings: RunSettings) -> list[Problem]:
     """The step's settings as the engine's wing plans them (its `check_settings`), each problem by its parameter."""
-    try:
-        face.check_settings(settings.training())
+    try:  # with the data's type: a classifier's or a vision-language model's settings have rules of their own
+        face.check_settings({**settings.training(), "dataset_type": settings.get("data_type", "instruct")})
     except SettingError as error:
         return [Problem(error.setting, error.problem)]
     log.info("tune_*: the %s engine's settings checked", face.NAME)

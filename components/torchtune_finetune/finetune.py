@@ -130,12 +130,6 @@ def recorded_lengths(train: DatasetSplit) -> TokenLengths | None:
 def _check_fits_data(config: TorchtuneConfig, split: DatasetSplit) -> None:
     """Settings that contradict the data dataset-initialize wrote (its type, its columns) fail now, not in
     torchtune's dataset builder after the model is loaded."""
-    if split.num_images:
-        raise ConfigError(
-            f"train_data holds image + text rows ({split.num_images} images, dataset_type "
-            f"{split.dataset_type!r}): this fine-tune step trains text models only, on instruct, chat or text "
-            "data; fine-tuning a vision-language model is not supported yet"
-        )
     written = split.dataset_type
     wanted = config.dataset.dataset_type
     if written and wanted != written and not config.dataset.source:

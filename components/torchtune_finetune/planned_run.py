@@ -58,7 +58,7 @@ def train_planned(
         model_dir=model_dir,
         data_files=data_files,
         run_dir=run_dir,
-        data_hints=train.torchtune_hints(),  # how dataset-initialize wrote the rows
+        data_hints=train.reading_hints(),  # how dataset-initialize wrote the rows
         devices=backend.devices,
         nodes=backend.nodes,
     )

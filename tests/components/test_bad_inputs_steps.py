@@ -128,10 +128,11 @@ FINETUNE_ROWS = [
         ["dataset_type 'chat'", "train_data", "'instruct'", "dataset-initialize"],
     ),
     (
-        "multimodal-data",
+        # Image + text rows train a vision-language model; the tiny Llama is none, and torchtune trains text only.
+        "multimodal-data-on-a-text-model",
         {},
         lambda t, m: ({**t, "dataset_type": "multimodal", "num_images": 3, "image_column": "images"}, m),
-        ["train_data", "3 images", "'multimodal'", "text models only"],
+        ["no engine can fine-tune this model", "image-text-to-text", "data_type", "vision-language"],
     ),
     (
         # Classification data goes to the transformers engine (torchtune trains text generation only), which

@@ -250,12 +250,13 @@ def score_model(
 
     rng = torch.Generator(device=device).manual_seed(seed)
 
-    def generate(prompts: Sequence[list[int]]) -> list[str]:
+    def generate(batch: Sequence[Example]) -> list[str]:
+        prompts = [e.prompt_tokens for e in batch]
         return greedy_generate(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, device=device, dtype=dtype, rng=rng
         )
 
     return score_examples(
-        examples, forward=lambda tokens, mask: model(tokens), generate=generate, pad_id=tokenizer.pad_id,
+        examples, forward=lambda tokens, mask, batch: model(tokens), generate=generate, pad_id=tokenizer.pad_id,
         label=label, batch_size=batch_size, device=device, seed=seed, progress=progress,
     )  # fmt: skip

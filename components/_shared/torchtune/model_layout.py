@@ -35,8 +35,8 @@ SUPPORTED_FAMILIES = (
     "gemma3_text (Gemma 3 text-only: 270M, 1B, text fine-tunes such as MedGemma 27B text)"
 )
 _ENGINE_2 = (
-    "mixture-of-experts and multimodal models need the second (transformers) training engine, which this project "
-    "does not have yet"
+    "mixture-of-experts and multimodal models need the second (transformers) training engine: tune_engine=auto "
+    "chooses it where the installed transformers builds the model"
 )
 
 # torchtune/models/llama3_1/_position_embeddings.py: Llama3ScaledRoPE's defaults, which the llama3_1 / llama3_2
@@ -67,11 +67,11 @@ UNSUPPORTED: dict[str, Unsupported] = {
         ("mixtral", Unsupported("Mixtral", "torchtune 0.6.1 has no mixture-of-experts layers", "Mistral 7B")),
         ("llama4", Unsupported("Llama 4", "torchtune 0.6.1 has no mixture-of-experts layers",
                                "Llama 3.1 / 3.3 (e.g. meta-llama/Llama-3.1-8B-Instruct)")),
-        ("mllama", Unsupported("Llama 3.2 Vision", "this project tunes text-only models",
+        ("mllama", Unsupported("Llama 3.2 Vision", "the torchtune engine tunes text-only models",
                                "Llama 3.2 text (meta-llama/Llama-3.2-1B or -3B)")),
         ("gemma3", Unsupported(
             "Gemma 3 multimodal (4B, 12B, 27B)",
-            "this project tunes text-only checkpoints, and this folder holds a vision tower beside its language model "
+            "the torchtune engine tunes text-only checkpoints, and this folder holds a vision tower beside its language model "
             "(weights under language_model.): a tuned copy would be written as a text model the folder's "
             "config.json does not describe",
             "Gemma 3 text (model_type gemma3_text: google/gemma-3-1b-it, google/gemma-3-270m-it, "
@@ -82,11 +82,11 @@ UNSUPPORTED: dict[str, Unsupported] = {
         ("olmo2", Unsupported("OLMo 2", "torchtune 0.6.1 has no family with OLMo 2's post-norms and q/k norms", "")),
         ("smollm3", Unsupported("SmolLM3", "torchtune 0.6.1 has no family with SmolLM3's RoPE-free layers", "")),
         ("gpt_oss", Unsupported("gpt-oss", "torchtune 0.6.1 has no mixture-of-experts layers", "")),
-        ("phi4mm", Unsupported("Phi-4-multimodal", "this project tunes text-only models",
+        ("phi4mm", Unsupported("Phi-4-multimodal", "the torchtune engine tunes text-only models",
                                "Phi-4 (microsoft/phi-4) or Phi-3 4k")),
-        ("phi3_v", Unsupported("Phi-3-vision", "this project tunes text-only models", "Phi-3 4k (microsoft/Phi-3-mini-4k-instruct)")),
-        ("qwen2_vl", Unsupported("Qwen2-VL", "this project tunes text-only models", "Qwen2.5 (text)")),
-        ("qwen2_5_vl", Unsupported("Qwen2.5-VL", "this project tunes text-only models", "Qwen2.5 (text)")),
+        ("phi3_v", Unsupported("Phi-3-vision", "the torchtune engine tunes text-only models", "Phi-3 4k (microsoft/Phi-3-mini-4k-instruct)")),
+        ("qwen2_vl", Unsupported("Qwen2-VL", "the torchtune engine tunes text-only models", "Qwen2.5 (text)")),
+        ("qwen2_5_vl", Unsupported("Qwen2.5-VL", "the torchtune engine tunes text-only models", "Qwen2.5 (text)")),
     ]
 }  # fmt: skip
 

@@ -1,8 +1,9 @@
 """The transformers engine's side of evaluation (what the face's `evaluation()` hands the evaluate step; the names
-every engine's evaluation module has, see _shared/torchtune/evaluation.py): plain HF model folders loaded with
-AutoModelForCausalLM / AutoTokenizer (no remote code), the eval rows tokenized and masked as train.py's
+every engine's evaluation module has, see _shared/torchtune/evaluation.py): plain HF model folders loaded with the
+class training loaded them as and their tokenizer (no remote code), the eval rows tokenized and masked as train.py's
 SFTTrainer tokenized and masked the training rows, teacher-forced loss on the trained tokens and greedy
-generations with transformers' `generate`.
+generations with transformers' `generate`. A sequence classifier's rows and scores are classify.py's; a
+vision-language model's rows are collated with their images by TRL's vision collator (vision.py).
 
 The rows: train.formatted_rows (the same TRL format, chat loss mode and SFTConfig as training), then TRL's own
 dataset preparation (tokenize, labels from the completion and assistant masks, truncation to max_length). The
@@ -31,8 +32,14 @@ from kfp_finetune.components._shared.eval_examples import Example, ModelScores, 
 from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
-from kfp_finetune.components._shared.transformers import classify, plan, train
-from kfp_finetune.components._shared.transformers.settings import CLASSIFICATION, DATASET_TYPES, SftSettings
+from kfp_finetune.components._shared.transformers import classify, plan, train, vision
+from kfp_finetune.components._shared.transformers.run_layout import trained_class
+from kfp_finetune.components._shared.transformers.settings import (
+    CLASSIFICATION,
+    DATASET_TYPES,
+    MULTIMODAL,
+    SftSettings,
+)
 
 log = get_logger(__name__)
 
@@ -127,6 +134,7 @@ def _file_hash(path: Path) -> str | None:
 class TunedModel:
     folder: ModelDir  # the merged model: the full fine-tune, or the base with the adapter merged in
     classifier: bool = False  # a sequence classifier (classify.py), not a causal LM
+    vision: bool = False  # a vision-language model trained on image + text rows (vision.py)
 
 
 def tuned_model(
@@ -140,7 +148,7 @@ def tuned_model(
     classifier = trained == CLASSIFICATION or (
         not trained and architectures[0].endswith("ForSequenceClassification")
     )
-    return TunedModel(folder, classifier)
+    return TunedModel(folder, classifier, vision=trained == MULTIMODAL)
 
 
 def lm_eval_folder(tuned: TunedModel, run_dir: Path) -> ModelDir:
@@ -148,6 +156,11 @@ def lm_eval_folder(tuned: TunedModel, run_dir: Path) -> ModelDir:
         raise ConfigError(
             "eval_lm_eval_tasks: lm-eval's tasks score language models, and this model is a sequence classifier: "
             "leave eval_lm_eval_tasks empty (evaluate reports accuracy and macro_f1)"
+        )
+    if tuned.vision:
+        raise ConfigError(
+            "eval_lm_eval_tasks: lm-eval's text tasks load a causal LM, and this model is a vision-language model "
+            "trained on image + text rows: leave eval_lm_eval_tasks empty (evaluate scores it on the eval images)"
         )
     return tuned.folder
 
@@ -175,9 +188,8 @@ def _class_names(folder: ModelDir) -> list[str]:
 
 
 def load_model(model_dir: ModelDir, device: Any, dtype: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir.path, dtype=dtype, local_files_only=True)
+    """The folder's model as training loaded it (run_layout.trained_class)."""
+    model = trained_class(model_dir.path).from_pretrained(model_dir.path, dtype=dtype, local_files_only=True)
     return model.to(device).eval()
 
 
@@ -197,7 +209,7 @@ def eval_dataset(
         settings = SftSettings.from_dict(train_config["settings"])
     else:
         meta = contract.DatasetSplit.from_metadata(eval_data.metadata, input_name="eval_data")
-        hints = meta.torchtune_hints()
+        hints = meta.reading_hints()
         dataset_type = hints.get("dataset_type", "instruct")
         if dataset_type not in DATASET_TYPES:
             raise ConfigError(
@@ -220,9 +232,15 @@ def eval_dataset(
 
 
 def load_tokenizer(model_dir: ModelDir, max_seq_len: int | None, train_config: dict | None = None) -> Any:
-    """The folder's tokenizer (eval_dataset's settings carry the length rows are truncated to)."""
+    """The folder's tokenizer (eval_dataset's settings carry the length rows are truncated to); a vision-language
+    model's processor (its tokenizer, image processor and chat template)."""
     from transformers import AutoTokenizer
 
+    if ((train_config or {}).get("settings") or {}).get("dataset_type") == MULTIMODAL:
+        try:
+            return vision.load_processor(model_dir.path)
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from err
     return AutoTokenizer.from_pretrained(model_dir.path, local_files_only=True)
 
 
@@ -235,10 +253,16 @@ def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
 
     with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-rows-") as scratch:
         # The settings check wants a model folder; the rows need only the tokenizer's, which is the same.
-        settings = dataclasses.replace(settings, model_dir=tokenizer.name_or_path, output_dir=scratch)
+        folder = getattr(tokenizer, "tokenizer", tokenizer).name_or_path  # a processor: its tokenizer's
+        settings = dataclasses.replace(settings, model_dir=folder, output_dir=scratch)
         if settings.task == CLASSIFICATION:
             try:
                 return classify.eval_rows(settings, tokenizer)
+            except ValueError as err:
+                raise ConfigError(f"eval_data: {err}") from err
+        if settings.dataset_type == MULTIMODAL:
+            try:
+                return vision.eval_rows(settings, tokenizer)
             except ValueError as err:
                 raise ConfigError(f"eval_data: {err}") from err
         try:
@@ -272,6 +296,8 @@ def make_examples(dataset: list[dict], tokenizer: Any, rows: Sequence[int]) -> l
     their class."""
     if dataset and "label_name" in dataset[0]:
         return classify.examples(dataset, rows)
+    if dataset and "collator" in dataset[0]:
+        return vision.examples(dataset, rows)
     examples = []
     for i in rows:
         item = dataset[i]
@@ -326,24 +352,32 @@ def _common_prefix(tokens: list[int], other: list[int]) -> int:
 
 
 def _pad_id(tokenizer: Any) -> int:
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's own tokenizer
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def greedy_generate(
-    model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, device: Any
+    model: Any, tokenizer: Any, batch: Sequence[Example], *, max_new_tokens: int, device: Any
 ) -> list[str]:
-    """Greedy continuations of a batch of prompts (left-padded), cut at the first end-of-sequence token."""
+    """Greedy continuations of a batch of examples' prompts (left-padded, their images in), cut at the first
+    end-of-sequence token."""
     import torch
 
+    prompts = [e.prompt_tokens for e in batch]
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     pad_id, width = _pad_id(tokenizer), max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     stop = model.generation_config.eos_token_id
     stop = set(stop if isinstance(stop, list) else [stop if stop is not None else tokenizer.eos_token_id])
+    inputs = (
+        vision.batch_inputs(batch, width, model, prompts=True) if batch[0].model_inputs is not None else {}
+    )
     with torch.inference_mode():
         output = model.generate(
             input_ids=ids,
             attention_mask=mask,
+            **inputs,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
@@ -376,10 +410,16 @@ def score_model(
             model, examples, label=label, batch_size=batch_size, pad_id=_pad_id(tokenizer), device=device,
             progress=progress,
         )  # fmt: skip
+
+    def forward(tokens: Any, mask: Any, batch: Sequence[Example]) -> Any:
+        if batch[0].model_inputs is not None:
+            return vision.forward(model, tokens, mask, batch)
+        return model(input_ids=tokens, attention_mask=mask).logits
+
     return score_examples(
         examples,
-        forward=lambda tokens, mask: model(input_ids=tokens, attention_mask=mask).logits,
-        generate=lambda prompts: greedy_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, device=device),
+        forward=forward,
+        generate=lambda batch: greedy_generate(model, tokenizer, batch, max_new_tokens=max_new_tokens, device=device),
         pad_id=_pad_id(tokenizer), label=label, batch_size=batch_size, device=device, seed=seed, progress=progress,
     )  # fmt: skip
 

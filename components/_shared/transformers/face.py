@@ -2,7 +2,7 @@
 _shared/torchtune/face.py for the names every face has).
 
 - `serves(model_dir, hf_config, task)`: whether the installed transformers has the model's class for the task
-  (a causal LM; a sequence classifier) natively;
+  (a causal LM; a sequence classifier; a vision-language model) natively;
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
@@ -61,9 +61,16 @@ __all__ = [
 ]
 
 
+_KINDS = {
+    "generation": "causal-LM",
+    "classification": "sequence-classification",
+    "image-text-to-text": "vision-language (image-text-to-text)",
+}
+
+
 def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[bool, str]:
     """(True, why) when the installed transformers has a class for config.json's model_type that trains `task` (a
-    causal LM; a sequence classifier), without remote code (auto_map: code from the model's repo, which this
+    causal LM; a sequence classifier; a vision-language model), without remote code (auto_map: code from the model's repo, which this
     engine never runs). Imports no torch."""
     if hf_config.get("auto_map"):
         return False, "config.json names remote code (auto_map), which this engine does not run"
@@ -72,7 +79,7 @@ def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[
         return False, "transformers is not installed here"
     model_type = hf_config.get("model_type")
     found = installed.model_classes(task).get(model_type) if isinstance(model_type, str) else None
-    kind = "causal-LM" if task == "generation" else "sequence-classification"
+    kind = _KINDS[task]
     if found is None:
         return False, f"transformers {found_version} has no {kind} class for model_type {model_type!r}"
     return True, f"transformers {found_version} has {found} for model_type {model_type!r}"

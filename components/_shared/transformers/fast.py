@@ -4,7 +4,7 @@ log, recorded in `trl_config.json` and shown in the report. An explicit setting 
 
 - batching: padding-free packing (TRL's best-fit-decreasing packs) where a GPU has flash attention, which keeps the
   packed rows apart; elsewhere rows of similar length share a micro-batch (the length-grouped sampler), so little
-  of each batch is padding;
+  of each batch is padding; image + text rows are neither packed nor grouped (TRL tokenizes them batch by batch);
 - Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) where the image has liger-kernel
   and training runs on a GPU;
 - activation checkpointing only when a memory model says the run does not fit the GPU without it.
@@ -111,7 +111,7 @@ def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) ->
     chosen = []
     classifier = settings.task == "classification"
     if settings.packing == AUTO:
-        chosen += _batching(hardware, classifier)
+        chosen += _IMAGE_ROWS if settings.task == "image-text-to-text" else _batching(hardware, classifier)
     liger = settings.liger_kernel
     if liger == AUTO:
         found = _liger(hardware, classifier)
@@ -143,6 +143,12 @@ def _batching(hardware: Hardware, classifier: bool = False) -> list[Choice]:
         _GROUPED,
     ]
 
+
+# TRL tokenizes image + text rows in its collator, batch by batch (their lengths are unknown before): neither
+# packs nor length-grouped batches.
+_IMAGE_ROWS = [
+    Choice("packing", False, "image + text rows train whole, each with its images (TRL packs no vision rows)")
+]
 
 _GROUPED = Choice(
     "train_sampling_strategy",

@@ -13,6 +13,7 @@ from pathlib import Path
 MAPPINGS = {
     "generation": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
     "classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "image-text-to-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
 }
 
 
@@ -23,9 +24,9 @@ def version() -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=len(MAPPINGS))
 def model_classes(task: str = "generation") -> dict[str, str]:
-    """model_type -> the class transformers builds for `task` (a causal LM, a sequence classifier) by its auto
+    """model_type -> the class transformers builds for `task` (a causal LM, a sequence classifier, a vision-language model) by its auto
     mapping (models/auto/modeling_auto.py); {} when transformers is not installed."""
     mapping = MAPPINGS[task]
     spec = importlib.util.find_spec("transformers")

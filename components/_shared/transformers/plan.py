@@ -126,6 +126,8 @@ def sft_settings(
     hints = data_hints or {}
     if hints.get("dataset_type"):
         fields.setdefault("dataset_type", hints["dataset_type"])
+    if hints.get("image_tag") is not None:
+        fields["image_tag"] = hints["image_tag"]
     style = given.get("conversation_style") or hints.get("data_style")
     if style:
         fields["data_style"] = style

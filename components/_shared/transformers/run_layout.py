@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
@@ -76,7 +77,6 @@ def merge_adapter(
     merged model is the full-precision base plus the adapter's update."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from kfp_finetune.components._shared.transformers import classify
 
@@ -85,13 +85,22 @@ def merge_adapter(
     if names is not None:  # a classifier's adapter: the base with a head of the trained classes
         base = classify.load_classifier(base_dir, names, dtype="auto", device_map={"": "cpu"})
     else:
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto", device_map={"": "cpu"})
+        base = trained_class(base_dir).from_pretrained(base_dir, dtype="auto", device_map={"": "cpu"})
     model = PeftModel.from_pretrained(base, str(adapter_dir), torch_device="cpu")
     with torch.no_grad():
         merged = model.merge_and_unload()
     merged.save_pretrained(out_dir, safe_serialization=True)
     copy_model_files(base_dir, out_dir)
     log.info("merged model written to %s", out_dir)
+
+
+def trained_class(model_dir: str | os.PathLike) -> Any:
+    """The class TRL trains the folder's model as (its create_model_from_path): config.json's first architecture
+    (a vision-language model's whole class, tower included), else AutoModelForCausalLM."""
+    import transformers
+
+    names = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or [""]
+    return getattr(transformers, names[0], None) or transformers.AutoModelForCausalLM
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")

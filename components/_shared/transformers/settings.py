@@ -25,7 +25,13 @@ _READ_FORMATS = ("parquet", "json")
 
 #: Sequence-classification rows (dataset-initialize's labels.py): a text, optionally a second one, and a class id.
 CLASSIFICATION = "classification"
-DATASET_TYPES = (*TEXT_DATASET_TYPES, CLASSIFICATION)
+#: Instruct or chat rows with a list of images each (dataset-initialize's images.py: `images`, embedded Image
+#: structs), trained into a vision-language model (vision.py).
+MULTIMODAL = "multimodal"
+IMAGES = "images"
+#: The tasks these settings train (engines.py names them alike).
+GENERATION, IMAGE_TEXT = "generation", "image-text-to-text"
+DATASET_TYPES = (*TEXT_DATASET_TYPES, MULTIMODAL, CLASSIFICATION)
 METHODS = ("lora", "qlora", "full")
 DEVICES = ("auto", "cpu", "cuda")
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
@@ -44,6 +50,8 @@ OPTIONAL_COLUMNS = {CLASSIFICATION: ("text_pair",)}
 #: `instruction` (and optional `input`); ShareGPT turns are {"from", "value"} (read as OpenAI roles).
 DATA_STYLES = ("", "input_output", "alpaca", "openai", "sharegpt", "text", CLASSIFICATION)
 _STYLE_COLUMNS = {"alpaca": ("instruction", "input", "output")}
+#: The data styles of conversations (multimodal rows are instruct rows otherwise).
+_CHAT_STYLES = ("openai", "sharegpt")
 
 
 @dataclass
@@ -75,6 +83,9 @@ class SftSettings:
     checkpoint_every_steps: int = 0
     checkpoint_every_minutes: float = 30.0
     data_style: str = ""  # dataset-initialize's data_style (DATA_STYLES)
+    # Multimodal rows: the placeholder in the text standing for the row's images in order ("": none, the images
+    # come before the first user turn's text), as dataset-initialize checked it.
+    image_tag: str = "<image>"
     bf16: str | bool = "auto"  # auto: bf16 mixed precision where the GPU supports it, fp32 elsewhere
     device: str = "auto"  # auto: the GPUs where CUDA has any, else the CPU
     seed: int = 0
@@ -167,7 +178,7 @@ class SftSettings:
             isinstance(k, str) and isinstance(v, str) for k, v in self.column_map.items()
         ):
             found.append(SettingError("column_map", "must map column names to column names"))
-        elif self.dataset_type in COLUMNS:
+        elif self.row_kind in COLUMNS:
             extra = sorted(
                 set(self.column_map) - {*self.columns(), *OPTIONAL_COLUMNS.get(self.dataset_type, ())}
             )
@@ -182,18 +193,32 @@ class SftSettings:
         if self.task == CLASSIFICATION and self.packing is True:
             found.append(SettingError("packing", "packs causal-LM sequences; a classifier reads one padded row "
                                                  "per example: set it false or auto"))  # fmt: skip
+        if self.task == IMAGE_TEXT and self.packing is True:
+            found.append(SettingError("packing", "cannot pack image + text rows (TRL trains a vision-language "
+                                                 "model on whole rows with their images): set it false or auto"))  # fmt: skip
+        if not isinstance(self.image_tag, str):
+            found.append(SettingError("image_tag", f"must be text (got {self.image_tag!r})"))
         return found
 
     @property
     def task(self) -> str:
-        """What the run learns: `classification` (a sequence classifier) or `generation` (a causal LM)."""
-        return CLASSIFICATION if self.dataset_type == CLASSIFICATION else "generation"
+        """What the run learns: `classification` (a sequence classifier), `image-text-to-text` (a vision-language
+        model) or `generation` (a causal LM)."""
+        return {CLASSIFICATION: CLASSIFICATION, MULTIMODAL: IMAGE_TEXT}.get(self.dataset_type, GENERATION)
+
+    @property
+    def row_kind(self) -> str:
+        """How the rows read, whatever else they carry: multimodal rows are chat or instruct rows with images."""
+        if self.dataset_type == MULTIMODAL:
+            return "chat" if self.data_style in _CHAT_STYLES else "instruct"
+        return self.dataset_type
 
     def columns(self) -> tuple[str, ...]:
         """The columns the rows are read from, by their names before column_map."""
-        if self.dataset_type == "instruct" and self.data_style in _STYLE_COLUMNS:
-            return _STYLE_COLUMNS[self.data_style]
-        return COLUMNS[self.dataset_type]
+        images = (IMAGES,) if self.dataset_type == MULTIMODAL else ()
+        if self.row_kind == "instruct" and self.data_style in _STYLE_COLUMNS:
+            return _STYLE_COLUMNS[self.data_style] + images
+        return COLUMNS[self.row_kind] + images
 
     def column(self, name: str) -> str:
         """The dataset column the engine reads as `name` (column_map applied)."""
@@ -254,7 +279,9 @@ class SftSettings:
             report_to=[],
             disable_tqdm=True,
             dataloader_num_workers=0,
-            ddp_find_unused_parameters=False if world_size > 1 else None,
+            # A vision-language model's tower gets no gradient from a text-only batch: TRL then has DDP look for
+            # unused parameters (None lets it).
+            ddp_find_unused_parameters=False if world_size > 1 and self.task == GENERATION else None,
         )
         if self.task == CLASSIFICATION:  # transformers' own Trainer trains the classifier (classify.py)
             from transformers import TrainingArguments
@@ -268,8 +295,8 @@ class SftSettings:
             max_length=self.max_seq_len,
             packing=packing,
             # torchtune trains instruct rows with train_on_input false: the prompt is masked out of the loss.
-            completion_only_loss=self.dataset_type == "instruct",
-            assistant_only_loss=self.dataset_type == "chat",
+            completion_only_loss=self.row_kind == "instruct",
+            assistant_only_loss=self.row_kind == "chat",
             model_init_kwargs=self.model_init_kwargs(bf16, packing),
         )
         return sft, self.lora_config()

@@ -14,7 +14,9 @@ The rows become TRL's dataset formats so that the loss covers what the torchtune
 - chat: the `messages` column as a conversation, with assistant-only loss;
 - text: the `text` column, every token trained;
 - classification: `text` (+ `text_pair`) and a class id: transformers' Trainer trains a sequence classifier
-  (classify.py), with the same callbacks, checkpoints and outputs.
+  (classify.py), with the same callbacks, checkpoints and outputs;
+- multimodal: instruct or chat rows as above, their turns cut into text and image parts, and the row's `images`
+  (vision.py): TRL's vision collator makes the pixel values batch by batch.
 
 Only rank 0 writes the outputs. torch, transformers and TRL are imported inside the functions.
 """
@@ -37,6 +39,9 @@ from kfp_finetune.components._shared.metrics_file import parse_metric_line
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.settings import (
     CLASSIFICATION,
+    IMAGE_TEXT,
+    IMAGES,
+    MULTIMODAL,
     TRAINER_DIR,
     SftSettings,
     data_format,
@@ -89,18 +94,29 @@ def read_rows(settings: SftSettings) -> Any:
 
 
 def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = ASSISTANT_TURNS) -> Any:
-    """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type."""
+    """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type (multimodal rows:
+    also their `images`)."""
     rows = read_rows(settings)
-    wanted = {name: settings.column(name) for name in settings.columns()}
-    convert = _CONVERSIONS[settings.dataset_type]
-    if settings.dataset_type == "chat" and chat_loss == LAST_ASSISTANT_TURN:
+    wanted = {name: settings.column(name) for name in settings.columns() if name != IMAGES}
+    convert = _CONVERSIONS[settings.row_kind]
+    if settings.row_kind == "chat" and chat_loss == LAST_ASSISTANT_TURN:
         convert = _chat_last_turn
-    return rows.map(
-        convert,
-        fn_kwargs={"columns": wanted, "chat": has_chat_template},
-        remove_columns=rows.column_names,
-        desc=f"Formatting {settings.dataset_type} rows for TRL",
+    if settings.dataset_type != MULTIMODAL:
+        return rows.map(
+            convert,
+            fn_kwargs={"columns": wanted, "chat": has_chat_template},
+            remove_columns=rows.column_names,
+            desc=f"Formatting {settings.dataset_type} rows for TRL",
+        )
+    from kfp_finetune.components._shared.transformers.vision import with_image_parts
+
+    images = settings.column(IMAGES)
+    formatted = rows.map(
+        lambda row: with_image_parts(convert(row, wanted, True), settings.image_tag),
+        remove_columns=[column for column in rows.column_names if column != images],
+        desc="Formatting image + text rows for TRL",
     )
+    return formatted.rename_column(images, IMAGES) if images != IMAGES else formatted
 
 
 def _instruct(row: dict, columns: dict[str, str], chat: bool) -> dict:
@@ -321,7 +337,7 @@ def formatted_rows(settings: SftSettings, tokenizer: Any, processes: int = 1) ->
     train (chat rows: every assistant turn, or the last one where the template cannot mark the turns). The
     evaluate step builds its eval rows with this too (evaluation.py), so they are masked as training masked."""
     sft_config, lora_config = settings.trl_config(processes)
-    chat_loss = chat_loss_mode(tokenizer) if settings.dataset_type == "chat" else None
+    chat_loss = chat_loss_mode(tokenizer) if settings.row_kind == "chat" else None
     if chat_loss == LAST_ASSISTANT_TURN:
         sft_config.assistant_only_loss, sft_config.completion_only_loss = False, True
     rows = load_rows(settings, bool(getattr(tokenizer, "chat_template", None)), chat_loss or ASSISTANT_TURNS)
@@ -344,13 +360,18 @@ def build_trainer(settings: SftSettings) -> Any:
     from transformers import AutoTokenizer
     from trl import SFTTrainer
 
-    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
-    sft_config, lora_config, rows = formatted_rows(settings, tokenizer, world_size())
+    if settings.task == IMAGE_TEXT:  # the processor: the tokenizer, the image processor, the chat template
+        from kfp_finetune.components._shared.transformers.vision import load_processor
+
+        processing = load_processor(settings.model_dir)
+    else:
+        processing = AutoTokenizer.from_pretrained(settings.model_dir)
+    sft_config, lora_config, rows = formatted_rows(settings, processing, world_size())
     return counting_trainer(trained, checkpoints, SFTTrainer)(
         model=settings.model_dir,
         args=sft_config,
         train_dataset=rows,
-        processing_class=tokenizer,
+        processing_class=processing,
         peft_config=lora_config,
         callbacks=callbacks,
     )

@@ -185,12 +185,12 @@ def test_bad_images_are_named_by_row_together(picture_folder, workspace, tmp_pat
     assert "bad.jsonl line 2: image file images/nowhere.png is missing" in message
     assert "bad.jsonl line 3: image 0 (broken.png) is not a readable image" in message
     assert "bad.jsonl line 4: the text holds 2 '<image>' tag(s) for 1 image(s)" in message
-    assert "bad.jsonl line 5: image path '../secret.png' is absolute or leaves image_dir" in message
+    assert "bad.jsonl line 5: image path '../secret.png' is absolute or leaves data_image_dir" in message
     assert "bad.jsonl line 6: image path" in message and "line 1:" not in message
     assert not list((workspace / "datasets").iterdir())  # nothing written, no temp folders left
 
     with pytest.raises(
-        ConfigError, match=r"image_dir='../elsewhere' must be a folder inside the dataset source"
+        ConfigError, match=r"data_image_dir='../elsewhere' must be a folder inside the dataset source"
     ):
         initialize_dataset(
             str(picture_folder), str(workspace), dataset_type="multimodal", image_dir="../elsewhere"

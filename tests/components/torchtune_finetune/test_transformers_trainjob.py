@@ -115,21 +115,28 @@ def test_the_transformers_engine_trains_in_a_trainjob_as_it_does_locally(inputs,
     assert (merged / "config.json").is_file()
 
 
-@pytest.fixture
-def classifier_inputs(tmp_path):
-    """The tiny BERT classifier and star-rated reviews as classification data, by the real initializers."""
+def initialized(tmp_path: Path, model_kind: str, source: Path, **dataset) -> tuple:
+    """A tiny HF model (hf_models.py `model_kind`) and the data at `source`, by the real initializers: (workspace,
+    base_model, train_data)."""
     from kfp_finetune.tiny.hf_models import build_tiny_hf_model
-    from kfp_finetune.tiny.reviews import write_reviews
 
     workspace = tmp_path / "workspace"
     model = Model(uri=str(tmp_path / "artifacts" / "base_model"))
     train = Dataset(uri=str(tmp_path / "artifacts" / "train"))
-    initialize_model(str(build_tiny_hf_model(tmp_path / "bert", "bert_classifier")), str(workspace), name="bert",
+    initialize_model(str(build_tiny_hf_model(tmp_path / model_kind, model_kind)), str(workspace), name=model_kind,
                      output_model=model)  # fmt: skip
-    initialize_dataset(str(write_reviews(tmp_path / "yelp.jsonl", count=60)), str(workspace), name="yelp",
-                       dataset_type="classification", eval_fraction=0.1, output_train=train,
-                       output_eval=Dataset(uri=str(tmp_path / "artifacts" / "eval")))  # fmt: skip
+    initialize_dataset(str(source), str(workspace), eval_fraction=0.1, output_train=train,
+                       output_eval=Dataset(uri=str(tmp_path / "artifacts" / "eval")), **dataset)  # fmt: skip
     return workspace, model, train
+
+
+@pytest.fixture
+def classifier_inputs(tmp_path):
+    """The tiny BERT classifier and star-rated reviews as classification data."""
+    from kfp_finetune.tiny.reviews import write_reviews
+
+    reviews = write_reviews(tmp_path / "yelp.jsonl", count=60)
+    return initialized(tmp_path, "bert_classifier", reviews, name="yelp", dataset_type="classification")
 
 
 def test_a_sequence_classifier_trains_in_a_trainjob_as_it_does_locally(
@@ -145,6 +152,36 @@ def test_a_sequence_classifier_trains_in_a_trainjob_as_it_does_locally(
     assert [round(s.loss, 4) for s in remote.steps] == [round(s.loss, 4) for s in local.steps]
     merged = json.loads((Path(classifier_inputs[0]) / meta["merged_path"] / "config.json").read_text())
     assert merged["architectures"] == ["BertForSequenceClassification"] and len(merged["id2label"]) == 5
+
+
+@pytest.fixture
+def picture_inputs(tmp_path):
+    """The tiny Gemma 3 VLM and pictures of colours as multimodal data."""
+    from kfp_finetune.tiny.pictures import IMAGE_DIR, write_pictures
+
+    pictures = write_pictures(tmp_path / "pictures", count=40)
+    return initialized(
+        tmp_path, "gemma3_vlm", pictures, name="pictures", dataset_type="multimodal", image_dir=IMAGE_DIR
+    )
+
+
+def test_a_vision_language_model_trains_in_a_trainjob_as_it_does_locally(
+    picture_inputs, kube_standin, monkeypatch, tmp_path
+):
+    """Image + text rows: the node pod checks that its transformers has the image-text-to-text class, then TRL
+    trains on the pictures; the losses are the local run's."""
+    serve_workspace(kube_standin, picture_inputs[0], monkeypatch)
+    remote, artifacts = fine_tune(picture_inputs, tmp_path, "trainjob", task_config(picture_inputs[0]))
+    local, _ = fine_tune(picture_inputs, tmp_path, "local", TaskConfig())
+    meta = artifacts["model"].metadata
+    assert (meta["engine"], meta["task"], meta["backend"]) == (
+        "transformers",
+        "image-text-to-text",
+        "trainjob",
+    )
+    assert [round(s.loss, 4) for s in remote.steps] == [round(s.loss, 4) for s in local.steps]
+    merged = json.loads((Path(picture_inputs[0]) / meta["merged_path"] / "config.json").read_text())
+    assert merged["architectures"] == ["Gemma3ForConditionalGeneration"] and "vision_config" in merged
 
 
 def test_a_run_the_node_refuses_fails_the_trainjob_with_the_reason_before_training(inputs, cluster, tmp_path):

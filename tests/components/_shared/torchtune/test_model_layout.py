@@ -343,7 +343,7 @@ def test_pre_flight_inspects_a_folder_without_weights_and_model_initialize_still
     assert inspect_model_dir(folder, weights_required=False).checkpoint_files == []
 
 
-_ENGINE_2 = "mixture-of-experts and multimodal models need the second (transformers) training engine"
+_ENGINE_2 = "mixture-of-experts and multimodal models need the second (transformers) training engine: tune_engine=auto"
 # model_type -> the nearest supported choice the message names ("" where there is none)
 UNSUPPORTED = {
     "qwen3_moe": "Qwen3 dense", "llama4": "Llama 3.1 / 3.3", "mllama": "Llama 3.2 text",
