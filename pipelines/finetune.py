@@ -28,6 +28,11 @@ from kfp_finetune.pipelines import parameters, settings
 HF_TOKEN_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 # Credentials and endpoints: every pipeline that fetches or publishes takes them.
 ACCESS = ("s3_endpoint_url", "hf_token_secret", "s3_secret")
+# Experiment tracking: the fine-tune and evaluate steps log to MLflow (_shared/tracking.py).
+TRACKING = ("mlflow_tracking_uri", "mlflow_experiment", "mlflow_secret")
+MLFLOW_KEYS = {
+    key: key for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+}
 # tune_ settings the table also feeds to dataset-initialize (max_seq_len, train_on_input, new_system_prompt): its
 # packs are made with the length and masking training uses.
 DATA_TUNE_SETTINGS = tuple(
@@ -46,6 +51,15 @@ def with_credentials(task: dsl.PipelineTask, hf_token_secret, s3_secret) -> dsl.
         task, secret_name=hf_token_secret, secret_key_to_env=HF_TOKEN_KEYS, optional=True
     )
     kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_KEYS, optional=True)
+    return task
+
+
+def with_tracking_credentials(task: dsl.PipelineTask, mlflow_secret) -> dsl.PipelineTask:
+    """MLflow credentials from a Kubernetes Secret (its name is a pipeline parameter; optional), as the variables
+    the MLflow client reads."""
+    kubernetes.use_secret_as_env(
+        task, secret_name=mlflow_secret, secret_key_to_env=MLFLOW_KEYS, optional=True
+    )
     return task
 
 
@@ -85,12 +99,13 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
     return with_credentials(task, hf_token_secret, s3_secret)
 
 
-def check_first(hf_token_secret, s3_secret, **preflight_arguments) -> dsl.PipelineTask:
+def check_first(hf_token_secret, s3_secret, mlflow_secret, **preflight_arguments) -> dsl.PipelineTask:
     """The pre-flight step, the first of a pipeline: the steps that download `.after()` it. It gets the Secrets and
     volumes the export gets, so it sees the destination as the export will."""
     task = preflight(hf_token_secret=hf_token_secret, s3_secret=s3_secret, **preflight_arguments)
     step(task, "Pre-flight checks", 600)
     with_model_cache(task)
+    with_tracking_credentials(task, mlflow_secret)
     return with_credentials(task, hf_token_secret, s3_secret)
 
 
@@ -141,7 +156,7 @@ class TunedAndEvaluated(NamedTuple):
 @parameters.pipeline(
     "tune-and-evaluate",
     parameters.names(
-        groups=("tune", "eval"), extra=("base_model", "train_data", "eval_data", "export_format")
+        groups=("tune", "eval"), extra=("base_model", "train_data", "eval_data", "export_format", *TRACKING)
     ),
 )
 def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
@@ -164,6 +179,7 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
         settings.TRAIN_RETRIES, backoff_duration=backoff, backoff_factor=factor, backoff_max_duration=longest
     )
     with_model_cache(tune)
+    with_tracking_credentials(tune, p.mlflow_secret)
     # Reaches the TrainJob's node pods through the task config, not this launcher pod.
     tune.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.outputs["tune_gpus"])
     tune.after(gpus)  # KFP does not count an output used in a resource field as a dependency
@@ -179,6 +195,7 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
     )
     step(check, "Evaluate: base vs tuned", settings.EVALUATE_TIMEOUT_SECONDS)
     with_model_cache(check)
+    with_tracking_credentials(check, p.mlflow_secret)
     # A model trained on GPUs is evaluated on one, in its training dtype (evaluate's placement.py).
     check.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus.outputs["eval_gpus"])
     check.after(gpus)
@@ -206,7 +223,9 @@ class FinetuneOutputs(NamedTuple):
 @parameters.pipeline(
     "finetune-pipeline",
     parameters.names(
-        groups=("model", "data", "tune", "eval", "export"), extra=ACCESS, without=("tune_run_name",)
+        groups=("model", "data", "tune", "eval", "export"),
+        extra=(*ACCESS, *TRACKING),
+        without=("tune_run_name",),
     ),
 )
 def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
@@ -218,7 +237,7 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
     runtime exists; then dataset and model initialize in parallel into the run's workspace; torchtune-finetune trains (a Kubeflow Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
     the quality gate passes.
     """
-    checked = check_first(**p.feeding("preflight"))
+    checked = check_first(mlflow_secret=p.mlflow_secret, **p.feeding("preflight"))
     inputs = prepare_inputs(**p.arguments_for(prepare_inputs)).set_display_name("Prepare inputs")
     inputs.after(checked)
     tuned = tune_and_evaluate(

@@ -299,6 +299,15 @@ TABLE: tuple[Parameter, ...] = (
     _p("hf_token_secret", str, "hf-token",
        "Kubernetes Secret with key HF_TOKEN (gated/private models, hf:// export); optional.", "preflight.hf_token_secret"),
     _p("s3_secret", str, "s3-credentials", "Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.", "preflight.s3_secret"),
+    _p("mlflow_tracking_uri", str, "",
+       "MLflow tracking server (http[s]://, no credentials in it) the fine-tune and evaluate steps also log to; "
+       "empty: none, except a run KFP made for the task itself (its MLFLOW_TRACKING_URI / MLFLOW_RUN_ID).",
+       "torchtune_finetune.mlflow_tracking_uri", "evaluate.mlflow_tracking_uri", "preflight.mlflow_tracking_uri"),
+    _p("mlflow_experiment", str, "kfp-finetune", "MLflow experiment of the runs mlflow_tracking_uri gets.",
+       "torchtune_finetune.mlflow_experiment", "evaluate.mlflow_experiment", "preflight.mlflow_experiment"),
+    _p("mlflow_secret", str, "mlflow-credentials",
+       "Kubernetes Secret with MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; "
+       "optional."),
     _p("model_cache_path", str, settings.MODEL_CACHE_PATH,
        "A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is fetched there "
        "once per content and hard-linked or used in place; empty: no cache.",

@@ -15,6 +15,7 @@ from kfp_finetune.components.sweep.component import select_best, sweep_grid
 from kfp_finetune.pipelines import parameters, settings
 from kfp_finetune.pipelines.finetune import (
     ACCESS,
+    TRACKING,
     check_first,
     prepare_inputs,
     publish,
@@ -33,13 +34,13 @@ class SweepOutputs(NamedTuple):
     "sweep-pipeline",
     parameters.names(
         groups=("sweep", "model", "data", "tune", "eval", "export"),
-        extra=ACCESS,
+        extra=(*ACCESS, *TRACKING),
         without=("tune_learning_rate", "tune_lora_rank", "tune_run_name"),
     ),
 )
 def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
     """Sweep learning rate x LoRA rank with torchtune, evaluate every trial, export only the best."""
-    checked = check_first(**p.feeding("preflight"))
+    checked = check_first(mlflow_secret=p.mlflow_secret, **p.feeding("preflight"))
     inputs = prepare_inputs(**p.arguments_for(prepare_inputs)).set_display_name("Prepare inputs")
     inputs.after(checked)
     grid = step(sweep_grid(**p.feeding("sweep_grid")), "Sweep grid", 600)

@@ -34,6 +34,8 @@ def evaluate(
     run_id: str = "",
     task_name: str = "evaluate",
     task_id: str = "",
+    mlflow_tracking_uri: str = "",
+    mlflow_experiment: str = "kfp-finetune",
 ) -> NamedTuple("Outputs", [("passed", bool)]):
     """Tell whether fine-tuning helped: the tuned model against its base on held-out data, with a quality gate.
 
@@ -90,6 +92,11 @@ def evaluate(
         task_name: Readable part of the eval folder's name.
         task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (gives each evaluation in a run its
             own eval folder); empty: not under KFP.
+        mlflow_tracking_uri: MLflow tracking server (http:// or https://, no credentials in it) this step also
+            logs to; empty: none, unless KFP made an MLflow run for the task (MLFLOW_TRACKING_URI and MLFLOW_RUN_ID
+            in the environment), which is used instead. Credentials: MLFLOW_TRACKING_TOKEN or
+            MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD from a Secret.
+        mlflow_experiment: The MLflow experiment the run is created in (with mlflow_tracking_uri).
 
     Returns:
         metrics: tuned_<m>, base_<m>, delta_<m> (tuned - base) and the improvement's interval

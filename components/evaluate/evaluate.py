@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kfp_finetune.components._shared import contract, engines
+from kfp_finetune.components._shared import contract, engines, tracking
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
@@ -344,6 +344,7 @@ def run_component(**params: Any) -> bool:
     settings = EvalSettings(
         **{name: params[name] for name in EvalSettings.__dataclass_fields__ if name in params}
     )
+    tracking.check_tracking(params.get("mlflow_tracking_uri", ""))
     settings.thresholds = dict(settings.thresholds or {})
     settings.lm_eval_tasks = list(settings.lm_eval_tasks or [])
     result = run_evaluate(
@@ -365,4 +366,13 @@ def run_component(**params: Any) -> bool:
     samples_path.parent.mkdir(parents=True, exist_ok=True)
     samples_path.write_text((result.output_dir / SAMPLES_FILE).read_text())
     params["samples"].metadata.update(result.samples_metadata)
+    run_id = params["run_id"] or "local"
+    tracking.track_step(
+        params.get("mlflow_tracking_uri", ""), params.get("mlflow_experiment", ""),
+        run_name=f"{run_id}/{params['task_name']}/evaluate",
+        tags={"kfp.run_id": run_id, "kfp.task": params["task_name"], "kfp_finetune.step": "evaluate"},
+        params={f"eval_{k}": v for k, v in dataclasses.asdict(settings).items() if isinstance(v, str | int | float)},
+        metrics=result.metrics, files={"samples": [result.output_dir / SAMPLES_FILE]},
+        texts={"reports/evaluate.html": result.report_html},
+    )  # fmt: skip
     return result.gate.passed

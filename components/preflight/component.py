@@ -74,6 +74,8 @@ def preflight(
     eval_gpus: int = -1,
     export_format: str = "merged",
     export_dtype: str = "",
+    mlflow_tracking_uri: str = "",
+    mlflow_experiment: str = "kfp-finetune",
 ):
     """Check in seconds, before anything is downloaded or trained, what would otherwise fail a run hours later.
 
@@ -200,6 +202,10 @@ def preflight(
         export_format: merged (HF safetensors folder; an adapter run's adapter is merged into the base at export,
             on CPU), adapter (PEFT) or both.
         export_dtype: Convert weights to bf16, fp16 or fp32 on export; empty: as trained.
+        mlflow_tracking_uri: The MLflow tracking server the fine-tune and evaluate steps will log to: a probe run
+            is created and deleted in mlflow_experiment (credentials from the Secret named by mlflow_secret);
+            empty: not checked.
+        mlflow_experiment: The MLflow experiment the steps' runs go to.
     """
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components.preflight.preflight import PreflightError, run_preflight
@@ -276,4 +282,6 @@ def preflight(
             tune_runtime=tune_runtime,
             tune_runtime_kind=tune_runtime_kind,
             settings=settings,
+            mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_experiment=mlflow_experiment,
         )

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kfp_finetune.components._shared import engines, storage
+from kfp_finetune.components._shared import engines, storage, tracking
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.launch_settings import network_problem, slow_network_fix
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components.preflight import run_settings
@@ -224,6 +225,15 @@ def check_settings(settings: RunSettings) -> tuple[list[Problem], Callable[[str,
     return problems, check_model
 
 
+def check_tracking_server(tracking_uri: str, experiment: str) -> list[Problem]:
+    """The MLflow server takes a run in the experiment (a probe run, created and deleted)."""
+    try:
+        problem = tracking.probe(tracking_uri, experiment)
+    except ConfigError as error:
+        return [Problem("mlflow_tracking_uri", str(error))]
+    return [Problem("mlflow_tracking_uri", problem)] if problem else []
+
+
 def run_preflight(
     *,
     export_destination: str = "",
@@ -236,6 +246,8 @@ def run_preflight(
     tune_runtime: str = "auto",
     tune_runtime_kind: str = "ClusterTrainingRuntime",
     settings: dict[str, Any] | None = None,
+    mlflow_tracking_uri: str = "",
+    mlflow_experiment: str = "",
 ) -> list[str]:
     """Run every check; return what was checked, or raise PreflightError listing every problem found.
 
@@ -259,6 +271,9 @@ def run_preflight(
         if name in uris and uris[name].scheme in REMOTE_SOURCES:
             checks.append((name, name, lambda name=name, repo_type=repo_type: check_source(
                 name, uris[name], repo_type, secrets, s3_endpoint_url or None)))  # fmt: skip
+    if mlflow_tracking_uri:
+        checks.append(("mlflow_tracking_uri", "mlflow_tracking_uri", lambda: check_tracking_server(
+            mlflow_tracking_uri, mlflow_experiment)))  # fmt: skip
     if "model_uri" in uris:  # after the access check: a repo the token cannot read is not fetched from
         checks.append(("model", "model_uri", lambda: check_model(model_uri, s3_endpoint_url or None)))
     if tune_backend == "trainjob":  # the local backend needs no cluster

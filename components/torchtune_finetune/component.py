@@ -85,6 +85,8 @@ def torchtune_finetune(
     task_name: str = "finetune",
     workspace_pvc: str = "",
     task_id: str = "",
+    mlflow_tracking_uri: str = "",
+    mlflow_experiment: str = "kfp-finetune",
 ):
     """Fine-tune with torchtune (full, LoRA, QLoRA, DoRA): 0.6.1's families, Qwen3, Gemma 3, SmolLM2, Mistral-Nemo.
 
@@ -205,6 +207,11 @@ def torchtune_finetune(
             workspace volume KFP forwards through kubernetes_config (KFP >= 2.15).
         task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (gives each use of this step in a
             run its own run folder and TrainJob; a restarted step re-attaches to its own); empty: not under KFP.
+        mlflow_tracking_uri: MLflow tracking server (http:// or https://, no credentials in it) this step also
+            logs to; empty: none, unless KFP made an MLflow run for the task (MLFLOW_TRACKING_URI and MLFLOW_RUN_ID
+            in the environment), which is used instead. Credentials: MLFLOW_TRACKING_TOKEN or
+            MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD from a Secret.
+        mlflow_experiment: The MLflow experiment the run is created in (with mlflow_tracking_uri).
 
     Returns:
         model: manifest.json; metadata gives `workspace_path` (the merged model, or the adapter when only the

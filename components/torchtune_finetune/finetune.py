@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from kfp_finetune.components._shared import engines, html_report, unset
+from kfp_finetune.components._shared import engines, html_report, tracking, unset
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.cancel import Interrupted
 from kfp_finetune.components._shared.contract import (
@@ -397,7 +397,7 @@ _STEP_PARAMETERS = {
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
     "export_format", "gpu_memory_gib", "queue_name", "priority_class", "queue_timeout_seconds", "allow_slow_network",
-    "engine",
+    "engine", "mlflow_tracking_uri", "mlflow_experiment",
 }  # fmt: skip
 
 
@@ -480,6 +480,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
     )
 
     settings = component_settings(params)
+    tracking.check_tracking(params.get("mlflow_tracking_uri", ""))
     pod = trainjob_spec_from_task_config(params["kubernetes_config"])
     if params.get("workspace_pvc") and not any(
         m.get("mountPath") == params["workspace_path"] for m in pod.volume_mounts
@@ -539,4 +540,12 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         (config_dir / name).write_text(text)
     params["train_config"].metadata.update(result.train_config)
     log.info("model: %s", json.dumps({k: result.model_metadata[k] for k in ("merged_path", "adapter_path")}))
+    tracking.track_step(
+        params.get("mlflow_tracking_uri", ""), params.get("mlflow_experiment", ""),
+        run_name=f"{run_id}/{params['task_name']}/fine-tune",
+        tags={"kfp.run_id": run_id, "kfp.task": params["task_name"], "kfp_finetune.step": "fine-tune"},
+        params={k: v for k, v in result.model_metadata.items() if isinstance(v, str | int | float | bool)},
+        metrics=result.metrics, steps=result.steps,
+        files={"train_config": sorted(config_dir.iterdir())}, texts={"reports/fine-tune.html": result.report_html},
+    )  # fmt: skip
     return result

@@ -384,7 +384,7 @@ def default_images(monkeypatch) -> list[str]:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_images_tags_the_images_the_components_use_by_default(monkeypatch):
     component_image, trainer_image, transformers_image = default_images(monkeypatch)
-    engine_extras = "--build-arg EXTRAS=train,gpu,parity,transformers-engine"
+    engine_extras = "--build-arg EXTRAS=train,gpu,parity,transformers-engine,tracking"
     assert make_images_dry_run("CONTAINER_ENGINE=podman") == [
         f"podman build -f images/component/Dockerfile -t {component_image} .",
         f"podman build -f images/trainer/Dockerfile -t {trainer_image} .",

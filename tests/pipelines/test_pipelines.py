@@ -16,6 +16,7 @@ from kfp.components import load_component_from_file
 
 from kfp_finetune.commands.compile import stale_files
 from kfp_finetune.components._shared.gpus import gpu_counts
+from kfp_finetune.components._shared.tracking import CREDENTIAL_KEYS
 from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, settings, sweep_pipeline
 from tests.support import kfp_driver
 from tests.support import kube_standin as standin
@@ -135,7 +136,12 @@ def test_compiled_finetune_pipeline_carries_secrets_timeouts_and_workspace():
         assert [n.removeprefix("pipelinechannel--") for n in names] == ["hf_token_secret", "s3_secret"]
         assert all(s["optional"] for s in secrets)
         assert {"secretKey": "HF_TOKEN", "envVar": "HF_TOKEN"} in secrets[0]["keyToEnv"]
-    assert "secretAsEnv" not in executors["exec-torchtune-finetune"], "no credentials reach training"
+    # The fine-tune and evaluate steps log to MLflow with its Secret only (the node pods get none of it: the
+    # TrainJob manifest leaves the MLflow credentials out).
+    for step in ("exec-torchtune-finetune", "exec-evaluate"):
+        (secret,) = executors[step]["secretAsEnv"]
+        assert secret["secretNameParameter"]["componentInputParameter"].endswith("mlflow_secret")
+        assert {k["envVar"] for k in secret["keyToEnv"]} == set(CREDENTIAL_KEYS) and secret["optional"]
     inputs = spec["root"]["inputDefinitions"]["parameters"]
     required = sorted(k for k, p in inputs.items() if not p.get("isOptional"))
     assert required == ["data_uri", "export_destination", "model_uri"], (

@@ -446,6 +446,15 @@ def test_pet_env_from_the_task_config_is_refused():
         tj.build_trainjob("job-a", ["python", "x.py"], pod=settings)
 
 
+def test_mlflow_credentials_from_the_task_config_stay_out_of_the_node_pods():
+    """The step logs to MLflow itself; its Secret's variables reach the step's env (and so the task config's) only."""
+    token = {"name": "MLFLOW_TRACKING_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mlflow", "key": "t"}}}
+    kept = {"name": "NCCL_DEBUG", "value": "WARN"}
+    settings = tj.trainjob_spec_from_task_config({"env": [token, kept]})
+    assert settings.env == [kept]
+    assert "MLFLOW" not in str(tj.build_trainjob("job-a", ["python", "x.py"], pod=settings))
+
+
 def test_unmounted_paths_are_reported():
     mounts = [{"name": "w", "mountPath": "/kfp-workspace/"}]
     assert tj.unmounted_paths(

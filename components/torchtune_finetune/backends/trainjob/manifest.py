@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kfp_finetune.components._shared.launch_settings import queue_problems
+from kfp_finetune.components._shared.tracking import CREDENTIAL_KEYS
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.kueue import queue_labels
 
 GROUP = "trainer.kubeflow.org"
@@ -182,7 +183,12 @@ def trainjob_spec_from_task_config(task_config: Any) -> NodePodSettings:
     resources = {k: dict(v) for k, v in resources.items() if v} or None
     return NodePodSettings(
         resources=resources,
-        env=list(_task_config_field(task_config, "env", "env") or []),
+        # The step logs to MLflow itself (_shared/tracking.py): its credentials stay out of the node pods.
+        env=[
+            item
+            for item in _task_config_field(task_config, "env", "env") or []
+            if item.get("name") not in CREDENTIAL_KEYS
+        ],
         volumes=list(_task_config_field(task_config, "volumes", "volumes") or []),
         volume_mounts=list(_task_config_field(task_config, "volume_mounts", "volumeMounts") or []),
         node_selector=dict(_task_config_field(task_config, "node_selector", "nodeSelector") or {}),
