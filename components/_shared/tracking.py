@@ -148,10 +148,10 @@ class Tracker:
         """`text` as the run's artifact `name` (a path inside the run's artifacts, e.g. reports/evaluate.html)."""
         self._call(f"artifact {name}", "log_text", self.run_id, text, name)
 
-    def finish(self, failed: bool = False) -> None:
+    def finish(self) -> None:
         """End the run this step created (KFP ends its own)."""
         if self.owned:
-            self._call("run status", "set_terminated", self.run_id, "FAILED" if failed else "FINISHED")
+            self._call("run status", "set_terminated", self.run_id, "FINISHED")
 
     def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> None:
         if self.client is None:

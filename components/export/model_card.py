@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from kfp_finetune.components._shared.contract import TunedModel
+from kfp_finetune.components._shared.engines import CLASSIFICATION, IMAGE_TEXT
 
 # Resolved torchtune config keys worth showing, as (label, dotted key).
 _HYPERPARAMETERS = (
@@ -171,8 +172,8 @@ def render_card(card: CardInputs) -> str:
 
 
 _AUTO_CLASSES = {
-    "classification": "AutoModelForSequenceClassification",
-    "image-text-to-text": "AutoModelForImageTextToText",
+    CLASSIFICATION: "AutoModelForSequenceClassification",
+    IMAGE_TEXT: "AutoModelForImageTextToText",
 }
 
 

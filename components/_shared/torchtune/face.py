@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from kfp_finetune.components._shared.engines import GENERATION
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune.node import check_node_command, run_node_command
@@ -50,10 +51,10 @@ __all__ = [
 ]
 
 
-def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[bool, str]:
+def serves(model_dir: Path, hf_config: dict, task: str = GENERATION) -> tuple[bool, str]:
     """Whether torchtune 0.6.1 (with this project's builders) has the model's family, from config.json and the
     tokenizer files alone; it trains text generation only (its recipes have no sequence-classification loss)."""
-    if task != "generation":
+    if task != GENERATION:
         return (
             False,
             f"torchtune's recipes train text generation only, not {task} (the transformers engine does)",

@@ -253,7 +253,7 @@ def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
 
     with tempfile.TemporaryDirectory(prefix="kfp-finetune-eval-rows-") as scratch:
         # The settings check wants a model folder; the rows need only the tokenizer's, which is the same.
-        folder = getattr(tokenizer, "tokenizer", tokenizer).name_or_path  # a processor: its tokenizer's
+        folder = text_tokenizer(tokenizer).name_or_path
         settings = dataclasses.replace(settings, model_dir=folder, output_dir=scratch)
         if settings.task == CLASSIFICATION:
             try:
@@ -351,8 +351,13 @@ def _common_prefix(tokens: list[int], other: list[int]) -> int:
 # --- scoring --------------------------------------------------------------------------------------------------
 
 
+def text_tokenizer(tokenizer: Any) -> Any:
+    """The text tokenizer itself: a processor's own tokenizer, else the tokenizer given."""
+    return getattr(tokenizer, "tokenizer", tokenizer)
+
+
 def _pad_id(tokenizer: Any) -> int:
-    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's own tokenizer
+    tokenizer = text_tokenizer(tokenizer)
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
@@ -364,7 +369,7 @@ def greedy_generate(
     import torch
 
     prompts = [e.prompt_tokens for e in batch]
-    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    tokenizer = text_tokenizer(tokenizer)
     pad_id, width = _pad_id(tokenizer), max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from kfp_finetune.components._shared.engines import CLASSIFICATION, GENERATION, IMAGE_TEXT
 from kfp_finetune.components._shared.transformers import installed
 from kfp_finetune.components._shared.transformers.node import check_node_command, run_node_command
 from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run, preview
@@ -62,13 +63,13 @@ __all__ = [
 
 
 _KINDS = {
-    "generation": "causal-LM",
-    "classification": "sequence-classification",
-    "image-text-to-text": "vision-language (image-text-to-text)",
+    GENERATION: "causal-LM",
+    CLASSIFICATION: "sequence-classification",
+    IMAGE_TEXT: "vision-language (image-text-to-text)",
 }
 
 
-def serves(model_dir: Path, hf_config: dict, task: str = "generation") -> tuple[bool, str]:
+def serves(model_dir: Path, hf_config: dict, task: str = GENERATION) -> tuple[bool, str]:
     """(True, why) when the installed transformers has a class for config.json's model_type that trains `task` (a
     causal LM; a sequence classifier; a vision-language model), without remote code (auto_map: code from the model's repo, which this
     engine never runs). Imports no torch."""

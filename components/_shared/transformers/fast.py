@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.components._shared.engines import CLASSIFICATION, IMAGE_TEXT
+
 AUTO = "auto"
 SWITCH_CHOICES = (AUTO, True, False)
 GIB = 1024**3
@@ -109,9 +111,9 @@ def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) ->
     """The choices for `settings`' auto settings (SftSettings: packing, liger_kernel, gradient_checkpointing).
     `model` is read only for the memory model (a GPU, checkpointing left to us)."""
     chosen = []
-    classifier = settings.task == "classification"
+    classifier = settings.task == CLASSIFICATION
     if settings.packing == AUTO:
-        chosen += _IMAGE_ROWS if settings.task == "image-text-to-text" else _batching(hardware, classifier)
+        chosen += _IMAGE_ROWS if settings.task == IMAGE_TEXT else _batching(hardware, classifier)
     liger = settings.liger_kernel
     if liger == AUTO:
         found = _liger(hardware, classifier)

@@ -9,11 +9,13 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
+from kfp_finetune.components._shared.engines import CLASSIFICATION, GENERATION, IMAGE_TEXT
+
 #: The auto mapping (models/auto/modeling_auto.py) of the model classes each task trains.
 MAPPINGS = {
-    "generation": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "image-text-to-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    GENERATION: "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    CLASSIFICATION: "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    IMAGE_TEXT: "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
 }
 
 
@@ -25,7 +27,7 @@ def version() -> str | None:
 
 
 @functools.lru_cache(maxsize=len(MAPPINGS))
-def model_classes(task: str = "generation") -> dict[str, str]:
+def model_classes(task: str = GENERATION) -> dict[str, str]:
     """model_type -> the class transformers builds for `task` (a causal LM, a sequence classifier, a vision-language model) by its auto
     mapping (models/auto/modeling_auto.py); {} when transformers is not installed."""
     mapping = MAPPINGS[task]

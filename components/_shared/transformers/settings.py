@@ -17,20 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.data_formats import FORMATS, TEXT_DATASET_TYPES
+from kfp_finetune.components._shared.engines import CLASSIFICATION, GENERATION, IMAGE_TEXT
 from kfp_finetune.components._shared.errors import ConfigError, SettingError, one_of
 from kfp_finetune.components._shared.transformers import fast
 from kfp_finetune.components._shared.transformers.fast import AUTO, SWITCH_CHOICES
 
 _READ_FORMATS = ("parquet", "json")
 
-#: Sequence-classification rows (dataset-initialize's labels.py): a text, optionally a second one, and a class id.
-CLASSIFICATION = "classification"
+#: CLASSIFICATION is also the data type of sequence-classification rows (dataset-initialize's labels.py): a text,
+#: optionally a second one, and a class id.
 #: Instruct or chat rows with a list of images each (dataset-initialize's images.py: `images`, embedded Image
 #: structs), trained into a vision-language model (vision.py).
 MULTIMODAL = "multimodal"
 IMAGES = "images"
-#: The tasks these settings train (engines.py names them alike).
-GENERATION, IMAGE_TEXT = "generation", "image-text-to-text"
 DATASET_TYPES = (*TEXT_DATASET_TYPES, MULTIMODAL, CLASSIFICATION)
 METHODS = ("lora", "qlora", "full")
 DEVICES = ("auto", "cpu", "cuda")
