@@ -15,6 +15,7 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
 
+from kfp_finetune.components._shared.tracking import CREDENTIAL_KEYS
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
 from kfp_finetune.components.evaluate.component import evaluate
 from kfp_finetune.components.export.component import export
@@ -27,12 +28,10 @@ from kfp_finetune.pipelines import parameters, settings
 
 HF_TOKEN_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 # Credentials and endpoints: every pipeline that fetches or publishes takes them.
-ACCESS = ("s3_endpoint_url", "hf_token_secret", "s3_secret")
+ACCESS = ("s3_endpoint_url", "hf_token_secret", "s3_secret", "oci_secret")
 # Experiment tracking: the fine-tune and evaluate steps log to MLflow (_shared/tracking.py).
 TRACKING = ("mlflow_tracking_uri", "mlflow_experiment", "mlflow_secret")
-MLFLOW_KEYS = {
-    key: key for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-}
+MLFLOW_KEYS = {key: key for key in CREDENTIAL_KEYS}
 # tune_ settings the table also feeds to dataset-initialize (max_seq_len, train_on_input, new_system_prompt): its
 # packs are made with the length and masking training uses.
 DATA_TUNE_SETTINGS = tuple(
@@ -40,18 +39,22 @@ DATA_TUNE_SETTINGS = tuple(
     for p in parameters.TABLE
     if p.group == "tune" and any(f.startswith("dataset_initialize.") for f in p.feeds)
 )
+OCI_CONFIG_DIR = "/var/run/secrets/kfp-finetune/oci"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 # Resolved by KFP once per task execution: unique per nested use and ParallelFor iteration (see _shared/names.py).
 TASK_ID = dsl.PIPELINE_TASK_ID_PLACEHOLDER
 
 
-def with_credentials(task: dsl.PipelineTask, hf_token_secret, s3_secret) -> dsl.PipelineTask:
-    """HF and S3 credentials from Kubernetes Secrets (their names are pipeline parameters; both optional)."""
+def with_credentials(task: dsl.PipelineTask, hf_token_secret, s3_secret, oci_secret) -> dsl.PipelineTask:
+    """HF, S3 and OCI registry credentials from Kubernetes Secrets (their names are pipeline parameters; all
+    optional). The registry's is a docker config (a kubernetes.io/dockerconfigjson Secret), mounted as a folder
+    that DOCKER_CONFIG names, as docker and oras read it (_shared/storage/oci.py)."""
     kubernetes.use_secret_as_env(
         task, secret_name=hf_token_secret, secret_key_to_env=HF_TOKEN_KEYS, optional=True
     )
     kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_KEYS, optional=True)
-    return task
+    kubernetes.use_secret_as_volume(task, secret_name=oci_secret, mount_path=OCI_CONFIG_DIR, optional=True)
+    return task.set_env_variable("DOCKER_CONFIG", OCI_CONFIG_DIR)
 
 
 def with_tracking_credentials(task: dsl.PipelineTask, mlflow_secret) -> dsl.PipelineTask:
@@ -81,7 +84,9 @@ def step(task: dsl.PipelineTask, display_name: str, timeout_seconds: int) -> dsl
     return task
 
 
-def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -> dsl.PipelineTask:
+def publish(
+    display_name: str, hf_token_secret, s3_secret, oci_secret, **export_arguments
+) -> dsl.PipelineTask:
     """The export step as every pipeline runs it: time-limited, with credentials from Secrets.
 
     No KFP-level retry: it cannot tell a typo from a network blip, so a bad destination would fail several times
@@ -96,17 +101,19 @@ def publish(display_name: str, hf_token_secret, s3_secret, **export_arguments) -
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
     task.set_memory_request(settings.EXPORT_MEMORY)  # a merged export of an adapter run merges on CPU
     with_model_cache(task)
-    return with_credentials(task, hf_token_secret, s3_secret)
+    return with_credentials(task, hf_token_secret, s3_secret, oci_secret)
 
 
-def check_first(hf_token_secret, s3_secret, mlflow_secret, **preflight_arguments) -> dsl.PipelineTask:
+def check_first(
+    hf_token_secret, s3_secret, mlflow_secret, oci_secret, **preflight_arguments
+) -> dsl.PipelineTask:
     """The pre-flight step, the first of a pipeline: the steps that download `.after()` it. It gets the Secrets and
     volumes the export gets, so it sees the destination as the export will."""
     task = preflight(hf_token_secret=hf_token_secret, s3_secret=s3_secret, **preflight_arguments)
     step(task, "Pre-flight checks", 600)
     with_model_cache(task)
     with_tracking_credentials(task, mlflow_secret)
-    return with_credentials(task, hf_token_secret, s3_secret)
+    return with_credentials(task, hf_token_secret, s3_secret, oci_secret)
 
 
 class PreparedInputs(NamedTuple):
@@ -137,7 +144,7 @@ def prepare_inputs(p: parameters.Values) -> PreparedInputs:
     for task, name in ((model_task, "Initialize model"), (data_task, "Initialize dataset")):
         # No KFP-level retry (see `publish`): transient errors are retried in-process, bad input fails at once.
         step(task, name, settings.INITIALIZE_TIMEOUT_SECONDS)
-        with_credentials(task, p.hf_token_secret, p.s3_secret)
+        with_credentials(task, p.hf_token_secret, p.s3_secret, p.oci_secret)
     return PreparedInputs(
         model=model_task.outputs["model"], train=data_task.outputs["train"], eval=data_task.outputs["eval"]
     )
@@ -237,7 +244,7 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
     runtime exists; then dataset and model initialize in parallel into the run's workspace; torchtune-finetune trains (a Kubeflow Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
     the quality gate passes.
     """
-    checked = check_first(mlflow_secret=p.mlflow_secret, **p.feeding("preflight"))
+    checked = check_first(mlflow_secret=p.mlflow_secret, oci_secret=p.oci_secret, **p.feeding("preflight"))
     inputs = prepare_inputs(**p.arguments_for(prepare_inputs)).set_display_name("Prepare inputs")
     inputs.after(checked)
     tuned = tune_and_evaluate(
@@ -256,6 +263,7 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
             "Export model",
             p.hf_token_secret,
             p.s3_secret,
+            p.oci_secret,
             model=tuned.outputs["model"],
             metrics=tuned.outputs["eval_metrics"],
             **p.feeding("export"),

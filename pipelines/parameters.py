@@ -59,13 +59,15 @@ def _p(name: str, type_: Any, default: Any, doc: str, *feeds: str) -> Parameter:
 TABLE: tuple[Parameter, ...] = (
     # --- what every run needs ---------------------------------------------------------------------------------
     _p("model_uri", str, REQUIRED,
-       "Base model: hf://org/repo[@revision], s3://bucket/prefix, or a path on a mounted volume.",
+       "Base model: hf://org/repo[@revision], s3://bucket/prefix, oci://registry/repository:tag (a ModelCar), or "
+       "a path on a mounted volume.",
        "model_initialize.source_uri", "preflight.model_uri", "dataset_initialize.base_model_uri"),
     _p("data_uri", str, REQUIRED,
        "Dataset: hf://org/name[@revision], s3://..., https://... (one file), or a path.",
        "dataset_initialize.source_uri", "preflight.data_uri"),
     _p("export_destination", str, REQUIRED,
-       "Where the model goes: s3://bucket/prefix, hf://org/repo, or a path.",
+       "Where the model goes: s3://bucket/prefix, hf://org/repo, oci://registry/repository:tag (a KServe "
+       "ModelCar image), or a path.",
        "export.destination", "preflight.export_destination"),
     # --- the sub-DAG tune-and-evaluate's artifact inputs --------------------------------------------------------
     _p("base_model", Model, REQUIRED, "model-initialize's output."),
@@ -293,12 +295,18 @@ TABLE: tuple[Parameter, ...] = (
        "export.dtype", "preflight.export_dtype"),
     _p("export_overwrite", bool, False, "Replace an earlier export at the destination (never files no export wrote).", "export.overwrite"),
     _p("export_hf_private", bool, True, "Create hf:// repos as private.", "export.hf_private"),
+    _p("export_oci_base_image", str, "docker.io/library/busybox:1.37",
+       "oci:// only: the image the ModelCar's /models layers go on; it needs the shell KServe runs in it.",
+       "export.oci_base_image", "preflight.export_oci_base_image"),
     # --- access -----------------------------------------------------------------------------------------------
     _p("s3_endpoint_url", str, "", "S3 endpoint for MinIO / Ceph; empty: AWS or AWS_ENDPOINT_URL.",
        "model_initialize.s3_endpoint_url", "dataset_initialize.s3_endpoint_url", "export.s3_endpoint_url", "preflight.s3_endpoint_url"),
     _p("hf_token_secret", str, "hf-token",
        "Kubernetes Secret with key HF_TOKEN (gated/private models, hf:// export); optional.", "preflight.hf_token_secret"),
     _p("s3_secret", str, "s3-credentials", "Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.", "preflight.s3_secret"),
+    _p("oci_secret", str, "oci-registry",
+       "Kubernetes Secret of type kubernetes.io/dockerconfigjson with the registry credentials for oci:// "
+       "sources and destinations; optional."),
     _p("mlflow_tracking_uri", str, "",
        "MLflow tracking server (http[s]://, no credentials in it) the fine-tune and evaluate steps also log to; "
        "empty: none, except a run KFP made for the task itself (its MLFLOW_TRACKING_URI / MLFLOW_RUN_ID).",

@@ -40,7 +40,7 @@ class SweepOutputs(NamedTuple):
 )
 def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
     """Sweep learning rate x LoRA rank with torchtune, evaluate every trial, export only the best."""
-    checked = check_first(mlflow_secret=p.mlflow_secret, **p.feeding("preflight"))
+    checked = check_first(mlflow_secret=p.mlflow_secret, oci_secret=p.oci_secret, **p.feeding("preflight"))
     inputs = prepare_inputs(**p.arguments_for(prepare_inputs)).set_display_name("Prepare inputs")
     inputs.after(checked)
     grid = step(sweep_grid(**p.feeding("sweep_grid")), "Sweep grid", 600)
@@ -67,6 +67,7 @@ def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
             "Export the best model",
             p.hf_token_secret,
             p.s3_secret,
+            p.oci_secret,
             model=best.outputs["best_model"],
             metrics=best.outputs["best_metrics"],
             **p.feeding("export"),

@@ -356,7 +356,8 @@ class ExportedModel(_Metadata):
     dataset_source: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     layout: dict[str, str] = field(default_factory=dict)  # folder in the export ("" = root) -> what it holds
-    commit_sha: str = ""
+    commit_sha: str = ""  # hf:// only
+    image_digest: str = ""  # oci:// only: the pushed manifest's digest
     run_id: str = ""
     run_name: str = ""
 

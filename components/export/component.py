@@ -19,13 +19,15 @@ def export(
     overwrite: bool = False,
     s3_endpoint_url: str = "",
     hf_private: bool = True,
+    oci_base_image: str = "docker.io/library/busybox:1.37",
     run_name: str = "",
     run_id: str = "",
     task_name: str = "export",
     max_workers: int = 8,
     task_id: str = "",
 ):
-    """Deliver the fine-tuned model where serving and registries read it: S3, the Hugging Face Hub or a volume.
+    """Deliver the fine-tuned model where serving and registries read it: S3, the Hugging Face Hub, an OCI registry
+    (a KServe ModelCar image) or a volume.
 
     Exports torchtune-finetune's merged Hugging Face model (safetensors, config, tokenizer; loads with
     `AutoModelForCausalLM.from_pretrained`, serves with vLLM / TGI / KServe), its PEFT adapter (whose
@@ -41,14 +43,19 @@ def export(
     and every file's size and checksum is read back afterwards. A destination holding different content is
     refused unless `overwrite`; a same-named file no export wrote (a user's own README.md or checksums.sha256)
     is never replaced. Format, dtype, destination and credentials are checked before any upload.
+    An oci:// destination gets a KServe ModelCar: the export's files under /models on `oci_base_image`, one layer
+    per large file (a weight file already in the repository is never uploaded again), pushed, then its manifest
+    and uploaded layers pulled back and checked against checksums.sha256.
     Credentials come only from the environment: HF_TOKEN for the Hub; AWS_ACCESS_KEY_ID /
-    AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
+    AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3; a docker config at $DOCKER_CONFIG
+    for a registry — set them from Kubernetes Secrets.
 
     Args:
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
         model: The fine-tuned model: torchtune-finetune's `model` output.
         destination: Where to export: `s3://<bucket>/<prefix>`, `hf://<org>/<repo>[/<folder>][@<branch>]`
-            (created if missing) or an absolute path, e.g. a mounted PVC; never a whole disk or bucket.
+            (created if missing), `oci://<registry>/<repository>[:<tag>]` (tag `latest` when none) or an absolute
+            path, e.g. a mounted PVC; never a whole disk or bucket.
         metrics: Evaluation results (evaluate's `metrics` output); their numbers go into the model card.
         format: merged (serving-ready HF model), adapter (PEFT adapter; not for method=full) or both.
         dtype: Convert floating-point weights to bf16, fp16 or fp32; empty: keep the trained dtype.
@@ -59,6 +66,8 @@ def export(
             different content fails the step and is left untouched.
         s3_endpoint_url: S3 endpoint for MinIO / Ceph; default: AWS_ENDPOINT_URL from the environment, else AWS.
         hf_private: Create a missing hf:// repo as private (an existing repo keeps its visibility).
+        oci_base_image: oci:// only: the image whose layers come first in the ModelCar (KServe runs a shell in
+            it); mounted from its repository when at the same registry, else copied once.
         run_name: The pipeline run's name for the model card; pass `dsl.PIPELINE_JOB_NAME_PLACEHOLDER`.
         run_id: The pipeline run's id for the model card; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER`.
         task_name: The task's name, for the model card; readable part of the staging folder's name.
@@ -72,7 +81,8 @@ def export(
             uploads object-store artifact URIs itself); metadata gives `destination`, `format`, `dtype`, `state` (created,
             resumed, unchanged or replaced), `files` (path, size, sha256), `num_files`, `total_bytes`,
             `uploaded_files`, `manifest_sha256` (of checksums.sha256), `base_model`, `base_model_revision`,
-            `method`, `dataset_source`, `metrics`, `layout` and, for hf://, `commit_sha`.
+            `method`, `dataset_source`, `metrics`, `layout`, for hf:// `commit_sha` and for oci:// `image_digest` (the
+            manifest's).
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
     from kfp_finetune.components._shared.errors import ContractError, usage_errors
@@ -84,5 +94,9 @@ def export(
     from kfp_finetune.components.export.export import ExportError, run_component
 
     with usage_errors(ExportError, StorageError, ContractError, CredentialsInParameter):
-        refuse_credentials(export_destination=destination, s3_endpoint_url=s3_endpoint_url)
+        refuse_credentials(
+            export_destination=destination,
+            s3_endpoint_url=s3_endpoint_url,
+            export_oci_base_image=oci_base_image,
+        )
         run_component(**parameters)

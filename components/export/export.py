@@ -75,7 +75,9 @@ def normalize_dtype(dtype: str) -> str:
     return DTYPES[key] if key else ""
 
 
-def check_request(model: TunedModel, fmt: str, dtype: str, destination: str) -> storage.StorageUri:
+def check_request(
+    model: TunedModel, fmt: str, dtype: str, destination: str, oci_base_image: str = ""
+) -> storage.StorageUri:
     """Validate format/dtype/destination/credentials against the model; nothing is written."""
     problem = format_problem(fmt)
     if problem:
@@ -100,8 +102,21 @@ def check_request(model: TunedModel, fmt: str, dtype: str, destination: str) -> 
         uri = storage.parse_uri(destination)
     except ValueError as err:
         raise ExportError(str(err)) from err
-    if uri.scheme not in ("s3", "hf", "file"):
-        raise ExportError(f"cannot export to {uri.shown!r}: use s3://bucket/prefix, hf://org/repo or a path")
+    if uri.scheme not in ("s3", "hf", "file", "oci"):
+        raise ExportError(
+            f"cannot export to {uri.shown!r}: use s3://bucket/prefix, hf://org/repo, oci://registry/repository:tag "
+            "or a path"
+        )
+    if uri.scheme == "oci":
+        if uri.revision and uri.revision.startswith("sha256:"):
+            raise ExportError(
+                f"export_destination {uri.shown} names a digest: an export pushes to a tag, e.g. "
+                f"oci://{uri.bucket}/{uri.repo_id}:v1"
+            )
+        try:
+            storage.parse_image(oci_base_image) if oci_base_image else None
+        except ValueError as err:
+            raise ExportError(str(err)) from err
     try:
         storage.refuse_root(uri)  # never a whole disk or bucket
     except storage.StorageError as err:
@@ -121,6 +136,7 @@ def export_model(
     overwrite: bool = False,
     s3_endpoint_url: str = "",
     hf_private: bool = True,
+    oci_base_image: str = "",
     run_name: str = "",
     run_id: str = "",
     task_name: str = "export",
@@ -131,7 +147,7 @@ def export_model(
     """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported.
     `model_metadata` is the tuned model's (contract.TunedModel), `eval_metrics` a Metrics output's."""
     model = TunedModel.from_metadata(model_metadata, input_name="model")
-    uri = check_request(model, format, dtype, destination)
+    uri = check_request(model, format, dtype, destination, oci_base_image)
     # Shown in the model card and recorded in metadata: never with a credential an upstream URI carried.
     model.base_model = storage.redact_uri(model.base_model) if model.base_model else ""
     model.dataset_source = storage.redact_uri(model.dataset_source) if model.dataset_source else ""
@@ -176,6 +192,7 @@ def export_model(
             manifest=CHECKSUMS,
             endpoint_url=s3_endpoint_url or None,
             private=hf_private,
+            base_image=oci_base_image,
             commit_message=f"Export {format} model from kfp-finetune run {run_name or run_id or 'local'}",
             max_workers=max_workers,
             hashes=hashes,
@@ -205,7 +222,8 @@ def export_model(
         dataset_source=model.dataset_source,
         metrics={**{k: v for k, v in training.items() if v is not None}, **metrics},
         layout=layout,
-        commit_sha=published.commit_sha or "",
+        commit_sha=(published.commit_sha or "") if uri.scheme == "hf" else "",
+        image_digest=(published.commit_sha or "") if uri.scheme == "oci" else "",
         run_id=run_id,
         run_name=run_name,
     ).to_metadata()
@@ -418,6 +436,7 @@ def run_component(**params: Any) -> ExportResult:
         overwrite=params["overwrite"],
         s3_endpoint_url=params["s3_endpoint_url"],
         hf_private=params["hf_private"],
+        oci_base_image=params.get("oci_base_image", ""),
         run_name=params["run_name"],
         run_id=params["run_id"],
         task_name=params["task_name"],

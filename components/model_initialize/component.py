@@ -29,10 +29,12 @@ def model_initialize(
     transfer. A local folder's symlinks are followed only inside it: one pointing outside (a `LICENSE.txt` linked
     to `/etc/passwd`, a folder elsewhere) fails the step naming it, before anything is copied. Credentials come
     only from the environment: HF_TOKEN for the Hugging Face Hub, AWS_ACCESS_KEY_ID /
-    AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3 — set them from Kubernetes Secrets.
+    AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (and AWS_ENDPOINT_URL) for S3, a docker config at $DOCKER_CONFIG
+    for a registry — set them from Kubernetes Secrets.
 
     Args:
         source_uri: Where the model is: `hf://<org>/<repo>[/<sub/path>][@<revision>]`, `s3://<bucket>/<prefix>`,
+            `oci://<registry>/<repository>[:<tag>|@sha256:<digest>]` (a KServe ModelCar: the files under /models),
             `file:///<path>` or an absolute path (e.g. a mounted PVC).
         workspace_path: The run workspace; pass `dsl.WORKSPACE_PATH_PLACEHOLDER`.
         name: Readable part of the folder name under `models/`; default: the repo or folder name of the source.

@@ -74,6 +74,7 @@ def preflight(
     eval_gpus: int = -1,
     export_format: str = "merged",
     export_dtype: str = "",
+    export_oci_base_image: str = "docker.io/library/busybox:1.37",
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "kfp-finetune",
 ):
@@ -97,7 +98,7 @@ def preflight(
     it checks for.
 
     Args:
-        export_destination: Where the model will be exported (s3://, hf:// or a path); empty: not checked.
+        export_destination: Where the model will be exported (s3://, hf://, oci:// or a path); empty: not checked.
         model_uri: The base model: an hf:// repo or s3:// prefix is checked for access; its config.json and
             tokenizer files are fetched (no weights) and the run resolved; empty: not checked.
         data_uri: The dataset; an hf:// repo or s3:// prefix is checked for access; empty: not checked.
@@ -202,6 +203,8 @@ def preflight(
         export_format: merged (HF safetensors folder; an adapter run's adapter is merged into the base at export,
             on CPU), adapter (PEFT) or both.
         export_dtype: Convert weights to bf16, fp16 or fp32 on export; empty: as trained.
+        export_oci_base_image: For an oci:// export_destination: the ModelCar's base image, whose manifest must
+            be readable.
         mlflow_tracking_uri: The MLflow tracking server the fine-tune and evaluate steps will log to: a probe run
             is created and deleted in mlflow_experiment (credentials from the Secret named by mlflow_secret);
             empty: not checked.
@@ -284,4 +287,5 @@ def preflight(
             settings=settings,
             mlflow_tracking_uri=mlflow_tracking_uri,
             mlflow_experiment=mlflow_experiment,
+            export_oci_base_image=export_oci_base_image,
         )

@@ -110,7 +110,7 @@ def check_destination(parameter: str, uri: storage.StorageUri, endpoint_url: str
 
 
 # Sources checked where they are: the remote ones. A local path may be a volume mounted only into the initializers.
-REMOTE_SOURCES = ("hf", "s3")
+REMOTE_SOURCES = ("hf", "s3", "oci")
 
 
 def check_source(
@@ -125,10 +125,22 @@ def check_source(
     except (storage.StorageError, ValueError) as error:
         if uri.scheme == "s3":
             hint = f" (credentials from the Secret named by s3_secret, {secrets.s3!r})"
+        elif uri.scheme == "oci":
+            hint = ""  # the registry's errors name oci_secret
         else:
             hint = "" if os.environ.get("HF_TOKEN") else f" ({secrets.hf_hint()})"
         return [Problem(parameter, f"{error}{hint}")]
     log.info("%s: %s is readable (%d files)", parameter, uri.shown, len(listing.files))
+    return []
+
+
+def check_base_image(image: str) -> list[Problem]:
+    """The ModelCar's base image can be read (its manifest and config), as the export will copy it."""
+    try:
+        storage.check_base_image(image)
+    except (storage.StorageError, ValueError) as error:
+        return [Problem("export_oci_base_image", str(error))]
+    log.info("export_oci_base_image: %s is readable", image)
     return []
 
 
@@ -248,6 +260,7 @@ def run_preflight(
     settings: dict[str, Any] | None = None,
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "",
+    export_oci_base_image: str = "",
 ) -> list[str]:
     """Run every check; return what was checked, or raise PreflightError listing every problem found.
 
@@ -267,6 +280,9 @@ def run_preflight(
     if "export_destination" in uris:
         checks.append(("export_destination", "export_destination", lambda: check_destination(
             "export_destination", uris["export_destination"], s3_endpoint_url or None)))  # fmt: skip
+        if uris["export_destination"].scheme == "oci" and export_oci_base_image:
+            checks.append(("export_oci_base_image", "export_oci_base_image",
+                           lambda: check_base_image(export_oci_base_image)))  # fmt: skip
     for name, repo_type in (("model_uri", "model"), ("data_uri", "dataset")):
         if name in uris and uris[name].scheme in REMOTE_SOURCES:
             checks.append((name, name, lambda name=name, repo_type=repo_type: check_source(

@@ -3,10 +3,13 @@ runs them (kfp.local, each step in its own process) with planted HF_TOKEN / AWS_
 (as the Secrets put them there), against the hub stand-in (whose LFS files come through a signed CDN URL, made
 to fail once so the retry warning names it) and moto's S3 server behind the fault proxy (SlowDown bursts):
 a scan of every output — the step logs, the artifacts and executor outputs KFP keeps, the workspace's manifests,
-the exported model card, manifest and metadata at both destinations — finds none of them."""
+the exported model card, manifest and metadata at every destination — finds none of them. The export to an OCI
+registry (a real one behind htpasswd auth) reads the registry's password from a docker config, as the Secret
+named by oci_secret gives it; neither the password nor its base64 `auth` reaches an output or the image."""
 
 # No `from __future__ import annotations`: KFP reads pipeline signatures' annotations as types.
 
+import base64
 import json
 import re
 
@@ -21,6 +24,7 @@ from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.component import preflight
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_standin import HubStandin
+from tests.support.oci_registry import oci_registry, push_image
 from tests.support.sources import hub_env, moto_s3
 
 PLANTED = {
@@ -29,6 +33,10 @@ PLANTED = {
     "AWS_SECRET_ACCESS_KEY": "plantedAWSsecret/0123456789abcdefXYZ",
     "AWS_SESSION_TOKEN": "plantedSESSIONtoken0123456789",
 }
+# The registry's credentials, as the docker config of the Secret named by oci_secret holds them (the base64 `auth`
+# of user:password is scanned for too).
+REGISTRY_USER, REGISTRY_PASSWORD = "planted-pusher", "plantedREGISTRYpass0123456789"
+REGISTRY_AUTH = base64.b64encode(f"{REGISTRY_USER}:{REGISTRY_PASSWORD}".encode()).decode()
 # The signature and expiry of the stand-in's signed CDN URLs (tests/support/hub_standin.py).
 SIGNED = ("Signature=standin", "Expires=4102444800")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -56,6 +64,8 @@ def planted_secrets(
     hub_destination: str,
     s3_destination: str,
     s3_endpoint_url: str,
+    oci_destination: str,
+    oci_base_image: str,
 ):
     checked = preflight(
         export_destination=s3_destination, model_uri=model_uri, data_uri=data_uri, s3_endpoint_url=s3_endpoint_url,
@@ -67,19 +77,24 @@ def planted_secrets(
         s3_endpoint_url=s3_endpoint_url, task_id="data",
     )  # fmt: skip
     tuned = tuned_as_base(workspace_path=workspace, base_model=base.outputs["model"])
-    for destination, task in ((hub_destination, "hub"), (s3_destination, "s3")):
+    for destination, task in ((hub_destination, "hub"), (s3_destination, "s3"), (oci_destination, "oci")):
         export(
             workspace_path=workspace, model=tuned.outputs["model"], destination=destination,
-            s3_endpoint_url=s3_endpoint_url, task_id=task,
+            s3_endpoint_url=s3_endpoint_url, oci_base_image=oci_base_image, task_id=task,
         )  # fmt: skip
 
 
 @pytest.fixture
 def planted_run(tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd):
     """The pipeline run once with planted credentials; what it printed and where it wrote."""
-    with HubStandin() as hub, moto_s3() as endpoint, FaultProxy(endpoint) as proxy:
+    with (
+        HubStandin() as hub, moto_s3() as endpoint, FaultProxy(endpoint) as proxy,
+        oci_registry(tmp_path / "registry", auth=(REGISTRY_USER, REGISTRY_PASSWORD)) as registry,
+    ):  # fmt: skip
         for key, value in {**hub_env(hub.endpoint, tmp_path), **PLANTED}.items():
             monkeypatch.setenv(key, value)
+        monkeypatch.setenv("DOCKER_CONFIG", str(registry.docker_config(tmp_path / "docker")))
+        push_image(registry, "base/shell", "1", [{"bin/sh": b"a shell"}])
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         monkeypatch.setenv("KFP_FINETUNE_RETRIES", "3")
         hub.add_token(PLANTED["HF_TOKEN"], "acme")
@@ -98,19 +113,25 @@ def planted_run(tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd):
         planted_secrets(
             workspace=str(tmp_path / "workspace"), model_uri="hf://org/tiny", data_uri="s3://planted/data/train.jsonl",
             hub_destination="hf://acme/tuned", s3_destination="s3://planted/tuned", s3_endpoint_url=proxy.url,
+            oci_destination=f"oci://{registry.host}/acme/tuned:v1", oci_base_image=f"{registry.host}/base/shell:1",
         )  # fmt: skip
         exported = {
             f"s3://planted/{o['Key']}": client.get_object(Bucket="planted", Key=o["Key"])["Body"].read()
             for o in client.list_objects_v2(Bucket="planted", Prefix="tuned/")["Contents"]
         }
         exported |= {f"hub {path}": path.read_bytes() for path in hub._storage.rglob("*") if path.is_file()}
+        # Every blob and manifest the registry stores: the ModelCar's layers (model card, checksums) and config.
+        exported |= {f"registry {path}": path.read_bytes() for path in (tmp_path / "registry" / "data").rglob("*")
+                     if path.is_file()}  # fmt: skip
+        assert registry.requests("PUT", "/manifests/v1"), "the oci export ran"
         requests = list(hub.requests) + list(proxy.requests)
     printed = capfd.readouterr()
     return _ANSI.sub("", printed.out + printed.err), exported, requests
 
 
 def _leaks(name: str, data: bytes) -> list[str]:
-    return [f"{value[:12]}… in {name}" for value in (*PLANTED.values(), *SIGNED) if value.encode() in data]
+    planted = (*PLANTED.values(), *SIGNED, REGISTRY_PASSWORD, REGISTRY_AUTH)
+    return [f"{value[:12]}… in {name}" for value in planted if value.encode() in data]
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """Storage URIs: list and fetch files from the Hugging Face Hub, S3 (incl. MinIO/Ceph), local paths and https,
-and publish a folder to s3://, hf:// or a local path.
+and OCI registries (ModelCar images), and publish a folder to s3://, hf://, oci:// or a local path.
 
 Supported forms (see SUPPORTED_FORMS):
 
@@ -7,6 +7,8 @@ Supported forms (see SUPPORTED_FORMS):
     s3://<bucket>[/<prefix>]            endpoint from a parameter or AWS_ENDPOINT_URL / S3_ENDPOINT_URL
     file:///abs/path  or  /abs/path     a file or a folder (e.g. a PVC mounted into the step)
     https://host/path/file.jsonl        a single file (datasets)
+    oci://<registry>/<repository>[:tag] a KServe ModelCar image (files under /models); credentials from the docker
+                                        config at $DOCKER_CONFIG
 
 Credentials come only from the environment (HF_TOKEN, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 AWS_SESSION_TOKEN), which pipelines fill from Kubernetes Secrets; a URI's own (a presigned URL's query string,
@@ -47,6 +49,7 @@ from .hf import truncated as hub_truncation
 from .hf import verify_cached as verify_hub_cache
 from .links import LinkEscape, LocalRoot
 from .listing import FileRecord, Listing, RemoteFile
+from .oci_base import check_base_image, parse_image
 from .probe import probe_destination, probe_source
 from .publish import (
     PublishResult,
@@ -74,6 +77,7 @@ __all__ = [
     "SourceChanged",
     "StorageError",
     "StorageUri",
+    "check_base_image",
     "damaged_files",
     "download",
     "hash_file",
@@ -82,6 +86,7 @@ __all__ = [
     "is_transient",
     "list_files",
     "manifest_text",
+    "parse_image",
     "parse_uri",
     "probe_destination",
     "probe_source",

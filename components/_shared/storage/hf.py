@@ -321,7 +321,7 @@ def probe(uri: StorageUri, *, endpoint_url: str | None) -> None:
 
 
 def destination(
-    uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
+    uri: StorageUri, *, endpoint_url: str | None, private: bool, base_image: str = "", commit_message: str
 ) -> Destination:
     from huggingface_hub.utils import disable_progress_bars
 

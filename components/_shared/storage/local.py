@@ -174,7 +174,7 @@ def _remove_stale_probes(folder: Path) -> None:
 
 
 def destination(
-    uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
+    uri: StorageUri, *, endpoint_url: str | None, private: bool, base_image: str = "", commit_message: str
 ) -> Destination:
     root = Path(uri.path)
     for stale in root.rglob(f".*{_PART_MARK}*") if root.is_dir() else []:

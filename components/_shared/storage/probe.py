@@ -38,7 +38,9 @@ def probe_destination(uri: str | StorageUri, *, endpoint_url: str | None = None)
     uri = parse_uri(uri)
     scheme = scheme_module(uri)
     if not scheme.WRITABLE:
-        raise ValueError(f"cannot publish to {uri.shown!r}: use an s3://, hf:// or local path destination")
+        raise ValueError(
+            f"cannot publish to {uri.shown!r}: use an s3://, hf://, oci:// or local path destination"
+        )
     refuse_root(uri)
     scheme.require_credentials(uri)
     scheme.probe(uri, endpoint_url=endpoint_url)

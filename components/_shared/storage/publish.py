@@ -35,7 +35,7 @@ class PublishResult:
     uploaded: list[str]
     deleted: list[str]
     kept: list[str] = field(default_factory=list)  # files at the destination no export wrote: left alone
-    commit_sha: str | None = None  # hf:// only: the commit holding the files
+    commit_sha: str | None = None  # hf://: the commit holding the files; oci://: the image manifest's digest
 
     @property
     def total_bytes(self) -> int:
@@ -221,6 +221,7 @@ def publish_directory(
     manifest: str | None = None,
     endpoint_url: str | None = None,
     private: bool = True,
+    base_image: str = "",
     commit_message: str = "Upload with kfp-finetune",
     max_workers: int = 8,
     hashes: dict[str, FileHash] | None = None,
@@ -255,6 +256,7 @@ def publish_directory(
     `hashes` (path in `src` -> FileHash, e.g. what training recorded) are used for every file whose size and
     mtime still match; only the other files are hashed (in parallel, once).
 
+    An oci:// tag is one image (oci.py): `base_image`'s layers, then the files under /models.
     hf:// repos are created when missing, private unless `private=False`. Credentials come from the
     environment only (HF_TOKEN, AWS_*); missing ones fail before any transfer.
     """
@@ -262,9 +264,13 @@ def publish_directory(
     uri = parse_uri(uri)
     scheme = scheme_module(uri)
     if not scheme.WRITABLE:
-        raise ValueError(f"cannot publish to {uri.shown!r}: use an s3://, hf:// or local path destination")
+        raise ValueError(
+            f"cannot publish to {uri.shown!r}: use an s3://, hf://, oci:// or local path destination"
+        )
     refuse_root(uri)
-    dest = scheme.destination(uri, endpoint_url=endpoint_url, private=private, commit_message=commit_message)
+    dest = scheme.destination(
+        uri, endpoint_url=endpoint_url, private=private, base_image=base_image, commit_message=commit_message
+    )
     scheme.require_credentials(uri)
     files = sorted(p for p in src.rglob("*") if p.is_file())
     if not files:

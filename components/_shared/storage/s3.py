@@ -328,7 +328,7 @@ def require_credentials(uri: StorageUri) -> None:
 
 
 def destination(
-    uri: StorageUri, *, endpoint_url: str | None, private: bool, commit_message: str
+    uri: StorageUri, *, endpoint_url: str | None, private: bool, base_image: str = "", commit_message: str
 ) -> Destination:
     return Destination(uri, endpoint_url, _client(endpoint_url))
 

@@ -13,7 +13,8 @@ and, when WRITABLE:
                                                                False: only what an earlier manifest lists
     is_root(uri) -> bool                                       a whole disk or bucket: never a destination
     require_credentials(uri)                                   fails before any transfer
-    destination(uri, *, endpoint_url, private, commit_message) -> a handle (.head: the commit, hf:// only)
+    destination(uri, *, endpoint_url, private, base_image, commit_message) -> a handle (.head: the hf:// commit
+                                                               or the oci:// manifest digest)
     existing(dest) -> list[RemoteFile]                         what the destination holds, with its checksums
     read_text(dest, rel) -> str                                a file there (an earlier manifest; not OWNS_...)
     put(dest, src, records, remove, *, max_workers, progress)  writes `records`, then removes `remove`
@@ -25,10 +26,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import hf, https, local, s3
+from . import hf, https, local, oci, s3
 from .uri import StorageUri
 
-SCHEMES: dict[str, ModuleType] = {"hf": hf, "s3": s3, "file": local, "https": https}
+SCHEMES: dict[str, ModuleType] = {"hf": hf, "s3": s3, "file": local, "https": https, "oci": oci}
 
 
 def scheme_module(uri: StorageUri) -> ModuleType:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ SUPPORTED_FORMS = (
     "s3://<bucket>[/<prefix>]",
     "file:///<absolute/path> or /<absolute/path>",
     "https://<host>/<path/to/file> (a single file)",
+    "oci://<registry>/<repository>[:<tag>] (a KServe ModelCar image; a source may also end in @sha256:<digest>)",
 )
 
 
@@ -29,7 +31,9 @@ class StorageUri:
     scheme: str
     raw: str
     path: str = ""
-    repo_id: str = ""
+    repo_id: str = (
+        ""  # hf: <org>/<repo>; oci: the repository (its registry in `bucket`, its tag in `revision`)
+    )
     revision: str | None = None
     bucket: str = ""
     repo_type: str | None = None  # hf:// only, when the URI says (hf://datasets/...)
@@ -92,6 +96,26 @@ def _parse_https(uri: str, rest: str) -> StorageUri:
     return StorageUri("https", uri, path=uri)
 
 
+_OCI_REFERENCE = re.compile(
+    r"(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
+)
+
+
+def _parse_oci(uri: str, rest: str) -> StorageUri:
+    host, slash, reference = rest.partition("/")
+    if not host or not slash or "@" in host or "?" in rest:
+        raise _invalid(
+            uri, "expected oci://<registry>/<repository>[:<tag>] (credentials come from oci_secret)"
+        )
+    match = _OCI_REFERENCE.fullmatch(reference)
+    if match is None:
+        raise _invalid(uri, "the repository is lowercase letters, digits and . _ - / separators, then :<tag>")
+    return StorageUri(
+        "oci", uri, bucket=host.lower(), repo_id=match["repo"], revision=match["digest"] or match["tag"]
+    )
+
+
 # What to do instead of an unsupported scheme (named in the error, after the scheme).
 _COPY_FIRST = " (copy the files to S3, the Hugging Face Hub or a mounted volume first)"
 _SCHEME_FIXES = {
@@ -105,6 +129,7 @@ _PARSERS: dict[str, Callable[[str, str], StorageUri]] = {
     "s3": _parse_s3,
     "file": _parse_file,
     "https": _parse_https,
+    "oci": _parse_oci,
 }
 
 

@@ -286,7 +286,7 @@ def test_interrupted_copy_to_a_path_is_completed(finetuned, tmp_path):
     [
         ({}, "gs://bucket/model", r"unknown scheme 'gs' \(use Cloud Storage's S3-compatible API"),
         ({}, "relative/dir", "no scheme and not an absolute path"),
-        ({}, "https://example.org/model", "use s3://bucket/prefix, hf://org/repo or a path"),
+        ({}, "https://example.org/model", "use s3://bucket/prefix, hf://org/repo, oci://registry/repository:tag or a path"),
         ({}, "s3://bucket", "name a folder"),
         ({"format": "adapter", "meta": {"method": "full", "adapter_path": ""}}, "/x", "a full fine-tune has no adapter"),
         ({"format": "merged", "meta": {"base_model_path": "models/gone"}}, "/x", "base model .* set export_format=adapter"),
