@@ -15,6 +15,7 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
 
+from kfp_finetune.components._shared.model_registry import TOKEN_ENV as MODEL_REGISTRY_TOKEN
 from kfp_finetune.components._shared.tracking import CREDENTIAL_KEYS
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
 from kfp_finetune.components.evaluate.component import evaluate
@@ -23,6 +24,7 @@ from kfp_finetune.components.gpu_counts.component import gpu_counts
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.component import preflight
 from kfp_finetune.components.quality_gate.component import quality_gate
+from kfp_finetune.components.register_model.component import register_model
 from kfp_finetune.components.torchtune_finetune.component import torchtune_finetune
 from kfp_finetune.pipelines import parameters, settings
 
@@ -31,6 +33,9 @@ HF_TOKEN_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 ACCESS = ("s3_endpoint_url", "hf_token_secret", "s3_secret", "oci_secret")
 # Experiment tracking: the fine-tune and evaluate steps log to MLflow (_shared/tracking.py).
 TRACKING = ("mlflow_tracking_uri", "mlflow_experiment", "mlflow_secret")
+# The Kubeflow Model Registry a model that passed the gate is registered in (components/register_model/).
+REGISTRY = ("registry_address", "registry_model_name", "registry_version", "registry_secret")
+REGISTRY_TOKEN_KEYS = {MODEL_REGISTRY_TOKEN: MODEL_REGISTRY_TOKEN}
 MLFLOW_KEYS = {key: key for key in CREDENTIAL_KEYS}
 # tune_ settings the table also feeds to dataset-initialize (max_seq_len, train_on_input, new_system_prompt): its
 # packs are made with the length and masking training uses.
@@ -104,8 +109,33 @@ def publish(
     return with_credentials(task, hf_token_secret, s3_secret, oci_secret)
 
 
+def register(p: parameters.Values, exported, metrics, inputs, report=None) -> dsl.PipelineTask:
+    """The register-model step after an export: the exported model, its metrics (and report), base model and
+    dataset."""
+    task = register_model(
+        exported=exported.outputs["exported"],
+        metrics=metrics,
+        base_model=inputs.outputs["model"],
+        train_data=inputs.outputs["train"],
+        **({"eval_report": report} if report is not None else {}),
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        **p.feeding("register_model"),
+    )
+    step(task, "Register in the Model Registry", 600)
+    return with_registry_credentials(task, p.registry_secret)
+
+
+def with_registry_credentials(task: dsl.PipelineTask, registry_secret) -> dsl.PipelineTask:
+    """The Model Registry's token from a Kubernetes Secret (its name is a pipeline parameter; optional)."""
+    kubernetes.use_secret_as_env(
+        task, secret_name=registry_secret, secret_key_to_env=REGISTRY_TOKEN_KEYS, optional=True
+    )
+    return task
+
+
 def check_first(
-    hf_token_secret, s3_secret, mlflow_secret, oci_secret, **preflight_arguments
+    hf_token_secret, s3_secret, mlflow_secret, oci_secret, registry_secret=None, **preflight_arguments
 ) -> dsl.PipelineTask:
     """The pre-flight step, the first of a pipeline: the steps that download `.after()` it. It gets the Secrets and
     volumes the export gets, so it sees the destination as the export will."""
@@ -113,6 +143,8 @@ def check_first(
     step(task, "Pre-flight checks", 600)
     with_model_cache(task)
     with_tracking_credentials(task, mlflow_secret)
+    if registry_secret is not None:  # a pipeline that registers
+        with_registry_credentials(task, registry_secret)
     return with_credentials(task, hf_token_secret, s3_secret, oci_secret)
 
 
@@ -231,7 +263,7 @@ class FinetuneOutputs(NamedTuple):
     "finetune-pipeline",
     parameters.names(
         groups=("model", "data", "tune", "eval", "export"),
-        extra=(*ACCESS, *TRACKING),
+        extra=(*ACCESS, *TRACKING, *REGISTRY),
         without=("tune_run_name",),
     ),
 )
@@ -242,9 +274,13 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
     complete torchtune run (resolved from its config and tokenizer files, without the weights), that the
     destination is writable, the Secrets' credentials are there, gated hub repos are readable and the training
     runtime exists; then dataset and model initialize in parallel into the run's workspace; torchtune-finetune trains (a Kubeflow Trainer TrainJob by default); evaluate compares base and tuned on the held-out split; export runs only when
-    the quality gate passes.
+    the quality gate passes, and then, where registry_address is set, register-model records the exported model
+    with its lineage in the Kubeflow Model Registry.
     """
-    checked = check_first(mlflow_secret=p.mlflow_secret, oci_secret=p.oci_secret, **p.feeding("preflight"))
+    checked = check_first(
+        mlflow_secret=p.mlflow_secret, oci_secret=p.oci_secret, registry_secret=p.registry_secret,
+        **p.feeding("preflight"),
+    )  # fmt: skip
     inputs = prepare_inputs(**p.arguments_for(prepare_inputs)).set_display_name("Prepare inputs")
     inputs.after(checked)
     tuned = tune_and_evaluate(
@@ -259,7 +295,7 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
         quality_gate(passed=tuned.outputs["passed"], **p.feeding("quality_gate")), "Quality gate", 600
     )
     with dsl.If(gate.output == True, name="quality-gate-passed"):  # noqa: E712 (a KFP condition)
-        publish(
+        exported = publish(
             "Export model",
             p.hf_token_secret,
             p.s3_secret,
@@ -268,6 +304,8 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
             metrics=tuned.outputs["eval_metrics"],
             **p.feeding("export"),
         )
+        with dsl.If(p.registry_address != "", name="model-registry-set"):
+            register(p, exported, tuned.outputs["eval_metrics"], inputs, tuned.outputs["eval_report"])
     return FinetuneOutputs(
         model=tuned.outputs["model"],
         train_metrics=tuned.outputs["train_metrics"],

@@ -304,6 +304,17 @@ TABLE: tuple[Parameter, ...] = (
     _p("hf_token_secret", str, "hf-token",
        "Kubernetes Secret with key HF_TOKEN (gated/private models, hf:// export); optional.", "preflight.hf_token_secret"),
     _p("s3_secret", str, "s3-credentials", "Kubernetes Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; optional.", "preflight.s3_secret"),
+    _p("registry_address", str, "",
+       "Kubeflow Model Registry (http(s)://host[:port]) a model that passed the gate is registered in, with its "
+       "lineage; empty: none.",
+       "register_model.address", "preflight.registry_address"),
+    _p("registry_model_name", str, "", "Registered model name; empty: the export destination's last part.",
+       "register_model.model_name", "preflight.registry_model_name"),
+    _p("registry_version", str, "", "Version name in the Model Registry; empty: the KFP run's name.",
+       "register_model.version", "preflight.registry_version"),
+    _p("registry_secret", str, "model-registry-token",
+       "Kubernetes Secret with MODEL_REGISTRY_TOKEN for the Model Registry; optional (else the pod's service "
+       "account token)."),
     _p("oci_secret", str, "oci-registry",
        "Kubernetes Secret of type kubernetes.io/dockerconfigjson with the registry credentials for oci:// "
        "sources and destinations; optional."),

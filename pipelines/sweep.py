@@ -15,10 +15,12 @@ from kfp_finetune.components.sweep.component import select_best, sweep_grid
 from kfp_finetune.pipelines import parameters, settings
 from kfp_finetune.pipelines.finetune import (
     ACCESS,
+    REGISTRY,
     TRACKING,
     check_first,
     prepare_inputs,
     publish,
+    register,
     step,
     tune_and_evaluate,
 )
@@ -34,13 +36,17 @@ class SweepOutputs(NamedTuple):
     "sweep-pipeline",
     parameters.names(
         groups=("sweep", "model", "data", "tune", "eval", "export"),
-        extra=(*ACCESS, *TRACKING),
+        extra=(*ACCESS, *TRACKING, *REGISTRY),
         without=("tune_learning_rate", "tune_lora_rank", "tune_run_name"),
     ),
 )
 def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
-    """Sweep learning rate x LoRA rank with torchtune, evaluate every trial, export only the best."""
-    checked = check_first(mlflow_secret=p.mlflow_secret, oci_secret=p.oci_secret, **p.feeding("preflight"))
+    """Sweep learning rate x LoRA rank with torchtune, evaluate every trial, export only the best (and register it
+    in the Kubeflow Model Registry where registry_address is set)."""
+    checked = check_first(
+        mlflow_secret=p.mlflow_secret, oci_secret=p.oci_secret, registry_secret=p.registry_secret,
+        **p.feeding("preflight"),
+    )  # fmt: skip
     inputs = prepare_inputs(**p.arguments_for(prepare_inputs)).set_display_name("Prepare inputs")
     inputs.after(checked)
     grid = step(sweep_grid(**p.feeding("sweep_grid")), "Sweep grid", 600)
@@ -63,7 +69,7 @@ def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
     )
     step(best, "Select the best trial", 600)
     with dsl.If(best.outputs["Output"] == True, name="best-trial-passed"):  # noqa: E712 (a KFP condition)
-        publish(
+        exported = publish(
             "Export the best model",
             p.hf_token_secret,
             p.s3_secret,
@@ -72,6 +78,8 @@ def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
             metrics=best.outputs["best_metrics"],
             **p.feeding("export"),
         )
+        with dsl.If(p.registry_address != "", name="model-registry-set"):
+            register(p, exported, best.outputs["best_metrics"], inputs)
     return SweepOutputs(
         best_model=best.outputs["best_model"],
         best_eval_metrics=best.outputs["best_metrics"],

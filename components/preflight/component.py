@@ -75,6 +75,9 @@ def preflight(
     export_format: str = "merged",
     export_dtype: str = "",
     export_oci_base_image: str = "docker.io/library/busybox:1.37",
+    registry_address: str = "",
+    registry_model_name: str = "",
+    registry_version: str = "",
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "kfp-finetune",
 ):
@@ -205,6 +208,11 @@ def preflight(
         export_dtype: Convert weights to bf16, fp16 or fp32 on export; empty: as trained.
         export_oci_base_image: For an oci:// export_destination: the ModelCar's base image, whose manifest must
             be readable.
+        registry_address: The Kubeflow Model Registry the model will be registered in: it must answer with the
+            token (MODEL_REGISTRY_TOKEN from the Secret named by registry_secret, else the service account's),
+            and the version must not be taken; empty: not checked.
+        registry_model_name: The registered model's name; empty: export_destination's last part.
+        registry_version: The version that will be registered; empty: the run's name (not checked).
         mlflow_tracking_uri: The MLflow tracking server the fine-tune and evaluate steps will log to: a probe run
             is created and deleted in mlflow_experiment (credentials from the Secret named by mlflow_secret);
             empty: not checked.
@@ -288,4 +296,5 @@ def preflight(
             mlflow_tracking_uri=mlflow_tracking_uri,
             mlflow_experiment=mlflow_experiment,
             export_oci_base_image=export_oci_base_image,
+            registry=(registry_address, registry_model_name, registry_version),
         )

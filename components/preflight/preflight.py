@@ -20,12 +20,13 @@ listing them all (each names the pipeline parameter and the fix), so a user fixe
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kfp_finetune.components._shared import engines, storage, tracking
+from kfp_finetune.components._shared import engines, model_registry, storage, tracking
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.launch_settings import network_problem, slow_network_fix
 from kfp_finetune.components._shared.logs import get_logger
@@ -132,6 +133,23 @@ def check_source(
         return [Problem(parameter, f"{error}{hint}")]
     log.info("%s: %s is readable (%d files)", parameter, uri.shown, len(listing.files))
     return []
+
+
+def check_model_registry(
+    address: str, model_name: str, version: str, export_destination: str
+) -> list[Problem]:
+    """The Model Registry answers with the step's token, and the version to register is free."""
+    if not model_name and export_destination:
+        with contextlib.suppress(ValueError):
+            model_name = model_registry.default_model_name(export_destination)
+    try:
+        problem = model_registry.probe(address, model_name, version)
+    except ImportError:
+        problem = "this image has no Model Registry client: install kfp-finetune[registry]"
+    if not problem:
+        log.info("registry_address: %s answers with the token", address)
+        return []
+    return [Problem("registry_version" if "registry_version" in problem else "registry_address", problem)]
 
 
 def check_base_image(image: str) -> list[Problem]:
@@ -261,6 +279,7 @@ def run_preflight(
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "",
     export_oci_base_image: str = "",
+    registry: tuple[str, str, str] = ("", "", ""),
 ) -> list[str]:
     """Run every check; return what was checked, or raise PreflightError listing every problem found.
 
@@ -287,6 +306,9 @@ def run_preflight(
         if name in uris and uris[name].scheme in REMOTE_SOURCES:
             checks.append((name, name, lambda name=name, repo_type=repo_type: check_source(
                 name, uris[name], repo_type, secrets, s3_endpoint_url or None)))  # fmt: skip
+    if registry[0]:
+        checks.append(("registry_address", "registry_address", lambda: check_model_registry(
+            *registry, export_destination)))  # fmt: skip
     if mlflow_tracking_uri:
         checks.append(("mlflow_tracking_uri", "mlflow_tracking_uri", lambda: check_tracking_server(
             mlflow_tracking_uri, mlflow_experiment)))  # fmt: skip

@@ -5,7 +5,9 @@ to fail once so the retry warning names it) and moto's S3 server behind the faul
 a scan of every output — the step logs, the artifacts and executor outputs KFP keeps, the workspace's manifests,
 the exported model card, manifest and metadata at every destination — finds none of them. The export to an OCI
 registry (a real one behind htpasswd auth) reads the registry's password from a docker config, as the Secret
-named by oci_secret gives it; neither the password nor its base64 `auth` reaches an output or the image."""
+named by oci_secret gives it; neither the password nor its base64 `auth` reaches an output or the image. The
+registration in the Model Registry (its stand-in, requiring a bearer token) leaves the token in no output and in
+nothing the registry stores."""
 
 # No `from __future__ import annotations`: KFP reads pipeline signatures' annotations as types.
 
@@ -16,14 +18,16 @@ import re
 import boto3
 import pytest
 from kfp import dsl, local
-from kfp.dsl import Input, Model, Output
+from kfp.dsl import Input, Metrics, Model, Output
 
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
 from kfp_finetune.components.export.component import export
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.component import preflight
+from kfp_finetune.components.register_model.component import register_model
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hub_standin import HubStandin
+from tests.support.model_registry_standin import ModelRegistryStandin
 from tests.support.oci_registry import oci_registry, push_image
 from tests.support.sources import hub_env, moto_s3
 
@@ -36,6 +40,8 @@ PLANTED = {
 # The registry's credentials, as the docker config of the Secret named by oci_secret holds them (the base64 `auth`
 # of user:password is scanned for too).
 REGISTRY_USER, REGISTRY_PASSWORD = "planted-pusher", "plantedREGISTRYpass0123456789"
+# The Model Registry's bearer token (the Secret named by registry_secret).
+MODEL_REGISTRY_TOKEN = "plantedMODELREGISTRYtoken0123456789"
 REGISTRY_AUTH = base64.b64encode(f"{REGISTRY_USER}:{REGISTRY_PASSWORD}".encode()).decode()
 # The signature and expiry of the stand-in's signed CDN URLs (tests/support/hub_standin.py).
 SIGNED = ("Signature=standin", "Expires=4102444800")
@@ -56,6 +62,12 @@ def tuned_as_base(workspace_path: str, base_model: Input[Model], model: Output[M
     )  # fmt: skip
 
 
+@dsl.component(install_kfp_package=False)
+def passing_metrics(metrics: Output[Metrics]):
+    """Stands in for evaluate (not under test here): a gate that passed."""
+    metrics.metadata.update(passed=1.0, tuned_eval_loss=1.0, base_eval_loss=2.0)
+
+
 @dsl.pipeline(name="planted-secrets")
 def planted_secrets(
     workspace: str,
@@ -66,22 +78,28 @@ def planted_secrets(
     s3_endpoint_url: str,
     oci_destination: str,
     oci_base_image: str,
+    registry_address: str,
 ):
     checked = preflight(
         export_destination=s3_destination, model_uri=model_uri, data_uri=data_uri, s3_endpoint_url=s3_endpoint_url,
         tune_backend="local", tune_device="cpu", tune_gpus_per_node=0,
     )  # fmt: skip
     base = model_initialize(source_uri=model_uri, workspace_path=workspace, task_id="model").after(checked)
-    dataset_initialize(
+    data = dataset_initialize(
         source_uri=data_uri, workspace_path=workspace, base_model=base.outputs["model"],
         s3_endpoint_url=s3_endpoint_url, task_id="data",
     )  # fmt: skip
     tuned = tuned_as_base(workspace_path=workspace, base_model=base.outputs["model"])
     for destination, task in ((hub_destination, "hub"), (s3_destination, "s3"), (oci_destination, "oci")):
-        export(
+        exported = export(
             workspace_path=workspace, model=tuned.outputs["model"], destination=destination,
             s3_endpoint_url=s3_endpoint_url, oci_base_image=oci_base_image, task_id=task,
         )  # fmt: skip
+    register_model(
+        exported=exported.outputs["exported"], metrics=passing_metrics().outputs["metrics"],
+        base_model=base.outputs["model"], train_data=data.outputs["train"], address=registry_address,
+        run_name="planted", run_id="planted-run",
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -90,7 +108,9 @@ def planted_run(tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd):
     with (
         HubStandin() as hub, moto_s3() as endpoint, FaultProxy(endpoint) as proxy,
         oci_registry(tmp_path / "registry", auth=(REGISTRY_USER, REGISTRY_PASSWORD)) as registry,
+        ModelRegistryStandin(token=MODEL_REGISTRY_TOKEN) as models,
     ):  # fmt: skip
+        monkeypatch.setenv("MODEL_REGISTRY_TOKEN", MODEL_REGISTRY_TOKEN)
         for key, value in {**hub_env(hub.endpoint, tmp_path), **PLANTED}.items():
             monkeypatch.setenv(key, value)
         monkeypatch.setenv("DOCKER_CONFIG", str(registry.docker_config(tmp_path / "docker")))
@@ -114,6 +134,7 @@ def planted_run(tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd):
             workspace=str(tmp_path / "workspace"), model_uri="hf://org/tiny", data_uri="s3://planted/data/train.jsonl",
             hub_destination="hf://acme/tuned", s3_destination="s3://planted/tuned", s3_endpoint_url=proxy.url,
             oci_destination=f"oci://{registry.host}/acme/tuned:v1", oci_base_image=f"{registry.host}/base/shell:1",
+            registry_address=models.url,
         )  # fmt: skip
         exported = {
             f"s3://planted/{o['Key']}": client.get_object(Bucket="planted", Key=o["Key"])["Body"].read()
@@ -124,13 +145,17 @@ def planted_run(tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd):
         exported |= {f"registry {path}": path.read_bytes() for path in (tmp_path / "registry" / "data").rglob("*")
                      if path.is_file()}  # fmt: skip
         assert registry.requests("PUT", "/manifests/v1"), "the oci export ran"
+        assert [r for r in models.requests if r[0] == "POST"], "the model was registered"
+        # What the Model Registry stored (every object as it would answer it).
+        exported |= {"model registry": json.dumps([models.registered_models, models.model_versions,
+                                                   models.artifacts]).encode()}  # fmt: skip
         requests = list(hub.requests) + list(proxy.requests)
     printed = capfd.readouterr()
     return _ANSI.sub("", printed.out + printed.err), exported, requests
 
 
 def _leaks(name: str, data: bytes) -> list[str]:
-    planted = (*PLANTED.values(), *SIGNED, REGISTRY_PASSWORD, REGISTRY_AUTH)
+    planted = (*PLANTED.values(), *SIGNED, REGISTRY_PASSWORD, REGISTRY_AUTH, MODEL_REGISTRY_TOKEN)
     return [f"{value[:12]}… in {name}" for value in planted if value.encode() in data]
 
 

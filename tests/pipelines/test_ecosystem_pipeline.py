@@ -2,7 +2,8 @@
 on 127.0.0.1 — the fine-tune step's run has its settings, every training step's loss at its step and its report;
 evaluate's run has the scores with their intervals, the samples table and its report; KFP's Metrics stay as they
 are — and exports a KServe ModelCar to a real OCI registry (Debian's docker-registry) whose layers hold exactly the
-export's checksums. A model the gate stops pushes nothing."""
+export's checksums — and registers it in the Kubeflow Model Registry (a stand-in of its REST API) with its
+lineage. A model the gate stops pushes and registers nothing."""
 
 import hashlib
 import io
@@ -15,6 +16,7 @@ import pytest
 from kfp_finetune.pipelines.finetune import finetune_pipeline
 from tests.pipelines.test_pipelines import FAST_TRAINING, run_locally
 from tests.support.mlflow_server import mlflow_server
+from tests.support.model_registry_standin import ModelRegistryStandin
 from tests.support.oci_registry import get, oci_registry, push_image, require_registry
 
 pytest.importorskip("mlflow")
@@ -37,18 +39,19 @@ def _image_files(registry, repository: str, tag: str) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_the_pipeline_logs_to_mlflow_and_exports_a_modelcar(tiny_llama, tiny_dataset, tmp_path):
+def test_the_pipeline_logs_to_mlflow_exports_a_modelcar_and_registers_it(tiny_llama, tiny_dataset, tmp_path):
     from mlflow import MlflowClient
+    from model_registry import ModelRegistry
 
     with (
-        mlflow_server(tmp_path / "mlflow-server") as address,
-        oci_registry(tmp_path / "registry") as registry,
-    ):
+        mlflow_server(tmp_path / "mlflow-server") as address, oci_registry(tmp_path / "registry") as registry,
+        ModelRegistryStandin() as models,
+    ):  # fmt: skip
         push_image(registry, "base/shell", "1", [{"bin/sh": b"a shell"}])
         task = run_locally(
             tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
             export_destination=f"oci://{registry.host}/models/tiny:v1",
-            export_oci_base_image=f"{registry.host}/base/shell:1",
+            export_oci_base_image=f"{registry.host}/base/shell:1", registry_address=models.url,
             mlflow_tracking_uri=address, mlflow_experiment="tiny", **FAST_TRAINING,
         )  # fmt: skip
         in_image = _image_files(registry, "models/tiny", "v1")
@@ -61,6 +64,25 @@ def test_the_pipeline_logs_to_mlflow_and_exports_a_modelcar(tiny_llama, tiny_dat
         }
         assert {path: hashlib.sha256(data).hexdigest() for path, data in in_image.items()} == listed
         assert "model-00001-of-00001.safetensors" in listed and "README.md" in listed
+
+        # Registered behind the gate, pinned to the pushed image, with its lineage.
+        image = (
+            "sha256:" + hashlib.sha256(get(registry, "/v2/models/tiny/manifests/v1", MANIFEST)).hexdigest()
+        )
+        catalog = ModelRegistry(models.url, author="test", user_token="unused")
+        (version,) = list(catalog.get_model_versions("tiny"))
+        lineage = version.custom_properties
+        artifact = catalog.get_model_artifact("tiny", version.name)
+        assert (
+            artifact.uri == f"oci://{registry.host}/models/tiny@{image}" and lineage["image_digest"] == image
+        )
+        evaluation = task.outputs["eval_metrics"].metadata
+        assert lineage["tuned_eval_loss"] == pytest.approx(evaluation["tuned_eval_loss"])
+        assert lineage["eval_loss_improvement_ci_low"] == pytest.approx(
+            evaluation["eval_loss_improvement_ci_low"]
+        )
+        assert lineage["base_model"] == str(tiny_llama) and lineage["dataset_sha256"]
+        assert lineage["kfp_run_name"] == version.name
         mlflow = MlflowClient(tracking_uri=address)
         experiment = mlflow.get_experiment_by_name("tiny")
         runs = {
@@ -88,16 +110,18 @@ def test_the_pipeline_logs_to_mlflow_and_exports_a_modelcar(tiny_llama, tiny_dat
 
 
 @pytest.mark.slow
-def test_a_model_the_gate_stops_pushes_nothing(tiny_llama, tiny_dataset, tmp_path):
-    with oci_registry(tmp_path / "registry") as registry:
+def test_a_model_the_gate_stops_pushes_and_registers_nothing(tiny_llama, tiny_dataset, tmp_path):
+    with oci_registry(tmp_path / "registry") as registry, ModelRegistryStandin() as models:
         push_image(registry, "base/shell", "1", [{"bin/sh": b"a shell"}])
         puts_before = registry.requests("PUT", ".")
         task = run_locally(
             tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
             export_destination=f"oci://{registry.host}/models/tiny:v1",
             export_oci_base_image=f"{registry.host}/base/shell:1", eval_thresholds={"exact_match": 0.99},
+            registry_address=models.url,
             **{**FAST_TRAINING, "tune_max_steps_per_epoch": 2},
         )  # fmt: skip
         assert task.outputs["passed"] is False
         assert registry.requests("PUT", ".") == puts_before  # no blob, no manifest
+        assert not [r for r in models.requests if r[0] != "GET"], "pre-flight only read the Model Registry"
         assert json.loads(get(registry, "/v2/_catalog"))["repositories"] == ["base/shell"]

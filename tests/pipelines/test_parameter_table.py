@@ -12,6 +12,7 @@ from kfp_finetune.components.gpu_counts.component import gpu_counts
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.component import preflight
 from kfp_finetune.components.quality_gate.component import quality_gate
+from kfp_finetune.components.register_model.component import register_model
 from kfp_finetune.components.sweep.component import select_best, sweep_grid
 from kfp_finetune.components.torchtune_finetune.component import torchtune_finetune
 from kfp_finetune.pipelines import PIPELINES, parameters
@@ -20,7 +21,7 @@ from kfp_finetune.pipelines.parameters import PARAMETERS, REQUIRED, TABLE
 COMPONENTS = {
     c.python_func.__name__: c
     for c in (dataset_initialize, evaluate, gpu_counts, export, model_initialize, preflight, quality_gate,
-              select_best, sweep_grid, torchtune_finetune)
+              register_model, select_best, sweep_grid, torchtune_finetune)
 }  # fmt: skip
 
 # Where the pipeline's default differs from the component's on purpose: (component.argument) -> why.
