@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kfp_finetune.commands.schedule",
         "Create a recurring run (cron or interval) on a KFP backend.",
     ),
+    "serve-manifest": (
+        "kfp_finetune.commands.serve_manifest",
+        "Print the KServe InferenceService that serves an export (oci://, s3:// or hf://).",
+    ),
     "list-runtimes": (
         "kfp_finetune.commands.list_runtimes",
         "List the Kubeflow Trainer runtimes (ClusterTrainingRuntimes) visible to you.",

@@ -18,7 +18,6 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from kfp_finetune.components._shared import storage
 from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.redact import credentials_in
 
@@ -47,13 +46,6 @@ def check_address(address: str) -> str:
             f"not {address!r}",
         )
     return address.strip().rstrip("/")
-
-
-def default_model_name(destination: str) -> str:
-    """The export destination's last part: an OCI repository's or hub repo's name, a folder's name."""
-    uri = storage.parse_uri(destination)
-    name = uri.repo_id or uri.path or uri.bucket
-    return name.rstrip("/").rsplit("/", 1)[-1]
 
 
 def connect(address: str, author: str) -> Any:

@@ -1,7 +1,7 @@
 """The export KFP component (signature + docstring; the implementation is export.py)."""
 
 from kfp import dsl
-from kfp.dsl import Input, Metrics, Model, Output
+from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
 from kfp_finetune.components._shared.images import TRAINER_IMAGE
 
@@ -13,6 +13,7 @@ def export(
     model: Input[Model],
     destination: str,
     exported: Output[Model],
+    serving: Output[Artifact],
     metrics: Input[Metrics] = None,
     format: str = "merged",
     dtype: str = "",
@@ -83,6 +84,10 @@ def export(
             `uploaded_files`, `manifest_sha256` (of checksums.sha256), `base_model`, `base_model_revision`,
             `method`, `dataset_source`, `metrics`, `layout`, for hf:// `commit_sha` and for oci:// `image_digest` (the
             manifest's).
+        serving: A KServe InferenceService (YAML) serving the export with KServe's Hugging Face runtime (vLLM
+            for generation), `storageUri` pinned to the exported bytes, GPUs and memory from the weights' size;
+            metadata `servable`, `name`, `storage_uri`, `gpus`. A path export or an adapter alone is not
+            servable as it is: the file and metadata `reason` say why.
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
     from kfp_finetune.components._shared.errors import ContractError, usage_errors

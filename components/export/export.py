@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared import engines, storage
+from kfp_finetune.components._shared import engines, serving, storage
 from kfp_finetune.components._shared.artifacts import ArtifactLike, entry_path, write_artifact
 from kfp_finetune.components._shared.contract import ArtifactInput, EvalMetrics, ExportedModel, TunedModel
 from kfp_finetune.components._shared.errors import ConfigError
@@ -143,6 +143,7 @@ def export_model(
     max_workers: int = 8,
     output: ArtifactLike | None = None,
     task_id: str = "",
+    serving_output: ArtifactLike | None = None,
 ) -> ExportResult:
     """Stage, describe and publish the model; fill `output` (uri = destination) with what was exported.
     `model_metadata` is the tuned model's (contract.TunedModel), `eval_metrics` a Metrics output's."""
@@ -234,11 +235,41 @@ def export_model(
         # root's bucket, so an S3 destination is recorded in metadata["destination"] and the uri stays KFP's.
         if uri.scheme != "s3":
             output.uri = uri.path if uri.scheme == "file" else uri.shown
+    _write_serving(serving_output, uri, format, published.commit_sha or "", files, model.task)
     log.info(
         "exported %s to %s: %s, %d files, %s uploaded",
         format, uri.shown, published.state, len(files), len(published.uploaded),
     )  # fmt: skip
     return ExportResult(uri.shown, published.state, files, manifest_sha256, published.uploaded, metadata)
+
+
+def _write_serving(
+    artifact: ArtifactLike | None, uri: storage.StorageUri, fmt: str, pin: str, files: dict, task: str
+) -> None:
+    """The KServe InferenceService serving this export (_shared/serving.py), as the `serving` output; a note
+    saying why instead when the export cannot be served as it is (a path, an adapter alone)."""
+    if artifact is None:
+        return
+    weights = sum(f["size"] for path, f in files.items() if "/" not in path and path.endswith(".safetensors"))
+    try:
+        manifest = serving.inference_service(
+            storage.last_name(uri), serving.storage_uri(uri.shown, pin), weights, task=task,
+            adapter_only=fmt == "adapter",
+        )  # fmt: skip
+    except serving.NotServable as why:
+        log.info("no InferenceService for this export: %s", why)
+        Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(artifact.path).write_text(f"# not servable as exported: {why}\n")
+        artifact.metadata.update(servable=False, reason=str(why))
+        return
+    Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
+    Path(artifact.path).write_text(serving.to_yaml(manifest))
+    model = manifest["spec"]["predictor"]["model"]
+    artifact.metadata.update(
+        servable=True, name=manifest["metadata"]["name"], storage_uri=model["storageUri"],
+        gpus=int(model["resources"]["limits"]["nvidia.com/gpu"]),
+    )  # fmt: skip
+    log.info("KServe InferenceService %s: %s", manifest["metadata"]["name"], model["storageUri"])
 
 
 def _sources(workspace: Path, meta: TunedModel, fmt: str) -> dict[str, tuple[str, Path]]:
@@ -443,4 +474,5 @@ def run_component(**params: Any) -> ExportResult:
         max_workers=params["max_workers"],
         output=params["exported"],
         task_id=params.get("task_id", ""),
+        serving_output=params.get("serving"),
     )

@@ -141,7 +141,7 @@ def check_model_registry(
     """The Model Registry answers with the step's token, and the version to register is free."""
     if not model_name and export_destination:
         with contextlib.suppress(ValueError):
-            model_name = model_registry.default_model_name(export_destination)
+            model_name = storage.last_name(export_destination)
     try:
         problem = model_registry.probe(address, model_name, version)
     except ImportError:

@@ -56,12 +56,7 @@ class Registration:
 def artifact_uri(exported: ExportedModel) -> str:
     """Where the registered version's bytes are, pinned to them where the destination can be: an OCI image by its
     manifest digest, a hub repo by its commit."""
-    uri = storage.parse_uri(exported.destination)
-    if uri.scheme == "oci" and exported.image_digest:
-        return f"oci://{uri.bucket}/{uri.repo_id}@{exported.image_digest}"
-    if uri.scheme == "hf" and exported.commit_sha:
-        return f"hf://{uri.repo_id}{'/' + uri.path if uri.path else ''}@{exported.commit_sha}"
-    return exported.destination
+    return storage.pinned_uri(exported.destination, exported.image_digest or exported.commit_sha)
 
 
 def files_sha256(files: list[dict] | dict[str, dict]) -> str:
@@ -126,7 +121,7 @@ def register(
         raise SettingError(
             "metrics", "the quality gate did not pass: a model that failed it is never registered"
         )
-    model_name = model_name.strip() or model_registry.default_model_name(exported.destination)
+    model_name = model_name.strip() or storage.last_name(exported.destination)
     version = version.strip() or run_name or run_id
     if not version:
         raise SettingError("registry_version", "is empty and there is no KFP run name to use: set one")

@@ -59,7 +59,7 @@ from .publish import (
     require_credentials,
 )
 from .retry import is_transient, with_retries
-from .uri import SUPPORTED_FORMS, StorageUri, parse_uri, refuse_credentials
+from .uri import SUPPORTED_FORMS, StorageUri, last_name, parse_uri, pinned_uri, refuse_credentials
 
 __all__ = [
     "SUPPORTED_FORMS",
@@ -84,10 +84,12 @@ __all__ = [
     "hash_files",
     "hub_truncation",
     "is_transient",
+    "last_name",
     "list_files",
     "manifest_text",
     "parse_image",
     "parse_uri",
+    "pinned_uri",
     "probe_destination",
     "probe_source",
     "publish_directory",

@@ -153,6 +153,24 @@ def parse_uri(uri: str | StorageUri) -> StorageUri:
     return parser(uri, rest)
 
 
+def last_name(uri: str | StorageUri) -> str:
+    """The URI's last part: an OCI repository's or hub repo's name, a folder's or prefix's name."""
+    uri = parse_uri(uri)
+    name = uri.repo_id or uri.path or uri.bucket
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
+
+def pinned_uri(uri: str | StorageUri, pin: str) -> str:
+    """`uri` pinned to the bytes it held when `pin` was read: an OCI image by its manifest digest, a hub repo at its
+    commit; other schemes as they are (shown: never with credentials)."""
+    uri = parse_uri(uri)
+    if uri.scheme == "oci" and pin:
+        return f"oci://{uri.bucket}/{uri.repo_id}@{pin}"
+    if uri.scheme == "hf" and pin:
+        return f"hf://{uri.repo_id}{'/' + uri.path if uri.path else ''}@{pin}"
+    return uri.shown
+
+
 def refuse_credentials(**parameters: str) -> None:
     """Raise CredentialsInParameter when the value of a parameter (named as the pipeline user sets it, e.g.
     `data_uri`) carries credentials; the first step of every pipeline checks its URIs so."""

@@ -8,13 +8,16 @@ import hashlib
 import io
 import json
 import tarfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from kfp_finetune.components.export import export
 from kfp_finetune.components.export.export import ExportError, export_model
 from kfp_finetune.components.model_initialize.initialize import initialize_model
+from tests.support.kserve_schema import validator
 from tests.support.oci_registry import get, oci_registry, push_image, require_registry
 from tests.support.sources import write_fake_model
 
@@ -45,10 +48,12 @@ def tuned(tmp_path):
 
 def _export(tuned, destination: str, **kwargs):
     out = SimpleNamespace(path=str(tuned.workspace.parent / "exported-artifact"), metadata={}, uri="")
+    serving = SimpleNamespace(path=str(tuned.workspace.parent / "serving" / "isvc.yaml"), metadata={}, uri="")
     result = export_model(
         workspace=tuned.workspace, model_metadata=tuned.metadata, destination=destination, output=out,
-        run_name="nightly", run_id="run-1", **kwargs,
+        run_name="nightly", run_id="run-1", serving_output=serving, **kwargs,
     )  # fmt: skip
+    out.serving = serving
     return result, out
 
 
@@ -59,6 +64,13 @@ def test_export_pushes_a_modelcar_that_model_initialize_reads_back(registry, tun
     digest = out.metadata["image_digest"]
     manifest_bytes = get(registry, "/v2/models/tuned/manifests/v1", MANIFEST)
     assert "sha256:" + hashlib.sha256(manifest_bytes).hexdigest() == digest
+    # The serving hand-off: an InferenceService for this very image, valid against KServe's schema.
+    manifest = yaml.safe_load(Path(out.serving.path).read_text())
+    assert validator().validate(manifest) == []
+    assert (
+        manifest["spec"]["predictor"]["model"]["storageUri"] == f"oci://{registry.host}/models/tuned@{digest}"
+    )
+    assert out.serving.metadata == {"servable": True, "name": "tuned", "storage_uri": f"oci://{registry.host}/models/tuned@{digest}", "gpus": 1}  # fmt: skip
     in_image = {}
     for layer in json.loads(manifest_bytes)["layers"]:
         blob = get(registry, f"/v2/models/tuned/blobs/{layer['digest']}")
