@@ -23,6 +23,7 @@ pytest.importorskip("mlflow")
 require_registry()
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MLFLOW_PASSWORD = "plantedMLFLOWpassword0123456789"
 
 
 def _image_files(registry, repository: str, tag: str) -> dict[str, bytes]:
@@ -39,13 +40,19 @@ def _image_files(registry, repository: str, tag: str) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_the_pipeline_logs_to_mlflow_exports_a_modelcar_and_registers_it(tiny_llama, tiny_dataset, tmp_path):
+def test_the_pipeline_logs_to_mlflow_exports_a_modelcar_and_registers_it(
+    tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd
+):
     from mlflow import MlflowClient
     from model_registry import ModelRegistry
 
+    # The MLflow server asks for a user and password (its basic-auth app); the steps get them as the Secret named by
+    # mlflow_secret gives them, and no output may hold the password.
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", MLFLOW_PASSWORD)
     with (
-        mlflow_server(tmp_path / "mlflow-server") as address, oci_registry(tmp_path / "registry") as registry,
-        ModelRegistryStandin() as models,
+        mlflow_server(tmp_path / "mlflow-server", auth=("admin", MLFLOW_PASSWORD)) as address,
+        oci_registry(tmp_path / "registry") as registry, ModelRegistryStandin() as models,
     ):  # fmt: skip
         push_image(registry, "base/shell", "1", [{"bin/sh": b"a shell"}])
         task = run_locally(
@@ -107,6 +114,15 @@ def test_the_pipeline_logs_to_mlflow_exports_a_modelcar_and_registers_it(tiny_ll
         assert [a.path for a in mlflow.list_artifacts(scores.info.run_id, "reports")] == [
             "reports/evaluate.html"
         ]
+
+    # The password reached no output: the step logs, KFP's artifacts and outputs, the MLflow server's stores.
+    printed = capfd.readouterr()
+    outputs = {"step logs": (printed.out + printed.err).encode()}
+    for root in (tmp_path / "pipeline_root", tmp_path / "mlflow-server" / "artifacts"):
+        outputs |= {str(p): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    outputs["mlflow store"] = (tmp_path / "mlflow-server" / "mlflow.db").read_bytes()
+    assert "mlflow" in printed.err.lower() or "mlflow" in printed.out.lower()
+    assert not [name for name, data in outputs.items() if MLFLOW_PASSWORD.encode() in data]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ never slept on), failing with its log when it exits or never answers."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -19,11 +20,15 @@ def free_port() -> int:
 
 @contextmanager
 def running(
-    command: list[str], log: Path, answers: Callable[[], bool], name: str, seconds: float
-) -> Iterator[None]:
-    """The server `command` starts, its output in `log`, from when it answers until the block ends."""
+    command: list[str], log: Path, answers: Callable[[], bool], name: str, seconds: float,
+    env: dict[str, str] | None = None,
+) -> Iterator[None]:  # fmt: skip
+    """The server `command` starts (with `env` added to the environment), its output in `log`, from when it
+    answers until the block ends."""
     with log.open("wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         try:
             _wait_until_ready(process, answers, log, name, seconds)
             yield
