@@ -16,6 +16,7 @@ from kfp_finetune.components.dataset_initialize.component import dataset_initial
 from kfp_finetune.components.export.component import export
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.preflight.preflight import PreflightError, run_preflight
+from kfp_finetune.components.register_model.component import register_model
 from kfp_finetune.pipelines import finetune_pipeline, prepare_inputs
 
 SECRET = "plantedSECRET0123456789"
@@ -78,8 +79,19 @@ def test_export_refuses_a_destination_with_credentials(capsys, tmp_path):
         capsys, export, workspace_path=str(tmp_path), model=SimpleNamespace(metadata={}),
         destination=f"s3://bucket/tuned?X-Amz-Signature={SECRET}",
         exported=SimpleNamespace(path=str(tmp_path / "exported"), metadata={}, uri=""),
+        serving=SimpleNamespace(path=str(tmp_path / "serving"), metadata={}, uri=""),
     )  # fmt: skip
     assert line.startswith("error: export_destination carries credentials (a query string") and WHY in line
+
+
+def test_register_model_refuses_an_address_with_credentials(capsys, tmp_path):
+    artifact = SimpleNamespace(metadata={}, path="", uri="")
+    line = error_line(
+        capsys, register_model, exported=artifact, metrics=artifact, base_model=artifact, train_data=artifact,
+        registered=SimpleNamespace(path=str(tmp_path / "registered"), metadata={}, uri=""),
+        address=f"https://admin:{SECRET}@model-registry.example.com",
+    )  # fmt: skip
+    assert line.startswith("error: registry_address carries credentials (user:password@") and WHY in line
 
 
 def _failed_run(pipeline, tmp_path, capfd, **arguments) -> tuple[str, str]:
