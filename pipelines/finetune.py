@@ -135,7 +135,7 @@ def with_registry_credentials(task: dsl.PipelineTask, registry_secret) -> dsl.Pi
 
 
 def check_first(
-    hf_token_secret, s3_secret, mlflow_secret, oci_secret, registry_secret=None, **preflight_arguments
+    hf_token_secret, s3_secret, mlflow_secret, oci_secret, registry_secret, **preflight_arguments
 ) -> dsl.PipelineTask:
     """The pre-flight step, the first of a pipeline: the steps that download `.after()` it. It gets the Secrets and
     volumes the export gets, so it sees the destination as the export will."""
@@ -143,8 +143,7 @@ def check_first(
     step(task, "Pre-flight checks", 600)
     with_model_cache(task)
     with_tracking_credentials(task, mlflow_secret)
-    if registry_secret is not None:  # a pipeline that registers
-        with_registry_credentials(task, registry_secret)
+    with_registry_credentials(task, registry_secret)
     return with_credentials(task, hf_token_secret, s3_secret, oci_secret)
 
 

@@ -110,18 +110,20 @@ def existing_version(client: Any, model_name: str, version: str) -> Any:
     return client.get_model_version(model_name, version)
 
 
-def probe(address: str, model_name: str, version: str) -> str:
-    """Pre-flight: "" when the registry answers with the token and `version` of `model_name` is free, else the
-    problem for people."""
+def probe(address: str, model_name: str, version: str) -> tuple[str, str] | None:
+    """Pre-flight: None when the registry answers with the token and `version` of `model_name` is free, else the
+    parameter to change and the problem for people."""
     try:
         client = connect(address, author="kfp-finetune pre-flight")
         with mapped(address, "read registered models"):
             taken = existing_version(client, model_name, version) if model_name and version else None
-    except (RegistryError, SettingError) as exc:
-        return str(exc)
+    except SettingError as exc:
+        return exc.setting, str(exc)
+    except RegistryError as exc:
+        return "registry_address", str(exc)
     if taken:
-        return (
+        return "registry_version", (
             f"model {model_name!r} already has a version {version!r} in the Model Registry at {address}: set "
             "registry_version to a new one (each run registers one version)"
         )
-    return ""
+    return None

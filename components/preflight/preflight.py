@@ -145,11 +145,14 @@ def check_model_registry(
     try:
         problem = model_registry.probe(address, model_name, version)
     except ImportError:
-        problem = "this image has no Model Registry client: install kfp-finetune[registry]"
-    if not problem:
+        problem = (
+            "registry_address",
+            "this image has no Model Registry client: install kfp-finetune[registry]",
+        )
+    if problem is None:
         log.info("registry_address: %s answers with the token", address)
         return []
-    return [Problem("registry_version" if "registry_version" in problem else "registry_address", problem)]
+    return [Problem(*problem)]
 
 
 def check_base_image(image: str) -> list[Problem]:

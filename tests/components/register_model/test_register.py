@@ -128,12 +128,14 @@ def test_an_unreachable_registry_is_named():
 
 
 def test_preflight_probe_says_whether_the_version_is_free(registry, monkeypatch):
-    assert model_registry.probe(registry.url, "tiny-llama", "nightly-7") == ""
+    assert model_registry.probe(registry.url, "tiny-llama", "nightly-7") is None
     _register(registry)
-    assert "registry_version" in model_registry.probe(registry.url, "tiny-llama", "nightly-7")
-    assert model_registry.probe(registry.url, "tiny-llama", "nightly-8") == ""
+    parameter, problem = model_registry.probe(registry.url, "tiny-llama", "nightly-7")
+    assert parameter == "registry_version" and "set registry_version to a new one" in problem
+    assert model_registry.probe(registry.url, "tiny-llama", "nightly-8") is None
     monkeypatch.setenv(model_registry.TOKEN_ENV, "not-the-token")
-    assert "registry_secret" in model_registry.probe(registry.url, "tiny-llama", "nightly-9")
+    parameter, problem = model_registry.probe(registry.url, "tiny-llama", "nightly-9")
+    assert parameter == "registry_address" and "registry_secret" in problem
 
 
 def test_the_component_writes_its_output(registry, tmp_path):
