@@ -11,6 +11,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+# Each test worker gets its share of the cores for torch's intra-op threads (here and in every process it starts:
+# the variable is inherited). Left at torch's default, every worker's training runs as many OpenMP threads as the
+# machine has cores, and two workers' threads spin against each other: a tiny run took 9x as long as alone.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+
 
 @contextlib.contextmanager
 def root_logger_restored():
