@@ -1,6 +1,7 @@
 """A real OCI registry on 127.0.0.1: Debian's `docker-registry` package (the CNCF distribution registry, 2.8),
 started per test module with a filesystem store, optionally behind htpasswd Basic auth (bcrypt hashes, as the
-registry's htpasswd access controller reads them: distribution registry/auth/htpasswd). Ready when /v2/ answers
+registry's htpasswd access controller reads them: distribution registry/auth/htpasswd) or Bearer tokens from a
+token server (tests/support/oci_token_server.py; distribution registry/auth/token). Ready when /v2/ answers
 (polled, not slept on). Its access log is what the tests count requests in.
 
 `push_image` pushes an image with plain HTTP requests as the OCI distribution spec describes them (POST then a
@@ -19,6 +20,7 @@ import re
 import shutil
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.oci_token_server import TokenServer, token_server
 from tests.support.servers import free_port, running
 
 STARTUP_SECONDS = 60
@@ -37,6 +40,7 @@ class Registry:
     host: str  # 127.0.0.1:<port>
     folder: Path
     auth: tuple[str, str] | None
+    token_server: TokenServer | None = None
 
     def log_lines(self) -> list[str]:
         return (self.folder / "registry.log").read_text(errors="replace").splitlines()
@@ -64,7 +68,7 @@ class Registry:
         return folder
 
     def headers(self) -> dict[str, str]:
-        if not self.auth:
+        if not self.auth or self.token_server:  # a Bearer registry: _request asks for a token when challenged
             return {}
         return {"Authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode()}
 
@@ -79,7 +83,24 @@ def require_registry() -> str:
 
 
 @contextmanager
-def oci_registry(folder: Path, auth: tuple[str, str] | None = None) -> Iterator[Registry]:
+def oci_registry(
+    folder: Path, auth: tuple[str, str] | None = None, bearer: bool = False
+) -> Iterator[Registry]:
+    """The registry; with `auth`, behind htpasswd Basic auth, or with `bearer` too behind a token server that
+    gives those credentials tokens."""
+    if bearer:
+        with (
+            token_server(folder / "token-server", *auth) as tokens,
+            _registry(folder, auth, tokens) as registry,
+        ):
+            yield registry
+    else:
+        with _registry(folder, auth, None) as registry:
+            yield registry
+
+
+@contextmanager
+def _registry(folder: Path, auth: tuple[str, str] | None, tokens: TokenServer | None) -> Iterator[Registry]:
     binary = require_registry()
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -89,14 +110,16 @@ def oci_registry(folder: Path, auth: tuple[str, str] | None = None) -> Iterator[
         "storage": {"filesystem": {"rootdirectory": str(folder / "data")}, "delete": {"enabled": True}},
         "http": {"addr": f"127.0.0.1:{port}", "secret": "test-upload-state-secret"},
     }
-    if auth:
+    if tokens:
+        config["auth"] = tokens.registry_auth()
+    elif auth:
         import bcrypt
 
         hashed = bcrypt.hashpw(auth[1].encode(), bcrypt.gensalt(rounds=4)).decode()
         (folder / "htpasswd").write_text(f"{auth[0]}:{hashed}\n")
         config["auth"] = {"htpasswd": {"realm": "kfp-finetune-tests", "path": str(folder / "htpasswd")}}
     (folder / "config.yml").write_text(json.dumps(config))  # YAML is a superset of JSON
-    registry = Registry(f"127.0.0.1:{port}", folder, auth)
+    registry = Registry(f"127.0.0.1:{port}", folder, auth, tokens)
 
     def answers() -> bool:
         try:
@@ -114,11 +137,28 @@ def oci_registry(folder: Path, auth: tuple[str, str] | None = None) -> Iterator[
 
 
 def _request(registry: Registry, method: str, url: str, data: bytes = b"", headers: dict | None = None):
-    request = urllib.request.Request(
-        url if url.startswith("http") else f"http://{registry.host}{url}", data=data or None, method=method,
-        headers={**registry.headers(), **(headers or {})},
-    )  # fmt: skip
-    return urllib.request.urlopen(request, timeout=30)
+    url = url if url.startswith("http") else f"http://{registry.host}{url}"
+    try:
+        return urllib.request.urlopen(
+            _built(method, url, data, {**registry.headers(), **(headers or {})}), timeout=30
+        )
+    except urllib.error.HTTPError as refused:
+        challenge = refused.headers.get("Www-Authenticate", "")
+        if refused.code != 401 or not challenge.startswith("Bearer "):
+            raise
+    # The token flow (distribution docs/spec/auth/token.md): a token for the challenge's scope, then again.
+    asked = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    query = urllib.parse.urlencode({k: asked[k] for k in ("service", "scope") if k in asked})
+    basic = {"Authorization": "Basic " + base64.b64encode(":".join(registry.auth).encode()).decode()}
+    with urllib.request.urlopen(_built("GET", f"{asked['realm']}?{query}", b"", basic), timeout=30) as answer:
+        token = json.load(answer)["token"]
+    return urllib.request.urlopen(
+        _built(method, url, data, {**(headers or {}), "Authorization": f"Bearer {token}"}), timeout=30
+    )
+
+
+def _built(method: str, url: str, data: bytes, headers: dict) -> urllib.request.Request:
+    return urllib.request.Request(url, data=data or None, method=method, headers=headers)
 
 
 def push_blob(registry: Registry, repository: str, data: bytes) -> str:

@@ -23,6 +23,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
 
@@ -69,11 +70,25 @@ def _registry_class():
     import oras.provider
 
     class Registry(oras.provider.Registry):
-        """oras-py's client without its own retries (five, up to 83 s apart, for any error): with_retries
-        retries transient errors only."""
+        """oras-py's client with its own request step: oras-py retries any error five times, up to 83 s apart
+        (with_retries retries transient errors only), and answers a 401 by presenting the token it already holds
+        again. A Bearer token is scoped to the repositories and actions it was asked for, so one that read a
+        repository is refused a push (401 insufficient_scope: distribution registry/auth/token/
+        accesscontroller.go); here a refused request gets a token for its own challenge's scope, once. A
+        refusal that remains (the token server refused the credentials) is returned as the registry's answer."""
 
-        def do_request(self, *args, **kwargs):
-            return oras.provider.Registry.do_request.__wrapped__(self, *args, **kwargs)
+        def do_request(self, url, method="GET", data=None, headers=None, json=None, stream=False):
+            def send(auth: dict) -> Any:
+                return self.session.request(
+                    method, url, data=data, json=json, headers={**(headers or {}), **auth}, stream=stream,
+                    verify=self._tls_verify,
+                )  # fmt: skip
+
+            response = send(self.auth.get_auth_header() if getattr(self.auth, "token", None) else {})
+            if response.status_code not in (401, 403):
+                return response
+            renewed, changed = self.auth.authenticate_request(response, {}, refresh=True)
+            return send(renewed) if changed else response
 
     return Registry
 
@@ -84,7 +99,6 @@ class Repository:
 
     uri: StorageUri
     client: object = field(repr=False)
-    container: object = field(repr=False)
     basic: dict[str, str] = field(
         default_factory=dict, repr=False
     )  # a Basic registry's header, sent up front
@@ -124,12 +138,10 @@ def open_repository(uri: StorageUri) -> Repository:
     configs = _docker_config()
     client.auth.load_configs(container, configs=configs)
     if backend != "basic":
-        return Repository(uri, client, container)
+        return Repository(uri, client)
     if getattr(client.auth, "_basic_auth", None) is None:
         client.auth._basic_auth = ""  # anonymous: the registry answers 401, mapped below
-    return Repository(
-        uri, client, container, client.auth.get_auth_header() if client.auth._basic_auth else {}
-    )
+    return Repository(uri, client, client.auth.get_auth_header() if client.auth._basic_auth else {})
 
 
 def _tag_or_latest(uri: StorageUri) -> str:

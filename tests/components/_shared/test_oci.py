@@ -1,5 +1,6 @@
-"""oci:// against a real registry (Debian's docker-registry, tests/support/oci_registry.py) behind htpasswd auth:
-a folder published as a KServe ModelCar on a base image, read back with plain HTTP and tarfile (not the code under
+"""oci:// against a real registry (Debian's docker-registry, tests/support/oci_registry.py), each test behind
+htpasswd Basic auth and again behind Bearer tokens from a token server that grants only the scope asked for (as
+Docker Hub, GHCR, Quay and Harbor do): a folder published as a KServe ModelCar on a base image, read back with plain HTTP and tarfile (not the code under
 test); unchanged layers never uploaded again; credentials from a docker config only; a ModelCar as a source, ours
 and another tool's; corrupted blobs caught."""
 
@@ -24,9 +25,10 @@ USER, PASSWORD = "pusher", "registry-pass-4b1d9e"
 BASE = {"bin/sh": b"#!a shell\n", "bin/sleep": b"a sleep\n"}
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Registry:
-    with oci_registry(tmp_path_factory.mktemp("registry"), auth=(USER, PASSWORD)) as running:
+@pytest.fixture(scope="module", params=["basic", "bearer"])
+def registry(request, tmp_path_factory) -> Registry:
+    bearer = request.param == "bearer"
+    with oci_registry(tmp_path_factory.mktemp("registry"), auth=(USER, PASSWORD), bearer=bearer) as running:
         push_image(running, "base/shell", "1", [BASE], platform_index=True)
         yield running
 
@@ -112,6 +114,27 @@ def test_a_folder_becomes_a_modelcar_on_the_base_image(logged_in, model, monkeyp
     assert config["rootfs"]["diff_ids"] == base_config["rootfs"]["diff_ids"] + [
         layer["digest"] for layer in ours
     ]
+
+
+def _scopes(scopes: list[str]) -> dict[str, set[str]]:
+    """`repository:<name>:<actions>` scopes by repository (the registry lists actions in no fixed order)."""
+    return {s.split(":")[1]: set(s.split(":")[2].split(",")) for s in scopes}
+
+
+@pytest.mark.parametrize("registry", ["bearer"], indirect=True)
+def test_each_request_gets_a_token_of_its_own_scope(logged_in, model):
+    """The tag is read first (a pull token), which the registry refuses a push; the base image's layers are
+    mounted from their repository, which needs that repository's pull scope in the same token."""
+    registry = logged_in
+    storage.publish_directory(
+        model, f"oci://{registry.host}/models/scoped:v1", base_image=f"{registry.host}/base/shell:1"
+    )
+    assert [
+        r for r in registry.requests("POST", r"/v2/models/scoped/blobs/uploads/\?.*mount=") if " 201" in r
+    ]
+    asked = [_scopes(scopes) for user, scopes in registry.token_server.requests if user == USER]
+    assert {"models/scoped": {"pull"}} in asked, asked
+    assert {"models/scoped": {"pull", "push"}, "base/shell": {"pull"}} in asked, asked
 
 
 def test_unchanged_layers_are_never_uploaded_again(logged_in, model):
