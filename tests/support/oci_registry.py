@@ -67,10 +67,13 @@ class Registry:
         (folder / ".dockerconfigjson").write_text(json.dumps({"auths": {self.host: {"auth": token}}}))
         return folder
 
+    def basic(self) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode()}
+
     def headers(self) -> dict[str, str]:
         if not self.auth or self.token_server:  # a Bearer registry: _request asks for a token when challenged
             return {}
-        return {"Authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode()}
+        return self.basic()
 
 
 def require_registry() -> str:
@@ -149,8 +152,8 @@ def _request(registry: Registry, method: str, url: str, data: bytes = b"", heade
     # The token flow (distribution docs/spec/auth/token.md): a token for the challenge's scope, then again.
     asked = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
     query = urllib.parse.urlencode({k: asked[k] for k in ("service", "scope") if k in asked})
-    basic = {"Authorization": "Basic " + base64.b64encode(":".join(registry.auth).encode()).decode()}
-    with urllib.request.urlopen(_built("GET", f"{asked['realm']}?{query}", b"", basic), timeout=30) as answer:
+    realm = _built("GET", f"{asked['realm']}?{query}", b"", registry.basic())
+    with urllib.request.urlopen(realm, timeout=30) as answer:
         token = json.load(answer)["token"]
     return urllib.request.urlopen(
         _built(method, url, data, {**(headers or {}), "Authorization": f"Bearer {token}"}), timeout=30

@@ -1,8 +1,8 @@
 """oci:// against a real registry (Debian's docker-registry, tests/support/oci_registry.py), each test behind
 htpasswd Basic auth and again behind Bearer tokens from a token server that grants only the scope asked for (as
-Docker Hub, GHCR, Quay and Harbor do): a folder published as a KServe ModelCar on a base image, read back with plain HTTP and tarfile (not the code under
-test); unchanged layers never uploaded again; credentials from a docker config only; a ModelCar as a source, ours
-and another tool's; corrupted blobs caught."""
+Docker Hub, GHCR, Quay and Harbor do): a folder published as a KServe ModelCar on a base image, read back with
+plain HTTP and tarfile (not the code under test); unchanged layers never uploaded again; credentials from a docker
+config only; a ModelCar as a source, ours and another tool's; corrupted blobs caught."""
 
 from __future__ import annotations
 
