@@ -8,9 +8,9 @@ TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 # Test worker processes (pytest-xdist). Most tests keep one core busy (a kfp.local step, a torchtune run of a tiny
 # model), so two workers halve the suite's time on two cores; each test file runs whole in one worker, where its
-# module- and session-scoped fixtures are built once.
+# module- and session-scoped fixtures are built once. The longest files go first (LONGEST_FILES, tests/conftest.py).
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadfile
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The trainer image's stack (extras train + lm-eval): lm-eval needs transformers<5, so huggingface_hub<1 and an
 # older datasets than the main environment gets (pyproject.toml). It lives in a second environment, where the
 # tests of what that stack changes run again: evaluation (lm-eval tasks, transformers 4), export and storage

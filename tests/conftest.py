@@ -18,6 +18,32 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
+# The files that take longest on two cores (per-file totals of --durations), dispatched to the workers first and
+# in this order; the Makefile's `--no-loadscope-reorder` keeps it. xdist's own order (most tests first) left the
+# few-test end-to-end files for last, and one worker ran the last of them alone while the other idled.
+LONGEST_FILES = (
+    "tests/pipelines/test_pipelines.py",
+    "tests/components/torchtune_finetune/test_transformers_trainjob.py",
+    "tests/components/torchtune_finetune/test_training.py",
+    "tests/pipelines/test_data_shapes_pipeline.py",
+    "tests/deploy/test_images.py",
+    "tests/pipelines/test_ecosystem_pipeline.py",
+    "tests/pipelines/test_transformers_engine_pipeline.py",
+    "tests/components/torchtune_finetune/test_finetune_trainjob_preemption.py",
+    "tests/cli/test_readme_commands.py",
+    "tests/pipelines/test_composition.py",
+    "tests/components/torchtune_finetune/test_resume.py",
+    "tests/components/torchtune_finetune/test_resume_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: the rest keep their collection order
+
 
 @contextlib.contextmanager
 def root_logger_restored():
@@ -137,16 +163,19 @@ def tiny_dataset(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def component_pipeline_run(tmp_path_factory, tiny_llama, tiny_dataset):
-    """One kfp.local run of the components' test DAG (tests/support/component_pipeline.py) on the tiny model;
-    the finetune, evaluate and export component tests each check their step's outputs of it."""
-    from tests.support.component_pipeline import run_component_pipeline
+def component_pipeline_run(tmp_path_factory):
+    """One kfp.local run of the components' test DAG (tests/support/component_pipeline.py) on a tiny model, for
+    every test worker of the session; the finetune, evaluate and export component tests each check their step's
+    outputs of it."""
+    from tests.support.component_pipeline import shared_run
 
+    # The session's folder above the workers' own (pytest-N/ above pytest-N/popen-gwK/) under xdist.
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
     # Set up before any test's own logger guard (session scope), so it needs its own.
     with root_logger_restored():
-        return run_component_pipeline(
-            tiny_llama, tiny_dataset["train.jsonl"], tmp_path_factory.mktemp("component-pipeline")
-        )
+        return shared_run(root / "component-pipeline")
 
 
 @pytest.fixture

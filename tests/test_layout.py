@@ -17,3 +17,10 @@ def test_each_component_test_folder_names_a_component():
     for folder in (TESTS / "components").iterdir():
         if folder.is_dir() and folder.name != "__pycache__":
             assert (REPO / "components" / folder.name / "__init__.py").is_file(), folder.name
+
+
+def test_the_files_dispatched_first_exist():
+    """A renamed file would silently fall back to the end of the queue (tests/conftest.py's LONGEST_FILES)."""
+    from tests.conftest import LONGEST_FILES
+
+    assert [name for name in LONGEST_FILES if not (REPO / name).is_file()] == []

@@ -1,7 +1,8 @@
 """evaluate as a KFP component after a real fine-tune, under kfp.local: initializers → torchtune-finetune
 (local backend, CPU) → evaluate with a min_improvement gate → quality-gate → `dsl.If`. The pipeline run is the
 one the finetune and export component tests share (tests/support/component_pipeline.py). The real pipeline's
-gated export is proven both ways by tests/pipelines/test_pipelines.py."""
+gated export is proven both ways: a passing model exported (tests/pipelines/test_pipelines.py), a failing one kept
+and not exported (the README's run-local command, tests/cli/test_readme_commands.py)."""
 
 import json
 import re

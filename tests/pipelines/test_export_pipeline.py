@@ -12,7 +12,7 @@ from tests.support.component_pipeline import PIPELINE_NAME
 pytestmark = pytest.mark.slow
 
 
-def test_export_in_a_local_pipeline(component_pipeline_run, tiny_llama):
+def test_export_in_a_local_pipeline(component_pipeline_run):
     destination = component_pipeline_run.export_destination
 
     artifact = component_pipeline_run.outputs["exported"]
@@ -24,7 +24,7 @@ def test_export_in_a_local_pipeline(component_pipeline_run, tiny_llama):
         "created",
         "lora",
     )
-    assert meta["base_model"] == str(tiny_llama)
+    assert meta["base_model"] == str(component_pipeline_run.base_model)
     assert meta["metrics"]["final_loss"] > 0 and "tokens_per_second" in meta["metrics"]
     files = sorted(p.relative_to(destination).as_posix() for p in destination.rglob("*") if p.is_file())
     assert files == sorted(meta["files"])

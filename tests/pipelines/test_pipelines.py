@@ -233,6 +233,8 @@ def run_locally(tmp_path, pipeline, **arguments):
     return pipeline(**arguments)
 
 
+# The gate's other way, a model that fails it kept and not exported, runs as the README's run-local command
+# (tests/cli/test_readme_commands.py).
 @pytest.mark.slow
 def test_finetune_pipeline_end_to_end_exports_when_the_gate_passes(tiny_llama, tiny_dataset, tmp_path):
     destination = tmp_path / "exported"
@@ -332,18 +334,6 @@ def test_a_tiny_family_built_here_fine_tunes_through_the_pipeline_and_transforme
         if method == "lora":
             adapted = PeftModel.from_pretrained(base, destination / "adapter").eval()
             assert (adapted(tokens).logits - logits).abs().max().item() <= 1e-4
-
-
-@pytest.mark.slow
-def test_finetune_pipeline_gate_blocks_the_export(tiny_llama, tiny_dataset, tmp_path):
-    destination = tmp_path / "exported"
-    task = run_locally(
-        tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
-        export_destination=str(destination), eval_thresholds={"exact_match": 0.99},
-        **{**FAST_TRAINING, "tune_max_steps_per_epoch": 2},
-    )  # fmt: skip
-    assert task.outputs["passed"] is False
-    assert not destination.exists(), "a model that fails the gate is not exported"
 
 
 @pytest.mark.slow

@@ -3,11 +3,13 @@ plus steps that look into the workspace, run under kfp.local on the tiny model.
 
 The tests of torchtune-finetune, evaluate and export as KFP components each check their own step's outputs
 of one shared run (the `component_pipeline_run` session fixture in tests/conftest.py), so the tiny model is
-fine-tuned once for all of them instead of once per test.
+fine-tuned once for all of them instead of once per test, and once for all test workers (`shared_run`) instead of
+once per worker.
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline signature's annotations as types.
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -168,6 +170,7 @@ def component_pipeline(model_uri: str, data_uri: str, export_destination: str, g
 
 @dataclass(frozen=True)
 class ComponentPipelineRun:
+    base_model: Path  # the tiny model the run fine-tuned
     outputs: dict  # the pipeline's outputs by name (see Outputs)
     export_destination: Path
     gate_marker: Path  # written by a step inside `dsl.If(quality gate passed)`
@@ -188,4 +191,26 @@ def run_component_pipeline(model_dir: Path, train_data: Path, root: Path) -> Com
         export_destination=str(destination),
         gate_marker=str(marker),
     )
-    return ComponentPipelineRun(outputs=task.outputs, export_destination=destination, gate_marker=marker)
+    return ComponentPipelineRun(
+        base_model=model_dir, outputs=task.outputs, export_destination=destination, gate_marker=marker
+    )
+
+
+def shared_run(root: Path) -> ComponentPipelineRun:
+    """run_component_pipeline on its own tiny model and data under `root`, a folder every test worker of the session
+    sees: the first worker to ask runs it while holding a lock, the others wait for it and read its outputs."""
+    from filelock import FileLock
+
+    from kfp_finetune.tiny.dataset import build_tiny_dataset
+    from kfp_finetune.tiny.model import build_tiny_model
+
+    result = root / "run.pickle"
+    with FileLock(f"{root}.lock"):
+        if not result.exists():
+            model = build_tiny_model(root / "tiny-llama3_2", family="llama3_2")
+            data = build_tiny_dataset(root / "data")
+            run = run_component_pipeline(model, data["train.jsonl"], root / "run")
+            partial = result.with_suffix(".partial")
+            partial.write_bytes(pickle.dumps(run))
+            partial.rename(result)
+    return pickle.loads(result.read_bytes())

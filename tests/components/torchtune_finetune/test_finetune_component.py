@@ -20,14 +20,14 @@ finetune_inputs = test_finetune_trainjob.inputs
 finetune_cpu_runtime = test_finetune_trainjob.cpu_runtime
 
 
-def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
+def test_finetune_in_a_local_pipeline(component_pipeline_run):
     outputs = component_pipeline_run.outputs
 
     model, metrics = outputs["model"], outputs["train_metrics"]
     meta = model.metadata
     assert (meta["recipe"], meta["config"], meta["method"]) == (
         "lora_finetune_single_device", "llama3_2/1B_lora_single_device", "lora")  # fmt: skip
-    assert meta["base_model"] == str(tiny_llama)
+    assert meta["base_model"] == str(component_pipeline_run.base_model)
     assert meta["steps"] == TRAINING_STEPS
     # An adapter run saves only its adapter: no merged weights until export or evaluate merges them, off the GPUs.
     assert meta["merged_path"] == ""
@@ -51,7 +51,7 @@ def test_finetune_in_a_local_pipeline(component_pipeline_run, tiny_llama):
         f for f in check["last_epoch"] if f.startswith("model")
     ]
     assert check["adapter"] == ["adapter_config.json", "adapter_model.safetensors"]
-    assert check["adapter_config"]["base_model_name_or_path"] == str(tiny_llama)
+    assert check["adapter_config"]["base_model_name_or_path"] == str(component_pipeline_run.base_model)
     assert check["adapter_config"]["use_dora"] is False
 
     html = Path(outputs["train_report"].path).read_text()
