@@ -3,8 +3,10 @@
 ENV_DIR := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
 PY := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.kfp-finetune-setup
-# torch first and exactly: a CPU wheel for 2.13.0 lies on local disk, while an unpinned torch pulls a CUDA build.
+# torch exactly: a CPU wheel for 2.13.0 lies on local disk, while an unpinned torch pulls a CUDA build.
 TORCH_VERSION ?= 2.13.0
+# The installer `make setup` uses (tools/uv_install.py).
+UV_VERSION ?= 0.13.8
 PYTEST_ARGS ?=
 # Test worker processes (pytest-xdist). Most tests keep one core busy (a kfp.local step, a torchtune run of a tiny
 # model), so two workers halve the suite's time on two cores; each test file runs whole in one worker, where its
@@ -28,15 +30,14 @@ LM_EVAL_TESTS ?= $(LM_EVAL_TRAINING) tests/components/evaluate/test_evaluate.py 
 MAIN_EXTRAS := train,test,transformers-engine,tracking-server,registry
 LM_EVAL_EXTRAS := train,test,lm-eval
 
-# $(call make-env,<env dir>,<extras>): a virtualenv with torch, then kfp-finetune (editable) with the extras.
-# pip byte-compiles what it installs on one core; compileall does the same afterwards on every core. Like pip, it
-# passes over the files that do not compile here (e.g. torch's samples of Python 3.12 syntax).
+# $(call make-env,<env dir>,<extras>): a virtualenv with pip and uv, then torch and kfp-finetune (editable) with the
+# extras in one uv resolve: uv installs in parallel, a few times faster than pip, from the sources pip is configured
+# with (tools/uv_install.py), so it takes the same packages (the CPU torch a local wheel folder holds, say). Nothing
+# is byte-compiled ahead: a module compiles on its first import, and most of what is installed is never imported.
 define make-env
 	@test -x $(1)/bin/python || python3 -m venv $(1)
-	$(1)/bin/python -m pip install --quiet --upgrade pip
-	$(1)/bin/python -m pip install --quiet --no-compile torch==$(TORCH_VERSION)
-	$(1)/bin/python -m pip install --quiet --no-compile -e '.[$(2)]'
-	$(1)/bin/python -m compileall -q -j 0 "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null || true
+	$(1)/bin/python -m pip install --quiet --upgrade pip uv==$(UV_VERSION)
+	$(1)/bin/python tools/uv_install.py --quiet torch==$(TORCH_VERSION) -e '.[$(2)]'
 	@touch $(1)/.kfp-finetune-setup
 endef
 
@@ -44,12 +45,12 @@ endef
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py tools/uv_install.py
 	$(call make-env,$(ENV_DIR),$(MAIN_EXTRAS))
 
 setup-lm-eval: $(LM_EVAL_STAMP)
 
-$(LM_EVAL_STAMP): pyproject.toml setup.py
+$(LM_EVAL_STAMP): pyproject.toml setup.py tools/uv_install.py
 	$(call make-env,$(LM_EVAL_ENV_DIR),$(LM_EVAL_EXTRAS))
 
 demo: setup

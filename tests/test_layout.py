@@ -5,7 +5,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 # Folders of tests that are not about one source folder of the same name.
-OWN_FOLDERS = {"components", "pipelines", "cli", "deploy", "support", "benchmarks", "__pycache__"}
+OWN_FOLDERS = {"components", "pipelines", "cli", "deploy", "support", "benchmarks", "tools", "__pycache__"}
 
 
 def test_no_test_file_outside_the_mirrored_folders():
