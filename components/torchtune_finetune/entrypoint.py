@@ -14,6 +14,10 @@ recipe.py). Several: torchrun's agent runs here and starts the workers, forwardi
 leave the process-wide state training starts from as they found it (process_state.py): RNGs, dtype, grad mode,
 flags, signal handlers, memory.
 
+The local backend runs the same command as its child (`local_command`, flag --local): the same checks but those
+only node pods make (torchtune's layout parity), then the training, in one process that imports torch once; a
+refused run's one line becomes the step's ConfigError (`refusal`).
+
 On several nodes, the network between them is measured first (network_probe.py), in a fresh interpreter so that
 its CUDA context and NCCL state on GPU 0 end with it: far too slow, and the TrainJob fails the same way before
 training.
@@ -33,11 +37,26 @@ PREFIX = "kfp-finetune: "
 #: `python -m MODULE PROBE <run folder> <node rank>`: the network probe alone (probe_network_apart).
 PROBE = "--probe-network"
 ENGINE_FLAG = "--engine"
+LOCAL_FLAG = "--local"
+REFUSED = "the run cannot train"
 
 
 def node_command(training_command: list[str], engine: str) -> list[str]:
     """The TrainJob's node command for `engine`'s training command: the checks first, then that command."""
     return ["python", "-m", MODULE, ENGINE_FLAG, engine, *training_command]
+
+
+def local_command(training_command: list[str], engine: str) -> list[str]:
+    """The local backend's child command: node_command's checks (but the node-only ones), then the training."""
+    return ["python", "-m", MODULE, LOCAL_FLAG, ENGINE_FLAG, engine, *training_command]
+
+
+def refusal(lines: list[str]) -> str | None:
+    """The problem a refused run printed (from its refusal line to its last), None when it printed none."""
+    for index, line in enumerate(lines):
+        if line.startswith(f"{PREFIX}{REFUSED} "):
+            return "\n".join([line.split("): ", 1)[-1], *lines[index + 1 :]])
+    return None
 
 
 def split_engine(argv: list[str]) -> tuple[str, list[str]]:
@@ -109,8 +128,9 @@ def check(argv: list[str]) -> int | None:
     return checked_run(*split_engine(argv))[0]
 
 
-def checked_run(engine: str, command: list[str]) -> tuple[int | None, Path | None]:
-    """check's answer, with the run folder the command trains into (None when refused)."""
+def checked_run(engine: str, command: list[str], *, local: bool = False) -> tuple[int | None, Path | None]:
+    """check's answer, with the run folder the command trains into (None when refused); `local`: the local
+    backend's child."""
     from kfp_finetune.components._shared import engines
     from kfp_finetune.components._shared.errors import ConfigError
     from kfp_finetune.components.torchtune_finetune.process_state import kept
@@ -118,9 +138,9 @@ def checked_run(engine: str, command: list[str]) -> tuple[int | None, Path | Non
     rank = os.environ.get("PET_NODE_RANK", "0")
     with kept():
         try:
-            run_dir, said = engines.face(engine).check_node_command(command)
+            run_dir, said = engines.face(engine).check_node_command(command, local=local)
         except ConfigError as error:
-            print(f"{PREFIX}the run cannot train (node {rank}): {error}", file=sys.stderr, flush=True)
+            print(f"{PREFIX}{REFUSED} (node {rank}): {error}", file=sys.stderr, flush=True)
             return CONFIG_REFUSED, None
         for line in said:
             print(f"{PREFIX}{line}", flush=True)
@@ -137,12 +157,13 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == [PROBE]:
         return 0 if probe_network(Path(argv[1]), argv[2]) else CONFIG_REFUSED
-    engine, command = split_engine(argv)
-    refused, run_dir = checked_run(engine, command)
+    local = argv[:1] == [LOCAL_FLAG]
+    engine, command = split_engine(argv[1:] if local else argv)
+    refused, run_dir = checked_run(engine, command, local=local)
     if refused is not None:
         return refused
-    # The training stops if the step that launched it is gone (lease.py).
-    guard_with_lease(run_dir)
+    if not local:  # a TrainJob's training stops if the step that launched it is gone (lease.py)
+        guard_with_lease(run_dir)
     return engines.face(engine).run_node_command(command)
 
 

@@ -4,7 +4,7 @@ the face): `tune run [torchrun flags] <recipe> --config <yaml>`.
 - `check_node_command(argv)`: torchtune's config validation, the prompts against max_seq_len and the model
   layout's logit parity with transformers on a tiny random copy (torch_checks.py) — the checks the launcher,
   which has no torch, leaves to the pod. Returns the run folder and what was checked; ConfigError when the
-  config must not train.
+  config must not train. The local backend's child (`local=True`) makes the same checks but the parity.
 - `run_node_command(argv)`: torchtune's own `tune` CLI in this process (one device: the recipe runs here and
   receives the pod's SIGTERM; several: torchrun's agent runs here).
 """
@@ -25,9 +25,10 @@ def config_path(argv: list[str]) -> Path:
         raise SystemExit(f"usage: {USAGE}") from None
 
 
-def check_node_command(argv: list[str]) -> tuple[Path, list[str]]:
+def check_node_command(argv: list[str], *, local: bool = False) -> tuple[Path, list[str]]:
     """(run folder, lines saying what was checked) for `tune run ... --config <yaml>`; ConfigError naming the
-    problem when the resolved config cannot train. Imports torch and torchtune."""
+    problem when the resolved config cannot train. Imports torch and torchtune; the layout parity (not measured
+    for a local run) imports transformers."""
     from kfp_finetune.components._shared.errors import ConfigError
     from kfp_finetune.components._shared.torchtune.torch_checks import check_layout_parity, check_resolved
 
@@ -37,12 +38,12 @@ def check_node_command(argv: list[str]) -> tuple[Path, list[str]]:
     config = yaml.safe_load(path.read_text())
     try:
         check_resolved(config)
-        parity = check_layout_parity(config)
+        parity = [] if local else [check_layout_parity(config)]
     except ConfigError as error:
         raise ConfigError(f"the resolved config {path}: {error}") from None
     return path.parent, [
         f"config {path.name} checked (torchtune validation, prompts fit max_seq_len)",
-        parity,
+        *parity,
     ]
 
 

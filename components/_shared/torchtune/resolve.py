@@ -96,12 +96,6 @@ class ResolvedRun:
         """The training command (tune_command); torchrun flags make it distributed."""
         return tune_command(self.recipe, self.yaml_path, torchrun_args)
 
-    def check_with_torch(self) -> None:
-        """torchtune's config validation and the prompts against max_seq_len (imports torch; reads no weights)."""
-        from kfp_finetune.components._shared.torchtune.torch_checks import check_resolved
-
-        check_resolved(self.config)
-
 
 def tune_command(
     recipe: str, config_path: str | os.PathLike, torchrun_args: tuple[str, ...] | list[str] = ()

@@ -1,5 +1,5 @@
-"""The checks of a resolved config that need torch, run where training runs: in-process by the local backend,
-first thing in every TrainJob node pod (entrypoint.py) — never in the launcher step, which has no torch.
+"""The checks of a resolved config that need torch, run first thing in the process that trains (entrypoint.py):
+a TrainJob's node pods, the local backend's child — never in the launcher step, which has no torch.
 
 - torchtune's own validation (what `tune validate` runs): every component importable, its arguments bindable;
 - no training row's prompt fills max_seq_len (prompt_fit.py: the rows are tokenized as training will).

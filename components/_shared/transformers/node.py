@@ -39,9 +39,10 @@ def world_size() -> int:
     return int(os.environ.get("PET_NNODES") or 1) * per_node
 
 
-def check_node_command(argv: list[str]) -> tuple[Path, list[str]]:
+def check_node_command(argv: list[str], *, local: bool = False) -> tuple[Path, list[str]]:
     """(run folder, lines saying what was checked); ConfigError naming the problem when the run cannot train.
-    Imports torch and TRL; reads no weights."""
+    Imports torch and TRL; reads no weights. A local run (`local`, the local backend's child) is checked the same:
+    this engine has no check that only node pods make."""
     from kfp_finetune.components._shared import engines
     from kfp_finetune.components._shared.transformers.face import serves
     from kfp_finetune.components._shared.transformers.settings import SftSettings

@@ -97,10 +97,6 @@ class SftRun:
             return ["torchrun", *torchrun_args, "-m", MODULE, str(self.settings_path)]
         return ["python", "-m", MODULE, str(self.settings_path)]
 
-    def check_with_torch(self) -> None:
-        """TRL's and transformers' own argument checks (imports torch and TRL; reads no weights)."""
-        self.settings.trl_config(self.world)
-
 
 def sft_settings(
     values: dict[str, Any],

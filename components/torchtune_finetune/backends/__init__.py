@@ -1,6 +1,6 @@
 """How the torchtune-finetune step trains a resolved run: one small interface, two backends, chosen once.
 
-- `local` (local.py): `tune run` as a child process of the step.
+- `local` (local.py): the training command as a child process of the step, checked first as in a TrainJob.
 - `trainjob` (trainjob/): a Kubeflow Trainer TrainJob running the same command, followed to its end.
 
 `backend_for` picks one from the step's `backend` parameter; nothing above it branches on the name.
@@ -54,10 +54,6 @@ class LaunchPlan(Protocol):
 
     def command(self, torchrun_args: tuple[str, ...] | list[str] = ()) -> list[str]:
         """The training command; with torchrun flags, one process per device."""
-        ...
-
-    def check_with_torch(self) -> None:
-        """The checks that need torch but no weights (ConfigError naming the problem and the fix)."""
         ...
 
 

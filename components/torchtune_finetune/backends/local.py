@@ -1,11 +1,15 @@
-"""The local backend: run `tune run ...` as a child process of the step. Stream its output into the step log,
+"""The local backend: run the training command as a child process of the step, behind the checks a TrainJob's
+pods make first (entrypoint.py; a refusal becomes the step's ConfigError). Stream its output into the step log,
 parse torchtune's metric lines, stop it cleanly on SIGTERM/SIGINT, and fail with the exit code and the last lines
 when it fails. A NaN or infinite loss stops it at once (metrics.LossDiverged): the rest of the run would be wasted.
 """
 
 from __future__ import annotations
 
+import ast
 import collections
+import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -98,28 +102,60 @@ class LocalBackend:
             shutil.rmtree(run_dir)
 
     def run(self, plan: LaunchPlan, *, total_steps: int | None) -> TrainingOutcome:
-        from kfp_finetune.components.torchtune_finetune.entrypoint import note_device
+        from kfp_finetune.components.torchtune_finetune import entrypoint
 
-        plan.check_with_torch()  # what a TrainJob checks first in its pods (entrypoint.py)
-        note_device(plan.run_dir)  # the GPU's name for MFU, as entrypoint.py records it in a TrainJob
-        # Several local GPUs: torchrun in standalone mode starts one process per device.
+        # Several local GPUs: torchrun in standalone mode starts one process per device; the checks read the
+        # world size from the PET_* variables a TrainJob's pods have.
         torchrun = ["--nproc_per_node", str(self.devices)] if plan.distributed else []
+        env = {"PET_NPROC_PER_NODE": str(self.devices)} if plan.distributed else {}
         # The model cache is on this machine as it is for this step: the training process reads the choice.
-        env = {COMPILE_CACHE_ENV: self.persistent_compile_root} if self.persistent_compile_root else None
-        run_local(plan.command(torchrun), env=env, total_steps=total_steps, cwd=plan.run_dir)
+        if self.persistent_compile_root:
+            env[COMPILE_CACHE_ENV] = self.persistent_compile_root
+        # The child checks the run with torch as a TrainJob's pods do, records the GPU's name for MFU, then trains
+        # in the same process: this step imports no torch.
+        command = entrypoint.local_command(plan.command(torchrun), plan.engine)
+        try:
+            run_local(command, env=env, total_steps=total_steps, cwd=plan.run_dir)
+        except TrainingFailed as failed:
+            problem = (
+                entrypoint.refusal(failed.tail) if failed.returncode == entrypoint.CONFIG_REFUSED else None
+            )
+            if problem:
+                raise ConfigError(problem) from None
+            raise
         return TrainingOutcome()
 
 
 def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
         raise ConfigError(
             "tune_backend=local trains in this step's own pod, whose image has no torch (the fine-tune step runs on "
             "the component image and launches TrainJobs): use tune_backend=trainjob"
-        ) from None
+        )
+    build = _torch_build(Path(spec.origin).parent / "version.py")
+    if "cuda" in build and build["cuda"] is None and build.get("hip") is None:
+        return False  # a CPU build has no GPU to find: this step need not import torch to say so
+    import torch
 
     return torch.cuda.is_available()
+
+
+def _torch_build(path: Path) -> dict[str, object]:
+    """The literals torch's version.py sets (`cuda`, `hip`: the GPU toolkits it was built for), read without
+    importing torch; {} when the file cannot be read so."""
+    values: dict[str, object] = {}
+    try:
+        body = ast.parse(path.read_text()).body
+    except (OSError, SyntaxError):
+        return values
+    for node in body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            with contextlib.suppress(ValueError, TypeError, SyntaxError, RecursionError):
+                if isinstance(target, ast.Name):
+                    values[target.id] = ast.literal_eval(node.value)
+    return values
 
 
 def resolve_executable(command: list[str]) -> list[str]:

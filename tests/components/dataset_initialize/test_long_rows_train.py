@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("column", ["output", "input"])
-def test_one_huge_row_trains_on_cpu_without_a_traceback(tmp_path, tiny_llama, log_lines, column):
+def test_one_huge_row_trains_on_cpu_without_a_traceback(tmp_path, tiny_llama, log_lines, capsys, column):
     rows = [{"input": f"question {i}", "output": f"answer {i}"} for i in range(40)]
     rows.insert(20, {"input": "short question", "output": "short answer", column: "lorem ipsum " * 8334})
     source = tmp_path / "train.jsonl"
@@ -52,4 +52,6 @@ def test_one_huge_row_trains_on_cpu_without_a_traceback(tmp_path, tiny_llama, lo
     assert len(result.steps) == 3 and all(math.isfinite(s.loss) for s in result.steps)
     if column == "input":  # its prompt fills the length: it trains nothing, and says so at both steps
         assert any("left out of the packs" in line and "train.jsonl line 21" in line for line in log_lines)
-        assert any("1 of 41 training rows" in line and "train_data row 20" in line for line in log_lines)
+        # the training process's checks (entrypoint.py), in the step's log
+        trained = capsys.readouterr().out.splitlines()
+        assert any("1 of 41 training rows" in line and "train_data row 20" in line for line in trained)

@@ -4,6 +4,8 @@ divergence check both backends apply to torchtune's metric lines (metrics.py).""
 import math
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from kfp_finetune.components._shared.torchtune.config import ConfigError
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun
 from kfp_finetune.components._shared.torchtune.resume import RECIPE_PATH
 from kfp_finetune.components.torchtune_finetune.backends import backend_for
+from kfp_finetune.components.torchtune_finetune.backends import local as local_backend
 from kfp_finetune.components.torchtune_finetune.backends.local import LocalBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobBackend
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
@@ -45,6 +48,27 @@ def test_local_backend_trains_on_one_node_and_one_device_without_gpus():
         backend_for("local", nodes=2)
     backend = backend_for("local", devices=4)
     assert (backend.name, backend.devices, backend.nodes) == ("local", 1, 1)
+
+
+def test_a_cpu_build_of_torch_is_known_without_importing_it(tmp_path):
+    """The local step picks its device without the seconds torch takes to import where torch was built for no GPU
+    (its version.py says so); any other build, or a version.py it cannot read, is asked (torch.cuda)."""
+    torch = pytest.importorskip("torch")
+    code = "import sys; from {0} import _cuda_available; print(_cuda_available(), 'torch' in sys.modules)"
+    said = subprocess.run(
+        [sys.executable, "-c", code.format(local_backend.__name__)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    gpu_build = torch.version.cuda is not None or torch.version.hip is not None
+    assert said == [str(torch.cuda.is_available()), str(gpu_build)]
+    version = tmp_path / "version.py"
+    version.write_text(
+        "from typing import Optional\ncuda: Optional[str] = '12.8'\nhip = None\nxpu = f'{1}'\n"
+    )
+    assert local_backend._torch_build(version) == {"cuda": "12.8", "hip": None}
+    assert local_backend._torch_build(tmp_path / "missing.py") == {}
 
 
 def test_local_backend_prepare_clears_an_earlier_attempt(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobFailed
 from kfp_finetune.components.torchtune_finetune.entrypoint import MODULE
 from tests.components.torchtune_finetune.test_finetune_trainjob import (  # noqa: F401 (fixtures)
@@ -85,6 +86,18 @@ def test_a_config_torch_refuses_fails_the_trainjob_first_with_the_reason(
     assert "tune_train_on_input=true" in message
     run_dir = workspace / "runs"
     assert not list(run_dir.glob("*/logs/metrics.txt")), "training never started"
+
+
+def test_a_config_torch_refuses_fails_a_local_step_with_the_same_reason(inputs, tmp_path):
+    """The local backend's child makes the node pod's checks before training (entrypoint.py --local); its refusal
+    is the step's ConfigError, naming the fix."""
+    workspace, base_model, train = inputs
+    with pytest.raises(ConfigError) as refused:
+        call_component(workspace, base_model, train, tmp_path, "local", task_config(workspace), max_seq_len=8)
+    message = str(refused.value)
+    assert message.startswith("the resolved config") and "8-token tune_max_seq_len" in message, message
+    assert "tune_train_on_input=true" in message
+    assert not list((workspace / "runs").glob("*/logs/metrics.txt")), "training never started"
 
 
 def test_the_entrypoint_refuses_before_tune_starts(tiny_llama, tiny_dataset, tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kfp_finetune.components._shared.errors import SettingError
-from kfp_finetune.components._shared.transformers import plan, run_layout
+from kfp_finetune.components._shared.transformers import node, plan, run_layout
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
 WHERE = {"model_dir": "/nowhere/model", "data_files": ["/nowhere/train.parquet"], "run_dir": "/nowhere/run"}
@@ -145,7 +145,7 @@ def test_cuda_asked_for_where_there_is_none_is_refused_before_training(tmp_path)
         pytest.skip("this machine has a GPU")
     run = plan.plan_run({"device": "cuda"}, **{**WHERE, "run_dir": tmp_path})
     with pytest.raises(SettingError, match="device is cuda, but CUDA sees no GPU"):
-        run.check_with_torch()
+        run.settings.trl_config(run.world)
 
 
 @pytest.mark.slow
@@ -168,7 +168,7 @@ def test_the_planned_command_trains_the_tiny_moe(tmp_path, monkeypatch):
         data_files=[str(tmp_path / "data" / "train.parquet")],
         run_dir=tmp_path / "run",
     )
-    run.check_with_torch()
+    node.check_node_command(run.command(), local=True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     command = run.command()
