@@ -3,7 +3,8 @@
 `make setup` installs with uv: it resolves and installs in parallel, a few times faster than pip. But uv reads no
 pip configuration, and a machine's pip may be set to a mirror, a folder of local wheels (a CPU build of torch) or a
 constraints file; uv given the same sources (and pip's rule of taking the best version from any index) installs the
-same packages pip would. Arguments are passed on to `uv pip install`.
+same packages pip would. The images install the same way (images/*/Dockerfile). Arguments are passed on to
+`uv pip install`; without `--python`, it installs into the environment of the Python that runs this file.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def main(arguments: list[str]) -> None:
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], check=True, capture_output=True, text=True
     ).stdout
-    uv = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable]
+    target = [] if "--python" in arguments else ["--python", sys.executable]
+    uv = [sys.executable, "-m", "uv", "pip", "install", *target]
     command = uv + uv_source_arguments(pip_settings(listed)) + arguments
     os.execv(sys.executable, command)
 

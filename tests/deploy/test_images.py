@@ -3,7 +3,7 @@ image's requirement set installs, imports and compiles without torch; the traine
 retags the runtimes.
 
 No container engine runs here, so the Dockerfiles are read statically and their requirement sets are checked
-for real with pip.
+for real with the installer they run (uv, through tools/uv_install.py).
 """
 
 from __future__ import annotations
@@ -120,8 +120,13 @@ def final_stage(name: str) -> Stage:
     return build_stages(DOCKERFILES[name])[1][-1]
 
 
-def pip_commands(stage: Stage) -> list[list[str]]:
-    """Every `pip ...` command in the stage's RUN instructions, as words after `pip`."""
+# Where the images copy the installer the Makefile also uses (tools/uv_install.py: `uv pip install` from pip's sources).
+INSTALLER = "/tmp/wheels/uv_install.py"
+
+
+def install_commands(stage: Stage) -> list[list[str]]:
+    """Every `pip ...` command in the stage's RUN instructions, as words after `pip`, and every run of the
+    installer, as `install` and its words (it runs `uv pip install`)."""
     commands = []
     for run in stage.all("RUN"):
         lexer = shlex.shlex(run.arguments, posix=True, punctuation_chars=";&|")
@@ -135,6 +140,8 @@ def pip_commands(stage: Stage) -> list[list[str]]:
                 commands.append(words[1:])
             elif words[1:3] == ["-m", "pip"]:
                 commands.append(words[3:])
+            elif words[1:2] == [INSTALLER]:
+                commands.append(["install", *words[2:]])
             words = []
     return commands
 
@@ -168,6 +175,7 @@ def test_reader_joins_continuations_and_substitutes_base_image_args(tmp_path):
                 # comment inside
                 pip wheel --no-deps --wheel-dir /w .
             FROM $BASE
+            RUN python /tmp/wheels/uv_install.py --no-deps /w/x.whl && pip uninstall --yes uv
             ENV A=1 \\
                 B="two words"
             USER 1000
@@ -181,9 +189,10 @@ def test_reader_joins_continuations_and_substitutes_base_image_args(tmp_path):
         (global_args["BASE"], None),
     ]
     assert stages[0].run_text() == "set -eu; pip wheel --no-deps --wheel-dir /w ."
-    assert pip_commands(stages[0]) == [["wheel", "--no-deps", "--wheel-dir", "/w", "."]]
-    assert positional_arguments(pip_commands(stages[0])[0]) == ["."]
+    assert install_commands(stages[0]) == [["wheel", "--no-deps", "--wheel-dir", "/w", "."]]
+    assert positional_arguments(install_commands(stages[0])[0]) == ["."]
     assert stages[1].env() == {"A": "1", "B": "two words"}
+    assert install_commands(stages[1]) == [["install", "--no-deps", "/w/x.whl"], ["uninstall", "--yes", "uv"]]
 
 
 @pytest.mark.parametrize("image", DOCKERFILES)
@@ -239,17 +248,26 @@ READ_LAUNCH_EXTRA = re.compile(
 )
 
 
+# The installer itself, uv at the Makefile's version, is installed by pip first and uninstalled last.
+UV_INSTALL = ["install", "--no-cache-dir", "uv==${UV_VERSION}"]
+UV_UNINSTALL = ["uninstall", "--yes", "--quiet", "uv"]
+
+
 @pytest.mark.parametrize("image", DOCKERFILES)
 def test_pip_installs_only_the_project_so_versions_come_from_pyproject(image):
     _, stages = build_stages(DOCKERFILES[image])
-    commands = [words for stage in stages for words in pip_commands(stage)]
+    commands = [words for stage in stages for words in install_commands(stage)]
     assert commands, "no pip command found"
+    final = install_commands(stages[-1])
+    assert final[0] == UV_INSTALL and final[-1] == UV_UNINSTALL, final
     for words in commands:
+        if words in (UV_INSTALL, UV_UNINSTALL):
+            continue
         assert words[0] in ("install", "wheel"), words
         if words[0] == "install" and LAUNCH_REQUIREMENTS in words:
             # Allowed exactly: the launch extra, without dependencies, from the file the project's metadata wrote.
             assert image == "component", f"{image}: only the component image installs the launch extra alone"
-            assert [w for w in words if w.startswith("-")] == ["--no-cache-dir", "--no-deps", "--requirement"]
+            assert [w for w in words if w.startswith("-")] == ["--no-cache", "--no-deps", "--requirement"]
             assert words[-2:] == ["--requirement", LAUNCH_REQUIREMENTS], words
             assert READ_LAUNCH_EXTRA.search(final_stage(image).run_text()), (
                 f"{LAUNCH_REQUIREMENTS} must be written from kfp-finetune's `launch` extra metadata"
@@ -260,7 +278,7 @@ def test_pip_installs_only_the_project_so_versions_come_from_pyproject(image):
         for target in targets:
             # Local paths to the project (its source or its wheel), never a package name from an index.
             assert target == "." or target.startswith(("/tmp/wheels/kfp_finetune-", "${wheel}[")), (
-                f"{image}: `pip {' '.join(words)}` installs {target!r}: put dependencies in pyproject.toml"
+                f"{image}: `{' '.join(words)}` installs {target!r}: put dependencies in pyproject.toml"
             )
         other_sources = (
             "-r",
@@ -274,12 +292,26 @@ def test_pip_installs_only_the_project_so_versions_come_from_pyproject(image):
         assert not [w for w in words if w.startswith(other_sources)], words
 
 
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_images_install_with_the_makefiles_uv_through_the_installer_they_copy(image):
+    stage = final_stage(image)
+    uv_version = build_arguments(image)["UV_VERSION"]
+    makefile = (REPO / "Makefile").read_text()
+    assert uv_version == re.search(r"^UV_VERSION \?= (\S+)", makefile, re.MULTILINE).group(1)
+    assert [c.arguments for c in stage.all("COPY") if not c.arguments.startswith("--from")] == [
+        f"tools/uv_install.py {Path(INSTALLER).parent}/"
+    ]
+    assert [w[0] for w in install_commands(stage)].count("install") >= 2, "uv, then the project through it"
+
+
 def test_trainer_keeps_the_base_images_torch():
     run_text = final_stage("trainer").run_text()
-    (install,) = [words for words in pip_commands(final_stage("trainer")) if words[0] == "install"]
+    (install,) = [
+        w for w in install_commands(final_stage("trainer")) if w[0] == "install" and w != UV_INSTALL
+    ]
     constraint = install[install.index("--constraint") + 1]
     assert f"> {constraint}" in run_text and '"torch==" + version("torch")' in run_text
-    extras = dict(i.arguments.split("=", 1) for i in final_stage("trainer").all("ARG"))["EXTRAS"].split(",")
+    extras = build_arguments("trainer")["EXTRAS"].split(",")
     assert set(extras) <= set(PYPROJECT["optional-dependencies"]) and "train" in extras
 
 
@@ -303,6 +335,14 @@ def copied_sources(image: str) -> list[str]:
     return [source for copy in wheel_stage.all("COPY") for source in copy.arguments.split()[:-1]]
 
 
+def copied_to_the_image(image: str) -> dict[str, str]:
+    """Files the final stage copies from the build context (not from another stage), each to where it lands."""
+    copies = [
+        c.arguments.split() for c in final_stage(image).all("COPY") if not c.arguments.startswith("--from")
+    ]
+    return {source: words[-1] for words in copies for source in words[:-1]}
+
+
 def test_dockerignore_admits_exactly_what_the_images_copy():
     lines = [
         line
@@ -312,7 +352,7 @@ def test_dockerignore_admits_exactly_what_the_images_copy():
     assert lines[0] == "*", "the build context is a whitelist"
     admitted = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     for image in DOCKERFILES:
-        assert set(copied_sources(image)) == admitted
+        assert set(copied_sources(image)) | set(copied_to_the_image(image)) == admitted
 
 
 @pytest.mark.parametrize("image", DOCKERFILES)
@@ -497,11 +537,12 @@ print(json.dumps({
 def build_context(destination: Path) -> Path:
     """The files the Dockerfiles copy, as a build context would hold them."""
     destination.mkdir()
-    for source in copied_sources("component"):
+    for source in [*copied_sources("component"), *copied_to_the_image("component")]:
         path = REPO / source
         if path.is_dir():
             shutil.copytree(path, destination / source, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
+            (destination / source).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, destination / source)
     return destination
 
@@ -526,6 +567,11 @@ def component_environment_instruction() -> str:
     return run
 
 
+def build_arguments(image: str) -> dict[str, str]:
+    """The final stage's ARG defaults, which Docker gives RUN instructions as environment variables."""
+    return dict(i.arguments.split("=", 1) for i in final_stage(image).all("ARG"))
+
+
 @pytest.mark.slow
 def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_without_torch(
     tmp_path, tiny_llama, tiny_dataset
@@ -545,16 +591,20 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
         capture_output=True,
         timeout=300,
     )
+    for source in copied_to_the_image("component"):  # the installer, copied beside the wheels
+        shutil.copy2(context / source, wheels)
     install = subprocess.run(
         ["sh", "-c", component_environment_instruction().replace("/tmp/wheels", str(wheels))],
         cwd=tmp_path,
-        env={**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"},
+        env={**env, **build_arguments("component"), "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert install.returncode == 0, install.stderr[-3000:]
     assert not wheels.exists(), "the instruction removes the wheels it installed"
+    no_uv = subprocess.run([str(python), "-I", "-c", "import uv"], env=env, capture_output=True)
+    assert no_uv.returncode != 0, "the instruction uninstalls the installer"
     installed = subprocess.run(
         [str(python), "-I", "-c", "from importlib.metadata import version; print(version('torchtune'))"],
         env=env,
@@ -634,7 +684,7 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
 def trainer_extras(image: str) -> str:
     """The extras a trainer image installs: the Dockerfile's default, or the Makefile's for the engine image."""
     if image == "trainer":
-        return dict(i.arguments.split("=", 1) for i in final_stage("trainer").all("ARG"))["EXTRAS"]
+        return build_arguments("trainer")["EXTRAS"]
     makefile = (REPO / "Makefile").read_text()
     return re.search(r"^TRANSFORMERS_TRAINER_EXTRAS \?= (\S+)", makefile, re.MULTILINE).group(1)
 
@@ -642,7 +692,8 @@ def trainer_extras(image: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("image", ["trainer", "trainer-transformers"])
 def test_trainer_image_requirements_resolve_with_a_torch_in_range(image, tmp_path):
-    """A trainer's extras resolve together (a dry run: nothing is installed, no CUDA wheel is fetched)."""
+    """A trainer's extras resolve together as the image installs them (uv through the installer, a dry run:
+    nothing is installed, no CUDA wheel is fetched)."""
     extras = trainer_extras(image)
     context = build_context(tmp_path / "context")
     # The trainer keeps its base image's torch; here the CPU build `make setup` installs stands in for it.
@@ -650,32 +701,32 @@ def test_trainer_image_requirements_resolve_with_a_torch_in_range(image, tmp_pat
     local_torch = re.search(r"^TORCH_VERSION \?= (\S+)", makefile, re.MULTILINE).group(1)
     constraint = tmp_path / "torch.txt"
     constraint.write_text(f"torch=={local_torch}\n")
-    report_path = tmp_path / "report.json"
+    # Into an empty environment, so that everything the extras need is listed as to be installed.
+    target = tmp_path / "empty"
     subprocess.run(
+        [sys.executable, "-m", "uv", "venv", "--quiet", str(target)], check=True, env=clean_environment()
+    )
+    dry_run = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "pip",
-            "install",
+            str(REPO / "tools" / "uv_install.py"),
             "--dry-run",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            str(report_path),
+            "--python",
+            str(target / "bin" / "python"),
             "--constraint",
             str(constraint),
             f"{context}[{extras}]",
         ],
-        check=True,
         env=clean_environment(),
         capture_output=True,
         text=True,
         timeout=300,
     )
-    resolved = {
-        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-        for item in json.loads(report_path.read_text())["install"]
-    }
+    assert dry_run.returncode == 0, dry_run.stderr[-3000:]
+    # uv lists what it would install as ` + name==version` (or ` + name @ url` for the project itself).
+    listed = re.findall(r"^ \+ (\S+)==(\S+)$", dry_run.stdout + dry_run.stderr, re.MULTILINE)
+    resolved = {name.lower().replace("_", "-"): version for name, version in listed}
+    assert "kfp-finetune" in dry_run.stderr and len(resolved) > 20, dry_run.stderr[-3000:]
 
     def requirements(extra: str) -> list[Requirement]:  # the extra's, with the project's own extras it names
         listed = [Requirement(r) for r in PYPROJECT["optional-dependencies"][extra]]
