@@ -233,37 +233,6 @@ def run_locally(tmp_path, pipeline, **arguments):
     return pipeline(**arguments)
 
 
-# The gate's other way, a model that fails it kept and not exported, runs as the README's run-local command
-# (tests/cli/test_readme_commands.py).
-@pytest.mark.slow
-def test_finetune_pipeline_end_to_end_exports_when_the_gate_passes(tiny_llama, tiny_dataset, tmp_path):
-    destination = tmp_path / "exported"
-    task = run_locally(
-        tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
-        export_destination=str(destination), **FAST_TRAINING,
-        # Typed torchtune settings (not tune_overrides), with 0 as a real value and an on/off switch as text.
-        tune_weight_decay=0.0, tune_lora_dropout=0.0, tune_train_on_input="false", tune_dtype="fp32",
-    )  # fmt: skip
-    outputs = task.outputs
-    assert outputs["passed"] is True
-    # The resolved torchtune YAML, as the train report shows it (kfp.local deletes the run workspace).
-    report = Path(outputs["train_report"].path).read_text()
-    config = yaml.safe_load(
-        html.unescape(report.split("Resolved torchtune config", 1)[1].split("<pre>")[1].split("</pre>")[0])
-    )
-    assert (config["optimizer"]["weight_decay"], config["model"]["lora_dropout"]) == (0.0, 0.0)
-    assert (config["dataset"]["train_on_input"], config["dtype"]) == (False, "fp32")
-    evaluation = outputs["eval_metrics"].metadata
-    assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
-    assert outputs["train_metrics"].metadata["steps"] == 12
-    assert "<svg" in Path(outputs["train_report"].path).read_text()
-    assert "base" in Path(outputs["eval_report"].path).read_text()
-    assert outputs["model"].metadata["recipe"] == "lora_finetune_single_device"
-    files = {p.name for p in destination.iterdir()}
-    assert {"config.json", "README.md", "checksums.sha256", "model-00001-of-00001.safetensors"} <= files
-    assert "adapter_config.json" not in files
-
-
 # Families torchtune 0.6.1 does not have, built by this project (the tiny kit's `tiny_<family>`), and the layout each
 # shows (head_dim: Qwen3's and Gemma 3's above hidden / heads, Mistral-Nemo's below; SmolLM2: the llama3_2 builder
 # with plain RoPE).
@@ -336,8 +305,11 @@ def test_a_tiny_family_built_here_fine_tunes_through_the_pipeline_and_transforme
             assert (adapted(tokens).logits - logits).abs().max().item() <= 1e-4
 
 
+# The whole DAG as a cluster runs it: training in a TrainJob the stand-in executes. The local backend goes through
+# the whole DAG in the per-family runs above, and the gate's other way, a model that fails it kept and not
+# exported, runs as the README's run-local command (tests/cli/test_readme_commands.py).
 @pytest.mark.slow
-def test_finetune_pipeline_with_the_trainjob_backend(
+def test_finetune_pipeline_end_to_end_with_the_trainjob_backend_exports_when_the_gate_passes(
     kube_standin, tiny_llama, tiny_dataset, tmp_path, monkeypatch
 ):
     kube = kube_standin
@@ -355,6 +327,8 @@ def test_finetune_pipeline_with_the_trainjob_backend(
         export_destination=str(destination),
         **{**FAST_TRAINING, "tune_backend": "trainjob", "tune_runtime": "torchtune-cpu",
            "tune_workspace_pvc": workspace_pvc},
+        # Typed torchtune settings (not tune_overrides), with 0 as a real value and an on/off switch as text.
+        tune_weight_decay=0.0, tune_lora_dropout=0.0, tune_train_on_input="false", tune_dtype="fp32",
     )  # fmt: skip
     created = kube.requests_for("POST", "trainjobs")
     assert len(created) == 1
@@ -365,9 +339,25 @@ def test_finetune_pipeline_with_the_trainjob_backend(
         "python", "-m", "kfp_finetune.components.torchtune_finetune.entrypoint", "--engine", "torchtune",
         "tune", "run", "kfp_finetune/components/torchtune_finetune/recipe.py",
     ]  # fmt: skip
-    assert task.outputs["model"].metadata["backend"] == "trainjob"
-    assert task.outputs["train_metrics"].metadata["steps"] == 12
-    assert task.outputs["passed"] is True and (destination / "config.json").is_file()
+    outputs = task.outputs
+    assert outputs["model"].metadata["backend"] == "trainjob"
+    assert outputs["passed"] is True
+    # The resolved torchtune YAML, as the train report shows it (kfp.local deletes the run workspace).
+    report = Path(outputs["train_report"].path).read_text()
+    config = yaml.safe_load(
+        html.unescape(report.split("Resolved torchtune config", 1)[1].split("<pre>")[1].split("</pre>")[0])
+    )
+    assert (config["optimizer"]["weight_decay"], config["model"]["lora_dropout"]) == (0.0, 0.0)
+    assert (config["dataset"]["train_on_input"], config["dtype"]) == (False, "fp32")
+    evaluation = outputs["eval_metrics"].metadata
+    assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
+    assert outputs["train_metrics"].metadata["steps"] == 12
+    assert "<svg" in report
+    assert "base" in Path(outputs["eval_report"].path).read_text()
+    assert outputs["model"].metadata["recipe"] == "lora_finetune_single_device"
+    files = {p.name for p in destination.iterdir()}
+    assert {"config.json", "README.md", "checksums.sha256", "model-00001-of-00001.safetensors"} <= files
+    assert "adapter_config.json" not in files
 
 
 @pytest.mark.slow
