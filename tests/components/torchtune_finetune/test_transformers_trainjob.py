@@ -93,28 +93,6 @@ def task_config(workspace: Path) -> TaskConfig:
     )
 
 
-def test_the_transformers_engine_trains_in_a_trainjob_as_it_does_locally(inputs, cluster, tmp_path):
-    remote, artifacts = fine_tune(inputs, tmp_path, "trainjob", task_config(inputs[0]))
-    local, _ = fine_tune(inputs, tmp_path, "local", TaskConfig())
-
-    assert artifacts["model"].metadata["engine"] == "transformers"
-    assert artifacts["model"].metadata["backend"] == "trainjob"
-    assert [round(s.loss, 4) for s in remote.steps] == [round(s.loss, 4) for s in local.steps]
-    assert len(remote.steps) == 3
-    spec = cluster.requests_for("POST", "trainjobs")[0].body["spec"]
-    assert spec["runtimeRef"]["name"] == "transformers-cpu"
-    # The node pod checks with torch first (entrypoint --engine), then trains in the same process.
-    settings = str(Path(remote.run.settings_path))
-    assert spec["trainer"]["command"] == [
-        "python", "-m", ENTRYPOINT, "--engine", "transformers", "python", "-m", TRAIN_MODULE, settings,
-    ]  # fmt: skip
-    assert sorted(p.name for p in Path(artifacts["train_config"].path).iterdir()) == [
-        "sft_settings.json", "trainjob.yaml", "trl_config.json",
-    ]  # fmt: skip
-    merged = Path(inputs[0]) / artifacts["model"].metadata["merged_path"]
-    assert (merged / "config.json").is_file()
-
-
 def initialized(tmp_path: Path, model_kind: str, source: Path, **dataset) -> tuple:
     """A tiny HF model (hf_models.py `model_kind`) and the data at `source`, by the real initializers: (workspace,
     base_model, train_data)."""
@@ -210,24 +188,37 @@ def test_two_processes_per_node_train_data_parallel_under_torchrun(inputs, clust
     assert len(result.steps) == 3
 
 
-def test_a_preempted_node_pod_is_replaced_and_the_run_resumes_from_its_sigterm_checkpoint(
-    inputs, cluster, tmp_path
-):
-    """The scheduler preempts the node pod once it logged step 2: the kubelet's SIGTERM makes the run save a
-    checkpoint and exit 143; the Job replaces the pod (DisruptionTarget: not a failure) and the new pod's run
-    resumes from that checkpoint; every step is logged once and the losses are the uninterrupted run's."""
+def test_the_engine_trains_in_a_trainjob_as_it_does_locally_through_a_preemption(inputs, cluster, tmp_path):
+    """The fine-tune step launches the engine's command on its runtime; the scheduler preempts the node pod once it
+    logged step 2: the kubelet's SIGTERM makes the run save a checkpoint and exit 143; the Job replaces the pod
+    (DisruptionTarget: not a failure) and the new pod's run resumes from that checkpoint; every step is logged once
+    and the losses are the local run's. (The classifier, picture and two-process runs go uninterrupted.)"""
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 
     steps = {"max_steps_per_epoch": 6}
-    straight, _ = fine_tune(inputs, tmp_path, "local", TaskConfig(), **steps)
+    local, _ = fine_tune(inputs, tmp_path, "local", TaskConfig(), **steps)
     job = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
     cluster.scenario(job, standin.Scenario(execute=True, preempt_on_line="Step 2 |"))
-    result, _ = fine_tune(
+    remote, artifacts = fine_tune(
         inputs, tmp_path, "trainjob", task_config(inputs[0]), cleanup_policy="never", **steps
     )
 
-    assert [s.step for s in result.steps] == list(range(1, 7))
-    assert [round(s.loss, 4) for s in result.steps] == [round(s.loss, 4) for s in straight.steps]
+    assert artifacts["model"].metadata["engine"] == "transformers"
+    assert artifacts["model"].metadata["backend"] == "trainjob"
+    assert [s.step for s in remote.steps] == list(range(1, 7))
+    assert [round(s.loss, 4) for s in remote.steps] == [round(s.loss, 4) for s in local.steps]
     (replacement,) = cluster.pods(job)
     log = cluster.pod_log(replacement["metadata"]["name"])
     assert "training resumes from it" in log, log[-2000:]
+    spec = cluster.requests_for("POST", "trainjobs")[0].body["spec"]
+    assert spec["runtimeRef"]["name"] == "transformers-cpu"
+    # The node pod checks with torch first (entrypoint --engine), then trains in the same process.
+    settings = str(Path(remote.run.settings_path))
+    assert spec["trainer"]["command"] == [
+        "python", "-m", ENTRYPOINT, "--engine", "transformers", "python", "-m", TRAIN_MODULE, settings,
+    ]  # fmt: skip
+    assert sorted(p.name for p in Path(artifacts["train_config"].path).iterdir()) == [
+        "sft_settings.json", "trainjob.yaml", "trl_config.json",
+    ]  # fmt: skip
+    merged = Path(inputs[0]) / artifacts["model"].metadata["merged_path"]
+    assert (merged / "config.json").is_file()
