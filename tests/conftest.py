@@ -23,17 +23,17 @@ if _WORKERS > 1:
 # few-test end-to-end files for last, and one worker ran the last of them alone while the other idled.
 LONGEST_FILES = (
     "tests/pipelines/test_pipelines.py",
-    "tests/components/torchtune_finetune/test_transformers_trainjob.py",
     "tests/components/torchtune_finetune/test_training.py",
+    "tests/components/torchtune_finetune/test_transformers_trainjob.py",
     "tests/pipelines/test_data_shapes_pipeline.py",
-    "tests/deploy/test_images.py",
-    "tests/pipelines/test_ecosystem_pipeline.py",
-    "tests/pipelines/test_transformers_engine_pipeline.py",
-    "tests/components/torchtune_finetune/test_finetune_trainjob_preemption.py",
     "tests/cli/test_readme_commands.py",
-    "tests/pipelines/test_composition.py",
+    "tests/pipelines/test_ecosystem_pipeline.py",
+    "tests/components/torchtune_finetune/test_finetune_trainjob_preemption.py",
     "tests/components/torchtune_finetune/test_resume.py",
+    "tests/pipelines/test_transformers_engine_pipeline.py",
+    "tests/deploy/test_images.py",
     "tests/components/torchtune_finetune/test_resume_distributed.py",
+    "tests/pipelines/test_composition.py",
 )
 
 
