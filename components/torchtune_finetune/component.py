@@ -96,9 +96,10 @@ def torchtune_finetune(
     validated before any GPU time is spent. With backend=trainjob it creates a Kubeflow Trainer TrainJob whose
     node pods mount this workspace, streams the rank-0 log here and waits (a retry of this task re-attaches
     instead of training twice; cancelling the run deletes the TrainJob). With backend=local it trains in this
-    step's own pod, in a child process that checks the run first as TrainJob node pods do. A setting left unset
-    keeps the value of torchtune's base config: -1 for numbers, "" for text, [] / {} for lists and mappings,
-    "auto" for on/off settings (which take "auto", "true" or "false").
+    step's own pod, in a child process that checks the run first as TrainJob node pods do and stops when this
+    step does, even killed outright. A setting left unset keeps the value of torchtune's base config: -1 for
+    numbers, "" for text, [] / {} for lists and mappings, "auto" for on/off settings (which take "auto", "true" or
+    "false").
     GPUs, tolerations, node selectors, env and volumes set on this task are forwarded to the TrainJob's node pods.
 
     Args:

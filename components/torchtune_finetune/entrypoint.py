@@ -16,7 +16,8 @@ flags, signal handlers, memory.
 
 The local backend runs the same command as its child (`local_command`, flag --local): the same checks but those
 only node pods make (torchtune's layout parity), then the training, in one process that imports torch once; a
-refused run's one line becomes the step's ConfigError (`refusal`).
+refused run's one line becomes the step's ConfigError (`refusal`). The child stops when its step is gone, even
+killed outright (`stop_with_step`), as a TrainJob's training stops without its step's lease.
 
 On several nodes, the network between them is measured first (network_probe.py), in a fresh interpreter so that
 its CUDA context and NCCL state on GPU 0 end with it: far too slow, and the TrainJob fails the same way before
@@ -39,6 +40,8 @@ PROBE = "--probe-network"
 ENGINE_FLAG = "--engine"
 LOCAL_FLAG = "--local"
 REFUSED = "the run cannot train"
+#: The pid of the step that started a local child (backends/local.py sets it), which the child must not outlive.
+STEP_PID_ENV = "KFP_FINETUNE_STEP_PID"
 
 
 def node_command(training_command: list[str], engine: str) -> list[str]:
@@ -49,6 +52,27 @@ def node_command(training_command: list[str], engine: str) -> list[str]:
 def local_command(training_command: list[str], engine: str) -> list[str]:
     """The local backend's child command: node_command's checks (but the node-only ones), then the training."""
     return ["python", "-m", MODULE, LOCAL_FLAG, ENGINE_FLAG, engine, *training_command]
+
+
+def stop_with_step() -> None:
+    """SIGTERM this process when the step that started it (STEP_PID_ENV) dies, even by SIGKILL, which leaves the
+    step no time to stop it (Linux's PR_SET_PDEATHSIG); the run then stops as on any stop: torchtune's recipe
+    checkpoints on SIGTERM, torchrun forwards it to its workers. Nothing without the variable or off Linux."""
+    step = os.environ.get(STEP_PID_ENV)
+    if not step or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    set_parent_death_signal = 1  # PR_SET_PDEATHSIG, <linux/prctl.h>
+    if ctypes.CDLL(None, use_errno=True).prctl(set_parent_death_signal, signal.SIGTERM, 0, 0, 0) != 0:
+        print(
+            f"{PREFIX}cannot ask to stop with the step (errno {ctypes.get_errno()})",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif os.getppid() != int(step):  # the step died before the request: its signal will never come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def refusal(lines: list[str]) -> str | None:
@@ -158,6 +182,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == [PROBE]:
         return 0 if probe_network(Path(argv[1]), argv[2]) else CONFIG_REFUSED
     local = argv[:1] == [LOCAL_FLAG]
+    if local:
+        stop_with_step()
     engine, command = split_engine(argv[1:] if local else argv)
     refused, run_dir = checked_run(engine, command, local=local)
     if refused is not None:

@@ -184,8 +184,11 @@ def run_local(
 ) -> TrainingResult:
     """Run the training command to completion; raise TrainingFailed unless it exits 0, and LossDiverged (after
     stopping it) at its first NaN or infinite loss."""
+    from kfp_finetune.components.torchtune_finetune.entrypoint import STEP_PID_ENV
+
     echo = echo or (lambda line: print(line, flush=True))
-    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    # The node entrypoint's --local child stops when this process is gone, even killed outright (stop_with_step).
+    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", STEP_PID_ENV: str(os.getpid())}
     started = time.monotonic()
     log.info("running: %s", " ".join(command))
     process = subprocess.Popen(

@@ -151,6 +151,61 @@ def test_failure_reports_exit_code_and_last_lines(tmp_path):
     assert "line 79" in str(failure.value)
 
 
+# A local child as the node entrypoint's --local path arms it (stop_with_step), then says which signal stopped it.
+STOPPED_CHILD = """
+import os, signal, sys, time
+from kfp_finetune.components.torchtune_finetune.entrypoint import stop_with_step
+
+def stopped(signum, frame):
+    open({marker!r}, "w").write(signal.Signals(signum).name)
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, stopped)
+stop_with_step()
+open({pid_file!r}, "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def wait_for_file(path, what: str, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return path.read_text()
+
+
+def test_a_step_killed_outright_still_stops_its_training_child(tmp_path):
+    """SIGKILL gives the step no chance to stop its child, which runs in its own session: the child asked the
+    kernel for a SIGTERM when the step is gone, and gets one (a TrainJob stops the same way without its lease)."""
+    marker, pid_file = tmp_path / "stopped-by", tmp_path / "child.pid"
+    child = STOPPED_CHILD.format(marker=str(marker), pid_file=str(pid_file))
+    launcher = textwrap.dedent(f"""
+        import sys
+        from kfp_finetune.components.torchtune_finetune.backends.local import run_local
+        run_local([sys.executable, "-c", {child!r}])
+    """)
+    step = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.DEVNULL)
+    wait_for_file(pid_file, "the training child never started")
+    step.kill()
+    step.wait(timeout=60)
+    assert wait_for_file(marker, "the child outlived its step") == "SIGTERM"
+
+
+def test_a_child_whose_step_is_already_gone_stops_at_once(tmp_path):
+    """The step may die before the child asks to stop with it: the child finds another parent and stops itself."""
+    marker, pid_file = tmp_path / "stopped-by", tmp_path / "child.pid"
+    from kfp_finetune.components.torchtune_finetune.entrypoint import STEP_PID_ENV
+
+    child = subprocess.run(
+        [sys.executable, "-c", STOPPED_CHILD.format(marker=str(marker), pid_file=str(pid_file))],
+        env={**os.environ, STEP_PID_ENV: "1"},  # not this child's parent: as if the step had died already
+        timeout=60,
+    )
+    assert child.returncode == 143 and marker.read_text() == "SIGTERM"
+    assert not pid_file.exists(), "stopped before going on"
+
+
 def test_sigterm_stops_the_training_process_group(tmp_path):
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); print('ready', flush=True); time.sleep(120)"
