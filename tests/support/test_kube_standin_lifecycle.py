@@ -198,6 +198,21 @@ def owned_by(*pods: dict) -> list[dict]:
     ]
 
 
+def add_owner_at_the_read_version(custom, name: str, references: list[dict]) -> dict:
+    """A read-modify-write as a client makes it (owner.add_owner does): the TrainJob's controller may update it
+    between the read and the patch, and the API server then answers 409 to the stale resourceVersion: read again."""
+    while True:
+        version = get(custom, name)["metadata"]["resourceVersion"]
+        patch = {"metadata": {"ownerReferences": references, "resourceVersion": version}}
+        try:
+            return custom.patch_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", name, patch
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+
 def test_the_garbage_collector_deletes_a_trainjob_once_all_its_owner_pods_are_gone(kube_standin, custom):
     first, second = (
         kube_standin.add_running_pod("step-1", "node-a"),
@@ -208,19 +223,7 @@ def test_the_garbage_collector_deletes_a_trainjob_once_all_its_owner_pods_are_go
     body["metadata"]["ownerReferences"] = owned_by(first)
     create(custom, body)
     kube_standin.wait_for_pod("owned", lambda p: p["status"]["phase"] == "Running")
-    patched = custom.patch_namespaced_custom_object(
-        TRAINER_GROUP,
-        TRAINER_VERSION,
-        NS,
-        "trainjobs",
-        "owned",
-        {
-            "metadata": {
-                "ownerReferences": owned_by(first, second),
-                "resourceVersion": get(custom, "owned")["metadata"]["resourceVersion"],
-            }
-        },
-    )
+    patched = add_owner_at_the_read_version(custom, "owned", owned_by(first, second))
     assert [r["name"] for r in patched["metadata"]["ownerReferences"]] == ["step-1", "step-2"]
     kube_standin.delete_pod("step-1")
     assert kube_standin.trainjob("owned") is not None  # one owner is left
