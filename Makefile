@@ -60,10 +60,10 @@ demo: setup
 # while the main suite's last files finish alone; their output (also in LM_EVAL_LOG) follows the main suite's.
 LM_EVAL_LOG := $(LM_EVAL_ENV_DIR)/test.log
 test: setup setup-lm-eval lint check-compiled
-	@$(LM_EVAL_PYTEST) -p no:cacheprovider $(LM_EVAL_TESTS) > $(LM_EVAL_LOG) 2>&1 & lm_eval=$$!; \
+	@$(LM_EVAL_PYTEST) -p no:cacheprovider $(LM_EVAL_TESTS) > $(LM_EVAL_LOG) 2>&1 & lm_eval_pid=$$!; \
 	echo "the lm-eval environment's tests run beside these, output in $(LM_EVAL_LOG)"; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS); main=$$?; \
-	wait $$lm_eval; lm_eval=$$?; \
+	wait $$lm_eval_pid; lm_eval=$$?; \
 	echo "--- the lm-eval environment's tests ($(LM_EVAL_ENV_DIR)):"; cat $(LM_EVAL_LOG); \
 	test $$main -eq 0 && test $$lm_eval -eq 0
 

@@ -201,7 +201,7 @@ def owned_by(*pods: dict) -> list[dict]:
 def add_owner_at_the_read_version(custom, name: str, references: list[dict]) -> dict:
     """A read-modify-write as a client makes it (owner.add_owner does): the TrainJob's controller may update it
     between the read and the patch, and the API server then answers 409 to the stale resourceVersion: read again."""
-    while True:
+    for attempt in range(1, 6):
         version = get(custom, name)["metadata"]["resourceVersion"]
         patch = {"metadata": {"ownerReferences": references, "resourceVersion": version}}
         try:
@@ -209,7 +209,7 @@ def add_owner_at_the_read_version(custom, name: str, references: list[dict]) -> 
                 TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", name, patch
             )
         except ApiException as error:
-            if error.status != 409:
+            if error.status != 409 or attempt == 5:
                 raise
 
 
