@@ -25,7 +25,7 @@ LONGEST_FILES = (
     "tests/pipelines/test_pipelines.py",
     "tests/components/torchtune_finetune/test_training.py",
     "tests/components/torchtune_finetune/test_transformers_trainjob.py",
-    "tests/pipelines/test_data_shapes_pipeline.py",
+    "tests/pipelines/test_families_and_data_shapes_pipeline.py",
     "tests/cli/test_readme_commands.py",
     "tests/pipelines/test_ecosystem_pipeline.py",
     "tests/components/torchtune_finetune/test_finetune_trainjob_preemption.py",

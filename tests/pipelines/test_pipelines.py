@@ -233,81 +233,10 @@ def run_locally(tmp_path, pipeline, **arguments):
     return pipeline(**arguments)
 
 
-# Families torchtune 0.6.1 does not have, built by this project (the tiny kit's `tiny_<family>`), and the layout each
-# shows (head_dim: Qwen3's and Gemma 3's above hidden / heads, Mistral-Nemo's below; SmolLM2: the llama3_2 builder
-# with plain RoPE).
-BUILT_HERE = {
-    "qwen3": {"head_dim": 32},
-    "gemma3": {"head_dim": 32},
-    "smollm2": {"tie_word_embeddings": True, "rope_scaling": None},
-    "mistral_nemo": {"head_dim": 8, "tie_word_embeddings": False},
-}
-
-
-# One method per family (each pipeline run takes most of a minute): every family and method trains in
-# test_training.py and every adapter direction is proven in test_parity.py; here each family's export is loaded
-# by transformers, the LoRA ones also as PEFT adapters (Qwen3: q/k norms; Mistral-Nemo: head_dim below hidden/heads)
-# and the full ones merged (Gemma 3: its windows; SmolLM2: tied embeddings).
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("family", "method"),
-    [("qwen3", "lora"), ("gemma3", "full"), ("smollm2", "full"), ("mistral_nemo", "lora")],
-)
-def test_a_tiny_family_built_here_fine_tunes_through_the_pipeline_and_transformers_loads_its_export(
-    family, method, tiny_dataset, tmp_path, request
-):
-    """Qwen3, Gemma 3, SmolLM2 and Mistral-Nemo (families/ and hf_tokenizer.py, not in torchtune 0.6.1) through every
-    step; the export is what transformers computes with: the merged weights give the tuned torchtune model's logits
-    (Gemma 3: over more tokens than its local layers' window), and (LoRA) PEFT's adapter on the base gives the merged
-    model's."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from kfp_finetune.components._shared.torchtune.checkpointer import HFCheckpointer
-    from kfp_finetune.components._shared.torchtune.model_inspection import (
-        find_weights,
-        inspect_model_dir,
-        instantiate,
-    )
-
-    tiny = request.getfixturevalue(f"tiny_{family}")
-    destination = tmp_path / "exported"
-    task = run_locally(
-        tmp_path, finetune_pipeline, model_uri=str(tiny), data_uri=str(tiny_dataset["train.jsonl"]),
-        export_destination=str(destination), tune_method=method, export_format="both" if method == "lora" else "merged",
-        **FAST_TRAINING,
-    )  # fmt: skip
-    outputs = task.outputs
-    assert outputs["passed"] is True and outputs["train_metrics"].metadata["steps"] == 12
-    evaluation = outputs["eval_metrics"].metadata
-    assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]
-
-    tuned = inspect_model_dir(destination)
-    layout = BUILT_HERE[family]
-    assert tuned.family.name == family and {key: tuned.hf_config[key] for key in layout} == layout
-    model = instantiate(tuned.model_node()).eval()
-    checkpointer = HFCheckpointer(
-        str(destination), find_weights(destination), tuned.family.model_type, str(tmp_path / "reload")
-    )
-    model.load_state_dict(checkpointer.load_checkpoint()["model"], strict=True)
-    merged = AutoModelForCausalLM.from_pretrained(destination, dtype=torch.float32).eval()
-    tokens = torch.randint(
-        0, tuned.hf_config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0)
-    )
-    with torch.no_grad():
-        logits = merged(tokens).logits
-        assert (model(tokens) - logits).abs().max().item() <= 1e-5
-        base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-        assert (base(tokens).logits - logits).abs().max().item() > 1e-3, "the export is the tuned model"
-        if method == "lora":
-            adapted = PeftModel.from_pretrained(base, destination / "adapter").eval()
-            assert (adapted(tokens).logits - logits).abs().max().item() <= 1e-4
-
-
 # The whole DAG as a cluster runs it: training in a TrainJob the stand-in executes. The local backend goes through
-# the whole DAG in the per-family runs above, and the gate's other way, a model that fails it kept and not
-# exported, runs as the README's run-local command (tests/cli/test_readme_commands.py).
+# the whole DAG for every family and data shape (test_families_and_data_shapes_pipeline.py), and the gate's other
+# way, a model that fails it kept and not exported, runs as the README's run-local command
+# (tests/cli/test_readme_commands.py).
 @pytest.mark.slow
 def test_finetune_pipeline_end_to_end_with_the_trainjob_backend_exports_when_the_gate_passes(
     kube_standin, tiny_llama, tiny_dataset, tmp_path, monkeypatch
