@@ -3,7 +3,7 @@ on 127.0.0.1 — the fine-tune step's run has its settings, every training step'
 evaluate's run has the scores with their intervals, the samples table and its report; KFP's Metrics stay as they
 are — and exports a KServe ModelCar to a real OCI registry (Debian's docker-registry) whose layers hold exactly the
 export's checksums — and registers it in the Kubeflow Model Registry (a stand-in of its REST API) with its
-lineage. A model the gate stops pushes and registers nothing."""
+lineage. A model the gate stops pushes and registers nothing, and `run-local` keeps it."""
 
 import hashlib
 import io
@@ -126,18 +126,30 @@ def test_the_pipeline_logs_to_mlflow_exports_a_modelcar_and_registers_it(
 
 
 @pytest.mark.slow
-def test_a_model_the_gate_stops_pushes_and_registers_nothing(tiny_llama, tiny_dataset, tmp_path):
+def test_a_model_the_gate_stops_is_kept_and_pushes_and_registers_nothing(
+    tiny_llama, tiny_dataset, tmp_path, monkeypatch, capfd
+):
+    """Through the README's `kfp-finetune run-local`: the tuned model and the reports are kept in --output even
+    though the gate stops the export."""
+    from kfp_finetune.cli import main
+
+    monkeypatch.chdir(tmp_path)
     with oci_registry(tmp_path / "registry") as registry, ModelRegistryStandin() as models:
         push_image(registry, "base/shell", "1", [{"bin/sh": b"a shell"}])
         puts_before = registry.requests("PUT", ".")
-        task = run_locally(
-            tmp_path, finetune_pipeline, model_uri=str(tiny_llama), data_uri=str(tiny_dataset["train.jsonl"]),
-            export_destination=f"oci://{registry.host}/models/tiny:v1",
-            export_oci_base_image=f"{registry.host}/base/shell:1", eval_thresholds={"exact_match": 0.99},
-            registry_address=models.url,
-            **{**FAST_TRAINING, "tune_max_steps_per_epoch": 2},
-        )  # fmt: skip
-        assert task.outputs["passed"] is False
+        params = {
+            "model_uri": tiny_llama, "data_uri": tiny_dataset["train.jsonl"],
+            "export_destination": f"oci://{registry.host}/models/tiny:v1",
+            "export_oci_base_image": f"{registry.host}/base/shell:1", "eval_thresholds": "{exact_match: 0.99}",
+            "registry_address": models.url, **FAST_TRAINING, "tune_max_steps_per_epoch": 2,
+        }  # fmt: skip
+        argv = [arg for key, value in params.items() for arg in ("--param", f"{key}={value}")]
+        assert main(["run-local", "finetune-pipeline", *argv, "--output", "kept"]) == 0
+        assert "quality gate: failed" in capfd.readouterr().out
         assert registry.requests("PUT", ".") == puts_before  # no blob, no manifest
         assert not [r for r in models.requests if r[0] != "GET"], "pre-flight only read the Model Registry"
         assert json.loads(get(registry, "/v2/_catalog"))["repositories"] == ["base/shell"]
+    kept = tmp_path / "kept"
+    assert (kept / "tuned-model" / "torchtune-finetune" / "merged" / "config.json").is_file()
+    assert (kept / "tuned-model" / "torchtune-finetune" / "adapter" / "adapter_config.json").is_file()
+    assert {p.name for p in (kept / "reports").iterdir()} == {"train_report.html", "eval_report.html"}

@@ -235,8 +235,7 @@ def run_locally(tmp_path, pipeline, **arguments):
 
 # The whole DAG as a cluster runs it: training in a TrainJob the stand-in executes. The local backend goes through
 # the whole DAG for every family and data shape (test_families_and_data_shapes_pipeline.py), and the gate's other
-# way, a model that fails it kept and not exported, runs as the README's run-local command
-# (tests/cli/test_readme_commands.py).
+# way, a model that fails it kept by run-local and not exported, in tests/pipelines/test_ecosystem_pipeline.py.
 @pytest.mark.slow
 def test_finetune_pipeline_end_to_end_with_the_trainjob_backend_exports_when_the_gate_passes(
     kube_standin, tiny_llama, tiny_dataset, tmp_path, monkeypatch

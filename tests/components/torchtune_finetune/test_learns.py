@@ -1,9 +1,9 @@
 """A default run learns or says why (issue 23 item 1): 60 alpaca rows with every default train at least
 MIN_OPTIMIZER_STEPS optimizer steps, none at lr 0, and change the weights; a run that changes nothing fails the
 step; data too small for a run that learns are refused in one line. Real torchtune on CPU, the step's own entry
-point (run_finetune with the local backend) on dataset-initialize's output."""
-
-import json
+point (run_finetune with the local backend) on dataset-initialize's output. The same 60 rows through the README's
+`kfp-finetune run-local` command, every step under kfp.local, learn, pass the gate and export the tuned model
+(tests/cli/test_readme_commands.py)."""
 
 import pytest
 
@@ -23,20 +23,11 @@ from kfp_finetune.components.torchtune_finetune.finetune import (
 from kfp_finetune.components.torchtune_finetune.weights import (
     WeightsUnchanged,
     is_zero,
-    same_weights,
     tensors,
 )
+from tests.support.little_data import alpaca_rows
 
 pytestmark = pytest.mark.slow
-
-
-def alpaca_rows(path, count):
-    rows = [
-        {"instruction": f"Write the number {i} backwards.", "input": "", "output": str(i)[::-1] + "."}
-        for i in range(100, 100 + count)
-    ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -158,33 +149,3 @@ def test_a_full_fine_tune_that_leaves_the_weights_unchanged_fails_the_step(sixty
     message = str(failed.value)
     assert "\n" not in message and message.startswith("training did not change the model: the ")
     assert "tensors of " in message and "equal the base model's (2 optimizer step(s) logged" in message
-
-
-def test_the_readmes_run_local_on_sixty_rows_with_every_default_learns(
-    tiny_llama, tmp_path, monkeypatch, capfd
-):
-    """The issue's case as a new user runs it: `kfp-finetune run-local finetune-pipeline` with only tune_device=cpu
-    (kfp.local, every step): the run trains the floor, the tuned model is not the base, and it evaluates better."""
-    from kfp_finetune.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    data = alpaca_rows(tmp_path / "alpaca.jsonl", 60)
-    params = {"model_uri": tiny_llama, "data_uri": data, "export_destination": tmp_path / "exported",
-              "tune_device": "cpu"}  # fmt: skip
-    argv = [arg for key, value in params.items() for arg in ("--param", f"{key}={value}")]
-    assert main(["run-local", "finetune-pipeline", *argv, "--output", "out"]) == 0
-    out = capfd.readouterr().out
-    steps = int(out.split("training: loss ")[1].split(" in ")[1].split(" steps")[0])
-    assert steps >= MIN_OPTIMIZER_STEPS
-    # No merged weights while training: the step merged the adapter after training for the kept copy.
-    tuned = tmp_path / "out" / "tuned-model" / "torchtune-finetune"
-    assert (tuned / "adapter" / "adapter_model.safetensors").is_file()
-    assert same_weights(tuned / "merged", tiny_llama) == 0
-    assert same_weights(tmp_path / "exported", tiny_llama) == 0
-    eval_loss = next(line for line in out.splitlines() if line.strip().startswith("eval_loss")).split()
-    assert float(eval_loss[2]) < float(eval_loss[1])  # tuned below base on the held-out rows
-    # The gate passes on evidence (the interval's lower bound above 0), and what it exports is the tuned model.
-    low = float(out.split("eval_loss", 1)[1].split("[", 1)[1].split(",", 1)[0])
-    assert "quality gate: passed: the model was exported" in out and low > 0
-    assert list((tmp_path / "exported").glob("*.safetensors"))
-    assert same_weights(tmp_path / "exported", tiny_llama) == 0
