@@ -18,22 +18,44 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
-# The files that take longest on two cores (per-file totals of --durations), dispatched to the workers first and
-# in this order; the Makefile's `--no-loadscope-reorder` keeps it. xdist's own order (most tests first) left the
-# few-test end-to-end files for last, and one worker ran the last of them alone while the other idled.
+# The files that take longest on two cores (per-file totals of a whole run's --junitxml times, every file over 30 s),
+# dispatched to the workers first and in this order; the Makefile's `--no-loadscope-reorder` keeps it. xdist's own
+# order (most tests first) left the few-test end-to-end files for last, and one worker ran the last of them alone
+# while the other idled; a long file left off this list does the same.
 LONGEST_FILES = (
-    "tests/pipelines/test_pipelines.py",
     "tests/components/torchtune_finetune/test_training.py",
-    "tests/components/torchtune_finetune/test_transformers_trainjob.py",
     "tests/pipelines/test_families_and_data_shapes_pipeline.py",
-    "tests/cli/test_readme_commands.py",
+    "tests/components/torchtune_finetune/test_transformers_trainjob.py",
+    "tests/pipelines/test_pipelines.py",
     "tests/pipelines/test_ecosystem_pipeline.py",
     "tests/components/torchtune_finetune/test_finetune_trainjob_preemption.py",
     "tests/components/torchtune_finetune/test_resume.py",
+    "tests/cli/test_readme_commands.py",
     "tests/pipelines/test_transformers_engine_pipeline.py",
-    "tests/deploy/test_images.py",
-    "tests/components/torchtune_finetune/test_resume_distributed.py",
     "tests/pipelines/test_composition.py",
+    "tests/components/evaluate/test_evaluate.py",
+    "tests/components/torchtune_finetune/test_resume_distributed.py",
+    "tests/components/_shared/transformers/test_train.py",
+    "tests/components/torchtune_finetune/test_light_launcher.py",
+    "tests/components/torchtune_finetune/test_planned_run.py",
+    "tests/components/_shared/torchtune/test_parity.py",
+    "tests/components/torchtune_finetune/test_finetune_trainjob.py",
+    "tests/components/_shared/torchtune/test_merge.py",
+    "tests/components/_shared/torchtune/families/test_gemma3.py",
+    "tests/components/torchtune_finetune/test_trainjob_launcher.py",
+    "tests/components/_shared/test_integrity.py",
+    "tests/benchmarks/test_bench_gpu_suite.py",
+    "tests/deploy/test_images.py",
+    "tests/components/export/test_export.py",
+    "tests/cli/test_cli.py",
+    "tests/components/_shared/test_contract.py",
+    "tests/pipelines/test_multimodal_pipeline.py",
+    "tests/pipelines/test_classification_pipeline.py",
+    "tests/components/_shared/test_tracking.py",
+    "tests/components/torchtune_finetune/test_learns.py",
+    "tests/components/torchtune_finetune/test_entrypoint.py",
+    "tests/components/torchtune_finetune/test_lease.py",
+    "tests/components/torchtune_finetune/test_warm_start.py",
 )
 
 
