@@ -29,7 +29,11 @@ LM_EVAL_TRAINING := $(foreach case,lora-gemma3 lora-smollm2 lora-mistral_nemo do
 # The families' compile, FSDP2 and block-mask tests compare torchtune's modules with themselves (transformers only
 # writes the random model they load): torch, torchao and torchtune are the same in both environments, so they run
 # in the main one only.
-LM_EVAL_DESELECT := $(foreach test,gemma3.py::test_a_packed_cuda_run_s_model_computes_packs_through_compiled_flex_attention 	gemma3.py::test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients 	gemma3.py::test_a_packed_blockmask_is_narrowed_to_the_window_once_per_batch 	qwen3.py::test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients,	--deselect tests/components/_shared/torchtune/families/test_$(test))
+LM_EVAL_DESELECT := $(foreach test,gemma3.py::test_a_packed_cuda_run_s_model_computes_packs_through_compiled_flex_attention \
+	gemma3.py::test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients \
+	gemma3.py::test_a_packed_blockmask_is_narrowed_to_the_window_once_per_batch \
+	qwen3.py::test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients, \
+	--deselect tests/components/_shared/torchtune/families/test_$(test))
 LM_EVAL_TESTS ?= $(LM_EVAL_DESELECT) $(LM_EVAL_TRAINING) tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py tests/components/_shared/torchtune/families/test_smollm2.py tests/components/_shared/torchtune/families/test_mistral_nemo.py tests/components/_shared/torchtune/test_hf_tokenizer.py
 # transformers-engine needs transformers 5, which the lm-eval environment cannot have (pyproject.toml).
 MAIN_EXTRAS := train,test,transformers-engine,tracking-server,registry
