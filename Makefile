@@ -41,8 +41,9 @@ LM_EVAL_EXTRAS := train,test,lm-eval
 
 # $(call make-env,<env dir>,<extras>): a virtualenv with pip and uv, then torch and kfp-finetune (editable) with the
 # extras in one uv resolve: uv installs in parallel, a few times faster than pip, from the sources pip is configured
-# with (tools/uv_install.py), so it takes the same packages (the CPU torch a local wheel folder holds, say). Nothing
-# is byte-compiled ahead: a module compiles on its first import, and most of what is installed is never imported.
+# with (tools/uv_install.py), so it takes the same packages (the CPU torch a local wheel folder holds, say). It then
+# byte-compiles the environment, as pip would: where PYTHONDONTWRITEBYTECODE is set, no process writes bytecode, and
+# each of the suite's thousand-odd Python processes would compile everything it imports from source.
 define make-env
 	@test -x $(1)/bin/python || python3 -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip uv==$(UV_VERSION)

@@ -5,12 +5,16 @@ pip configuration, and a machine's pip may be set to a mirror, a folder of local
 constraints file; uv given the same sources (and pip's rule of taking the best version from any index) installs the
 same packages pip would. The images install the same way (images/*/Dockerfile). Arguments are passed on to
 `uv pip install`; without `--python`, it installs into the environment of the Python that runs this file.
+
+Then it byte-compiles the environment, as pip does at install and uv does not. Python writes no bytecode of its own
+where PYTHONDONTWRITEBYTECODE is set (the images set it, and so do some machines), and then every process compiles
+every module it imports from source each time it starts: `import torchtune` took 14 s so and 5.7 s compiled, on the
+same machine, and each KFP step, training process and test pays it.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 
@@ -48,14 +52,35 @@ def uv_source_arguments(settings: dict[str, str]) -> list[str]:
     return words
 
 
+def compile_bytecode(python: str) -> None:
+    """Byte-compile everything installed in `python`'s environment that has no current bytecode, on every core.
+    Files this Python cannot compile (a package's test file in a newer syntax) are skipped, as pip skips them."""
+    folders = subprocess.run(
+        [
+            python,
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('purelib')); print(sysconfig.get_path('platlib'))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    subprocess.run([python, "-m", "compileall", "-qq", "-j", "0", *sorted(set(folders))])
+
+
 def main(arguments: list[str]) -> None:
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], check=True, capture_output=True, text=True
     ).stdout
-    target = [] if "--python" in arguments else ["--python", sys.executable]
+    if "--python" in arguments:
+        python, target = arguments[arguments.index("--python") + 1], []
+    else:
+        python, target = sys.executable, ["--python", sys.executable]
     uv = [sys.executable, "-m", "uv", "pip", "install", *target]
-    command = uv + uv_source_arguments(pip_settings(listed)) + arguments
-    os.execv(sys.executable, command)
+    installed = subprocess.run(uv + uv_source_arguments(pip_settings(listed)) + arguments)
+    if installed.returncode == 0 and "--dry-run" not in arguments:
+        compile_bytecode(python)
+    sys.exit(installed.returncode)
 
 
 if __name__ == "__main__":

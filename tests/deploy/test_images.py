@@ -556,6 +556,14 @@ print(json.dumps({"served": served, "heavy": heavy}))
 """
 
 
+UNCOMPILED_MODULES = """
+import importlib.util, os, sys
+for name in sys.argv[1:]:
+    if not os.path.exists(importlib.util.find_spec(name).cached):
+        print(name)
+"""
+
+
 def clean_environment() -> dict[str, str]:
     dropped = ("PYTHONPATH", "VIRTUAL_ENV", "KFP_FINETUNE_COMPONENT_IMAGE", "KFP_FINETUNE_TRAINER_IMAGE")
     return {k: v for k, v in os.environ.items() if k not in dropped}
@@ -593,10 +601,17 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
     )
     for source in copied_to_the_image("component"):  # the installer, copied beside the wheels
         shutil.copy2(context / source, wheels)
+    # As in the image, Python writes no bytecode: what the install did not compile stays uncompiled.
+    no_bytecode = {"PYTHONDONTWRITEBYTECODE": final_stage("component").env()["PYTHONDONTWRITEBYTECODE"]}
     install = subprocess.run(
         ["sh", "-c", component_environment_instruction().replace("/tmp/wheels", str(wheels))],
         cwd=tmp_path,
-        env={**env, **build_arguments("component"), "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"},
+        env={
+            **env,
+            **no_bytecode,
+            **build_arguments("component"),
+            "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}",
+        },
         capture_output=True,
         text=True,
         timeout=300,
@@ -614,6 +629,24 @@ def test_component_image_environment_imports_compiles_and_resolves_a_cuda_run_wi
     )
     (pinned,) = [Requirement(r) for r in PYPROJECT["optional-dependencies"]["launch"]]
     assert pinned.name == "torchtune" and installed.stdout.strip() in pinned.specifier
+    # Byte-compiled at install, or every step would compile each module it imports from source, every time.
+    uncompiled = subprocess.run(
+        [
+            str(python),
+            "-I",
+            "-B",
+            "-c",
+            UNCOMPILED_MODULES,
+            "kfp",
+            "kubernetes",
+            "kfp_finetune.components._shared",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert uncompiled.stdout.split() == [], uncompiled.stdout
     # transformers' files too (launch-transformers, no dependencies): the launcher chooses and checks the
     # transformers engine for a model torchtune cannot serve, importing neither transformers nor torch.
     chosen = subprocess.run(

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from tools.uv_install import pip_settings, uv_source_arguments
@@ -81,3 +82,43 @@ def test_settings_are_read_from_real_pips_config_list(tmp_path):
 def test_make_setup_installs_through_it():
     makefile = (REPO / "Makefile").read_text()
     assert "tools/uv_install.py --quiet torch==$(TORCH_VERSION) -e '.[$(2)]'" in makefile
+
+
+def write_wheel(folder: Path, name: str, source: str) -> Path:
+    """A one-module wheel, written as the wheel format lays it out (PEP 427): no build backend, no index."""
+    dist_info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist_info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist_info}/RECORD"])
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel
+
+
+def test_what_it_installs_is_byte_compiled_where_python_would_write_no_bytecode(tmp_path):
+    """uv writes no bytecode and the images (and some machines) set PYTHONDONTWRITEBYTECODE, under which Python
+    never writes it either: without the installer's compile, every process would compile every import anew."""
+    target = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
+    python = target / "bin" / "python"
+    wheel = write_wheel(tmp_path, "tiny_module", "VALUE = 42\n")
+    environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    installer = [sys.executable, str(REPO / "tools" / "uv_install.py"), "--quiet", "--no-index"]
+    subprocess.run([*installer, "--python", str(python), str(wheel)], env=environment, check=True)
+    located = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util, tiny_module; print(importlib.util.cache_from_source(tiny_module.__file__))",
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(located).is_file(), "the installed module has no bytecode"
