@@ -331,6 +331,10 @@ TABLE: tuple[Parameter, ...] = (
        "A directory on a volume that outlives runs (a PVC mounted on the steps): the base model is fetched there "
        "once per content and hard-linked or used in place; empty: no cache.",
        "model_initialize.cache_path"),
+    _p("model_cache_keep_days", int, 30,
+       "Days a model cache entry no run has used (an old version of a changed model) stays; -1: forever. Keep it "
+       "above the longest run.",
+       "model_initialize.cache_keep_days"),
 )  # fmt: skip
 
 PARAMETERS: dict[str, Parameter] = {p.name: p for p in TABLE}

@@ -205,7 +205,8 @@ class BaseModel(_Metadata):
     total_bytes: int = 0
     files: list[dict] = field(default_factory=list)
     reused_existing_copy: bool = False
-    cache: dict | None = None  # model cache facts (hit, entry, bytes_fetched, bytes_copied, workspace_copy)
+    # model cache facts (hit, entry, bytes_fetched, bytes_copied, workspace_copy, evicted)
+    cache: dict | None = None
 
     @property
     def pinned_revision(self) -> str:

@@ -23,6 +23,15 @@ breaks its own link). Mode bits do not stop root, and KFP steps often run as roo
 verification above — a write through a link damages at most the run that made it, and the next run finds the entry
 changed and refills it. We keep hard links rather than copies because no step writes into a base model folder
 (torchtune reads the base checkpoint and writes to the run folder); copies would cost a model's bytes per run.
+
+Eviction. Every run that uses an entry (a hit or a fill) marks it used: the mtime of its lock file. After using the
+cache, a run removes the entries (and the partial folders of killed fetches) no run has used for `keep_days`: a
+source whose content changed leaves its old entry behind, and a schedule would otherwise fill the volume one
+version at a time. An entry is removed only under its lock, taken without waiting (one a run is checking or
+filling is skipped), and renamed out of its name before it is deleted, so no run sees half of it. A workspace
+made of hard links keeps its files when the entry goes; a run using an entry in place reads the cache entry
+itself, so `keep_days` must be longer than the longest run (a resume re-reads the base model). Lock files stay:
+removing one another run has opened would let two runs hold the lock at once.
 """
 
 from __future__ import annotations
@@ -31,19 +40,28 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.workspace import atomic_dir
+from kfp_finetune.components._shared.unset import UNSET_NUMBER
+from kfp_finetune.components._shared.workspace import atomic_dir, partial_path
 
 log = get_logger(__name__)
 
 CACHE_AREA = "models"
 # How messages name the setting: the pipeline parameter, and the component argument it feeds.
 SETTING = "model_cache_path (model-initialize's cache_path)"
+KEEP_DAYS_SETTING = "model_cache_keep_days (model-initialize's cache_keep_days)"
+DAY_SECONDS = 24 * 60 * 60
+# Days an entry no run uses stays: longer than any fine-tune, short enough that a monthly schedule keeps its model.
+DEFAULT_KEEP_DAYS = 30
 
 
 def check_cache_path(cache_path: str) -> None:
@@ -70,15 +88,31 @@ def check_cache_path(cache_path: str) -> None:
         ) from None
 
 
+def check_keep_days(keep_days: int) -> None:
+    """SettingError unless `keep_days` is a whole number of days, at least 1, or -1 (never remove an entry)."""
+    if keep_days == UNSET_NUMBER:
+        return
+    if isinstance(keep_days, bool) or not isinstance(keep_days, int) or keep_days < 1:
+        raise SettingError(
+            KEEP_DAYS_SETTING,
+            f"must be 1 or more days, or -1 to keep every entry (got {keep_days!r}): a run using an entry in place "
+            "reads it until it ends, so set it above the longest run",
+        )
+
+
 def cache_entry(cache_path: str | os.PathLike, name: str, fingerprint: str) -> Path:
     return Path(cache_path) / CACHE_AREA / f"{name}-{fingerprint[:12]}"
+
+
+def lock_path(entry: Path) -> Path:
+    return entry.parent / f".{entry.name}.lock"
 
 
 @contextlib.contextmanager
 def locked(entry: Path) -> Iterator[None]:
     """Hold the entry's lock file (fcntl.flock beside it): a second run fetching the same model waits here."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.parent / f".{entry.name}.lock", "a") as lock:
+    with open(lock_path(entry), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -125,3 +159,67 @@ def link_or_use_in_place(entry: Path, final: Path) -> str:
         log.info("the model cache is on another volume (%s): using the cache entry in place", exc.strerror)
         return "in place"
     return "hardlink"
+
+
+def mark_used(entry: Path) -> None:
+    """Record that a run used `entry` now (its lock file's mtime; call with the lock held)."""
+    os.utime(lock_path(entry))
+
+
+def last_used(entry: Path) -> float:
+    """When a run last used `entry` (mark_used), as a POSIX time."""
+    return lock_path(entry).stat().st_mtime
+
+
+@dataclass(frozen=True)
+class Evicted:
+    name: str
+    bytes: int
+
+
+def _entry_names(area: Path) -> set[str]:
+    """The entries the cache area has a lock file for: complete, partial, or removed (the lock stays)."""
+    return {path.name[1 : -len(".lock")] for path in area.glob(".*.lock")}
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _remove(entry: Path) -> int:
+    """Delete `entry` and its partial folder, each renamed out of its name first (to `.<entry>.old-*`, which
+    atomic_dir and partial_dir also clear), with what an interrupted removal left; the bytes they held."""
+    removed = 0
+    for folder in (entry, partial_path(entry)):
+        if folder.is_dir():
+            removed += _folder_bytes(folder)
+            folder.rename(entry.parent / f".{entry.name}.old-{uuid.uuid4().hex[:8]}")
+    for gone in entry.parent.glob(f".{entry.name}.old-*"):
+        shutil.rmtree(gone, ignore_errors=True)
+    return removed
+
+
+def evict_unused(cache_path: str | os.PathLike, keep_days: int, in_use: Path) -> list[Evicted]:
+    """Remove the cache entries, with their partial folders, that no run has used for `keep_days` (-1: none), but
+    `in_use`, the entry this run uses; an entry whose lock another run holds is skipped. The removed entries."""
+    if keep_days == UNSET_NUMBER:
+        return []
+    area = Path(cache_path) / CACHE_AREA
+    cutoff = time.time() - keep_days * DAY_SECONDS
+    evicted = []
+    for name in sorted(_entry_names(area) - {in_use.name}):
+        entry = area / name
+        held = [entry, partial_path(entry), *area.glob(f".{name}.old-*")]
+        if last_used(entry) >= cutoff or not any(p.is_dir() for p in held):
+            continue
+        with open(lock_path(entry), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a run is checking or filling it: in use
+            try:
+                if last_used(entry) < cutoff:  # again under the lock: a run may have used it meanwhile
+                    evicted.append(Evicted(name, _remove(entry)))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return evicted

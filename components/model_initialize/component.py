@@ -17,6 +17,7 @@ def model_initialize(
     s3_endpoint_url: str = "",
     max_workers: int = 8,
     cache_path: str = "",
+    cache_keep_days: int = 30,
     task_id: str = "",
 ):
     """Bring a base model into the run workspace, verified, for fine-tuning.
@@ -47,6 +48,9 @@ def model_initialize(
         cache_path: A directory on a mounted volume that outlives runs (e.g. a PVC): the model is fetched there
             once per content and hard-linked into the workspace, or used in place when the volume is another
             filesystem; default: no cache.
+        cache_keep_days: Cache entries no run has used for this many days (an old version of a changed model, a
+            killed fetch) are removed when a run uses the cache; -1: never. Keep it above the longest run: a run
+            using an entry in place reads it until it ends.
         task_id: KFP's id of this task; pass `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (keeps two models whose sources end
             in the same name apart); empty: not under KFP.
 
@@ -54,7 +58,7 @@ def model_initialize(
         model: A manifest.json; its metadata gives `workspace_path` (relative to the workspace), `source_uri`,
             `repo_id`, `revision`, `commit_sha`, `model_type`, `weight_format`, `files` (path, size, sha256),
             `num_files`, `total_bytes` and `reused_existing_copy`; with `cache_path`, `cache` gives `hit`, `entry`,
-            `bytes_fetched`, `bytes_copied` and `workspace_copy`, and `workspace_path` is absolute when the model
+            `bytes_fetched`, `bytes_copied`, `workspace_copy` and `evicted` (the entries removed), and `workspace_path` is absolute when the model
             is used in place from the cache.
     """
     from kfp_finetune.components._shared.errors import usage_errors
@@ -73,6 +77,7 @@ def model_initialize(
             s3_endpoint_url=s3_endpoint_url,
             max_workers=max_workers,
             cache_path=cache_path,
+            cache_keep_days=cache_keep_days,
             output_model=model,
             task_id=task_id,
         )

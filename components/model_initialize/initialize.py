@@ -214,12 +214,14 @@ def initialize_model(
     cache_path: str = "",
     output_model: ArtifactLike | None = None,
     task_id: str = "",
+    cache_keep_days: int = cache.DEFAULT_KEEP_DAYS,
 ) -> ModelInitResult:
     """Fetch the model at `source_uri` into `<workspace_path>/models/<name>-<task>/` (`<task>`: a hash of `task_id`,
     see names.instance_name) and describe it in `output_model`."""
     parsed = storage.parse_uri(source_uri)
     if cache_path:
         cache.check_cache_path(cache_path)
+        cache.check_keep_days(cache_keep_days)
     # The cache is shared by runs: its entries are named by the source alone (and its content), never the task.
     readable = entry_name(name, parsed.repo_id or parsed.raw)
     name = entry_name(name, parsed.repo_id or parsed.raw, task_id)
@@ -255,13 +257,22 @@ def initialize_model(
                 if cache.links_to(final, entry)
                 else cache.link_or_use_in_place(entry, final)
             )
+            cache.mark_used(entry)
         location = entry if how == "in place" else final
+        evicted = cache.evict_unused(cache_path, cache_keep_days, in_use=entry)
+        if evicted:
+            log.info(
+                "model cache: removed %d entr%s no run used for %d days (%.1f GB): %s",
+                len(evicted), "y" if len(evicted) == 1 else "ies", cache_keep_days,
+                sum(e.bytes for e in evicted) / 1e9, ", ".join(e.name for e in evicted),
+            )  # fmt: skip
         cache_facts = {
             "hit": hit,
             "entry": str(entry),
             "bytes_fetched": 0 if hit else manifest["total_bytes"],
             "bytes_copied": 0,
             "workspace_copy": how,
+            "evicted": [e.name for e in evicted],
         }
         skipped = hit
     else:

@@ -569,34 +569,48 @@ def test_model_initialize_refuses(tmp_path, workspace, tiny_llama, builder, frag
     assert not Path(output.path).exists() and not output.metadata
 
 
-# (id, cache_path given the test's folders (src, a read-only folder), message fragments)
-CACHE_PATH_ROWS = [
-    ("relative", lambda src, ro: "model-cache", ["model_cache_path", "absolute path", "'model-cache'"]),
+# (id, the cache settings given the test's folders (src, a read-only folder), message fragments)
+CACHE_ROWS = [
+    (
+        "relative",
+        lambda src, ro: {"cache_path": "model-cache"},
+        ["model_cache_path", "absolute path", "'model-cache'"],
+    ),
     (
         "a-file",
-        lambda src, ro: str(write(src, "cache", "")),
+        lambda src, ro: {"cache_path": str(write(src, "cache", ""))},
         ["model_cache_path", "is a file", "leave it empty for no cache"],
     ),
     (
         "under-a-file",
-        lambda src, ro: str(write(src, "cache", "") / "models"),
+        lambda src, ro: {"cache_path": str(write(src, "cache", "") / "models")},
         ["model_cache_path (model-initialize's cache_path)", "is a file", "read-write volume"],
     ),
     (
         "read-only",
-        lambda src, ro: str(ro),
+        lambda src, ro: {"cache_path": str(ro)},
         ["model_cache_path", "read-only", "cannot be written", "read-write volume"],
+    ),
+    # 0 would remove, at once, an entry another run is training from in place.
+    (
+        "keep-days-0",
+        lambda src, ro: {"cache_path": str(src.parent / "cache"), "cache_keep_days": 0},
+        ["model_cache_keep_days", "1 or more days", "-1 to keep every entry"],
+    ),
+    (
+        "keep-days-negative",
+        lambda src, ro: {"cache_path": str(src.parent / "cache"), "cache_keep_days": -2},
+        ["model_cache_keep_days", "1 or more days", "got -2"],
     ),
 ]
 
 
-@pytest.mark.parametrize(
-    ("cache_path", "fragments"), [r[1:] for r in CACHE_PATH_ROWS], ids=[r[0] for r in CACHE_PATH_ROWS]
-)
-def test_model_initialize_refuses_a_cache_path(
-    tmp_path, workspace, tiny_llama, read_only_folder, cache_path, fragments
+@pytest.mark.parametrize(("cache", "fragments"), [r[1:] for r in CACHE_ROWS], ids=[r[0] for r in CACHE_ROWS])
+def test_model_initialize_refuses_cache_settings(
+    tmp_path, workspace, tiny_llama, read_only_folder, cache, fragments
 ):
-    """A cache_path the step cannot write fails at once, naming it, before the source is listed or fetched."""
+    """A cache_path the step cannot write or a cache_keep_days below a day fails at once, naming it, before the
+    source is listed or fetched."""
     src = tmp_path / "src"
     src.mkdir()
     output = artifact(tmp_path, "model")
@@ -604,12 +618,13 @@ def test_model_initialize_refuses_a_cache_path(
         initialize_model(
             source_uri=str(copy_model(Path(tiny_llama), src)),
             workspace_path=str(workspace),
-            cache_path=cache_path(src, read_only_folder),
             output_model=output,
+            **cache(src, read_only_folder),
         )
     assert_message(caught.value, fragments)
     assert "\n" not in str(caught.value)
     assert_nothing_written(workspace, "models")
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))
     assert not Path(output.path).exists() and not output.metadata
 
 

@@ -4,10 +4,15 @@ used in place when the cache is on another volume. Local-file sources (the trans
 from __future__ import annotations
 
 import errno
+import inspect
 import os
+import time
+from pathlib import Path
 
 from kfp_finetune.components._shared.artifacts import entry_path
+from kfp_finetune.components._shared.workspace import partial_path
 from kfp_finetune.components.model_initialize import cache
+from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.components.torchtune_finetune.finetune import workspace_entry
 from tests.support.sources import write_fake_model
@@ -71,7 +76,6 @@ def test_a_second_run_waits_for_the_first_and_then_fetches_nothing(tmp_path, mon
     import subprocess
     import sys
     import threading
-    from pathlib import Path
 
     from kfp_finetune.components.model_initialize import initialize
 
@@ -130,3 +134,76 @@ def test_a_second_run_waits_for_the_first_and_then_fetches_nothing(tmp_path, mon
     assert results["first"].metadata["cache"]["hit"] is False
     assert facts["hit"] is True and facts["bytes_fetched"] == 0 and facts["bytes_copied"] == 0
     assert facts["entry"] == results["first"].metadata["cache"]["entry"]
+
+
+def days_ago(days: float) -> float:
+    return time.time() - days * cache.DAY_SECONDS
+
+
+def last_used_at(entry, when: float) -> None:
+    """Set when a run last used `entry`, as a run that long ago would have left it."""
+    os.utime(cache.lock_path(entry), (when, when))
+
+
+def test_entries_no_run_used_for_keep_days_are_removed_when_a_run_uses_the_cache(tmp_path, log_lines):
+    """A schedule whose base model changed leaves the old version's entry; a killed fetch leaves a partial folder.
+    The next run that uses the cache removes what no run used for keep_days, keeps the rest and what it uses, and
+    a workspace of hard links to a removed entry keeps its files."""
+    assert inspect.signature(model_initialize.python_func).parameters["cache_keep_days"].default == (
+        cache.DEFAULT_KEEP_DAYS
+    )
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    other_src = write_fake_model(tmp_path / "other", seed=1)
+    cache_dir = str(tmp_path / "cache")
+
+    def run(source, name, i):
+        return initialize_model(
+            str(source), str(tmp_path / f"ws{i}"), name=name, cache_path=cache_dir, task_id=f"{i}"
+        )
+
+    old = run(src, "m", 1)
+    old_entry = Path(old.metadata["cache"]["entry"])
+    other_entry = Path(run(other_src, "n", 2).metadata["cache"]["entry"])
+    (src / "config.json").write_text('{"model_type": "llama", "architectures": ["Y"]}')  # a new version
+    new_entry = Path(run(src, "m", 3).metadata["cache"]["entry"])
+    # A fetch killed long ago: its lock file and partial folder.
+    killed = cache.cache_entry(cache_dir, "m", "f" * 64)
+    with cache.locked(killed):
+        partial_path(killed).mkdir()
+        (partial_path(killed) / "model.safetensors").write_bytes(b"\0" * 1000)
+    last_used_at(old_entry, days_ago(31))
+    last_used_at(killed, days_ago(40))
+    last_used_at(other_entry, days_ago(29))
+    last_used_at(new_entry, days_ago(45))  # the entry this run uses: never removed, and now marked used
+
+    facts = run(src, "m", 4).metadata["cache"]
+    assert facts["hit"] is True and facts["entry"] == str(new_entry)
+    assert facts["evicted"] == sorted([old_entry.name, killed.name])
+    assert not old_entry.exists() and not partial_path(killed).exists()
+    assert new_entry.is_dir() and other_entry.is_dir()
+    assert [p.name for p in old_entry.parent.glob(".*.old-*")] == []
+    assert cache.last_used(new_entry) > days_ago(1)
+    assert '"X"' in (old.path / "config.json").read_text()  # run 1's hard links outlive the entry
+    (removed,) = [line for line in log_lines if "model cache: removed" in line]
+    assert "2 entries no run used for 30 days" in removed and old_entry.name in removed
+
+    # The removed version comes back as any new content does: fetched again, into the same name.
+    (src / "config.json").write_text('{"model_type": "llama", "architectures": ["X"]}')
+    again = run(src, "m", 5).metadata["cache"]
+    assert again["hit"] is False and again["entry"] == str(old_entry) and again["evicted"] == []
+
+
+def test_an_entry_a_run_holds_or_keep_days_minus_one_keeps_it(tmp_path):
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    cache_dir = str(tmp_path / "cache")
+    res = initialize_model(str(src), str(tmp_path / "ws"), name="m", cache_path=cache_dir)
+    entry = cache.cache_entry(cache_dir, "m", res.manifest["fingerprint"])
+    current = cache.cache_entry(cache_dir, "other", "0" * 64)
+    last_used_at(entry, days_ago(100))
+    assert cache.evict_unused(cache_dir, -1, in_use=current) == []
+    with cache.locked(entry):  # another run checking or filling it
+        assert cache.evict_unused(cache_dir, 1, in_use=current) == []
+    assert entry.is_dir()
+    (evicted,) = cache.evict_unused(cache_dir, 1, in_use=current)
+    assert evicted.name == entry.name and evicted.bytes > res.manifest["total_bytes"]  # + the manifest
+    assert not entry.exists()
