@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import os
 import shutil
 import tempfile
@@ -194,7 +195,7 @@ def _remove(entry: Path) -> int:
         if folder.is_dir():
             removed += _folder_bytes(folder)
             folder.rename(entry.parent / f".{entry.name}.old-{uuid.uuid4().hex[:8]}")
-    for gone in entry.parent.glob(f".{entry.name}.old-*"):
+    for gone in entry.parent.glob(f".{glob.escape(entry.name)}.old-*"):
         shutil.rmtree(gone, ignore_errors=True)
     return removed
 
@@ -209,7 +210,7 @@ def evict_unused(cache_path: str | os.PathLike, keep_days: int, in_use: Path) ->
     evicted = []
     for name in sorted(_entry_names(area) - {in_use.name}):
         entry = area / name
-        held = [entry, partial_path(entry), *area.glob(f".{name}.old-*")]
+        held = [entry, partial_path(entry), *area.glob(f".{glob.escape(name)}.old-*")]
         if last_used(entry) >= cutoff or not any(p.is_dir() for p in held):
             continue
         with open(lock_path(entry), "a") as lock:
