@@ -8,8 +8,8 @@ same packages pip would. The images install the same way (images/*/Dockerfile). 
 
 Then it byte-compiles the environment, as pip does at install and uv does not. Python writes no bytecode of its own
 where PYTHONDONTWRITEBYTECODE is set (the images set it, and so do some machines), and then every process compiles
-every module it imports from source each time it starts: `import torchtune` took 14 s so and 5.7 s compiled, on the
-same machine, and each KFP step, training process and test pays it.
+every module it imports from source each time it starts: `import torchtune` took 14 s that way and 5.7 s from
+bytecode, on one machine, and each KFP step, training process and test pays it.
 """
 
 from __future__ import annotations
