@@ -29,6 +29,11 @@ MANIFEST = "manifest.json"
 SCRATCH_PREFIX = ".kfp-"
 PARTIAL_JOURNAL = SCRATCH_PREFIX + "verified.jsonl"
 AREAS = ("datasets", "models", "runs", "eval")
+# The persistent model cache (model-initialize's cache_path), which outlives runs: `<cache>/models/<entry>/`
+# (model_initialize/cache.py) and torch.compile's kernels beside it, `<cache>/compile/<key>/` (warm_start.py), as
+# in the workspace's own `.cache/compile/<key>/`.
+MODEL_CACHE_AREA = "models"
+COMPILE_CACHE_AREA = "compile"
 
 
 def area_dir(workspace: str | os.PathLike, area: str, name: str) -> Path:
@@ -43,7 +48,7 @@ def area_dir(workspace: str | os.PathLike, area: str, name: str) -> Path:
 def compile_cache_root(run_dir: str | os.PathLike) -> Path | None:
     """`<workspace>/.cache/compile` for a run folder of this layout (`<workspace>/runs/<name>`), else None."""
     run_dir = Path(run_dir)
-    return run_dir.parent.parent / ".cache" / "compile" if run_dir.parent.name == "runs" else None
+    return run_dir.parent.parent / ".cache" / COMPILE_CACHE_AREA if run_dir.parent.name == "runs" else None
 
 
 @contextlib.contextmanager

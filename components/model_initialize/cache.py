@@ -52,11 +52,10 @@ from pathlib import Path
 from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.unset import UNSET_NUMBER
-from kfp_finetune.components._shared.workspace import atomic_dir, partial_path
+from kfp_finetune.components._shared.workspace import MODEL_CACHE_AREA, atomic_dir, partial_path
 
 log = get_logger(__name__)
 
-CACHE_AREA = "models"
 # How messages name the setting: the pipeline parameter, and the component argument it feeds.
 SETTING = "model_cache_path (model-initialize's cache_path)"
 KEEP_DAYS_SETTING = "model_cache_keep_days (model-initialize's cache_keep_days)"
@@ -75,7 +74,7 @@ def check_cache_path(cache_path: str) -> None:
     )
     if not os.path.isabs(cache_path):
         raise SettingError(SETTING, f"must be an absolute path (got {cache_path!r}): {fix}")
-    area = Path(cache_path) / CACHE_AREA
+    area = Path(cache_path) / MODEL_CACHE_AREA
     existing = next(p for p in (area, *area.parents) if p.exists() or p == p.parent)
     if not existing.is_dir():
         raise SettingError(SETTING, f"{cache_path}: {existing} is a file, not a folder: {fix}")
@@ -102,7 +101,7 @@ def check_keep_days(keep_days: int) -> None:
 
 
 def cache_entry(cache_path: str | os.PathLike, name: str, fingerprint: str) -> Path:
-    return Path(cache_path) / CACHE_AREA / f"{name}-{fingerprint[:12]}"
+    return Path(cache_path) / MODEL_CACHE_AREA / f"{name}-{fingerprint[:12]}"
 
 
 def lock_path(entry: Path) -> Path:
@@ -205,7 +204,7 @@ def evict_unused(cache_path: str | os.PathLike, keep_days: int, in_use: Path) ->
     `in_use`, the entry this run uses; an entry whose lock another run holds is skipped. The removed entries."""
     if keep_days == UNSET_NUMBER:
         return []
-    area = Path(cache_path) / CACHE_AREA
+    area = Path(cache_path) / MODEL_CACHE_AREA
     cutoff = time.time() - keep_days * DAY_SECONDS
     evicted = []
     for name in sorted(_entry_names(area) - {in_use.name}):

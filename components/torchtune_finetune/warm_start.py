@@ -32,7 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from kfp_finetune.components._shared.errors import ContractError
-from kfp_finetune.components._shared.workspace import compile_cache_root
+from kfp_finetune.components._shared.workspace import (
+    COMPILE_CACHE_AREA,
+    MODEL_CACHE_AREA,
+    compile_cache_root,
+)
 
 STARTUP_FILE = "startup.json"
 CACHE_VARIABLES = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
@@ -42,9 +46,6 @@ COMPILE_CACHE_ENV = "KFP_FINETUNE_COMPILE_CACHE"
 #: Where the caches are, as startup.json and the log say it.
 PERSISTENT_VOLUME = "persistent volume"
 WORKSPACE = "workspace"
-#: model-initialize's cache layout: `<cache>/models/<entry>` (model_initialize/cache.py), `compile/` beside it.
-_MODEL_CACHE_AREA = "models"
-_COMPILE_AREA = "compile"
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,12 @@ def persistent_compile_root(base_model_metadata: dict) -> str:
     if not entry:
         return ""
     path = PurePosixPath(os.path.normpath(entry))
-    if not path.is_absolute() or path.parent.name != _MODEL_CACHE_AREA:
+    if not path.is_absolute() or path.parent.name != MODEL_CACHE_AREA:
         raise ContractError(
             f"base_model's metadata names a model cache entry {entry!r} that is not `<model cache>/models/<name>`: "
             "connect the `model` output of a model-initialize step"
         )
-    return str(path.parent.parent / _COMPILE_AREA)
+    return str(path.parent.parent / COMPILE_CACHE_AREA)
 
 
 def _given_root() -> Path | None:
