@@ -58,8 +58,8 @@ def model_initialize(
         model: A manifest.json; its metadata gives `workspace_path` (relative to the workspace), `source_uri`,
             `repo_id`, `revision`, `commit_sha`, `model_type`, `weight_format`, `files` (path, size, sha256),
             `num_files`, `total_bytes` and `reused_existing_copy`; with `cache_path`, `cache` gives `hit`, `entry`,
-            `bytes_fetched`, `bytes_copied`, `workspace_copy` and `evicted` (the entries removed), and `workspace_path` is absolute when the model
-            is used in place from the cache.
+            `bytes_fetched`, `bytes_copied`, `workspace_copy` and `evicted` (the entries removed), and
+            `workspace_path` is absolute when the model is used in place from the cache.
     """
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components._shared.storage import StorageError, refuse_credentials
