@@ -18,10 +18,9 @@ from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES,
 from kfp_finetune.components._shared.torchtune.model_layout import UNSUPPORTED
 from kfp_finetune.components._shared.torchtune.parity import LORA, TOLERANCE
 from kfp_finetune.components._shared.torchtune.parity_cases import FAMILY_CASES, flags
+from kfp_finetune.components._shared.torchtune.recipes import FINETUNE_RECIPES, config_parts
 
 METHODS = ("full", "lora", "qlora", "dora")
-_FINETUNE_RECIPES = ("full_finetune_single_device", "full_finetune_distributed", "lora_finetune_single_device",
-                     "lora_finetune_distributed")  # fmt: skip
 # torchtune 0.6.1 faults the project corrects, each proven by a test in test_parity.py that fails without the fix.
 CORRECTIONS = (
     "Gemma 2: its HF mapping swaps the pre- and post-feed-forward norms (conversions.py swaps them back).",
@@ -37,12 +36,11 @@ CORRECTIONS = (
 def base_configs() -> dict[str, dict[str, list[str]]]:
     """family -> size -> the methods torchtune 0.6.1 has a fine-tuning config for (its recipe registry)."""
     found: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    recipes = installed.recipes()
-    for recipe in _FINETUNE_RECIPES:
-        for config in recipes[recipe].configs:
-            family, _, rest = config.name.partition("/")
-            size, _, variant = rest.partition("_")
-            method = variant.removesuffix("_single_device").split("_")[0]
+    registry = installed.recipes()
+    for recipe in FINETUNE_RECIPES.values():
+        for config in registry[recipe].configs:
+            family, size, variant = config_parts(config.name)
+            method = variant.split("_")[0]
             if method in METHODS:
                 found[family][size].add(method)
     return {

@@ -11,18 +11,24 @@ runs (torch_checks.py). One file per run sidesteps the CLI-override traps of
 from __future__ import annotations
 
 import copy
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import yaml
 
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.torchtune import flex_attention, installed, resume, sample_packing
+from kfp_finetune.components._shared.torchtune import (
+    flex_attention,
+    installed,
+    overrides,
+    recipes,
+    resume,
+    sample_packing,
+)
 from kfp_finetune.components._shared.torchtune.choices import user_set
 from kfp_finetune.components._shared.torchtune.component_paths import check_components
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
@@ -36,7 +42,6 @@ from kfp_finetune.components._shared.torchtune.defaults import (
 from kfp_finetune.components._shared.torchtune.model_inspection import (
     ModelDir,
     inspect_model_dir,
-    size_in_parameters,
 )
 from kfp_finetune.components._shared.torchtune.run_layout import RESOLVED_CONFIG
 
@@ -46,19 +51,6 @@ METRICS_DIR = "logs"
 METRICS_FILE = "metrics.txt"
 METRIC_LOGGER = "kfp_finetune.components.torchtune_finetune.metrics.TeeMetricLogger"
 
-FINETUNE_RECIPES = {
-    ("full", False): "full_finetune_single_device",
-    ("full", True): "full_finetune_distributed",
-    ("lora", False): "lora_finetune_single_device",
-    ("lora", True): "lora_finetune_distributed",
-}
-# Config-name variants, best first, by method (e.g. "1B_qlora_single_device" → variant "qlora").
-_VARIANTS = {
-    "full": ("full", "full_low_memory", "full_multinode"),
-    "lora": ("lora",),
-    "qlora": ("qlora", "lora"),
-    "dora": ("dora", "lora", "qdora"),
-}
 # What export publishes (components/export): merged weights, the PEFT adapter, or both.
 EXPORT_FORMATS = ("merged", "adapter", "both")
 ADAPTER_ONLY_REASON = (
@@ -104,98 +96,6 @@ def tune_command(
     four fine-tuning recipes run as our recipe module, which extends them with resume (resume.py)."""
     runs = resume.RECIPE_PATH if recipe in resume.RESUMABLE else recipe
     return ["tune", "run", *torchrun_args, runs, "--config", str(config_path)]
-
-
-# --- torchtune's registry -------------------------------------------------------------------------------
-
-
-def _registry() -> dict[str, Any]:
-    return installed.recipes()  # read from torchtune's files: the launcher imports no torch
-
-
-def _config_file(file_path: str) -> Path:
-    return installed.config_file(file_path)
-
-
-def _config_parts(config_name: str) -> tuple[str, str, str]:
-    """'llama3_2/1B_lora_single_device' → ('llama3_2', '1B', 'lora')."""
-    family, _, rest = config_name.partition("/")
-    size, _, variant = rest.partition("_")
-    return family, size, variant.removesuffix("_single_device")
-
-
-def recipe_method_matches(recipe: str, method: str) -> bool:
-    return ("lora" in recipe) == (method != "full")
-
-
-def select_recipe_and_config(
-    cfg: TorchtuneConfig, model: ModelDir, devices: int, nodes: int
-) -> tuple[str, str | None, Path]:
-    """(recipe, registry config name or None, config file) — explicit choices win, else auto-selection."""
-    registry = _registry()
-    distributed = devices * nodes > 1
-    recipe = cfg.recipe or FINETUNE_RECIPES[("full" if cfg.method == "full" else "lora", distributed)]
-    if recipe not in registry:
-        finetune = sorted(name for name in registry if "finetune" in name)
-        raise SettingError(
-            "recipe", f"{recipe!r} is unknown; torchtune 0.6.1 fine-tuning recipes: {', '.join(finetune)}"
-        )
-    if "finetune" not in recipe and "qat" not in recipe and "distillation" not in recipe:
-        raise SettingError("recipe", f"{recipe!r} does not fine-tune a model; choose a *_finetune_* recipe")
-    if not recipe_method_matches(recipe, cfg.method):
-        raise SettingError(
-            "recipe",
-            f"{recipe!r} does not match tune_method={cfg.method!r}: "
-            + (
-                "use a lora_* recipe for lora/qlora/dora"
-                if cfg.method != "full"
-                else "use a full_* recipe for full"
-            ),
-        )
-    if distributed and not registry[recipe].supports_distributed:
-        raise SettingError(
-            "recipe",
-            f"{recipe!r} runs on one device but {nodes} node(s) x {devices} device(s) were requested; "
-            "use its *_distributed counterpart, or set tune_gpus_per_node=1 and tune_num_nodes=1",
-        )
-    configs = {c.name: c.file_path for c in registry[recipe].configs}
-
-    if cfg.config:
-        if cfg.config in configs:
-            return recipe, cfg.config, _config_file(configs[cfg.config])
-        path = Path(cfg.config)
-        if path.suffix in (".yaml", ".yml") and path.is_file():
-            return recipe, None, path.resolve()
-        all_configs = {c.name for r in registry.values() for c in r.configs}
-        if cfg.config in all_configs:
-            raise SettingError("config", f"{cfg.config!r} belongs to another recipe than {recipe!r}")
-        raise SettingError(
-            "config",
-            f"{cfg.config!r} is unknown for recipe {recipe!r}: give a registry name "
-            f"(`tune ls`, e.g. {next(iter(sorted(configs)), 'none')}) or a path to a .yaml file",
-        )
-    name = _nearest_config(list(configs), model, cfg.method)
-    return recipe, name, _config_file(configs[name])
-
-
-def _nearest_config(config_names: list[str], model: ModelDir, method: str) -> str:
-    """The family's config (any family's if it has none for this recipe) of the nearest size, and of that size the
-    best variant. Size before variant: an 8B QLoRA run on 8 GPUs must get the 8B LoRA config, not the family's
-    only QLoRA config (405B, with adapter-only checkpoints and 405B-sized settings). A family torchtune 0.6.1 does
-    not have takes the configs of the family it names (`Family.configs_from`: Qwen3 takes Qwen2.5's)."""
-    preferences = _VARIANTS[method]
-    scored = []
-    for name in config_names:
-        family, size, variant = _config_parts(name)
-        params = size_in_parameters(size)
-        if params is None or variant not in preferences:
-            continue
-        other_family = family != model.family.config_family
-        distance = abs(math.log(params) - math.log(max(model.num_parameters, 1)))
-        scored.append((other_family, distance, preferences.index(variant), name))
-    if not scored:
-        raise ConfigError(f"no torchtune config fits tune_method={method!r}; set tune_config explicitly")
-    return min(scored)[-1]
 
 
 # --- assembling the config ---------------------------------------------------------------------------------
@@ -247,7 +147,7 @@ def resolve_run(
         )
     model = inspect_model_dir(model_dir, weights_required=weights_required)
     run_dir = Path(run_dir).resolve()
-    recipe, config_name, config_file = select_recipe_and_config(cfg, model, devices, nodes)
+    recipe, config_name, config_file = recipes.select_recipe_and_config(cfg, model, devices, nodes)
     base = _load_config_file(config_file)
 
     config = copy.deepcopy(base)
@@ -258,7 +158,7 @@ def resolve_run(
     _apply_checkpoints(config, cfg, recipe)
     if config.get("device") == "cpu":
         _apply_cpu(config, recipe, dtype_chosen=cfg.dtype is not None)
-    _apply_overrides(config, cfg.overrides, config_name or str(config_file))
+    overrides.apply_overrides(config, cfg.overrides, config_name or str(config_file))
     _check_packing(config, model)
     choices, token_lengths = choose_defaults(
         config, base, cfg, model, devices, nodes, gpu_memory_gib, token_lengths, tokenize_sample,
@@ -513,60 +413,6 @@ def _apply_cpu(config: dict, recipe: str, dtype_chosen: bool) -> None:
         config["optimizer_in_bwd"] = False
 
 
-def _apply_overrides(config: dict, overrides: dict[str, Any], base_name: str) -> None:
-    """Dotted keys that must exist (`+key` adds a new one, `~key` removes one); values are YAML-typed."""
-    for raw_key, value in overrides.items():
-        key = str(raw_key)
-        add, remove = key.startswith("+"), key.startswith("~")
-        parts = key.lstrip("+~").split(".")
-        node = config
-        for depth, part in enumerate(parts[:-1]):
-            if not isinstance(node.get(part), dict):
-                if add and part not in node:
-                    node[part] = {}
-                else:
-                    missing = ".".join(parts[: depth + 1])
-                    raise SettingError("overrides", _missing_key(key, missing, base_name))
-            node = node[part]
-        leaf = parts[-1]
-        if remove:
-            if leaf not in node:
-                raise SettingError("overrides", _missing_key(key, key.lstrip("~"), base_name))
-            del node[leaf]
-        elif leaf in node or add:
-            node[leaf] = _number_checked(key, node.get(leaf), value)
-        else:
-            raise SettingError("overrides", _missing_key(key, key, base_name))
-
-
-# Keys torchtune reads as numbers even where a base config leaves them out or null.
-NUMERIC_KEYS = {
-    "clip_grad_norm", "optimizer.lr", "optimizer.weight_decay", "batch_size", "epochs", "seed",
-    "gradient_accumulation_steps", "max_steps_per_epoch", "log_every_n_steps", "tokenizer.max_seq_len",
-    "lr_scheduler.num_warmup_steps", "model.lora_rank", "model.lora_alpha", "model.lora_dropout",
-}  # fmt: skip
-
-
-def _number_checked(key: str, current: Any, value: Any) -> Any:
-    """`value`, as a number for a numeric key (a number in the base config, or a known one): a string that is
-    not a number there would fail only inside training."""
-    numeric = key.lstrip("+~") in NUMERIC_KEYS or (
-        isinstance(current, (int, float)) and not isinstance(current, bool)
-    )
-    if not numeric or value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-            return int(number) if number.is_integer() and isinstance(current, int) else number
-        except ValueError:
-            pass
-    example = current if current is not None else 1.0
-    raise SettingError(
-        "overrides", f"[{key!r}] must be a number (got {value!r}), e.g. {{{key!r}: {example}}}"
-    )
-
-
 def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format: str) -> list[Choice]:
     """Checkpoints the export can publish, found out now, not after training, evaluation and the gate; and an
     adapter method saves only its adapter unless the user says otherwise: torchtune's per-epoch merge keeps every
@@ -584,13 +430,6 @@ def _fit_checkpoint_to_export(config: dict, cfg: TorchtuneConfig, export_format:
     choice = Choice("save_adapter_weights_only", True, ADAPTER_ONLY_REASON)
     log.info("%s", choice.line())
     return [choice]
-
-
-def _missing_key(key: str, missing: str, base_name: str) -> str:
-    return (
-        f"key {key!r}: {missing!r} does not exist in the resolved config (base {base_name}); "
-        f"check the spelling with `kfp-finetune resolve-config`, or write '+{key.lstrip('+~')}' to add a new key"
-    )
 
 
 def _resolve_interpolations(config: dict) -> dict:
