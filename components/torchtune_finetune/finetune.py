@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kfp_finetune.components._shared import engines, html_report, tracking, unset
+from kfp_finetune.components._shared import engines, tracking, unset
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.cancel import Interrupted
 from kfp_finetune.components._shared.contract import (
@@ -29,7 +27,7 @@ from kfp_finetune.components._shared.contract import (
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.launch_settings import DEFAULT_QUEUE_TIMEOUT_SECONDS, queue_problems
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file, read_resume_points
+from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
 from kfp_finetune.components._shared.torchtune import face as torchtune_face
 from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
 from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_metadata
@@ -47,6 +45,7 @@ from kfp_finetune.components.torchtune_finetune.gpu_memory import gpu_memory_for
 from kfp_finetune.components.torchtune_finetune.metrics import (
     LossDiverged,
     first_divergence,
+    read_resumes,
     run_metrics,
     summarize,
 )
@@ -58,7 +57,8 @@ from kfp_finetune.components.torchtune_finetune.outputs import (
 )
 from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.planned_run import train_planned
-from kfp_finetune.components.torchtune_finetune.throughput import Throughput, measure, read_device
+from kfp_finetune.components.torchtune_finetune.report import torchtune_report
+from kfp_finetune.components.torchtune_finetune.throughput import measure, read_device
 from kfp_finetune.components.torchtune_finetune.warm_start import persistent_compile_root, read_startup
 from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
@@ -233,9 +233,7 @@ def run_finetune(
     if diverged:
         raise diverged
     summary = summarize(steps)
-    resumed = read_resume_points(resolved.metrics_path)
-    if resumed:
-        log.info("training resumed after step(s) %s of %d", ", ".join(map(str, resumed)), len(steps))
+    resumed = read_resumes(resolved.metrics_path, steps)
     base_name = base.repo_id or str(model_dir)
     checkpoint = finalize_checkpoint(run_dir, method=config.method, base_model=base_name)
     same = unchanged(checkpoint, method=config.method, base_dir=model_dir)
@@ -255,13 +253,11 @@ def run_finetune(
         token_lengths=resolved.token_lengths.lengths if resolved.token_lengths else None,
     )
     log.info("%s", speed.log_line())
-    metrics = {**run_metrics(summary, steps, wall), **speed.metrics()}
+    metrics = {**run_metrics(summary, steps, wall, resumed), **speed.metrics()}
     network = read_network(run_dir)
     if network is not None:  # several nodes: the all-reduce probe before training (network_probe.py)
         metrics["allreduce_busbw_gbps"] = round(network.busbw_gbps, 2)
         log.info("%s", network.line())
-    if resumed:
-        metrics["resumes"] = float(len(resumed))
     startup = read_startup(run_dir)
     if startup is not None:  # the training process's start to its first step (warm_start.py)
         metrics["seconds_to_first_step"] = startup.seconds_to_first_step
@@ -300,89 +296,10 @@ def run_finetune(
         wall_seconds=wall,
         model_metadata=model_metadata,
         metrics=metrics,
-        report_html=render_report(resolved, steps, metrics, model_metadata, speed, resumed),
+        report_html=torchtune_report(resolved, steps, metrics, model_metadata, speed, resumed),
         config_files={RESOLVED_CONFIG: resolved.yaml_path.read_text(), **outcome.files},
         train_config=train_config_metadata(resolved, sorted({RESOLVED_CONFIG, *outcome.files})),
     )
-
-
-def render_report(
-    run: ResolvedRun,
-    steps: list[StepMetrics],
-    metrics: dict,
-    model_metadata: dict,
-    throughput: Throughput | None = None,
-    resumed: list[int] | None = None,
-) -> str:
-    """`resumed`: the steps training resumed after (a retry, replaced pods; 0: started over), shown by the curves."""
-    c = run.config
-    model = c.get("model", {})
-    settings = [
-        ("recipe", run.recipe),
-        ("base config", run.config_name or "user file"),
-        ("method", model_metadata["method"]),
-        ("base model", model_metadata["base_model"]),
-        ("dataset", model_metadata["dataset_source"] or ", ".join(c["dataset"].get("data_files", [])[:2])),
-        ("epochs / max steps per epoch", f"{c.get('epochs')} / {c.get('max_steps_per_epoch')}"),
-        ("batch size x grad accumulation", f"{c.get('batch_size')} x {c.get('gradient_accumulation_steps')}"),
-        ("optimizer", f"{c['optimizer'].get('_component_')} lr={c['optimizer'].get('lr')}"),
-        ("lr scheduler", (c.get("lr_scheduler") or {}).get("_component_", "none")),
-        ("device / dtype", f"{c.get('device')} / {c.get('dtype')}"),
-    ]
-    if "lora_rank" in model:
-        settings.append(("LoRA rank / alpha / modules", f"{model['lora_rank']} / {model['lora_alpha']} / "
-                         f"{', '.join(model['lora_attn_modules'])}{' + mlp' if model.get('apply_lora_to_mlp') else ''}"))  # fmt: skip
-    charts = [
-        html_report.line_chart("training loss", {"loss": [(s.step, s.loss) for s in steps if s.loss is not None]}, "step"),
-        # torchtune logs the lr after the scheduler's step: at step N, the rate step N + 1 trains with.
-        html_report.line_chart("learning rate of the next step", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
-    ]  # fmt: skip
-    if any(s.tokens_per_second for s in steps):
-        charts.append(html_report.line_chart(
-            "tokens/s", {"tokens/s": [(s.step, s.tokens_per_second) for s in steps if s.tokens_per_second]}, "step"))  # fmt: skip
-    results = [(name, value) for name, value in metrics.items()]
-    rows = throughput.rows() if throughput else []
-    speed = [html_report.section("Throughput", html_report.table(["measure", "value"], rows))] if rows else []
-    defaults = [c for c in run.defaults if not c.warning]
-    warnings = [c for c in run.defaults if c.warning]
-    chosen = [
-        html_report.section(
-            "Defaults chosen",
-            html_report.table(["setting", "value", "reason"], [(c.setting, c.value, c.reason) for c in defaults]),
-        )
-    ] if defaults else []  # fmt: skip
-    # Settings the user gave that plan a run which may not learn: first, where nobody misses them.
-    warned = [
-        html_report.section(
-            "Warnings",
-            html_report.table(["setting", "value", "warning"], [(c.setting, c.value, c.reason) for c in warnings]),
-        )
-    ] if warnings else []  # fmt: skip
-    return html_report.page(
-        "torchtune fine-tune",
-        f"{run.recipe} on {model_metadata['base_model']} — {len(steps)} steps",
-        [
-            *warned,
-            html_report.section(
-                "Curves", f'{_resume_note(resumed)}<div class="charts">{"".join(charts)}</div>'
-            ),
-            html_report.section("Results", html_report.table(["metric", "value"], results)),
-            *speed,
-            html_report.section("Settings", html_report.table(["setting", "value"], settings)),
-            *chosen,
-            html_report.section(
-                "Resolved torchtune config",
-                f"<pre>{html_report.escape(yaml.safe_dump(c, sort_keys=False))}</pre>",
-            ),
-        ],
-    )
-
-
-def _resume_note(resumed: list[int] | None) -> str:
-    if not resumed:
-        return ""
-    points = ", ".join("the start (no checkpoint yet)" if step == 0 else f"step {step}" for step in resumed)
-    return f"<p>Training was interrupted and continued from {html_report.escape(points)}.</p>"
 
 
 # --- the KFP component's entry point -------------------------------------------------------------------------

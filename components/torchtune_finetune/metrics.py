@@ -19,12 +19,12 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 
-from kfp_finetune.components._shared.metrics_file import (
-    RESUMED,
-    StepMetrics,
-)
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.metrics_file import RESUMED, StepMetrics, read_resume_points
 from kfp_finetune.components.torchtune_finetune.progress import ProgressClock, TrainerStatusReporter
 from kfp_finetune.components.torchtune_finetune.throughput import STEP_SECONDS
+
+log = get_logger(__name__)
 
 _KUBELET_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ?")
 
@@ -168,10 +168,15 @@ def kubelet_timestamp_ns(line: str) -> tuple[int | None, str]:
     return seconds * 1_000_000_000 + int((match.group(2) or "0").ljust(9, "0")), line[match.end() :]
 
 
-def run_metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float) -> dict[str, float]:
-    """The step's Metrics from a run's summary: losses, steps, wall time, and speed and memory where logged."""
+def run_metrics(
+    summary: dict[str, float], steps: list[StepMetrics], wall: float, resumed: list[int] | None = None
+) -> dict[str, float]:
+    """The step's Metrics from a run's summary: losses, steps, wall time, speed and memory where logged, and how
+    often training resumed (`resumed`: the steps it resumed after, metrics_file.read_resume_points)."""
     metrics = {k: summary[k] for k in ("final_loss", "min_loss", "first_loss") if k in summary}  # finite only
     metrics.update(steps=float(len(steps)), wall_seconds=round(wall, 3))
+    if resumed:
+        metrics["resumes"] = float(len(resumed))
     if "tokens_per_second" in summary:
         metrics["tokens_per_second"] = summary["tokens_per_second"]
         # torchtune logs tokens/s per step; over the training wall time that bounds the trained tokens.
@@ -179,3 +184,11 @@ def run_metrics(summary: dict[str, float], steps: list[StepMetrics], wall: float
     if "peak_memory_gib" in summary:
         metrics["peak_memory_gib"] = summary["peak_memory_gib"]
     return metrics
+
+
+def read_resumes(metrics_path: Path, steps: list[StepMetrics]) -> list[int]:
+    """The steps the run in the metrics file resumed after (a retry, a replaced pod; 0: it started over), logged."""
+    resumed = read_resume_points(metrics_path)
+    if resumed:
+        log.info("training resumed after step(s) %s of %d", ", ".join(map(str, resumed)), len(steps))
+    return resumed

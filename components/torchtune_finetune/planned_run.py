@@ -9,23 +9,27 @@ the model metadata — is the same code.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kfp_finetune.components._shared import engines, html_report
+from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.contract import BaseModel, DatasetSplit, TrainConfig, TunedModel
 from kfp_finetune.components._shared.engines import EngineChoice
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.metrics_file import StepMetrics, read_metrics_file
+from kfp_finetune.components._shared.metrics_file import read_metrics_file
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend
-from kfp_finetune.components.torchtune_finetune.metrics import first_divergence, run_metrics, summarize
-from kfp_finetune.components.torchtune_finetune.outputs import FinalCheckpoint, hand_on
+from kfp_finetune.components.torchtune_finetune.metrics import (
+    first_divergence,
+    read_resumes,
+    run_metrics,
+    summarize,
+)
+from kfp_finetune.components.torchtune_finetune.outputs import hand_on
+from kfp_finetune.components.torchtune_finetune.report import planned_report
 from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
 log = get_logger(__name__)
@@ -75,6 +79,7 @@ def train_planned(
     if diverged:
         raise diverged
     summary = summarize(steps)
+    resumed = read_resumes(plan.metrics_path, steps)
     method = plan.settings.method
     checkpoint = hand_on(run_dir, face.merged_model_dir(run_dir, model_dir), face.last_adapter_state(run_dir))
     same = unchanged(checkpoint, method=method, base_dir=model_dir)
@@ -84,7 +89,7 @@ def train_planned(
     def rel(path: Path) -> str:
         return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
 
-    metrics = run_metrics(summary, steps, wall)
+    metrics = run_metrics(summary, steps, wall, resumed)
     resolved = face.read_resolved_config(run_dir)
     base_name = base.repo_id or str(model_dir)
     model_metadata = TunedModel(
@@ -125,40 +130,11 @@ def train_planned(
         "wall_seconds": wall,
         "model_metadata": model_metadata,
         "metrics": metrics,
-        "report_html": render_report(choice, plan, steps, metrics, model_metadata, checkpoint, resolved),
+        "report_html": planned_report(
+            choice, plan, steps, metrics, model_metadata, checkpoint, resolved, resumed
+        ),
         "config_files": files,
         "train_config": TrainConfig(
             recipe=model_metadata["recipe"], config=plan.settings_path.name, files=sorted(files)
         ).to_metadata(),
     }
-
-
-def render_report(
-    choice: EngineChoice,
-    plan: Any,
-    steps: list[StepMetrics],
-    metrics: dict[str, float],
-    model_metadata: dict,
-    checkpoint: FinalCheckpoint,
-    resolved: dict,
-) -> str:
-    charts = [
-        html_report.line_chart("training loss", {"loss": [(s.step, s.loss) for s in steps if s.loss is not None]}, "step"),
-        html_report.line_chart("learning rate", {"lr": [(s.step, s.values["lr"]) for s in steps if "lr" in s.values]}, "step"),
-    ]  # fmt: skip
-    settings = [(name, json.dumps(value)) for name, value in asdict(plan.settings).items()]
-    outputs = [("merged", str(checkpoint.merged_dir or "")), ("adapter", str(checkpoint.adapter_dir or ""))]
-    # What the training process chose for the settings left to it, and why (the wing's resolved config).
-    chosen = [(c["setting"], json.dumps(c["value"]), c["reason"]) for c in resolved.get("choices", [])]
-    return html_report.page(
-        f"{choice.engine} fine-tune",
-        f"{model_metadata['method']} on {model_metadata['base_model']} — {len(steps)} steps",
-        [
-            html_report.section("Engine", html_report.escape(choice.line())),
-            html_report.section("Curves", f'<div class="charts">{"".join(charts)}</div>'),
-            html_report.section("Results", html_report.table(["metric", "value"], list(metrics.items()))),
-            html_report.section("Outputs", html_report.table(["folder", "path"], outputs)),
-            html_report.section("Settings", html_report.table(["setting", "value"], settings)),
-            html_report.section("Defaults chosen", html_report.table(["setting", "value", "why"], chosen)),
-        ],
-    )

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
-from kfp_finetune.components._shared.metrics_file import parse_metric_line
+from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.settings import (
     CLASSIFICATION,
@@ -239,6 +239,16 @@ def metrics_callback(path: Path, trained: TrainedTokens) -> Any:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 kept = path.read_text().splitlines(keepends=True) if path.is_file() else []
                 path.write_text("".join(line for line in kept if _step_of(line) <= state.global_step))
+                if state.global_step or any(_step_of(line) for line in kept):  # an earlier start trained
+                    how = (
+                        f"from checkpoint-{state.global_step}"
+                        if state.global_step
+                        else "no complete checkpoint: training started over"
+                    )
+                    line = f"{RESUMED} {state.global_step} ({how})"
+                    with path.open("a") as f:
+                        f.write(line + "\n")
+                    print(line, flush=True)
             self.last, self.last_step = (time.monotonic(), trained.count), state.global_step
 
         def on_log(self, args, state, control, logs=None, **kwargs):

@@ -99,13 +99,15 @@ def test_a_retried_local_step_resumes_from_the_checkpoint_its_earlier_attempt_sa
     import subprocess
     import sys
 
+    from kfp_finetune.components._shared.metrics_file import read_resume_points
     from kfp_finetune.components._shared.transformers import face
     from kfp_finetune.components._shared.workspace import area_dir
     from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
 
     root, train = workspace
     steps = {"max_steps_per_epoch": 8, "checkpoint_every_steps": 2}
-    straight = [round(s.loss, 4) for s in finetune(workspace, "straight", **steps).steps]
+    uninterrupted = finetune(workspace, "straight", **steps)
+    straight = [round(s.loss, 4) for s in uninterrupted.steps]
 
     run_dir = area_dir(root, "runs", trainjob_name("planned", "retried", ""))
     plan = face.plan_run(
@@ -130,4 +132,9 @@ def test_a_retried_local_step_resumes_from_the_checkpoint_its_earlier_attempt_sa
         in caplog.text
     )
     assert [round(s.loss, 4) for s in retried.steps] == straight and len(straight) == 8
+    at = int(saved.split()[0].removeprefix("checkpoint-"))  # "checkpoint-N in <folder>"
+    assert read_resume_points(retried.run.metrics_path) == [at]
+    assert retried.metrics["resumes"] == 1.0
+    assert f"Training was interrupted and continued from step {at}." in retried.report_html
+    assert "resumes" not in uninterrupted.metrics and "interrupted" not in uninterrupted.report_html
     assert face.resume_point(run_dir) is None, "the checkpoints are removed once the run is complete"

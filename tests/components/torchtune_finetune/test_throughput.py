@@ -11,8 +11,8 @@ import pytest
 from kfp_finetune.components._shared.metrics_file import read_metrics_file
 from kfp_finetune.components.torchtune_finetune import metrics as metrics_module
 from kfp_finetune.components.torchtune_finetune.entrypoint import note_device
-from kfp_finetune.components.torchtune_finetune.finetune import render_report
 from kfp_finetune.components.torchtune_finetune.metrics import TeeMetricLogger
+from kfp_finetune.components.torchtune_finetune.report import torchtune_report
 from kfp_finetune.components.torchtune_finetune.throughput import (
     measure,
     peak_tflops,
@@ -174,5 +174,5 @@ def test_report_shows_the_throughput_rows(tmp_path):
     }
     run = SimpleNamespace(recipe="lora_finetune_single_device", config_name="x", config=config, defaults=[])
     meta = {"method": "lora", "base_model": "m", "dataset_source": "d"}
-    html = render_report(run, steps, {"mfu": speed.mfu}, meta, speed)
+    html = torchtune_report(run, steps, {"mfu": speed.mfu}, meta, speed)
     assert "Throughput" in html and "processed tokens/s per GPU" in html and "MFU" in html

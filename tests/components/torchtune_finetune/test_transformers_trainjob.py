@@ -210,6 +210,7 @@ def test_the_engine_trains_in_a_trainjob_as_it_does_locally_through_a_preemption
     (replacement,) = cluster.pods(job)
     log = cluster.pod_log(replacement["metadata"]["name"])
     assert "training resumes from it" in log, log[-2000:]
+    assert remote.metrics["resumes"] == 1.0 and "resumes" not in local.metrics
     spec = cluster.requests_for("POST", "trainjobs")[0].body["spec"]
     assert spec["runtimeRef"]["name"] == "transformers-cpu"
     # The node pod checks with torch first (entrypoint --engine), then trains in the same process.

@@ -379,7 +379,8 @@ def test_the_local_backend_samples_lengths_with_the_training_tokenizer(tiny_llam
 def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path, data):
     from kfp_finetune.components._shared.contract import TrainConfig
     from kfp_finetune.components._shared.metrics_file import StepMetrics
-    from kfp_finetune.components.torchtune_finetune.finetune import render_report, train_config_metadata
+    from kfp_finetune.components.torchtune_finetune.finetune import train_config_metadata
+    from kfp_finetune.components.torchtune_finetune.report import torchtune_report
 
     run = on_gpu(fake_model_dir(tmp_path, "llama3_2"), tmp_path, method="lora")
     assert {"packed", "compile", "enable_activation_checkpointing"} <= set(chosen(run))
@@ -393,16 +394,16 @@ def test_each_default_reaches_the_report_and_the_train_config_metadata(tmp_path,
 
     steps = [StepMetrics(step=1, values={"loss": 1.0, "lr": 1e-4})]
     model = {"method": "lora", "base_model": "m", "dataset_source": "d"}
-    html = render_report(run, steps, {"final_loss": 1.0}, model)
+    html = torchtune_report(run, steps, {"final_loss": 1.0}, model)
     section = html[html.index("Defaults chosen") :]
     for c in run.defaults:
         assert c.setting in section and html_escape(c.reason) in section
     assert "Warnings" not in html
     run.defaults = []
-    assert "Defaults chosen" not in render_report(run, steps, {"final_loss": 1.0}, model)
+    assert "Defaults chosen" not in torchtune_report(run, steps, {"final_loss": 1.0}, model)
     # A warning about the user's own settings comes first, apart from the defaults.
     run.defaults = [Choice("optimizer steps", 3, "fewer than 20: raise tune_epochs", warning=True)]
-    html = render_report(run, steps, {"final_loss": 1.0}, model)
+    html = torchtune_report(run, steps, {"final_loss": 1.0}, model)
     assert "Defaults chosen" not in html and html.index("Warnings") < html.index("Curves")
     assert "fewer than 20: raise tune_epochs" in html
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kfp_finetune.components._shared.metrics_file import read_metrics_file
+from kfp_finetune.components._shared.metrics_file import read_metrics_file, read_resume_points
 from kfp_finetune.components._shared.transformers import face, run_layout, train
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
@@ -367,5 +367,35 @@ def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_whe
     logged = read_metrics_file(metrics)
     assert [s.step for s in logged] == list(range(1, steps + 1))
     assert [round(s.loss, 4) for s in logged] == expected
+    assert read_resume_points(metrics) == [at] and f"Resumed after step {at} (from checkpoint-{at})" in output
     assert not (Path(stopped.output_dir) / "trainer").exists(), "checkpoints removed once the run is complete"
     assert face.last_adapter_state(Path(stopped.output_dir)) is not None
+
+
+@pytest.mark.parametrize(
+    ("global_step", "marker"),
+    [(4, "Resumed after step 4 (from checkpoint-4)"), (0, "Resumed after step 0 (no complete checkpoint")],
+)
+def test_a_restart_says_in_the_metrics_file_where_training_continues(tmp_path, global_step, marker):
+    """An earlier start logged steps 1-6: the restart keeps the steps up to its checkpoint's and says where it
+    continues (0: no checkpoint, started over), the line the step's `resumes` metric and report read."""
+    from transformers import TrainerState
+
+    from kfp_finetune.components._shared.metrics_file import collect_steps
+
+    path = tmp_path / "metrics.txt"
+    path.write_text("".join(f"Step {n} | loss:{3 - n / 10}\n" for n in range(1, 7)))
+    state = TrainerState(global_step=global_step)
+    train.metrics_callback(path, train.TrainedTokens()).on_train_begin(None, state, None)
+
+    lines = path.read_text().splitlines()
+    assert lines[-1].startswith(marker) and read_resume_points(path) == [global_step]
+    assert [s.step for s in collect_steps(lines)] == list(range(1, global_step + 1))
+
+
+def test_a_first_start_writes_no_resume_line(tmp_path):
+    from transformers import TrainerState
+
+    path = tmp_path / "metrics.txt"
+    train.metrics_callback(path, train.TrainedTokens()).on_train_begin(None, TrainerState(), None)
+    assert path.read_text() == "" and read_resume_points(path) == []
