@@ -1,4 +1,4 @@
-"""GPU memory for the defaults' memory model (defaults.py): the `gpu_memory_gib` setting, else the memory of the
+"""GPU memory for the defaults' memory model (memory_model.py): the `gpu_memory_gib` setting, else the memory of the
 GPU product the training pods are placed on (`nvidia.com/gpu.product`, the label NVIDIA GPU feature discovery
 puts on nodes) as the task's node selector or required node affinity names it, else unknown (None: the defaults
 assume DEFAULT_GPU_MEMORY_GIB and say so)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kfp_finetune.components._shared.torchtune.defaults import gpu_memory_from_product
+from kfp_finetune.components._shared.torchtune.memory_model import gpu_memory_from_product
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 

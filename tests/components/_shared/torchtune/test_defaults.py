@@ -11,12 +11,8 @@ from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.torchtune import flex_attention, lr_schedule
 from kfp_finetune.components._shared.torchtune.choices import Choice
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
-from kfp_finetune.components._shared.torchtune.defaults import (
-    TokenLengths,
-    busy_floor_tokens,
-    estimate_memory,
-    gpu_memory_from_product,
-)
+from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, busy_floor_tokens
+from kfp_finetune.components._shared.torchtune.memory_model import estimate_memory, gpu_memory_from_product
 from kfp_finetune.components._shared.torchtune.model_inspection import FAMILIES, inspect_model_dir
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 from kfp_finetune.components._shared.torchtune.torch_checks import validate_config

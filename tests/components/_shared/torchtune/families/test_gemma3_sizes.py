@@ -11,7 +11,7 @@ import yaml
 from kfp_finetune.cli import main
 from kfp_finetune.components._shared.torchtune import flex_attention
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
-from kfp_finetune.components._shared.torchtune.defaults import estimate_memory
+from kfp_finetune.components._shared.torchtune.memory_model import estimate_memory
 from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run
 
