@@ -24,6 +24,7 @@ from kfp_finetune.components._shared.eval_examples import Example, ModelScores, 
 from kfp_finetune.components._shared.eval_scoring import right_padded
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.transformers.settings import SftSettings
+from kfp_finetune.components._shared.transformers.vision import batch_inputs
 
 log = get_logger(__name__)
 
@@ -71,7 +72,7 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
 def load_classifier(model_dir: str | Path, names: Sequence[str], **kwargs: Any) -> Any:
     """The model folder as a sequence classifier with one output per class in `names`. A head of another size is
     replaced by a new one (logged by transformers), as is a missing head."""
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir,
@@ -83,7 +84,9 @@ def load_classifier(model_dir: str | Path, names: Sequence[str], **kwargs: Any) 
         **kwargs,
     )
     if model.config.pad_token_id is None:  # the classifier pools at the last token that is not padding
-        model.config.pad_token_id = model.config.eos_token_id
+        # The tokenizer's: the id it pads with (config.json's eos_token_id can be a list, as Llama 3 Instruct's).
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_dir, local_files_only=True))
+        model.config.pad_token_id = tokenizer.pad_token_id
     return model
 
 
@@ -100,12 +103,21 @@ def build_trainer(settings: SftSettings, trainer_class: Callable[..., Any], call
     log.info("classifier of %d classes: %s", len(names), ", ".join(names[:10]))
     set_seed(settings.seed)  # a new head is drawn at random: the same seed, the same head
     model = load_classifier(settings.model_dir, names, **settings.model_init_kwargs(arguments.bf16, False))
+    # Its loss is the batch's mean, whatever the batch's label count: the Trainer must divide it over the
+    # accumulation steps itself (a forward with **kwargs would make it assume the loss is a sum over
+    # num_items_in_batch, and multiply it by the processes).
+    model.accepts_loss_kwargs = False
     if lora_config is not None:
         from peft import get_peft_model, prepare_model_for_kbit_training
 
         if settings.method == "qlora":
             model = prepare_model_for_kbit_training(model, arguments.gradient_checkpointing)
         model = get_peft_model(model, lora_config)
+        # The new head trains in full (modules_to_save: a copy in the base's dtype, bf16 beside a bf16 base): in
+        # fp32, as the adapter's weights, so small updates are not rounded away.
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.data = parameter.data.float()
     return trainer_class(
         model=model,
         args=arguments,
@@ -156,6 +168,10 @@ def examples(dataset: list[dict], rows: Sequence[int]) -> list[Example]:
             item["text"][:200],
             item["label_name"],
             class_id=item["labels"],
+            # BERT-style segment ids (a text_pair's tokens are 1), as training collated them.
+            model_inputs={"token_type_ids": list(item["token_type_ids"])}
+            if "token_type_ids" in item
+            else None,
         )
         for item in (dataset[i] for i in rows)
     ]
@@ -182,7 +198,8 @@ def score(
     with torch.inference_mode():
         for batch in batches(examples, batch_size):
             tokens, mask = right_padded(batch, pad_id, device)
-            logits = model(input_ids=tokens, attention_mask=mask).logits.float()
+            extra = batch_inputs(batch, tokens.shape[1], model) if batch[0].model_inputs is not None else {}
+            logits = model(input_ids=tokens, attention_mask=mask, **extra).logits.float()
             classes = torch.tensor([e.class_id for e in batch], device=device)
             losses += F.cross_entropy(logits, classes, reduction="none").tolist()
             predictions += logits.argmax(dim=-1).tolist()

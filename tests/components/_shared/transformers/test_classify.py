@@ -148,3 +148,106 @@ def test_a_classifier_counts_the_tokens_it_reads():
     assert train.batch_tokens(inputs) == 7
     causal = {"labels": torch.tensor([[-100, 5, 6], [-100, -100, 7]]), "attention_mask": torch.ones(2, 3)}
     assert train.batch_tokens(causal) == 3
+
+
+def test_a_classifier_step_is_its_mean_loss_over_the_accumulation_steps(kit, tmp_path):
+    """A classifier's loss is its batch's mean: over 4 accumulation steps each micro-batch's step loss is a quarter
+    of it (the logged loss, and the gradient clipping acts on, the mean), not 4x that as a loss summed over
+    num_items_in_batch would be scaled."""
+    import torch
+    from transformers import Trainer
+
+    root, base, data = kit
+    settings = SftSettings(
+        model_dir=str(base), data_files=[data], output_dir=str(tmp_path / "run"), dataset_type="classification",
+        data_style="classification", method="lora", max_steps=1, batch_size=4, gradient_accumulation_steps=4,
+        device="cpu",
+    )  # fmt: skip
+    trainer = classify.build_trainer(settings, Trainer, [])
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    trainer.model.train()
+    torch.manual_seed(0)  # the same dropout masks in both forwards
+    mean = trainer.model(**batch).loss.item()
+    trainer.current_gradient_accumulation_steps = 4  # what Trainer's loop sets before its micro-batches
+    torch.manual_seed(0)
+    step = trainer.training_step(trainer.model, batch, num_items_in_batch=torch.tensor(16)).item()
+    assert step == pytest.approx(mean / 4, rel=1e-5)
+
+
+def test_a_lora_classifier_trains_its_new_head_in_fp32_beside_a_bf16_base(kit, tmp_path):
+    from transformers import Trainer
+
+    root, base, data = kit
+    settings = SftSettings(
+        model_dir=str(base), data_files=[data], output_dir=str(tmp_path / "run"), dataset_type="classification",
+        data_style="classification", method="lora", max_steps=1, device="cpu", bf16=True,
+    )  # fmt: skip
+    model = classify.build_trainer(settings, Trainer, []).model
+    trained = {name: p.dtype for name, p in model.named_parameters() if p.requires_grad}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert any("modules_to_save" in name for name in trained) and frozen == {torch_dtype("bfloat16")}
+    assert set(trained.values()) == {torch_dtype("float32")}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def test_a_causal_lm_without_a_pad_token_pools_where_its_tokenizer_pads(tmp_path):
+    """A causal LM's config.json often names no pad token and a list of end tokens (Llama 3 Instruct's): its
+    classifier pads, and pools, with the id its tokenizer pads with."""
+    from transformers import AutoTokenizer
+
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    base = build_tiny_hf_model(tmp_path / "moe", "qwen3_moe")
+    config = json.loads((base / "config.json").read_text())
+    config.pop("pad_token_id")
+    config["eos_token_id"] = [config["eos_token_id"], config["bos_token_id"]]
+    (base / "config.json").write_text(json.dumps(config))
+    model = classify.load_classifier(base, NAMES)
+    tokenizer = classify.prepare_tokenizer(AutoTokenizer.from_pretrained(base))
+    assert model.config.pad_token_id == tokenizer.pad_token_id is not None
+
+
+def test_sentence_pairs_are_scored_with_their_segment_ids(kit, tmp_path):
+    """BERT-style pair rows: evaluation passes the segment ids training collated (text 0, text_pair 1), so each
+    row's eval loss is the model's on the row as it trained."""
+    import datasets
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoTokenizer
+
+    root, base, _ = kit
+    rows = [
+        {"text": r["text"], "reply": "thanks for the review", "label": r["label"]} for r in review_rows(6)
+    ]
+    features = datasets.Features({"text": datasets.Value("string"), "reply": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=NAMES)})  # fmt: skip
+    data = str(tmp_path / "pairs.parquet")
+    datasets.Dataset.from_list(rows, features=features).to_parquet(data)
+    settings = SftSettings(
+        model_dir=str(base), data_files=[data], output_dir=str(tmp_path / "run"), dataset_type="classification",
+        data_style="classification", column_map={"text_pair": "reply"}, device="cpu",
+    )  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    dataset = classify.eval_rows(settings, tokenizer)
+    assert all(1 in item["token_type_ids"] for item in dataset)
+    model = classify.load_classifier(base, NAMES).eval()
+    found = classify.score(
+        model, classify.examples(dataset, range(len(rows))), label="pairs", batch_size=4,
+        pad_id=tokenizer.pad_token_id, device="cpu",
+    )  # fmt: skip
+    with torch.no_grad():
+        expected = [
+            F.cross_entropy(
+                model(
+                    **{k: torch.tensor([item[k]]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+                ).logits,
+                torch.tensor([item["labels"]]),
+            ).item()
+            for item in dataset
+        ]
+    assert found.example_losses == pytest.approx(expected, abs=1e-5)
