@@ -69,7 +69,7 @@ def train_planned(
     log.info("settings %s", plan.settings_path)
 
     started = time.monotonic()
-    outcome = backend.run(plan, total_steps=plan.settings.max_steps)
+    outcome = backend.run(plan, total_steps=plan.settings.step_budget)
     wall = time.monotonic() - started
 
     steps = read_metrics_file(plan.metrics_path) if plan.metrics_path.is_file() else []

@@ -24,7 +24,8 @@ def test_a_bert_classifier_fine_tunes_on_yelp_reviews_through_the_pipeline(tmp_p
     destination = tmp_path / "exported"
     settings = {
         **FAST_TRAINING,
-        "tune_max_steps_per_epoch": 100,
+        "tune_max_steps_per_epoch": -1,  # whole epochs: 200 rows at batch 8 are 25 steps an epoch, 100 in all
+        "tune_epochs": 4,
         "eval_max_samples": 0,
         "data_eval_fraction": 0.2,
     }

@@ -42,10 +42,11 @@ READ = {
     "device": "device",
     "checkpoint_every_steps": "checkpoint_every_steps",
     "checkpoint_every_minutes": "checkpoint_every_minutes",
+    "max_steps_per_epoch": "max_steps_per_epoch",
 }
-#: Settings read here under a rule of their own: max_steps_per_epoch x epochs is max_steps; dtype is bf16 or not;
-#: conversation_style is how chat rows are written (a data style).
-COMBINED = ("max_steps_per_epoch", "dtype", "conversation_style")
+#: Settings read here under a rule of their own: dtype is bf16 or not; conversation_style is how chat rows are
+#: written (a data style).
+COMBINED = ("dtype", "conversation_style")
 #: dataset-initialize's hints of a column's name (DatasetSplit.torchtune_hints) -> the column the engine reads.
 _HINTED_COLUMNS = {"conversation_column": "messages", "text_column": "text"}
 _DTYPES = {"bf16": True, "fp32": False}
@@ -129,8 +130,6 @@ def sft_settings(
         fields["data_style"] = style
     hinted = {read: hints[hint] for hint, read in _HINTED_COLUMNS.items() if hints.get(hint)}
     fields["column_map"] = {**hinted, **fields.get("column_map", {})}
-    if "max_steps_per_epoch" in given:
-        fields["max_steps"] = given["max_steps_per_epoch"] * fields.get("epochs", 1)
     if "dtype" in given:
         if given["dtype"] not in _DTYPES:
             raise SettingError(

@@ -71,6 +71,10 @@ class SftSettings:
     learning_rate: float = 2e-4
     epochs: int = 1
     max_steps: int | None = None  # None: train `epochs` epochs; else stop after this many optimizer steps
+    # torchtune's cap: each epoch at most this many optimizer steps, so the run trains min(cap, the data's steps
+    # per epoch) x epochs steps (train.py counts the data's: HF's max_steps alone would repeat the data to reach
+    # cap x epochs). max_steps, where set, wins.
+    max_steps_per_epoch: int | None = None
     batch_size: int = 8  # per device
     gradient_accumulation_steps: int = 1
     max_seq_len: int = 2048
@@ -112,6 +116,13 @@ class SftSettings:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON ({e}): write the settings as one JSON object") from e
 
+    @property
+    def step_budget(self) -> int | None:
+        """The most optimizer steps the run trains (`max_steps`, or the cap per epoch x epochs), None: all epochs."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return self.max_steps_per_epoch * self.epochs if self.max_steps_per_epoch is not None else None
+
     def check(self) -> None:
         """Field-level checks that need neither the model nor TRL: raise the first problem."""
         problems = self.problems()
@@ -143,8 +154,9 @@ class SftSettings:
         at_least_one = ["epochs", "batch_size", "gradient_accumulation_steps", "max_seq_len", "logging_steps"]
         if self.method != "full":
             at_least_one.append("lora_rank")
-        if self.max_steps is not None:
-            at_least_one.append("max_steps")
+        at_least_one += [
+            name for name in ("max_steps", "max_steps_per_epoch") if getattr(self, name) is not None
+        ]
         for name in at_least_one:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -255,7 +267,7 @@ class SftSettings:
         common = dict(
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
             num_train_epochs=self.epochs,
-            max_steps=self.max_steps if self.max_steps is not None else -1,
+            max_steps=self.step_budget or -1,  # the cap per epoch: train.py lowers it to what the data has
             per_device_train_batch_size=self.batch_size,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             learning_rate=self.learning_rate,

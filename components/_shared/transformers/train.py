@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -221,7 +222,32 @@ def counting_trainer(trained: TrainedTokens, checkpoints: Any, trainer_class: ty
             trained.count += batch_tokens(inputs)
             return super().training_step(model, inputs, *args, **kwargs)
 
+        def _get_train_sampler(self, *args, **kwargs):
+            sampler = super()._get_train_sampler(*args, **kwargs)
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return epoch_seeded(sampler, seed)
+
     return CountingTrainer
+
+
+def epoch_seeded(sampler: Any, seed: int) -> Any:
+    """`sampler`, where it is transformers' LengthGroupedSampler, drawing each epoch's order from `seed` + the epoch
+    (the Trainer and accelerate call set_epoch before each epoch): the order it draws from the process's global
+    RNG differs in a restarted process, so a run resumed in its second epoch or later would train some rows twice
+    and skip others. Every process draws the same order, as the batches' sharding assumes."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    if type(sampler) is not LengthGroupedSampler:
+        return sampler
+
+    class EpochSeededSampler(LengthGroupedSampler):
+        def set_epoch(self, epoch: int) -> None:
+            self.generator = torch.Generator().manual_seed(seed + epoch)
+
+    seeded = EpochSeededSampler(sampler.batch_size, lengths=sampler.lengths)
+    seeded.set_epoch(0)
+    return seeded
 
 
 def metrics_callback(path: Path, trained: TrainedTokens) -> Any:
@@ -395,6 +421,11 @@ def train(settings: SftSettings) -> dict:
     processes = world_size()
     log.info("training %s with TRL (%s) on %d process(es)", settings.model_dir, settings.method, processes)
     trainer = build_trainer(settings)
+    if settings.max_steps is None and settings.max_steps_per_epoch is not None:
+        trainer.args.max_steps = capped_steps(trainer, settings)
+        log.info(
+            "tune_max_steps_per_epoch=%d: %d steps", settings.max_steps_per_epoch, trainer.args.max_steps
+        )
     if is_rank_zero():
         peft_config = getattr(trainer.model, "peft_config", {}).get("default")
         resolved = settings.resolved(processes, trainer.args, peft_config)
@@ -423,6 +454,14 @@ def train(settings: SftSettings) -> dict:
         shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)  # its checkpoints: the run is complete
     trainer.accelerator.wait_for_everyone()
     return summary
+
+
+def capped_steps(trainer: Any, settings: SftSettings) -> int:
+    """The run's optimizer steps under torchtune's cap per epoch: min(cap, the data's steps per epoch) x epochs,
+    the steps per epoch counted as the Trainer counts them (this process's batches over the accumulation)."""
+    batches = len(trainer.get_train_dataloader())
+    per_epoch = max(math.ceil(batches / settings.gradient_accumulation_steps), 1)
+    return min(settings.max_steps_per_epoch, per_epoch) * settings.epochs
 
 
 def write_outputs(trainer: Any, settings: SftSettings) -> dict:

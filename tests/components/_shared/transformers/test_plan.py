@@ -34,7 +34,7 @@ def test_the_steps_settings_become_the_engines_under_its_names():
         **WHERE,
     )
     assert (settings.learning_rate, settings.warmup_steps, settings.epochs) == (1e-4, 3, 2)
-    assert settings.max_steps == 10  # per epoch x epochs: HF's max_steps counts the whole run
+    assert (settings.max_steps_per_epoch, settings.max_steps, settings.step_budget) == (5, None, 10)
     assert (settings.bf16, settings.gradient_checkpointing, settings.device) == (False, True, "cpu")
     assert settings.column_map == {"input": "question"}
     assert (settings.model_dir, settings.output_dir) == ("/nowhere/model", "/nowhere/run")
@@ -175,7 +175,8 @@ def test_the_planned_command_trains_the_tiny_moe(tmp_path, monkeypatch):
     done = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     resolved = json.loads((run.run_dir / run_layout.RESOLVED_CONFIG).read_text())
-    assert resolved["settings"]["max_steps"] == 3 and resolved["settings"]["device"] == "cpu"
+    assert resolved["settings"]["max_steps_per_epoch"] == 3 and resolved["settings"]["device"] == "cpu"
+    assert resolved["sft_config"]["max_steps"] == 3
     assert len(run.metrics_path.read_text().splitlines()) == 3
     assert run_layout.last_adapter_state(run.run_dir) is not None
     assert (run.run_dir / run_layout.MERGED_DIR / "config.json").is_file()

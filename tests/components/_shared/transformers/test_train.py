@@ -331,15 +331,21 @@ def _train_process(settings: SftSettings, folder: Path):
     )
 
 
-def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_where_it_stopped(root):
-    """SIGTERM (a preempted pod) mid-run: the run saves a checkpoint, stops and exits 143; the same command again
-    resumes from it and trains to the end with the uninterrupted run's losses, each step logged once."""
+def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_where_it_stopped(root, tmp_path):
+    """SIGTERM (a preempted pod) in the run's second epoch: the run saves a checkpoint, stops and exits 143; the
+    same command again resumes from it and trains to the end with the uninterrupted run's losses, each step logged
+    once (the rows grouped by length, as on CPU, in the same order in the restarted process: epoch_seeded)."""
     import signal
 
+    import pyarrow.parquet as pq
+
     steps = 30
+    data = tmp_path / "rows.parquet"  # 48 rows at batch 4: 12 steps an epoch
+    pq.write_table(pq.read_table(root / "data" / "train.parquet").slice(0, 48), data)
     straight = settings_for(
-        root, "straight", max_steps=steps, checkpoint_every_steps=4, checkpoint_every_minutes=0
-    )
+        root, "straight", data_files=[str(data)], max_steps=steps, checkpoint_every_steps=4,
+        checkpoint_every_minutes=0,
+    )  # fmt: skip
     done = _train_process(straight, root / "straight")
     assert done.wait(timeout=600) == 0, done.stdout.read()[-3000:]
     expected = [
@@ -349,15 +355,16 @@ def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_whe
     stopped = replace(straight, output_dir=str(root / "stopped"))
     metrics = Path(stopped.output_dir) / run_layout.METRICS_FILE
     first = _train_process(stopped, root / "stopped")
-    for line in first.stdout:  # synchronised on the run's own output: step 3 logged, then the signal
-        if line.startswith("Step 3 |"):
+    for line in first.stdout:  # synchronised on the run's own output: step 15 logged, then the signal
+        if line.startswith("Step 15 |"):
             first.send_signal(signal.SIGTERM)
             break
     rest = first.stdout.read()
     assert first.wait(timeout=600) == train.INTERRUPTED, rest[-3000:]
-    (saved,) = list((Path(stopped.output_dir) / "trainer").glob("checkpoint-*"))
-    at = int(saved.name.rpartition("-")[2])
-    assert 3 <= at < steps and "stopped by SIGTERM" in rest
+    at = max(
+        int(p.name.rpartition("-")[2]) for p in (Path(stopped.output_dir) / "trainer").glob("checkpoint-*")
+    )
+    assert 15 <= at < 24 and "stopped by SIGTERM" in rest  # in the second epoch, not at its start
     assert not (Path(stopped.output_dir) / run_layout.MERGED_DIR).exists(), "no output from a stopped run"
 
     again = _train_process(stopped, root / "stopped")
@@ -399,3 +406,21 @@ def test_a_first_start_writes_no_resume_line(tmp_path):
     path = tmp_path / "metrics.txt"
     train.metrics_callback(path, train.TrainedTokens()).on_train_begin(None, TrainerState(), None)
     assert path.read_text() == "" and read_resume_points(path) == []
+
+
+@pytest.mark.parametrize(("rows", "cap", "epochs", "trained"), [(12, 100, 2, 6), (32, 2, 2, 4)])
+def test_max_steps_per_epoch_caps_each_epoch_as_torchtune_does(root, tmp_path, rows, cap, epochs, trained):
+    """torchtune's tune_max_steps_per_epoch: min(cap, the data's steps per epoch) x epochs optimizer steps. 12 rows
+    at batch 4 are 3 steps an epoch: a cap of 100 trains 2 epochs of them, not 100 x 2 steps over repeated data
+    (HF's max_steps); 32 rows under a cap of 2 train 2 steps in each of 2 epochs. The schedule is planned over
+    those steps: the resolved config's max_steps."""
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pq.read_table(root / "data" / "train.parquet").slice(0, rows), data)
+    settings = settings_for(root, str(tmp_path / "run"), data_files=[str(data)], max_steps=None,
+                            max_steps_per_epoch=cap, epochs=epochs)  # fmt: skip
+    summary = train.train(settings)
+    assert summary["global_step"] == trained
+    resolved = face.read_resolved_config(Path(settings.output_dir))
+    assert resolved["sft_config"]["max_steps"] == trained
