@@ -36,6 +36,18 @@ MODEL_CACHE_AREA = "models"
 COMPILE_CACHE_AREA = "compile"
 
 
+def cache_lock_path(entry: str | os.PathLike) -> Path:
+    """The lock file of a model cache entry, `<cache>/models/.<entry>.lock`: flock'ed while a run checks or fills
+    the entry, and its mtime is when a run last used the entry (model_initialize/cache.py)."""
+    entry = Path(entry)
+    return entry.parent / f".{entry.name}.lock"
+
+
+def mark_cache_use(entry: str | os.PathLike) -> None:
+    """Record that a run uses the model cache `entry` now (its lock file's mtime), so eviction keeps it."""
+    cache_lock_path(entry).touch()  # sets the mtime of an existing file too
+
+
 def area_dir(workspace: str | os.PathLike, area: str, name: str) -> Path:
     """`<workspace>/<area>/<name>`, refusing names that would escape the area."""
     if area not in AREAS:

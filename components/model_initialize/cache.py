@@ -24,13 +24,15 @@ verification above — a write through a link damages at most the run that made 
 changed and refills it. We keep hard links rather than copies because no step writes into a base model folder
 (torchtune reads the base checkpoint and writes to the run folder); copies would cost a model's bytes per run.
 
-Eviction. Every run that uses an entry (a hit or a fill) marks it used: the mtime of its lock file. After using the
-cache, a run removes the entries (and the partial folders of killed fetches) no run has used for `keep_days`: a
-source whose content changed leaves its old entry behind, and a schedule would otherwise fill the volume one
-version at a time. An entry is removed only under its lock, taken without waiting (one a run is checking or
-filling is skipped), and renamed out of its name before it is deleted, so no run sees half of it. A workspace
-made of hard links keeps its files when the entry goes; a run using an entry in place reads the cache entry
-itself, so `keep_days` must be longer than the longest run (a resume re-reads the base model). Lock files stay:
+Eviction. Every run that uses an entry marks it used, in the mtime of its lock file: a hit or a fill when it takes
+the lock and when it is done, a fine-tune when it starts. A hit's checksum ledger counts as a use too, so entries
+that older versions used are kept. After using the cache, a run removes the entries (and the partial folders of
+killed fetches) no run has used for `keep_days`: a source whose content changed leaves its old entry behind, and a
+schedule would otherwise fill the volume one version at a time. An entry is removed only under its lock, taken
+without waiting (one a run is checking or filling is skipped), and renamed out of its name before it is deleted,
+so no run sees half of it; an error removing one is logged and never fails the run. A workspace made of hard
+links keeps its files when the entry goes; a run using an entry in place reads the cache entry itself, so
+`keep_days` must be longer than the longest fine-tune (a resume re-reads the base model). Lock files stay:
 removing one another run has opened would let two runs hold the lock at once.
 """
 
@@ -51,8 +53,15 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.errors import SettingError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.storage.checksums import ledger_path
 from kfp_finetune.components._shared.unset import UNSET_NUMBER
-from kfp_finetune.components._shared.workspace import MODEL_CACHE_AREA, atomic_dir, partial_path
+from kfp_finetune.components._shared.workspace import (
+    MODEL_CACHE_AREA,
+    atomic_dir,
+    cache_lock_path,
+    mark_cache_use,
+    partial_path,
+)
 
 log = get_logger(__name__)
 
@@ -104,21 +113,20 @@ def cache_entry(cache_path: str | os.PathLike, name: str, fingerprint: str) -> P
     return Path(cache_path) / MODEL_CACHE_AREA / f"{name}-{fingerprint[:12]}"
 
 
-def lock_path(entry: Path) -> Path:
-    return entry.parent / f".{entry.name}.lock"
-
-
 @contextlib.contextmanager
 def locked(entry: Path) -> Iterator[None]:
-    """Hold the entry's lock file (fcntl.flock beside it): a second run fetching the same model waits here."""
+    """Hold the entry's lock file (fcntl.flock beside it): a second run fetching the same model waits here. Taking
+    it marks the entry used, so a fill in progress (its partial folder) is not evicted by a cache whose
+    filesystem does not share flocks between hosts."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path(entry), "a") as lock:
+    with open(cache_lock_path(entry), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.info("another run is fetching %s into the model cache: waiting for it", entry.name)
+            log.info("another run holds %s in the model cache: waiting for it", entry.name)
             fcntl.flock(lock, fcntl.LOCK_EX)
             log.info("the other run is done with %s", entry.name)
+        mark_cache_use(entry)
         try:
             yield
         finally:
@@ -161,14 +169,12 @@ def link_or_use_in_place(entry: Path, final: Path) -> str:
     return "hardlink"
 
 
-def mark_used(entry: Path) -> None:
-    """Record that a run used `entry` now (its lock file's mtime; call with the lock held)."""
-    os.utime(lock_path(entry))
-
-
 def last_used(entry: Path) -> float:
-    """When a run last used `entry` (mark_used), as a POSIX time."""
-    return lock_path(entry).stat().st_mtime
+    """When a run last used `entry`, as a POSIX time: its lock file's mtime (workspace.mark_cache_use), or the
+    last time a hit verified it (its checksum ledger, rewritten by every hit, also by kfp-finetune versions that
+    did not mark use yet), whichever is later."""
+    times = [path.stat().st_mtime for path in (cache_lock_path(entry), ledger_path(entry)) if path.exists()]
+    return max(times, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -186,17 +192,21 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def _remove(entry: Path) -> int:
+def _remove(entry: Path) -> int | None:
     """Delete `entry` and its partial folder, each renamed out of its name first (to `.<entry>.old-*`, which
-    atomic_dir and partial_dir also clear), with what an interrupted removal left; the bytes they held."""
-    removed = 0
+    atomic_dir and partial_dir also clear), with what an interrupted removal left; the bytes they held (a
+    workspace made of hard links to them keeps its share), None when there was nothing to remove."""
+    removed, found = 0, False
     for folder in (entry, partial_path(entry)):
         if folder.is_dir():
-            removed += _folder_bytes(folder)
+            removed, found = removed + _folder_bytes(folder), True
             folder.rename(entry.parent / f".{entry.name}.old-{uuid.uuid4().hex[:8]}")
     for gone in entry.parent.glob(f".{glob.escape(entry.name)}.old-*"):
+        found = True
         shutil.rmtree(gone, ignore_errors=True)
-    return removed
+        if gone.exists():
+            log.warning("model cache: %s could not be deleted entirely; the next eviction tries again", gone)
+    return removed if found else None
 
 
 def evict_unused(cache_path: str | os.PathLike, keep_days: int, in_use: Path) -> list[Evicted]:
@@ -208,18 +218,31 @@ def evict_unused(cache_path: str | os.PathLike, keep_days: int, in_use: Path) ->
     cutoff = time.time() - keep_days * DAY_SECONDS
     evicted = []
     for name in sorted(_entry_names(area) - {in_use.name}):
-        entry = area / name
-        held = [entry, partial_path(entry), *area.glob(f".{glob.escape(name)}.old-*")]
-        if last_used(entry) >= cutoff or not any(p.is_dir() for p in held):
+        try:  # eviction tidies the cache: it never fails the run that uses it
+            removed = _evict_if_unused(area / name, cutoff)
+        except OSError as err:
+            log.warning(
+                "model cache: %s was not evicted (%s); it stays until a later run removes it", name, err
+            )
             continue
-        with open(lock_path(entry), "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a run is checking or filling it: in use
-            try:
-                if last_used(entry) < cutoff:  # again under the lock: a run may have used it meanwhile
-                    evicted.append(Evicted(name, _remove(entry)))
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        if removed is not None:
+            evicted.append(Evicted(name, removed))
     return evicted
+
+
+def _evict_if_unused(entry: Path, cutoff: float) -> int | None:
+    """Remove `entry` when no run used it since `cutoff` and no run holds its lock; the bytes removed, or None."""
+    held = [entry, partial_path(entry), *entry.parent.glob(f".{glob.escape(entry.name)}.old-*")]
+    if last_used(entry) >= cutoff or not any(p.is_dir() for p in held):
+        return None
+    with open(cache_lock_path(entry), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # a run is checking or filling it: in use
+        try:
+            if last_used(entry) >= cutoff:  # again under the lock: a run may have used it meanwhile
+                return None
+            return _remove(entry)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

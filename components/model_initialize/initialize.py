@@ -34,6 +34,7 @@ from kfp_finetune.components._shared.torchtune.model_inspection import (
 from kfp_finetune.components._shared.workspace import (
     MANIFEST,
     area_dir,
+    mark_cache_use,
     partial_dir,
     read_manifest,
     write_json_atomic,
@@ -257,7 +258,7 @@ def initialize_model(
                 if cache.links_to(final, entry)
                 else cache.link_or_use_in_place(entry, final)
             )
-            cache.mark_used(entry)
+            mark_cache_use(entry)  # again at the end: a long fill counts from when it ended
         location = entry if how == "in place" else final
         evicted = cache.evict_unused(cache_path, cache_keep_days, in_use=entry)
         if evicted:

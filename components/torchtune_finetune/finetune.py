@@ -34,7 +34,7 @@ from kfp_finetune.components._shared.torchtune.defaults import TokenLengths, as_
 from kfp_finetune.components._shared.torchtune.resolve import ResolvedRun, resolve_run
 from kfp_finetune.components._shared.torchtune.run_layout import RESOLVED_CONFIG
 from kfp_finetune.components._shared.torchtune.run_length import planned_steps
-from kfp_finetune.components._shared.workspace import area_dir
+from kfp_finetune.components._shared.workspace import area_dir, mark_cache_use
 from kfp_finetune.components.torchtune_finetune.attempts import INFRASTRUCTURE, RetryRefused, check_retry
 from kfp_finetune.components.torchtune_finetune.attempts import record as record_attempt
 from kfp_finetune.components.torchtune_finetune.backends import TrainingBackend, backend_for
@@ -59,7 +59,11 @@ from kfp_finetune.components.torchtune_finetune.packs import use_packs
 from kfp_finetune.components.torchtune_finetune.planned_run import train_planned
 from kfp_finetune.components.torchtune_finetune.report import torchtune_report
 from kfp_finetune.components.torchtune_finetune.throughput import measure, read_device
-from kfp_finetune.components.torchtune_finetune.warm_start import persistent_compile_root, read_startup
+from kfp_finetune.components.torchtune_finetune.warm_start import (
+    model_cache_entry,
+    persistent_compile_root,
+    read_startup,
+)
 from kfp_finetune.components.torchtune_finetune.weights import WeightsUnchanged, unchanged
 
 log = get_logger(__name__)
@@ -87,6 +91,20 @@ def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> 
         where = "this step's volumes" if Path(relative).is_absolute() else "this run's workspace"
         raise ConfigError(f"{what} points to {path}, which does not exist in {where}")
     return path
+
+
+def mark_base_model_used(base_model_metadata: dict) -> None:
+    """Mark the model cache entry the base model came through used now (workspace.mark_cache_use), so a cache's
+    eviction keeps it while this fine-tune reads it in place: where the cache volume is mounted here."""
+    entry = model_cache_entry(base_model_metadata)
+    if entry is None or not Path(entry).parent.is_dir():
+        return  # not from the cache, or read through the workspace's hard links (the volume is not mounted)
+    try:
+        mark_cache_use(entry)
+    except OSError as err:
+        log.warning(
+            "could not mark the model cache entry %s used (%s): a cache eviction may remove it", entry, err
+        )
 
 
 def training_settings(
@@ -408,6 +426,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         pod.volumes.append(volume)
         pod.volume_mounts.append(mount)
     base_model = ArtifactInput.of(params["base_model"])
+    mark_base_model_used(base_model.metadata if base_model else {})
     backend = backend_for(
         params["backend"],
         devices=params["num_proc_per_node"] or max(pod.gpus, 1),

@@ -79,20 +79,26 @@ def cache_key(torch_version: str, device_name: str) -> str:
     return f"torch-{version}-{device}"
 
 
-def persistent_compile_root(base_model_metadata: dict) -> str:
-    """`<model cache>/compile` when the base model came through model-initialize's persistent cache (its metadata's
-    `cache.entry`, `<model cache>/models/<name>`), else "". Raises ContractError for an entry of another shape: the
-    path is derived from it, so it must be where model-initialize writes (absolute, inside a `models` folder)."""
+def model_cache_entry(base_model_metadata: dict) -> PurePosixPath | None:
+    """The persistent model cache entry the base model came through (its metadata's `cache.entry`,
+    `<model cache>/models/<name>`), else None. Raises ContractError for an entry of another shape: paths are
+    derived from it, so it must be where model-initialize writes (absolute, inside a `models` folder)."""
     entry = ((base_model_metadata or {}).get("cache") or {}).get("entry") or ""
     if not entry:
-        return ""
+        return None
     path = PurePosixPath(os.path.normpath(entry))
     if not path.is_absolute() or path.parent.name != MODEL_CACHE_AREA:
         raise ContractError(
             f"base_model's metadata names a model cache entry {entry!r} that is not `<model cache>/models/<name>`: "
             "connect the `model` output of a model-initialize step"
         )
-    return str(path.parent.parent / COMPILE_CACHE_AREA)
+    return path
+
+
+def persistent_compile_root(base_model_metadata: dict) -> str:
+    """`<model cache>/compile` when the base model came through model-initialize's persistent cache, else ""."""
+    entry = model_cache_entry(base_model_metadata)
+    return str(entry.parent.parent / COMPILE_CACHE_AREA) if entry else ""
 
 
 def _given_root() -> Path | None:

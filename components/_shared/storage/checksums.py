@@ -155,7 +155,8 @@ def same_content(local: Path, record: FileRecord, remote: RemoteFile) -> bool:
     )
 
 
-def _ledger(folder: Path) -> Path:
+def ledger_path(folder: Path) -> Path:
+    """The ledger of what damaged_files last proved of `folder`, beside it."""
     return folder.parent / f".{folder.name}.verified.json"
 
 
@@ -168,9 +169,9 @@ def damaged_files(folder: Path, records: list[dict], *, max_workers: int = 8) ->
     """The manifest entries (`path`, `size`, `sha256`) that `folder` no longer holds: missing, resized, or other
     bytes. A file is hashed only when its inode, size, mtime or ctime differ from the last time it was proven
     (a small ledger beside the folder, `.<name>.verified.json`), so a reused copy is read once per change."""
-    ledger_path = _ledger(folder)
+    ledger_file = ledger_path(folder)
     try:
-        ledger = json.loads(ledger_path.read_text())
+        ledger = json.loads(ledger_file.read_text())
     except (OSError, ValueError):
         ledger = {}
     proven: dict[str, dict] = {}
@@ -197,7 +198,7 @@ def damaged_files(folder: Path, records: list[dict], *, max_workers: int = 8) ->
             log.warning("%s holds other bytes than its manifest records (sha256 %s, recorded %s)", path,
                         taken.sha256, record["sha256"])  # fmt: skip
             damaged.append(record["path"])
-    tmp = ledger_path.parent / f"{ledger_path.name}.tmp-{os.getpid()}"
+    tmp = ledger_file.parent / f"{ledger_file.name}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(proven, sort_keys=True))
-    os.replace(tmp, ledger_path)
+    os.replace(tmp, ledger_file)
     return sorted(damaged)

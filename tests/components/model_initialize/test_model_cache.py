@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from kfp_finetune.components._shared.artifacts import entry_path
-from kfp_finetune.components._shared.workspace import partial_path
+from kfp_finetune.components._shared.storage.checksums import ledger_path
+from kfp_finetune.components._shared.workspace import cache_lock_path, partial_path
 from kfp_finetune.components.model_initialize import cache
 from kfp_finetune.components.model_initialize.component import model_initialize
 from kfp_finetune.components.model_initialize.initialize import initialize_model
@@ -141,8 +142,28 @@ def days_ago(days: float) -> float:
 
 
 def last_used_at(entry, when: float) -> None:
-    """Set when a run last used `entry`, as a run that long ago would have left it."""
-    os.utime(cache.lock_path(entry), (when, when))
+    """Set when a run last used `entry`, as a run that long ago would have left it: its lock file and the ledger
+    of its last verification."""
+    for path in (cache_lock_path(entry), ledger_path(entry)):
+        if path.exists():
+            os.utime(path, (when, when))
+
+
+def two_sources(tmp_path):
+    """Two models' sources, and a run of model-initialize on one of them into the cache (its own workspace)."""
+    src = write_fake_model(tmp_path / "src", extra_bin=False)
+    other_src = write_fake_model(tmp_path / "other", seed=1)
+
+    def run(source, name, i):
+        return initialize_model(
+            str(source),
+            str(tmp_path / f"ws{i}"),
+            name=name,
+            cache_path=str(tmp_path / "cache"),
+            task_id=f"{i}",
+        )
+
+    return src, other_src, run
 
 
 def test_entries_no_run_used_for_keep_days_are_removed_when_a_run_uses_the_cache(tmp_path, log_lines):
@@ -152,22 +173,14 @@ def test_entries_no_run_used_for_keep_days_are_removed_when_a_run_uses_the_cache
     assert inspect.signature(model_initialize.python_func).parameters["cache_keep_days"].default == (
         cache.DEFAULT_KEEP_DAYS
     )
-    src = write_fake_model(tmp_path / "src", extra_bin=False)
-    other_src = write_fake_model(tmp_path / "other", seed=1)
-    cache_dir = str(tmp_path / "cache")
-
-    def run(source, name, i):
-        return initialize_model(
-            str(source), str(tmp_path / f"ws{i}"), name=name, cache_path=cache_dir, task_id=f"{i}"
-        )
-
+    src, other_src, run = two_sources(tmp_path)
     old = run(src, "m", 1)
     old_entry = Path(old.metadata["cache"]["entry"])
     other_entry = Path(run(other_src, "n", 2).metadata["cache"]["entry"])
     (src / "config.json").write_text('{"model_type": "llama", "architectures": ["Y"]}')  # a new version
     new_entry = Path(run(src, "m", 3).metadata["cache"]["entry"])
     # A fetch killed long ago: its lock file and partial folder.
-    killed = cache.cache_entry(cache_dir, "m", "f" * 64)
+    killed = cache.cache_entry(tmp_path / "cache", "m", "f" * 64)
     with cache.locked(killed):
         partial_path(killed).mkdir()
         (partial_path(killed) / "model.safetensors").write_bytes(b"\0" * 1000)
@@ -193,17 +206,64 @@ def test_entries_no_run_used_for_keep_days_are_removed_when_a_run_uses_the_cache
     assert again["hit"] is False and again["entry"] == str(old_entry) and again["evicted"] == []
 
 
-def test_an_entry_a_run_holds_or_keep_days_minus_one_keeps_it(tmp_path):
+def one_cached_model(tmp_path):
+    """(its source, the cache, the fill's result, its entry, the entry of another run's model)."""
     src = write_fake_model(tmp_path / "src", extra_bin=False)
     cache_dir = str(tmp_path / "cache")
     res = initialize_model(str(src), str(tmp_path / "ws"), name="m", cache_path=cache_dir)
     entry = cache.cache_entry(cache_dir, "m", res.manifest["fingerprint"])
-    current = cache.cache_entry(cache_dir, "other", "0" * 64)
+    return src, cache_dir, res, entry, cache.cache_entry(cache_dir, "other", "0" * 64)
+
+
+def test_an_entry_a_run_holds_or_keep_days_minus_one_keeps_it(tmp_path):
+    _, cache_dir, res, entry, current = one_cached_model(tmp_path)
     last_used_at(entry, days_ago(100))
     assert cache.evict_unused(cache_dir, -1, in_use=current) == []
     with cache.locked(entry):  # another run checking or filling it
+        last_used_at(entry, days_ago(100))  # (taking the lock marked it used: as if it did so long ago)
         assert cache.evict_unused(cache_dir, 1, in_use=current) == []
     assert entry.is_dir()
+    last_used_at(entry, days_ago(100))
     (evicted,) = cache.evict_unused(cache_dir, 1, in_use=current)
     assert evicted.name == entry.name and evicted.bytes > res.manifest["total_bytes"]  # + the manifest
     assert not entry.exists()
+
+
+def test_what_marks_an_entry_used(tmp_path):
+    """Taking the lock (a fill in progress is in use from its start, also where the filesystem shares no flocks
+    between hosts), and a hit's verification ledger: entries hit by kfp-finetune versions that did not mark use
+    are not removed as unused since their first fill."""
+    src, cache_dir, _, entry, current = one_cached_model(tmp_path)
+
+    last_used_at(entry, days_ago(100))
+    with cache.locked(entry):
+        assert cache.last_used(entry) > days_ago(1)
+
+    last_used_at(entry, days_ago(100))
+    # A second run hits the entry: the hit writes its checksum ledger.
+    initialize_model(str(src), str(tmp_path / "ws2"), name="m", cache_path=cache_dir)
+    last_used_at(entry, days_ago(100))
+    os.utime(ledger_path(entry))  # an older version's hit: it rewrote the ledger, not the lock's mtime
+    assert cache.evict_unused(cache_dir, 30, in_use=current) == [] and entry.is_dir()
+    last_used_at(entry, days_ago(100))
+    assert [e.name for e in cache.evict_unused(cache_dir, 30, in_use=current)] == [entry.name]
+
+
+def test_an_entry_that_cannot_be_evicted_is_logged_and_the_run_goes_on(tmp_path, log_lines):
+    """An error removing one entry (here its lock cannot be opened) never fails the run that uses the cache; the
+    other unused entries go, and the step log names the one that stays."""
+    src, other_src, run = two_sources(tmp_path)
+    stuck = Path(run(src, "m", 1).metadata["cache"]["entry"])
+    gone = Path(run(other_src, "n", 2).metadata["cache"]["entry"])
+    cache_lock_path(stuck).unlink()
+    cache_lock_path(
+        stuck
+    ).mkdir()  # open() fails with IsADirectoryError: an OSError, as a foreign lock's EACCES
+    for entry in (stuck, gone):
+        last_used_at(entry, days_ago(40))
+
+    (src / "config.json").write_text('{"model_type": "llama", "architectures": ["Y"]}')
+    facts = run(src, "m", 3).metadata["cache"]
+    assert facts["evicted"] == [gone.name] and stuck.is_dir() and not gone.exists()
+    (warning,) = [line for line in log_lines if "was not evicted" in line]
+    assert stuck.name in warning

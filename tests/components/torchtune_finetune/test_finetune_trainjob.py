@@ -15,6 +15,7 @@ import pytest
 from kfp.dsl import HTML, Artifact, Dataset, Metrics, Model, TaskConfig
 
 from kfp_finetune.components._shared.errors import usage_errors
+from kfp_finetune.components._shared.workspace import cache_lock_path
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
 from kfp_finetune.components.model_initialize.initialize import initialize_model
 from kfp_finetune.components.torchtune_finetune.backends import TrainingOutcome
@@ -306,8 +307,14 @@ def test_a_base_model_from_the_model_cache_puts_the_compile_cache_beside_it_in_t
     config = task_config(workspace)
     config.volumes.append(cache_volume)
     config.volume_mounts.append({"name": "model-cache", "mountPath": str(model_cache)})
+    lock = cache_lock_path(cached.metadata["cache"]["entry"])
+    long_ago = time.time() - 40 * 24 * 3600
+    os.utime(lock, (long_ago, long_ago))
     with pytest.raises(TrainJobFailed):
         call_component(workspace, cached, train, tmp_path, "trainjob", config)
+    assert lock.stat().st_mtime > long_ago + 39 * 24 * 3600, (
+        "the fine-tune marks the cache entry it reads used"
+    )
     job = cpu_runtime.trainjob(trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune"))
     env = {item["name"]: item.get("value") for item in job["spec"]["trainer"]["env"]}
     assert env[COMPILE_CACHE_ENV] == str(model_cache / "compile")
