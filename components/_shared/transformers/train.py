@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -426,6 +427,9 @@ def train(settings: SftSettings) -> dict:
         log.info(
             "tune_max_steps_per_epoch=%d: %d steps", settings.max_steps_per_epoch, trainer.args.max_steps
         )
+    note = experts_note(settings, trainer.model)
+    if note:
+        log.info("%s", note)
     if is_rank_zero():
         peft_config = getattr(trainer.model, "peft_config", {}).get("default")
         resolved = settings.resolved(processes, trainer.args, peft_config)
@@ -448,12 +452,29 @@ def train(settings: SftSettings) -> dict:
         )
         return {**summary, "interrupted": True}
     log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
+    # Every process is done training; the others leave now rather than wait in a barrier while rank 0 merges and
+    # writes (a large model's merge on CPU can outlast the collectives' timeout, which would fail the finished run).
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.state.destroy_process_group()
     if trainer.is_world_process_zero():
         summary.update(write_outputs(trainer, settings))
         shutil.rmtree(run_dir / _DATASETS_CACHE, ignore_errors=True)
         shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)  # its checkpoints: the run is complete
-    trainer.accelerator.wait_for_everyone()
     return summary
+
+
+def experts_note(settings: SftSettings, model: Any) -> str | None:
+    """For people, what an adapter run leaves to the base: the mixture-of-experts weights stored as 3D parameters
+    (transformers 5's fused experts, e.g. `mlp.experts.down_proj`), which PEFT's all-linear does not reach."""
+    if settings.method == "full" or settings.target_parameters:
+        return None
+    names = {re.sub(r"^.*?layers\.\d+\.", "", name) for name, p in model.named_parameters() if p.ndim == 3}
+    if not names:
+        return None
+    return (
+        f"LoRA adapts the linear layers; the experts' weights ({', '.join(sorted(names))}) are 3D parameters "
+        "PEFT's all-linear does not reach, so they stay the base's: tune_method=full trains them"
+    )
 
 
 def capped_steps(trainer: Any, settings: SftSettings) -> int:

@@ -424,3 +424,18 @@ def test_max_steps_per_epoch_caps_each_epoch_as_torchtune_does(root, tmp_path, r
     assert summary["global_step"] == trained
     resolved = face.read_resolved_config(Path(settings.output_dir))
     assert resolved["sft_config"]["max_steps"] == trained
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Unsupported layer type"
+)  # PEFT's word for a 3D-parameter target: expected
+def test_a_lora_run_says_which_expert_weights_it_leaves_to_the_base(root):
+    """all-linear reaches no 3D expert weight of Qwen3-MoE: the run names them and the setting that trains them;
+    naming them in target_parameters, or a full fine-tune, leaves nothing to say."""
+    lora = settings_for(root, "reach")
+    note = train.experts_note(lora, train.build_trainer(lora).model)
+    assert "(mlp.experts.down_proj, mlp.experts.gate_up_proj)" in note and "tune_method=full" in note
+    targeted = replace(lora, target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    assert train.experts_note(targeted, train.build_trainer(targeted).model) is None
+    full = replace(lora, method="full")
+    assert train.experts_note(full, train.build_trainer(full).model) is None
