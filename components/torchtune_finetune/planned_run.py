@@ -65,6 +65,7 @@ def train_planned(
         data_hints=train.reading_hints(),  # how dataset-initialize wrote the rows
         devices=backend.devices,
         nodes=backend.nodes,
+        num_rows=train.num_rows or None,
     )
     log.info("settings %s", plan.settings_path)
 

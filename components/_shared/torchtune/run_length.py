@@ -26,7 +26,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kfp_finetune.components._shared import run_floor
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.run_floor import MAX_DEFAULT_EPOCHS, MIN_OPTIMIZER_STEPS
 from kfp_finetune.components._shared.torchtune import lr_schedule
 from kfp_finetune.components._shared.torchtune.choices import Choice, record, user_set
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
@@ -34,10 +36,6 @@ from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 if TYPE_CHECKING:  # defaults.py, which runs these rules, defines it
     from kfp_finetune.components._shared.torchtune.defaults import TokenLengths
 
-#: Optimizer steps a run plans at least where the data allows (see the module docstring).
-MIN_OPTIMIZER_STEPS = 20
-#: The most epochs the defaults choose to reach MIN_OPTIMIZER_STEPS (more passes over a few rows only memorize).
-MAX_DEFAULT_EPOCHS = 3
 #: How much larger than the base config's tokens per optimizer step the global batch may grow before the learning
 #: rate follows it (defaults.py also accepts this growth for a bigger micro-batch).
 GLOBAL_GROWTH_ACCEPTED = 1.5
@@ -111,22 +109,17 @@ def fit_run_length(
     plan = (f"{samples} {kind} over batch {batch} x accumulation {accumulation} x {world} device(s) x {epochs} "
             f"epoch(s) plan {before} optimizer step(s)")  # fmt: skip
 
+    fixed = run_floor.Given(
+        batch=given["tune_batch_size"],
+        accumulation=given["tune_gradient_accumulation_steps"],
+        epochs=given["tune_epochs"] or given["tune_max_steps_per_epoch"],
+    )
+
     def fit(count: int) -> tuple[int, int, int, int]:
         """(accumulation, batch, epochs, total steps) for `count` samples per epoch."""
-        share, needed = math.ceil(count / max(world, 1)), math.ceil(MIN_OPTIMIZER_STEPS / epochs)
-        a, b, e = accumulation, batch, epochs
-        if not given["tune_gradient_accumulation_steps"]:
-            a = max(1, min(a, share // b // needed))
-        if not given["tune_batch_size"] and steps_per_epoch(count, b, a, world, cap) < needed:
-            b = max(1, min(b, share // (a * needed)))
-        steps = steps_per_epoch(count, b, a, world, cap)
-        if (
-            steps * e < MIN_OPTIMIZER_STEPS
-            and steps
-            and not (given["tune_epochs"] or given["tune_max_steps_per_epoch"])
-        ):
-            e = max(e, min(MAX_DEFAULT_EPOCHS, math.ceil(MIN_OPTIMIZER_STEPS / steps)))
-        return a, b, e, steps * e
+        found = run_floor.fit(count, batch, accumulation, epochs, world, fixed,
+                              lambda n, b, a: steps_per_epoch(n, b, a, world, cap))  # fmt: skip
+        return found.accumulation, found.batch, found.epochs, found.total
 
     new_accumulation, new_batch, new_epochs, total = fit(samples)
     floor = f"at least {MIN_OPTIMIZER_STEPS} where the data allows (MIN_OPTIMIZER_STEPS)"
@@ -157,13 +150,9 @@ def fit_run_length(
                f"step(s)")  # fmt: skip
     if not accepted or total == 0:
         more = "rows" if not packed else "rows of this length"
-        per_device = math.ceil(MIN_OPTIMIZER_STEPS / MAX_DEFAULT_EPOCHS)
-        raise ConfigError(
-            f"too little training data for a run that learns: {counted}, fewer than the {MIN_OPTIMIZER_STEPS} "
-            f"a run needs (MIN_OPTIMIZER_STEPS; {per_device} {kind} per device at least): add {more}, or set "
-            "tune_epochs, tune_batch_size or tune_gradient_accumulation_steps explicitly to accept a short run"
-            + (" (with at least one optimizer step)" if total == 0 else "")
-        )
+        raise ConfigError(run_floor.too_little_data(
+            counted, kind, more, total, "tune_epochs, tune_batch_size or tune_gradient_accumulation_steps"
+        ))  # fmt: skip
     fixes = {
         "tune_batch_size": "lower tune_batch_size",
         "tune_gradient_accumulation_steps": "lower tune_gradient_accumulation_steps",

@@ -13,10 +13,11 @@ _shared/torchtune/face.py for the names every face has).
   (the settings, the model served by the image's transformers, TRL's argument checks), then the command (node.py).
 
 Beyond the common names, this wing plans its own runs: `plan_run(settings, model_dir=, data_files=, run_dir=,
-data_hints=, devices=, nodes=)` plans and checks a run from the fine-tune step's settings (plan.py), and
-`check_settings(settings)` makes the same checks for pre-flight, and `preview(settings, model_dir=, data_files=,
-run_dir=)` is the settings file a run would get (`kfp-finetune resolve-config`). torchtune's face has neither: the step plans
-torchtune's runs itself (resolve.py over dataset-initialize's packs).
+data_hints=, devices=, nodes=, num_rows=)` plans and checks a run from the fine-tune step's settings (plan.py; its
+length from the row count: run_length.py), `check_settings(settings)` makes the same checks for pre-flight, and
+`preview(settings, model_dir=, data_files=, run_dir=)` is the settings file a run would get (`kfp-finetune
+resolve-config`). torchtune's face has neither: the step plans torchtune's runs itself (resolve.py over
+dataset-initialize's packs).
 
 No torch here: the merge and `evaluation()` import it when called.
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kfp_finetune.components._shared.errors import SettingError
-from kfp_finetune.components._shared.transformers import run_layout
+from kfp_finetune.components._shared.transformers import run_layout, run_length
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 from kfp_finetune.components._shared.workspace import write_json_atomic
 
@@ -106,6 +106,8 @@ def sft_settings(
     data_files: list[str],
     run_dir: str | os.PathLike,
     data_hints: dict[str, str] | None = None,
+    num_rows: int | None = None,
+    world: int = 1,
 ) -> SftSettings:
     """SftSettings from the step's flat settings (None: this engine's default) and how dataset-initialize wrote the
     rows (`data_hints`: its dataset_type, data_style and column names; a setting the user gave wins), checked; the
@@ -136,8 +138,13 @@ def sft_settings(
                 "tune_dtype", f"must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
             )
         fields["bf16"] = _DTYPES[given["dtype"]]
+    planned = run_length.fit_run_length(fields, set(given), num_rows, world)
     settings = SftSettings(
-        model_dir=str(model_dir), data_files=list(data_files), output_dir=str(run_dir), **fields
+        model_dir=str(model_dir),
+        data_files=list(data_files),
+        output_dir=str(run_dir),
+        planned=planned,
+        **fields,
     )
     problems = settings.problems()
     if problems:
@@ -169,12 +176,15 @@ def plan_run(
     devices: int = 1,
     nodes: int = 1,
     write: bool = True,
+    num_rows: int | None = None,
 ) -> SftRun:
     """The checked run, its settings written into the run folder for the training command to read (`write`
-    False: a preview, nothing written)."""
+    False: a preview, nothing written); `num_rows`, the training rows where known, plans the run's length
+    (run_length.py)."""
     settings = sft_settings(
-        values, model_dir=model_dir, data_files=data_files, run_dir=run_dir, data_hints=data_hints
-    )
+        values, model_dir=model_dir, data_files=data_files, run_dir=run_dir, data_hints=data_hints,
+        num_rows=num_rows, world=devices * nodes,
+    )  # fmt: skip
     run = SftRun(settings, devices * nodes)
     if write:
         run.run_dir.mkdir(parents=True, exist_ok=True)

@@ -75,6 +75,8 @@ class SftSettings:
     # per epoch) x epochs steps (train.py counts the data's: HF's max_steps alone would repeat the data to reach
     # cap x epochs). max_steps, where set, wins.
     max_steps_per_epoch: int | None = None
+    # What the planner chose for the run's length where the step left it unset (run_length.py), with its reasons.
+    planned: list[dict] = field(default_factory=list)
     batch_size: int = 8  # per device
     gradient_accumulation_steps: int = 1
     max_seq_len: int = 2048
@@ -363,7 +365,7 @@ class SftSettings:
             "engine": "transformers",
             "settings": {**asdict(self), "bf16": sft.bf16},
             "world_size": world_size,
-            "choices": [asdict(choice) for choice in self.fast_choices()],
+            "choices": [*self.planned, *(asdict(choice) for choice in self.fast_choices())],
             arguments: _jsonable(sft.to_dict()),
             "lora_config": _jsonable(lora.to_dict()) if lora is not None else None,
         }

@@ -138,3 +138,23 @@ def test_a_retried_local_step_resumes_from_the_checkpoint_its_earlier_attempt_sa
     assert f"Training was interrupted and continued from step {at}." in retried.report_html
     assert "resumes" not in uninterrupted.metrics and "interrupted" not in uninterrupted.report_html
     assert face.resume_point(run_dir) is None, "the checkpoints are removed once the run is complete"
+
+
+def test_data_too_small_for_a_run_that_learns_is_refused_before_anything_trains(workspace, tmp_path):
+    """Five rows with every run-length setting left unset: even micro-batch 1 and three epochs plan 15 optimizer
+    steps, under the floor both engines keep (run_floor.MIN_OPTIMIZER_STEPS): refused, naming the settings that
+    accept a short run, before the training process starts."""
+    root, _ = workspace
+    rows = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}."} for i in range(5)]
+    (tmp_path / "five.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    five = initialize_dataset(str(tmp_path / "five.jsonl"), str(root), name="five", eval_fraction=0.0)
+    assert five.train_metadata["num_rows"] == 5
+    with pytest.raises(
+        ConfigError, match="too little training data for a run that learns: 5 rows over batch 1 "
+    ):
+        run_finetune(
+            workspace=root, train_data=ArtifactInput(dict(five.train_metadata)),
+            base_model=ArtifactInput({"workspace_path": "models/moe"}), settings=component_settings({"device": "cpu"}),
+            run_id="planned", task_name="five", backend=backend_for("local"),
+        )  # fmt: skip
+    assert not list(root.glob("runs/*five*/logs"))

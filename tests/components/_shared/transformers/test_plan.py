@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kfp_finetune.components._shared.errors import SettingError
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.transformers import node, plan, run_layout
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
@@ -180,3 +180,25 @@ def test_the_planned_command_trains_the_tiny_moe(tmp_path, monkeypatch):
     assert len(run.metrics_path.read_text().splitlines()) == 3
     assert run_layout.last_adapter_state(run.run_dir) is not None
     assert (run.run_dir / run_layout.MERGED_DIR / "config.json").is_file()
+
+
+def test_the_run_length_floor_chooses_what_the_step_left_unset():
+    """60 rows at the default batch of 8 are 8 optimizer steps: the micro-batch drops to 3 (20 steps), the reason in
+    the settings; a batch size the user gave is kept and the epochs rise instead; settings that plan a short run
+    are kept (with a warning in the log); too few rows are refused (run_length.py)."""
+    settings = plan.sft_settings({}, **WHERE, num_rows=60)
+    assert (settings.batch_size, settings.epochs) == (3, 1)
+    (batch, steps) = settings.planned
+    assert batch["setting"] == "batch_size" and "60 rows over batch 8 x accumulation 1" in batch["reason"]
+    assert (steps["setting"], steps["value"]) == ("optimizer steps", 20)
+    assert plan.sft_settings({}, **WHERE, num_rows=60, world=2).batch_size == 1  # 30 rows a process
+
+    twelve = plan.sft_settings({}, **WHERE, num_rows=12)  # micro-batch 1 is 12 steps: two epochs make 24
+    assert (twelve.batch_size, twelve.epochs) == (1, 2)
+    own_batch = plan.sft_settings({"batch_size": 8}, **WHERE, num_rows=60)  # more epochs instead: 3 x 8 steps
+    assert (own_batch.batch_size, own_batch.epochs, own_batch.planned[-1]["value"]) == (8, 3, 24)
+    kept = plan.sft_settings({"batch_size": 8, "epochs": 1}, **WHERE, num_rows=60)  # a short run, as set
+    assert (kept.batch_size, kept.epochs, kept.planned) == (8, 1, [])
+    with pytest.raises(ConfigError, match="too little training data .* set tune_epochs, tune_batch_size"):
+        plan.sft_settings({}, **WHERE, num_rows=5)
+    assert plan.sft_settings({}, **WHERE).planned == []  # no row count: nothing planned

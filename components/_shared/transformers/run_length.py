@@ -1,0 +1,90 @@
+"""How long a transformers-engine run trains: the floor under its optimizer steps (_shared/run_floor.py), planned
+from dataset-initialize's row count before anything trains, so data too small for a run that learns is refused
+before a TrainJob starts. Steps are counted as the Trainer counts them: each process's share of the rows in
+batches (the last one partial), over the accumulation steps, capped by max_steps_per_epoch. Padding-free packing
+(chosen by the training process on a GPU with flash attention) puts several rows in one sample, so a packed run
+can train fewer steps than planned here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kfp_finetune.components._shared import run_floor
+from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.transformers.settings import SftSettings
+
+log = get_logger(__name__)
+
+#: The step's settings (tune_<name>) the floor may choose where they are unset -> SftSettings' fields.
+_CHOSEN = {"gradient_accumulation_steps": "gradient_accumulation_steps", "batch_size": "batch_size",
+           "epochs": "epochs"}  # fmt: skip
+
+
+def per_epoch(rows: int, batch: int, accumulation: int, world: int, cap: int | None) -> int:
+    """One epoch's optimizer steps, as the Trainer counts them (train.capped_steps counts the same at run time)."""
+    batches = math.ceil(math.ceil(rows / max(world, 1)) / batch)
+    steps = math.ceil(batches / accumulation)
+    return min(steps, cap) if cap else steps
+
+
+def fit_run_length(fields: dict[str, Any], given: set[str], rows: int | None, world: int) -> list[dict]:
+    """Plan at least MIN_OPTIMIZER_STEPS for `rows` training rows over `world` processes: the SftSettings `fields`
+    the user left unset (not in `given`, the step's settings by name) are changed in place. The choices made, each
+    with its reason (the run's resolved config and report show them); a short run the user's settings plan is kept
+    with a warning in the log; too few rows for any run that learns raise ConfigError. Nothing without a row count."""
+    if not rows:
+        return []
+    current = {name: fields.get(name, getattr(SftSettings, name)) for name in _CHOSEN.values()}
+    batch, accumulation, epochs = (
+        current["batch_size"],
+        current["gradient_accumulation_steps"],
+        current["epochs"],
+    )
+    cap = fields.get("max_steps_per_epoch")
+    fixed = run_floor.Given(
+        batch="batch_size" in given,
+        accumulation="gradient_accumulation_steps" in given,
+        epochs=bool({"epochs", "max_steps_per_epoch"} & given),
+    )
+
+    def count(n: int, b: int, a: int) -> int:
+        return per_epoch(n, b, a, world, cap)
+
+    before = count(rows, batch, accumulation) * epochs
+    if before >= run_floor.MIN_OPTIMIZER_STEPS:
+        return []
+    plan = (f"{rows} rows over batch {batch} x accumulation {accumulation} x {world} process(es) x {epochs} "
+            f"epoch(s) plan {before} optimizer step(s)")  # fmt: skip
+    found = run_floor.fit(rows, batch, accumulation, epochs, world, fixed, count)
+    floor = f"at least {run_floor.MIN_OPTIMIZER_STEPS} where the data allows (MIN_OPTIMIZER_STEPS)"
+    choices = []
+    for name, old, new, how in (
+        ("gradient_accumulation_steps", accumulation, found.accumulation, "fewer accumulation steps first"),
+        ("batch_size", batch, found.batch, "then a smaller micro-batch"),
+        ("epochs", epochs, found.epochs, f"then more epochs, at most {run_floor.MAX_DEFAULT_EPOCHS}"),
+    ):
+        if new != old:
+            fields[name] = new
+            moved = f"lowered from {old}" if new < old else f"raised from {old}"
+            choices.append({"setting": name, "value": new, "reason": f"{moved}: {plan}, {floor}; {how}"})
+    if found.total >= run_floor.MIN_OPTIMIZER_STEPS:
+        return [
+            *choices,
+            {"setting": "optimizer steps", "value": found.total, "reason": f"{floor}; before: {plan}"},
+        ]
+    counted = (f"{rows} rows over batch {found.batch} x accumulation {found.accumulation} x {world} process(es)"
+               f"{f' (at most {cap} per epoch)' if cap else ''} x {found.epochs} epoch(s) plan {found.total} "
+               "optimizer step(s)")  # fmt: skip
+    accepted = sorted(f"tune_{name}" for name in given & {*_CHOSEN, "max_steps_per_epoch"})
+    if not accepted or found.total == 0:
+        raise ConfigError(run_floor.too_little_data(
+            counted, "rows", "rows", found.total, "tune_epochs, tune_batch_size or tune_gradient_accumulation_steps"
+        ))  # fmt: skip
+    log.warning(
+        "%s, fewer than the %d a run needs to learn reliably; kept as set (%s)",
+        counted, run_floor.MIN_OPTIMIZER_STEPS, ", ".join(accepted),
+    )  # fmt: skip
+    return choices
