@@ -23,6 +23,7 @@ from typing import Any
 from kfp_finetune.components._shared.eval_examples import Example, ModelScores, batches
 from kfp_finetune.components._shared.eval_scoring import right_padded
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.transformers.rows import read_rows
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 from kfp_finetune.components._shared.transformers.vision import batch_inputs
 
@@ -43,7 +44,7 @@ def class_names(rows: Any, label_column: str) -> list[str]:
 
 
 def tokenized_rows(settings: SftSettings, rows: Any, tokenizer: Any) -> Any:
-    """`rows` (the data files, read by train.read_rows) as model inputs: input ids truncated to max_seq_len, and
+    """`rows` (the data files, read by rows.read_rows) as model inputs: input ids truncated to max_seq_len, and
     `labels`, the class id."""
     text, pair, label = settings.column("text"), settings.column("text_pair"), settings.column("label")
     has_pair = pair in rows.column_names
@@ -94,7 +95,7 @@ def build_trainer(settings: SftSettings, trainer_class: Callable[..., Any], call
     """transformers' Trainer (`trainer_class`: it or a subclass) for a classification run."""
     from transformers import AutoTokenizer, DataCollatorWithPadding, set_seed
 
-    from kfp_finetune.components._shared.transformers.train import read_rows, world_size
+    from kfp_finetune.components._shared.transformers.train import world_size
 
     arguments, lora_config = settings.trl_config(world_size())
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True))
@@ -146,8 +147,6 @@ def read_labels(adapter_dir: str | Path) -> list[str] | None:
 def eval_rows(settings: SftSettings, tokenizer: Any) -> list[dict]:
     """The eval files' rows tokenized as training tokenized them, each with its `row` index, its `text` and its
     class's name (`label_name`)."""
-    from kfp_finetune.components._shared.transformers.train import read_rows
-
     rows = read_rows(settings)
     names = class_names(rows, settings.column("label"))
     texts = rows[settings.column("text")]

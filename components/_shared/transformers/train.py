@@ -7,16 +7,8 @@ What a TrainJob node runs, under torchrun (one process per GPU):
 torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK) is what the Trainer's accelerate state reads to train
 data-parallel; `accelerate launch` is not used (without its own config it trains at world size 1, silently).
 
-The rows become TRL's dataset formats so that the loss covers what the torchtune engine trains on:
-- instruct: `prompt` (the input column) and `completion` (the output column), as one user and one assistant turn
-  where the tokenizer has a chat template (torchtune formats instruct rows with the model's template too); TRL's
-  completion-only loss then masks the prompt, as torchtune's train_on_input false does;
-- chat: the `messages` column as a conversation, with assistant-only loss;
-- text: the `text` column, every token trained;
-- classification: `text` (+ `text_pair`) and a class id: transformers' Trainer trains a sequence classifier
-  (classify.py), with the same callbacks, checkpoints and outputs;
-- multimodal: instruct or chat rows as above, their turns cut into text and image parts, and the row's `images`
-  (vision.py): TRL's vision collator makes the pixel values batch by batch.
+The rows become TRL's dataset formats (rows.py); a classification run trains a sequence classifier with
+transformers' Trainer (classify.py), with the same callbacks, checkpoints and outputs.
 
 Only rank 0 writes the outputs. torch, transformers and TRL are imported inside the functions.
 """
@@ -39,22 +31,23 @@ from typing import Any
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
 from kfp_finetune.components._shared.transformers import run_layout
+from kfp_finetune.components._shared.transformers.rows import (
+    ASSISTANT_TURNS,
+    DATASETS_CACHE,
+    LAST_ASSISTANT_TURN,
+    chat_loss_mode,
+    load_rows,
+)
 from kfp_finetune.components._shared.transformers.settings import (
     CLASSIFICATION,
     IMAGE_TEXT,
-    IMAGES,
-    MULTIMODAL,
     TRAINER_DIR,
     SftSettings,
-    data_format,
 )
 from kfp_finetune.components._shared.workspace import atomic_dir, write_json_atomic
 
 log = get_logger(__name__)
 
-# `datasets`' Arrow cache of the formatted and tokenized rows, shared by the ranks; removed after training.
-_DATASETS_CACHE = ".datasets-cache"
-ASSISTANT_TURNS, LAST_ASSISTANT_TURN = "assistant_turns", "last_assistant_turn"
 #: The exit code of a run stopped by SIGTERM after saving its checkpoint (128 + SIGTERM).
 INTERRUPTED = 128 + 15
 #: The label of a position left out of the loss (transformers' and TRL's -100).
@@ -68,128 +61,6 @@ def world_size() -> int:
 
 def is_rank_zero() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
-
-
-def read_rows(settings: SftSettings) -> Any:
-    """The data files as a `datasets.Dataset`, checked for the columns the settings' dataset type reads."""
-    import datasets
-
-    builders = {data_format(path) for path in settings.data_files}
-    if len(builders) != 1:
-        raise ValueError(
-            f"the training data files mix formats ({', '.join(sorted(map(str, builders)))}): use one format"
-        )
-    rows = datasets.load_dataset(
-        builders.pop(),
-        data_files=[str(p) for p in settings.data_files],
-        split="train",
-        cache_dir=str(Path(settings.output_dir) / _DATASETS_CACHE),
-    )
-    wanted = {name: settings.column(name) for name in settings.columns()}
-    missing = sorted(column for column in wanted.values() if column not in rows.column_names)
-    if missing:
-        raise ValueError(
-            f"the {settings.dataset_type} data has no column {', '.join(missing)} (it has "
-            f"{', '.join(rows.column_names)}): set data_column_map to the columns to read"
-        )
-    return rows
-
-
-def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = ASSISTANT_TURNS) -> Any:
-    """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type (multimodal rows:
-    also their `images`)."""
-    rows = read_rows(settings)
-    wanted = {name: settings.column(name) for name in settings.columns() if name != IMAGES}
-    convert = _CONVERSIONS[settings.row_kind]
-    if settings.row_kind == "chat" and chat_loss == LAST_ASSISTANT_TURN:
-        convert = _chat_last_turn
-    if settings.dataset_type != MULTIMODAL:
-        return rows.map(
-            convert,
-            fn_kwargs={"columns": wanted, "chat": has_chat_template},
-            remove_columns=rows.column_names,
-            desc=f"Formatting {settings.dataset_type} rows for TRL",
-        )
-    from kfp_finetune.components._shared.transformers.vision import with_image_parts
-
-    images = settings.column(IMAGES)
-    formatted = rows.map(
-        lambda row: with_image_parts(convert(row, wanted, True), settings.image_tag),
-        remove_columns=[column for column in rows.column_names if column != images],
-        desc="Formatting image + text rows for TRL",
-    )
-    return formatted.rename_column(images, IMAGES) if images != IMAGES else formatted
-
-
-def _instruct(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    prompt, completion = str(row[columns["input"]] or ""), str(row[columns["output"]])
-    if "instruction" in columns:  # alpaca: the input follows the instruction after a blank line, as
-        # dataset-initialize writes alpaca rows as messages
-        extra = prompt.strip()
-        prompt = str(row[columns["instruction"]]) + (f"\n\n{prompt}" if extra else "")
-    if chat:
-        return {
-            "prompt": [{"role": "user", "content": prompt}],
-            "completion": [{"role": "assistant", "content": completion}],
-        }
-    # Without a template the prompt and answer are joined by a newline; TRL appends the EOS token to the completion.
-    return {"prompt": prompt + "\n", "completion": completion}
-
-
-def _chat(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    return {"messages": _openai_turns(row[columns["messages"]])}
-
-
-def _openai_turns(turns: list[dict]) -> list[dict]:
-    """Chat turns with OpenAI's role/content keys; ShareGPT's from/value turns are renamed."""
-    return [
-        {"role": _SHAREGPT_ROLES.get(m["from"], m["from"]), "content": m["value"]} if "from" in m else m
-        for m in turns
-    ]
-
-
-_SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
-
-
-def _chat_last_turn(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    messages = _openai_turns(row[columns["messages"]])
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-    if last is None:
-        raise ValueError(f"a chat row has no assistant turn to train on: {messages!r:.200}")
-    return {"prompt": messages[:last], "completion": [messages[last]]}
-
-
-def chat_loss_mode(tokenizer: Any) -> str:
-    """How chat rows are masked: every assistant turn where TRL can mark them in the tokenizer's chat template
-    (its `{% generation %}` markers, or a template TRL knows how to patch), else only the last assistant turn,
-    as a prompt/completion pair (torchtune trains every assistant turn; the earlier ones are then context only)."""
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
-
-    template = getattr(tokenizer, "chat_template", None)
-    if template and has_generation_markers(template):
-        return ASSISTANT_TURNS
-    try:
-        get_training_chat_template(tokenizer)
-    except ValueError:
-        log.warning(
-            "the chat template has no {% generation %} markers and TRL cannot add them: training on the last "
-            "assistant turn of each conversation only (earlier turns are context)"
-        )
-        return LAST_ASSISTANT_TURN
-    return ASSISTANT_TURNS
-
-
-def _text(row: dict, columns: dict[str, str], chat: bool) -> dict:
-    return {"text": str(row[columns["text"]])}
-
-
-_CONVERSIONS = {"instruct": _instruct, "chat": _chat, "text": _text}
 
 
 @dataclass
@@ -458,7 +329,7 @@ def train(settings: SftSettings) -> dict:
     trainer.accelerator.state.destroy_process_group()
     if trainer.is_world_process_zero():
         summary.update(write_outputs(trainer, settings))
-        shutil.rmtree(run_dir / _DATASETS_CACHE, ignore_errors=True)
+        shutil.rmtree(run_dir / DATASETS_CACHE, ignore_errors=True)
         shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)  # its checkpoints: the run is complete
     return summary
 

@@ -71,7 +71,7 @@ def test_alpaca_and_sharegpt_rows_become_the_prompts_dataset_initialize_would_wr
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kfp_finetune.components._shared.transformers.train import load_rows
+    from kfp_finetune.components._shared.transformers.rows import load_rows
 
     alpaca = tmp_path / "alpaca.parquet"
     pq.write_table(

@@ -16,6 +16,7 @@ import pytest
 
 from kfp_finetune.components._shared.metrics_file import read_metrics_file, read_resume_points
 from kfp_finetune.components._shared.transformers import face, run_layout, train
+from kfp_finetune.components._shared.transformers.rows import ASSISTANT_TURNS, chat_loss_mode, load_rows
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
 pytest.importorskip("trl")
@@ -266,13 +267,13 @@ def test_a_template_with_generation_markers_trains_every_assistant_turn():
             "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
         )
 
-    assert train.chat_loss_mode(Tokenizer()) == train.ASSISTANT_TURNS
+    assert chat_loss_mode(Tokenizer()) == ASSISTANT_TURNS
 
 
 def test_missing_columns_are_named_with_the_fix(root, tmp_path):
     bad = settings_for(root, str(tmp_path / "bad"), column_map={"input": "question"})
     with pytest.raises(ValueError, match="no column question.*set data_column_map"):
-        train.load_rows(bad, has_chat_template=True)
+        load_rows(bad, has_chat_template=True)
 
 
 def test_torchrun_trains_data_parallel_at_its_world_size(root, tmp_path):
