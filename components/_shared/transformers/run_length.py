@@ -18,9 +18,9 @@ from kfp_finetune.components._shared.transformers.settings import SftSettings
 
 log = get_logger(__name__)
 
-#: The step's settings (tune_<name>) the floor may choose where they are unset -> SftSettings' fields.
-_CHOSEN = {"gradient_accumulation_steps": "gradient_accumulation_steps", "batch_size": "batch_size",
-           "epochs": "epochs"}  # fmt: skip
+#: The settings the floor may choose where the step leaves them unset: the step's (tune_<name>) and SftSettings'
+#: fields have these names.
+_CHOSEN = ("gradient_accumulation_steps", "batch_size", "epochs")
 
 
 def per_epoch(rows: int, batch: int, accumulation: int, world: int, cap: int | None) -> int:
@@ -37,12 +37,7 @@ def fit_run_length(fields: dict[str, Any], given: set[str], rows: int | None, wo
     with a warning in the log; too few rows for any run that learns raise ConfigError. Nothing without a row count."""
     if not rows:
         return []
-    current = {name: fields.get(name, getattr(SftSettings, name)) for name in _CHOSEN.values()}
-    batch, accumulation, epochs = (
-        current["batch_size"],
-        current["gradient_accumulation_steps"],
-        current["epochs"],
-    )
+    accumulation, batch, epochs = (fields.get(name, getattr(SftSettings, name)) for name in _CHOSEN)
     cap = fields.get("max_steps_per_epoch")
     fixed = run_floor.Given(
         batch="batch_size" in given,
