@@ -218,7 +218,7 @@ TABLE: tuple[Parameter, ...] = (
        "torchtune_finetune.resume", "preflight.tune_resume"),
     _p("tune_checkpoint_every_steps", int, -1,
        "Save the training state for resuming every this many optimizer steps (0: no step interval); -1: none. "
-       "Also saved on SIGTERM (preemption, eviction).",
+       "Also saved when the pod stops (preemption, eviction).",
        "torchtune_finetune.checkpoint_every_steps", "preflight.tune_checkpoint_every_steps"),
     _p("tune_checkpoint_every_minutes", float, -1.0,
        "Save the training state for resuming every this many minutes (0: no time interval); -1: every 30 minutes.",

@@ -170,7 +170,7 @@ def preflight(
         tune_seed: Random seed; -1: the base config's.
         tune_resume: Continue a retried or preempted fine-tune from its newest checkpoint: true, false or auto (on).
         tune_checkpoint_every_steps: Save the training state for resuming every this many optimizer steps (0: no
-            step interval); -1: none. Also saved on SIGTERM.
+            step interval); -1: none. Also saved when the pod stops.
         tune_checkpoint_every_minutes: Save the training state for resuming every this many minutes (0: no time
             interval); -1: every 30 minutes.
         tune_overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; applied last, over the

@@ -171,7 +171,7 @@ def torchtune_finetune(
             TrainJob's pods are replaced (the same steps, learning rates and data order as an uninterrupted
             run): true, false or auto (on). Off: no checkpoints inside an epoch, and a retry starts over.
         checkpoint_every_steps: Save the training state for resuming every this many optimizer steps (0: no
-            step interval); -1: none. A checkpoint is also saved on SIGTERM (preemption, eviction).
+            step interval); -1: none. A checkpoint is also saved when the pod stops (preemption, eviction).
         checkpoint_every_minutes: Save the training state for resuming every this many minutes (0: no time
             interval); -1: every 30 minutes.
         overrides: Any other torchtune keys, dotted, e.g. {"clip_grad_norm": 1.0}; '+key' adds, '~key' removes;

@@ -11,8 +11,9 @@ recipes, the whole data order (their `_setup_data` never loads the saved dataloa
 training loop runs unchanged; its dataloader is wrapped (`StepBoundaries`) so that between two optimizer steps —
 before the next batch is drawn — the recipe may save its whole training state: trainable weights, optimizer, LR
 scheduler, the dataloader's position, the step and epoch counters and every RNG. That happens every
-`checkpoint_every_steps` steps / `checkpoint_every_minutes` minutes, and at once on SIGTERM (a preempted or
-evicted pod gets a grace period before SIGKILL), after which the process exits 143 as if the signal had ended it.
+`checkpoint_every_steps` steps / `checkpoint_every_minutes` minutes, and at once when the pod stops (its preStop hook's
+request, _shared/stop_request.py, or SIGTERM: a preempted or evicted pod gets a grace period before SIGKILL), after
+which the process exits 143 as if the signal had ended it.
 A run started on a run folder with a complete checkpoint of the same config continues from it: the steps, the
 learning rate at every step and the data order are an uninterrupted run's.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kfp_finetune.components._shared.cancel import StopSignals
+from kfp_finetune.components._shared.stop_request import TrainingProcess
 from kfp_finetune.components._shared.torchtune import installed, resume
 from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
 from kfp_finetune.components.torchtune_finetune import warm_start
@@ -45,6 +47,8 @@ if TYPE_CHECKING:  # torch is imported where it runs: the trainer image; the com
 
 #: How a process that saved its state on SIGTERM exits: as the signal would have ended it.
 EXIT_AFTER_SIGTERM = 128 + signal.SIGTERM
+#: A checkpoint's reason when a pod's preStop hook asked for it (stop_request.py).
+STOP_REQUEST = "pod stop"
 PREFIX = "kfp-finetune: "
 
 
@@ -128,6 +132,8 @@ class Resumable:
             self._checkpoints = dataclasses.replace(self._checkpoints, resume=False)
         # SIGTERM is noted and acted on between two steps (a checkpoint, then exit); without checkpoints it ends us.
         self._stop = StopSignals(lambda signum: None, enabled=self._checkpoints.checkpoints).__enter__()
+        # The pod's preStop hook asks us to stop and waits while we save (stop_request.py): only when we can save.
+        self._stop_request = TrainingProcess()
         super().setup(cfg)
         steps_per_epoch = self._steps_per_epoch
         self._total_steps = self.total_epochs * steps_per_epoch
@@ -207,9 +213,12 @@ class Resumable:
             _say(warm_start.record_startup(self._run_dir, *self.startup).line())
         self.startup = None  # on this instance: once per process
         step = self.global_step
-        if not self._checkpoints.checkpoints or step >= self._total_steps or step == self._last_saved_step:
+        if not self._checkpoints.checkpoints or step >= self._total_steps:
             return
-        stop = self._stop.received is not None
+        self._stop_request.hold()
+        if step == self._last_saved_step:
+            return
+        signalled, requested = self._stop.received is not None, self._stop_request.requested()
         due = (
             bool(self._checkpoints.every_steps)
             and step - self._last_saved_step >= self._checkpoints.every_steps
@@ -217,12 +226,13 @@ class Resumable:
         minutes = self._checkpoints.every_minutes
         due = due or bool(minutes) and time.monotonic() - self._last_saved_time >= minutes * 60
         if self._distributed:  # one decision for all ranks: a signal may reach one node only, clocks differ
-            flags = torch.tensor([float(stop), float(due)], device=self._device)
+            flags = torch.tensor([float(signalled), float(requested), float(due)], device=self._device)
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-            stop, due = bool(flags[0].item()), bool(flags[1].item())
+            signalled, requested, due = (bool(flag) for flag in flags.tolist())
+        stop = signalled or requested
         if not (stop or due):
             return
-        reason = "SIGTERM" if stop else "interval"
+        reason = ("SIGTERM" if signalled else STOP_REQUEST) if stop else "interval"
         started = time.monotonic()
         point = resume.new_point(
             step=step,
@@ -235,7 +245,8 @@ class Resumable:
         self._last_saved_step, self._last_saved_time = step, time.monotonic()
         _say(f"checkpoint at {point.describe()} written in {time.monotonic() - started:.1f}s")
         if stop:
-            _say(f"stopping after the checkpoint at step {step} (SIGTERM): a retry resumes from it")
+            why = "SIGTERM" if reason == "SIGTERM" else "the pod is stopping"
+            _say(f"stopping after the checkpoint at step {step} ({why}): a retry resumes from it")
             sys.stdout.flush()
             os._exit(EXIT_AFTER_SIGTERM)  # no teardown: the grace period is short, the state is on disk
 

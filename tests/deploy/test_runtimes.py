@@ -331,6 +331,18 @@ def test_runtime_fails_fast_on_a_trainer_crash(where, job):
     assert min(ignore) < min(fail_job), f"{where}: rules apply in order; a preempted pod also exits non-zero"
 
 
+@pytest.mark.parametrize("where, job", _runtime_jobs(), ids=[where for where, _ in _runtime_jobs()])
+def test_a_stopping_node_pod_asks_its_training_to_save_before_the_sigterm(where, job):
+    """The node container's preStop hook asks the training to save and waits for it (torchrun SIGKILLs its workers
+    30 s after a SIGTERM), within a grace period longer than Kubernetes' default 30 s."""
+    from kfp_finetune.components._shared.stop_request import HOOK_COMMAND
+
+    pod = job["template"]["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == NODE]
+    assert container["lifecycle"]["preStop"] == {"exec": {"command": list(HOOK_COMMAND)}}, where
+    assert pod["terminationGracePeriodSeconds"] > 30, where
+
+
 # --- Variants: what each component changes, and nothing else -------------------------------------------------
 
 # The scheduler names the schedulers' own installs use: scheduler-plugins' as-a-second-scheduler chart, Volcano.

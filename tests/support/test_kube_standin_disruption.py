@@ -1,5 +1,5 @@
 """Execute mode's disruptions of a training node pod, as a cluster does them (_disruption.py): the scheduler
-preempts the pod (DisruptionTarget, SIGTERM to the command, SIGKILL after the grace period) or its node is lost
+preempts the pod (DisruptionTarget, the preStop hook, SIGTERM to the command, SIGKILL after the grace period) or its node is lost
 (SIGKILL at once, PodGC's mark), and the Job controller applies the runtime's podFailurePolicy: a replacement pod
 running the same command, or a failed Job.
 
@@ -40,7 +40,8 @@ TRAINER = textwrap.dedent(
     start = int(kept.read_text()) if kept.exists() else 0
     step = start
     def on_sigterm(signum, frame):
-        print("got SIGTERM", flush=True)
+        hooked = os.environ.get("HOOK_MARK")
+        print("got SIGTERM" + (f", the hook had run: {pathlib.Path(hooked).exists()}" if hooked else ""), flush=True)
         if os.environ.get("IGNORE_SIGTERM"):
             return
         kept.write_text(str(step))
@@ -189,6 +190,45 @@ def test_a_preempted_pod_that_ignores_sigterm_is_killed_when_its_grace_period_en
     ]
     (replacement,) = kube_standin.pods("stubborn")
     assert kube_standin.pod_log(replacement["metadata"]["name"]).splitlines()[0] == "starting after step 0"
+
+
+# A preStop exec hook: marks that it ran, then exits with HOOK_EXIT.
+HOOK = [sys.executable, "-c", "import os, pathlib, sys; pathlib.Path(os.environ['HOOK_MARK']).write_text('ran'); "
+        "sys.exit(int(os.environ['HOOK_EXIT']))"]  # fmt: skip
+
+
+@pytest.mark.parametrize("hook_exit", [0, 3], ids=["hook-succeeds", "hook-fails"])
+def test_a_preempted_pods_prestop_hook_runs_before_its_sigterm_and_a_failed_one_is_an_event(
+    kube_standin, custom, tmp_path, hook_exit
+):
+    kube_standin.add_runtime(
+        "fail-fast", restart_policy="Never", backoff_limit=0, pod_failure_policy=IGNORE_DISRUPTIONS,
+        lifecycle={"preStop": {"exec": {"command": HOOK}}},
+    )  # fmt: skip
+    kube_standin.scenario("hooked", Scenario(preempt_on_line="Step 3 |"))
+    mark = tmp_path / "hook-ran"
+    rv = start_trainer(
+        kube_standin, custom, tmp_path, "hooked", HOOK_MARK=str(mark), HOOK_EXIT=str(hook_exit)
+    )
+    kube_standin.wait_for_trainjob("hooked", condition="Complete", timeout=30)
+
+    history = pod_history(kube_standin, rv)
+    (uid,) = {e["object"]["metadata"]["uid"] for e in history if disruption_of(e["object"])}
+    original = last_state(history, uid)
+    name = original["metadata"]["name"]
+    assert kube_standin.pod_log(name).splitlines()[-2:] == [
+        "got SIGTERM, the hook had run: True",
+        "kept step 3",
+    ]
+    assert original["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 143
+    failed = [
+        message for _, reason, message in node_events(kube_standin, name) if reason == "FailedPreStopHook"
+    ]
+    if hook_exit:  # the stop goes on: SIGTERM all the same
+        (message,) = failed
+        assert f'for Container "node" in Pod "{NS}/{name}" failed' in message and "exit code 3" in message
+    else:
+        assert failed == []
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["free", "pinned-to-the-lost-node"])

@@ -47,7 +47,7 @@ class ResumePoint:
     step: int
     epoch: int
     batches_in_epoch: int
-    reason: str  # "interval" or "SIGTERM"
+    reason: str  # "interval", "SIGTERM" or "pod stop" (its preStop hook asked, recipe.py)
     config_sha256: str  # the resolved config it was trained with: another config does not resume from it
     saved_at: float  # seconds since the epoch
     path: Path | None = None

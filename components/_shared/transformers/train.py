@@ -30,6 +30,7 @@ from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
+from kfp_finetune.components._shared.stop_request import TrainingProcess
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.rows import (
     ASSISTANT_TURNS,
@@ -48,7 +49,7 @@ from kfp_finetune.components._shared.workspace import atomic_dir, write_json_ato
 
 log = get_logger(__name__)
 
-#: The exit code of a run stopped by SIGTERM after saving its checkpoint (128 + SIGTERM).
+#: The exit code of a run stopped by its pod's stop after saving its checkpoint (128 + SIGTERM).
 INTERRUPTED = 128 + 15
 #: The label of a position left out of the loss (transformers' and TRL's -100).
 IGNORED_LABEL = -100
@@ -84,7 +85,7 @@ def batch_tokens(inputs: dict) -> int:
 def counting_trainer(trained: TrainedTokens, checkpoints: Any, trainer_class: type) -> type:
     """`trainer_class` (TRL's SFTTrainer, transformers' Trainer), counting each micro-batch's trained tokens into
     `trained` and holding the run's `checkpoints` callback (checkpoint_callback) for train() to ask whether
-    SIGTERM stopped it."""
+    the pod's stop ended it."""
 
     class CountingTrainer(trainer_class):
         trained_tokens = trained
@@ -205,8 +206,9 @@ def agreed(*flags: bool) -> tuple[bool, ...]:
 
 
 def checkpoint_callback(every_minutes: float) -> Any:
-    """A TrainerCallback that saves a checkpoint every `every_minutes` (0: never by time) and, on SIGTERM (a
-    preempted or drained pod gets it before its grace period ends), saves one and stops training."""
+    """A TrainerCallback that saves a checkpoint every `every_minutes` (0: never by time) and, when the pod stops
+    (its preStop hook asks, _shared/stop_request.py; or SIGTERM: a preempted or drained pod gets it before its grace
+    period ends), saves one and stops training."""
     from transformers import TrainerCallback
 
     class Checkpoints(TrainerCallback):
@@ -214,6 +216,7 @@ def checkpoint_callback(every_minutes: float) -> Any:
             self.stop_requested = False
             self.saved_at = time.monotonic()
             self.previous_handler: Any = None
+            self.pod_stop = TrainingProcess()
 
         def _on_sigterm(self, signum, frame) -> None:
             self.stop_requested = True
@@ -221,10 +224,15 @@ def checkpoint_callback(every_minutes: float) -> Any:
         def on_train_begin(self, args, state, control, **kwargs):
             self.saved_at = time.monotonic()
             self.previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self.pod_stop.hold()  # the hook now waits for this process to save and exit
 
         def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= state.max_steps:
+                # The run ends at this step and writes its outputs, which the preStop hook waits for. A
+                # checkpoint here would be resumed into one step too many: the Trainer trains one before it checks.
+                return
             due = every_minutes > 0 and time.monotonic() - self.saved_at >= every_minutes * 60
-            due, stop = agreed(due, self.stop_requested)
+            due, stop = agreed(due, self.stop_requested or self.pod_stop.requested())
             if due or stop:
                 control.should_save = True
             if stop:
@@ -316,9 +324,12 @@ def train(settings: SftSettings) -> dict:
     started = time.monotonic()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     summary = {"global_step": result.global_step, "train_loss": result.training_loss, "run_dir": str(run_dir)}
-    if trainer.checkpoint_callback.stop_requested:
+    if trainer.checkpoint_callback.stop_requested and result.global_step < trainer.state.max_steps:
+        # Every process's part of the checkpoint (its RNG state) is written before any exits: torchrun stops the
+        # other workers as soon as one has exited.
+        trainer.accelerator.wait_for_everyone()
         log.info(
-            "stopped by SIGTERM at step %d, its checkpoint saved: a restart resumes from it",
+            "stopped (the pod is stopping) at step %d, its checkpoint saved: a restart resumes from it",
             result.global_step,
         )
         return {**summary, "interrupted": True}
@@ -389,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = train(SftSettings.from_json(args.settings))
     if is_rank_zero():
         print(summary, flush=True)
-    # Stopped by SIGTERM: the exit a terminated process has, so the pod is not taken for a finished one.
+    # Stopped by the pod's stop: the exit a terminated process has, so the pod is not taken for a finished one.
     return INTERRUPTED if summary.get("interrupted") else 0
 
 

@@ -5,6 +5,7 @@ checks refuse fails the TrainJob with one line before training."""
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -186,6 +187,35 @@ def test_two_processes_per_node_train_data_parallel_under_torchrun(inputs, clust
     )
     assert resolved["world_size"] == 2
     assert len(result.steps) == 3
+
+
+def test_a_preempted_torchrun_pod_saves_its_checkpoint_before_torchrun_could_kill_its_workers(
+    inputs, cluster, tmp_path, monkeypatch
+):
+    """torchrun SIGKILLs its workers a fixed time after it got SIGTERM (30 s before torch 2.12, which the trainer
+    images have); here that time is 0, so a checkpoint saved on SIGTERM could never be written. The runtime's preStop
+    hook asks both processes to save and exit first, and the kubelet's SIGTERM comes only after: the replacement pod
+    resumes from that checkpoint and every step is trained once."""
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "0")  # the node pods' environment (execute mode)
+    job = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
+    cluster.scenario(job, standin.Scenario(execute=True, preempt_on_line="Step 1 |"))
+    result, _ = fine_tune(
+        inputs, tmp_path, "trainjob", task_config(inputs[0]), num_proc_per_node=2, max_steps_per_epoch=6,
+        cleanup_policy="never",
+    )  # fmt: skip
+
+    (preempted,) = [e["involvedObject"]["name"] for e in cluster.events() if e["reason"] == "Preempted"]
+    stopped = re.search(r"stopped \(the pod is stopping\) at step (\d+)", cluster.pod_log(preempted))
+    assert stopped, cluster.pod_log(preempted)[-3000:]
+    saved = int(stopped[1])
+    assert [s.step for s in result.steps] == list(range(1, len(result.steps) + 1))
+    assert 1 < saved < len(result.steps) and result.metrics["resumes"] == 1.0
+    (replacement,) = cluster.pods(job)
+    log = cluster.pod_log(replacement["metadata"]["name"])
+    assert f"an earlier start of this run saved checkpoint-{saved}: training resumes from it" in log
+    assert not [e for e in cluster.events() if e["reason"] == "FailedPreStopHook"]
 
 
 def test_the_engine_trains_in_a_trainjob_as_it_does_locally_through_a_preemption(inputs, cluster, tmp_path):

@@ -46,7 +46,8 @@ Expired), ``send_bookmarks`` (BOOKMARK events now), ``end_log_streams`` (log fol
 ``free_node``), writes committed though answered with a 5xx (``fail_next(committed=True)``),
 ``delay_watch_events`` (a watch that trails the lists), a lost node (``Scenario.lost_node_after_lines``; in
 execute mode ``Scenario.lose_node_on_line``), a preempted node pod in execute mode (``Scenario.preempt_on_line``:
-SIGTERM, SIGKILL after the grace period, a replacement pod running the same command, _disruption.py),
+the container's preStop exec hook, SIGTERM, SIGKILL after the grace period, a replacement pod running the same
+command, _disruption.py),
 ``delete_pod`` (a step pod evicted or gone: the TrainJobs it owned are collected). Note that urllib3 under the
 kubernetes client by itself retries GET/DELETE (not POST) on 429/503 carrying Retry-After.
 

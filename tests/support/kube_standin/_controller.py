@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from ._common import DEADLINE_EXCEEDED, JOBSET_COMPLETED, JOBSET_FAILED_MESSAGE, parse_time
+from ._container import ExecuteConfig, kill_processes
 from ._disruption import mark_disrupted
 from ._execute import JobControls, NodeProcesses
 from ._gc import mark_terminating
@@ -29,10 +30,8 @@ from ._startup import start_failure
 from ._store import Store
 from ._types import Scenario
 from ._workload import (
-    ExecuteConfig,
     build_jobs_status,
     jobset_finished,
-    kill_processes,
     mark_running,
     mark_scheduled,
     mark_terminated,

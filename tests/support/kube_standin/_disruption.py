@@ -6,9 +6,11 @@ Upstream (kubernetes):
     condition (reason ``PreemptionByScheduler``, message "<schedulerName>: preempting to accommodate a higher
     priority pod"), then a plain DELETE (so the pod's own ``terminationGracePeriodSeconds``), and a Normal
     ``Preempted`` event "Preempted by pod <uid> on node <node>".
-  * pkg/kubelet/kuberuntime/kuberuntime_container.go (killContainer): a deleted pod's container gets the stop
-    signal (SIGTERM, to the container's main process only: the runtime signals its init process), a ``Killing``
-    event "Stopping container <name>", and SIGKILL for everything left when the grace period ends; since 1.27 the
+  * pkg/kubelet/kuberuntime/kuberuntime_container.go (killContainer): a deleted pod's container gets a ``Killing``
+    event "Stopping container <name>", its preStop hook (given at most the grace period; a failure is a
+    ``FailedPreStopHook`` event and the stop goes on), then the stop signal (SIGTERM, to the container's main
+    process only: the runtime signals its init process) and SIGKILL for everything left when the rest of the grace
+    period ends (at least 2 s, minimumGracePeriodInSeconds); since 1.27 the
     kubelet sets a deleted pod's phase from its containers' exit (Failed unless all exited 0) before it goes
     (pkg/kubelet/kubelet_pods.go generateAPIPodStatus). The exit code is the process's own: 143 when it ends on
     SIGTERM, 137 when killed.

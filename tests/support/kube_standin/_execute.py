@@ -14,13 +14,14 @@ import time
 import uuid
 from collections.abc import Callable
 
+from ._container import ExecuteConfig, container_pids, free_port, kill_processes, local_command
 from ._devices import gpu_limit
 from ._disruption import PREEMPTION, Disruption, mark_disrupted, mark_preempted
 from ._gc import DEFAULT_TERMINATION_GRACE_SECONDS, mark_terminating
 from ._jobpolicy import BACKOFF_LIMIT_EXCEEDED, JobPolicy, crash_loop_delay, match_pod_failure_policy
 from ._store import Store
 from ._types import Scenario
-from ._workload import ExecuteConfig, free_port, kill_processes, local_command, mark_terminated
+from ._workload import mark_terminated
 
 Wait = Callable[[float], str | None]
 
@@ -31,6 +32,7 @@ class NodeProcess:
 
     pod: str
     process: subprocess.Popen | None
+    uid: str = ""  # the pod's: the mark of its container's processes (_container.container_pids)
     reader: threading.Thread | None = None
     kill_at: float | None = None  # when a graceful delete's grace period ends: SIGKILL
     disruption: Disruption | None = None
@@ -112,7 +114,7 @@ class NodeProcesses:
 
     def _start(self, rank: int, pod_name: str) -> None:
         pod = self.store.find("pods", self.namespace, pod_name)
-        node = NodeProcess(pod_name, None)
+        node = NodeProcess(pod_name, None, pod["metadata"]["uid"])
         try:
             argv, env, cwd = local_command(pod, self.config, self.master_port)
             if self.config.gpus.assigns:
@@ -142,12 +144,12 @@ class NodeProcesses:
         """The container's exit code once it ended (signals as 128+N), its whole log read by then."""
         if node.kill_at is not None and time.monotonic() >= node.kill_at:
             node.kill_at = None
-            _signal_group(node.process, signal.SIGKILL)  # the grace period is over
+            _signal_container(node, signal.SIGKILL)  # the grace period is over
         code = 127 if node.process is None else node.process.poll()
         if code is None:
             return None
         if node.disruption is not None:  # the container's other processes go with its main one
-            _signal_group(node.process, signal.SIGKILL)
+            _signal_container(node, signal.SIGKILL)
         if node.reader is not None:
             node.reader.join(timeout=5)  # the whole log is in before the pod turns terminal
         self._give_back_gpus(node)
@@ -197,12 +199,86 @@ class NodeProcesses:
             self.store.record_event(
                 self.namespace, "Pod", node.pod, "Killing", "Stopping container node", "Normal"
             )
-            node.kill_at = time.monotonic() + grace
-            if node.process is not None and node.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    node.process.send_signal(signal.SIGTERM)  # the container's main process only
+            self._stop_container(node, pod, grace)
         else:  # the node is gone, and every process of the pod with it
-            _signal_group(node.process, signal.SIGKILL)
+            _signal_container(node, signal.SIGKILL)
+
+    def _stop_container(self, node: NodeProcess, pod: dict, grace: float) -> None:
+        """The kubelet stops the node container (kuberuntime_container.go killContainer): its preStop exec hook
+        first, given at most the grace period (a failed hook: a FailedPreStopHook event, and the stop goes on),
+        then SIGTERM to the main process and SIGKILL when the rest of the grace period is over (at least 2 s,
+        minimumGracePeriodInSeconds). The hook runs in a thread of its own, as the kubelet's does, while the
+        reader goes on copying the log.
+
+        Synchronisation for tests (the kubelet does not do it): the container's processes are stopped (SIGSTOP)
+        from the disruption until the hook printed its first line or ended, so a short run cannot finish in the
+        moment a hook process takes to start."""
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
+        hook = (((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
+        if not hook or node.process is None or node.process.poll() is not None:
+            node.kill_at = time.monotonic() + grace
+            _terminate(node.process)
+            return
+        _signal_container(node, signal.SIGSTOP)
+        started = time.monotonic()
+
+        def stop() -> None:
+            failure = self._run_hook(node, pod, hook, grace)
+            if failure:
+                self.store.record_event(
+                    self.namespace,
+                    "Pod",
+                    node.pod,
+                    "FailedPreStopHook",
+                    # pkg/kubelet/lifecycle/handlers.go (HandlerRunner.Run), as executePreStopHook records it
+                    f'Exec lifecycle hook ({hook}) for Container "node" in Pod '
+                    f'"{self.namespace}/{node.pod}" failed - {failure}',
+                    "Warning",
+                )
+            node.kill_at = time.monotonic() + max(grace - (time.monotonic() - started), 2)
+            _terminate(node.process)
+
+        threading.Thread(target=stop, daemon=True).start()
+
+    def _run_hook(self, node: NodeProcess, pod: dict, hook: list[str], grace: float) -> str | None:
+        """The exec hook in the container, at most `grace` seconds; what went wrong, None when it exited 0. The
+        container's processes go on once the hook printed its first line or ended (see _stop_container)."""
+        try:
+            argv, env, cwd = local_command(pod, self.config, self.master_port, command=hook)
+            process = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        except (OSError, ValueError) as error:
+            _signal_container(node, signal.SIGCONT)
+            return str(error)
+        self.processes.append(process)
+        output: list[bytes] = []
+
+        def read() -> None:
+            for line in iter(process.stdout.readline, b""):
+                if not output:
+                    _signal_container(node, signal.SIGCONT)
+                output.append(line)
+            _signal_container(node, signal.SIGCONT)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            code = process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:  # the kubelet stops waiting; the container is killed soon after
+            process.kill()
+            process.wait()
+            code = None
+        reader.join(timeout=5)
+        if code == 0:
+            return None
+        text = b"".join(output).decode(errors="replace").strip()[-500:]
+        return (
+            f"error: command terminated with exit code {code}, message: {text!r}"
+            if code is not None
+            else (f"error: not completed in the grace period ({grace:g}s)")
+        )
 
     def _disrupted_pod_ended(self, rank: int, node: NodeProcess, code: int, wait: Wait) -> str | None:
         """The disrupted pod's process ended: the kubelet's (or PodGC's) last word on the pod, then the Job
@@ -246,7 +322,18 @@ class NodeProcesses:
                 self.store.put("pods", pod, "DELETED")
 
 
-def _signal_group(process: subprocess.Popen | None, signum: int) -> None:
-    if process is not None:
+def _terminate(process: subprocess.Popen | None) -> None:
+    """SIGTERM to the container's main process only (the runtime signals its init process)."""
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+
+
+def _signal_container(node: NodeProcess, signum: int) -> None:
+    """`signum` to every process of the node pod's container, as the runtime signals a container's cgroup: its main
+    process and all it started, also those in sessions of their own (torchrun's workers: torch elastic
+    subprocess_handler.py) or left behind by a parent that exited."""
+    pids = set(container_pids(node.uid)) | ({node.process.pid} if node.process is not None else set())
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signum)
+            os.kill(pid, signum)

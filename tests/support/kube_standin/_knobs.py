@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ._apiserver import ApiServer, Fault
+from ._container import ExecuteConfig
 from ._controller import Controller
 from ._devices import GpuPool
 from ._startup import normalize_image
 from ._store import Store
 from ._types import Scenario
-from ._workload import ExecuteConfig
 
 
 class ScenarioAndFaultKnobs:
@@ -72,11 +72,16 @@ class ScenarioAndFaultKnobs:
         (_devices.py): a node pod whose ``node`` container limits ``nvidia.com/gpu: N`` runs with N distinct free
         ones as CUDA_VISIBLE_DEVICES, given back when its process ends; one asking for more than are free cannot
         start (its log says why, the pod fails). Empty: CUDA_VISIBLE_DEVICES is left as the test process has it.
+
+        Each pod's container has a temp folder of its own (``TMPDIR``), as each container has its own /tmp; its
+        ``preStop`` exec hook runs there too, with the container's environment, when the pod is stopped gracefully
+        (``Scenario.preempt_on_line``, _execute.py).
         """
         config = ExecuteConfig(
             {key: str(Path(value).resolve()) for key, value in (volume_dirs or {}).items()},
             dict(extra_env or {}),
             GpuPool(list(gpus)),
+            str(self.kubeconfig_path.parent / "pods"),  # removed with the stand-in
         )
         with self._store.cond:
             self._controller.execute_configs[job] = config

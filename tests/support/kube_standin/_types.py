@@ -52,8 +52,9 @@ class Scenario:
         lost_node_rank: Which rank's node is lost.
         preempt_on_line: Execute mode: at the first output line of rank ``preempted_rank`` that contains this text
             (e.g. ``"Step 3 |"``), the scheduler preempts the pod (``_disruption.py``): ``DisruptionTarget``
-            (``PreemptionByScheduler``), a graceful delete, SIGTERM to the command, SIGKILL to all its processes
-            after the pod's ``terminationGracePeriodSeconds`` (default 30); the pod fails with the command's exit
+            (``PreemptionByScheduler``), a graceful delete, the node container's ``preStop`` exec hook (if any),
+            SIGTERM to the command, SIGKILL to all its processes when the pod's ``terminationGracePeriodSeconds``
+            (default 30) is over (_execute.py, ``_stop_container``); the pod fails with the command's exit
             code and the Job controller applies the runtime's podFailurePolicy: ``Ignore`` replaces the pod (after
             the pod back-off, scaled by ``restart_backoff_scale``) and the replacement runs the same command. Once
             per TrainJob start.

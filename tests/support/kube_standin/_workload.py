@@ -1,35 +1,17 @@
-"""What JobSet, the Job controller and the kubelet make of a TrainJob: pod templates, pods, pod states and,
-in execute mode, the local command line of a node container."""
+"""What JobSet, the Job controller and the kubelet make of a TrainJob: pod templates, pods and pod states (execute
+mode's local node containers: _container.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
-import os
-import re
 import secrets
-import signal
-import socket
-import subprocess
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from ._common import COMPLETION_INDEX_ANNOTATION, JOBSET_NAME_LABEL, MASTER_PORT, TUNE_ENTRYPOINT, utc_now
-from ._devices import GpuPool
 from ._jobpolicy import JOBSET_DEFAULT_RESTART_POLICY, node_job_policy
 from ._types import Scenario
-
-
-@dataclasses.dataclass
-class ExecuteConfig:
-    """Execute mode settings (see ``KubeStandin.execute``): volume name or claimName -> local dir, extra env, the
-    host GPUs node pods get (_devices.py)."""
-
-    volume_dirs: dict[str, str]
-    extra_env: dict[str, str]
-    gpus: GpuPool = dataclasses.field(default_factory=GpuPool)
 
 
 def merge_patch(base: Any, patch: Any) -> Any:
@@ -93,13 +75,6 @@ def expand_kube_vars(text: str, env: Mapping[str, str]) -> str:
         out.append(text[i])
         i += 1
     return "".join(out)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def new_condition(type_: str, status: str, reason: str | None, message: str | None) -> dict:
@@ -305,72 +280,6 @@ def node_pod_template(job: dict, runtime: dict) -> tuple[dict, int, str]:
         if not any(p.get("containerPort") == MASTER_PORT for p in node.get("ports", [])):
             node.setdefault("ports", []).append({"containerPort": MASTER_PORT, "protocol": "TCP"})
     return template, int(num_nodes), nproc
-
-
-def resolve_field_ref(pod: dict, path: str) -> str | None:
-    """The value of an env ``fieldRef`` (downward API) for a pod running on 127.0.0.1."""
-    if match := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
-        return (pod["metadata"].get(match.group(1)) or {}).get(match.group(2))
-    return {
-        "metadata.name": pod["metadata"]["name"],
-        "metadata.namespace": pod["metadata"]["namespace"],
-        "metadata.uid": pod["metadata"]["uid"],
-        "spec.nodeName": pod["spec"].get("nodeName"),
-        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-        "status.podIP": "127.0.0.1",
-        "status.hostIP": "127.0.0.1",
-    }.get(path)
-
-
-def local_command(
-    pod: dict, config: ExecuteConfig, port: int
-) -> tuple[list[str], dict[str, str], str | None]:
-    """argv, env and cwd of the pod's node container with mapped volumes rewritten to local directories."""
-    container = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
-    mounts: list[tuple[str, str]] = []
-    for volume in pod["spec"].get("volumes", []):
-        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-        local = config.volume_dirs.get(volume["name"]) or (claim and config.volume_dirs.get(claim))
-        if not local:
-            continue
-        for mount in container.get("volumeMounts", []):
-            if mount["name"] == volume["name"]:
-                target = os.path.join(local, mount["subPath"]) if mount.get("subPath") else local
-                mounts.append((mount["mountPath"].rstrip("/") or "/", target))
-    mounts.sort(key=lambda m: len(m[0]), reverse=True)
-
-    def rewrite(text: str) -> str:
-        for mount_path, local in mounts:
-            text = re.sub(
-                r"(?<![\w.\-/])" + re.escape(mount_path) + r"(?=/|$|[^\w.\-])", lambda _, d=local: d, text
-            )
-        return text
-
-    env: dict[str, str] = {}
-    for entry in container.get("env", []):
-        if "value" in entry:
-            env[entry["name"]] = rewrite(expand_kube_vars(entry["value"], env))
-        elif field := (entry.get("valueFrom") or {}).get("fieldRef"):
-            value = resolve_field_ref(pod, field["fieldPath"])
-            if value is not None:
-                env[entry["name"]] = value
-    env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
-    env.update(config.extra_env)
-    if not container.get("command"):
-        raise ValueError(
-            "the node container has no command (the image entrypoint is unknown to the stand-in)"
-        )
-    argv = [rewrite(expand_kube_vars(part, env)) for part in container["command"] + container.get("args", [])]
-    cwd = rewrite(container["workingDir"]) if container.get("workingDir") else None
-    return argv, {**os.environ, **env}, cwd
-
-
-def kill_processes(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM each live process's group, as the kubelet stops a container."""
-    for process in processes:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
 
 
 def new_pod(

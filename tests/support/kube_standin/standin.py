@@ -188,8 +188,10 @@ class KubeStandin(ScenarioAndFaultKnobs):
         backoff_limit: int | None = None,
         pod_failure_policy: dict | None = None,
         resources: dict | None = None,
+        lifecycle: dict | None = None,
     ) -> dict:
-        """Seed a minimal torch runtime: one replicated job ``node`` with container ``node``.
+        """Seed a minimal torch runtime: one replicated job ``node`` with container ``node`` (``lifecycle``: its
+        hooks).
 
         Like the upstream runtimes it sets no ``restartPolicy`` / ``backoffLimit`` unless given, so a failing
         trainer restarts in place (JobSet's OnFailure default) until the Job's default backoffLimit of 6.
@@ -201,6 +203,8 @@ class KubeStandin(ScenarioAndFaultKnobs):
             container["volumeMounts"] = copy.deepcopy(volume_mounts)
         if resources:
             container["resources"] = copy.deepcopy(resources)
+        if lifecycle:
+            container["lifecycle"] = copy.deepcopy(lifecycle)
         pod_spec: dict[str, Any] = {"containers": [container]}
         if volumes:
             pod_spec["volumes"] = copy.deepcopy(volumes)

@@ -364,7 +364,7 @@ def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_whe
     assert first.wait(timeout=600) == train.INTERRUPTED, rest[-3000:]
     (saved,) = list((Path(stopped.output_dir) / "trainer").glob("checkpoint-*"))
     at = int(saved.name.rpartition("-")[2])
-    assert 15 <= at < 24 and "stopped by SIGTERM" in rest  # in the second epoch, not at its start
+    assert 15 <= at < 24 and "stopped (the pod is stopping)" in rest  # in the second epoch, not at its start
     assert not (Path(stopped.output_dir) / run_layout.MERGED_DIR).exists(), "no output from a stopped run"
 
     again = _train_process(stopped, root / "stopped")
@@ -377,6 +377,29 @@ def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_whe
     assert read_resume_points(metrics) == [at] and f"Resumed after step {at} (from checkpoint-{at})" in output
     assert not (Path(stopped.output_dir) / "trainer").exists(), "checkpoints removed once the run is complete"
     assert face.last_adapter_state(Path(stopped.output_dir)) is not None
+
+
+def test_the_pods_stop_request_saves_and_stops_the_run_but_not_at_its_last_step(tmp_path, monkeypatch):
+    """The preStop hook's request (stop_request.py) saves a checkpoint and stops, as SIGTERM does; at the last step
+    the run finishes and writes its outputs instead: the Trainer would resume that checkpoint into one step more."""
+    import tempfile
+
+    from transformers import TrainerControl, TrainerState
+
+    from kfp_finetune.components._shared import stop_request
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this container's temp folder
+    callback = train.checkpoint_callback(every_minutes=0)
+
+    def at(step: int) -> TrainerControl:
+        control = TrainerControl()
+        callback.on_step_end(None, TrainerState(global_step=step, max_steps=3), control)
+        return control
+
+    assert not at(1).should_save
+    stop_request.request()
+    assert (at(2).should_save, at(2).should_training_stop) == (True, True)
+    assert (at(3).should_save, at(3).should_training_stop) == (False, False)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,103 @@
+"""A node pod's stop, asked of its training before the SIGTERM: the node container's preStop hook (runtimes/).
+
+Why: torchrun forwards SIGTERM to its workers and SIGKILLs them 30 s later (torch.distributed.elastic's shutdown
+timeout: fixed before torch 2.12, and the trainer images' torch is 2.9), whatever the pod's grace period, and a large
+model's checkpoint does not fit in 30 s. The kubelet runs a container's preStop hook first and sends SIGTERM only
+once it returned, the whole within the pod's terminationGracePeriodSeconds (kubelet kuberuntime_container.go,
+killContainer). So the hook asks the training to stop: each training process sees the request between two steps,
+saves its checkpoint and exits, and the hook returns once every training process of the container has exited. The
+grace period, not torchrun's 30 s, bounds the checkpoint; the SIGTERM that follows finds nothing left to save.
+
+The request and the wait go through two files in the container's own temp folder (each container has its own /tmp;
+the hook runs in the container, with its environment): `requested`, written by the hook, and `training.lock`, which
+every training process holds with a shared flock from its first step until it exits, so the hook's exclusive flock
+is granted exactly when the last one has gone (a killed process's lock goes with it).
+
+    python -m kfp_finetune.components._shared.stop_request      # the preStop hook
+
+Where the folder cannot be written (a read-only root filesystem) training goes on without it and SIGTERM alone stops
+it, as before.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kfp_finetune.components._shared.logs import get_logger
+
+log = get_logger(__name__)
+
+#: The hook's command in the runtimes' node container (a test checks each runtime names it).
+HOOK_COMMAND = ("python", "-m", "kfp_finetune.components._shared.stop_request")
+FOLDER = "kfp-finetune-stop"
+REQUESTED = "requested"
+LOCK = "training.lock"
+
+
+def folder() -> Path:
+    """The container's stop folder: in its temp folder, which no other container shares."""
+    return Path(tempfile.gettempdir()) / FOLDER
+
+
+class TrainingProcess:
+    """This process's side: `hold()` once it has trained a step (the hook then waits for it to exit), and
+    `requested()`, asked between two steps."""
+
+    def __init__(self) -> None:
+        self._lock_fd: int | None = None
+        self._failed = False
+
+    def hold(self) -> None:
+        """Hold the shared lock until this process exits (once; a folder that cannot be written: never)."""
+        if self._lock_fd is not None or self._failed:
+            return
+        try:
+            folder().mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder() / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError as error:
+            self._failed = True
+            log.warning(
+                "no stop requests from the pod's preStop hook (%s): only SIGTERM stops this run", error
+            )
+            return
+        self._lock_fd = fd  # never closed: the lock goes when the process does, whichever way it ends
+
+    def requested(self) -> bool:
+        """True once the container's preStop hook asked the training to stop."""
+        return (folder() / REQUESTED).exists()
+
+
+def request() -> None:
+    """The hook's first half: ask the container's training to stop."""
+    folder().mkdir(parents=True, exist_ok=True)
+    (folder() / REQUESTED).write_text(f"{time.time():.3f}\n")
+
+
+def wait_for_training() -> float:
+    """The hook's second half: wait until every training process of the container exited (the kubelet ends the
+    wait at the grace period); the seconds waited."""
+    started = time.monotonic()
+    fd = os.open(folder() / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
+    return time.monotonic() - started
+
+
+def main() -> int:
+    request()
+    print("kfp-finetune: the pod is stopping: asked the training to save a checkpoint and exit", flush=True)
+    waited = wait_for_training()
+    print(f"kfp-finetune: the training processes exited after {waited:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
