@@ -38,6 +38,7 @@ from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.export_settings import DTYPES, dtype_problem, format_problem
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.names import instance_name
+from kfp_finetune.components._shared.safetensors_header import read_tensor_entries
 from kfp_finetune.components.export.model_card import CardInputs, render_card
 
 log = get_logger(__name__)
@@ -415,9 +416,7 @@ def _update_config_and_index(folder: Path, torch_dtype: str) -> None:
 
 def _tensor_bytes(path: Path) -> int:
     """Bytes of tensor data in a safetensors file, from its header (what HF indexes call total_size)."""
-    with open(path, "rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for v in read_tensor_entries(path).values())
 
 
 def _replace_json(path: Path, data: Any) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.engines import CLASSIFICATION, IMAGE_TEXT
+from kfp_finetune.components._shared.safetensors_header import read_tensor_entries
 
 AUTO = "auto"
 SWITCH_CHOICES = (AUTO, True, False)
@@ -90,11 +91,8 @@ class ModelSize:
 
 
 def _tensor_elements(path: Path) -> int:
-    """The elements of a safetensors file's tensors, from its header: an 8-byte little-endian length, then JSON
-    {name: {dtype, shape, data_offsets}} (the safetensors format)."""
-    with path.open("rb") as file:
-        header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
-    return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
+    """The elements of a safetensors file's tensors, from its header."""
+    return sum(math.prod(entry["shape"]) for entry in read_tensor_entries(path).values())
 
 
 def training_bytes(method: str, model: ModelSize, tokens: int, *, checkpointing: bool, liger: bool) -> int:

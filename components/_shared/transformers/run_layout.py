@@ -19,6 +19,7 @@ from typing import Any
 
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.safetensors_header import read_tensor_entries
 from kfp_finetune.components._shared.workspace import atomic_dir
 
 log = get_logger(__name__)
@@ -92,6 +93,20 @@ def merge_adapter(
     merged.save_pretrained(out_dir, safe_serialization=True)
     copy_model_files(base_dir, out_dir)
     log.info("merged model written to %s", out_dir)
+
+
+#: safetensors' names of the floating dtypes (the format's header), as torch names them.
+_SAFETENSORS_FLOATS = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def weights_dtype(model_dir: str | os.PathLike) -> str | None:
+    """The dtype of the folder's first floating tensor, from its safetensors headers: what transformers reads a
+    model in whose config.json names no dtype. None without safetensors."""
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        for entry in read_tensor_entries(path).values():
+            if entry["dtype"] in _SAFETENSORS_FLOATS:
+                return _SAFETENSORS_FLOATS[entry["dtype"]]
+    return None
 
 
 def trained_class(model_dir: str | os.PathLike) -> Any:

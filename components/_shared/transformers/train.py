@@ -373,6 +373,7 @@ def write_outputs(trainer: Any, settings: SftSettings) -> dict:
     model = trainer.accelerator.unwrap_model(trainer.model)
     written = {}
     if settings.method == "full":
+        stored_as_base(model, settings.model_dir)
         with atomic_dir(run_dir / run_layout.MERGED_DIR) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             run_layout.copy_model_files(settings.model_dir, tmp)
@@ -391,6 +392,27 @@ def write_outputs(trainer: Any, settings: SftSettings) -> dict:
             run_layout.merge_adapter(settings.model_dir, run_dir / run_layout.ADAPTER_DIR, tmp)
     written["merged_dir"] = str(run_dir / run_layout.MERGED_DIR)
     return written
+
+
+def stored_as_base(model: Any, base_dir: str) -> None:
+    """Cast a full fine-tune's floating weights to the dtype its base is stored in, the one a consumer's
+    from_pretrained(dtype="auto") reads the base in (config.json's dtype, else the weights'): it trained fp32 master
+    weights, which saved as they are would make merged/ twice a bf16 base's size. What transformers keeps in fp32
+    at that dtype (the model's _keep_in_fp32_modules_strict; for fp16 also _keep_in_fp32_modules) stays fp32."""
+    import torch
+    from transformers import AutoConfig
+
+    dtype = AutoConfig.from_pretrained(base_dir).dtype or run_layout.weights_dtype(base_dir)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype is None or dtype == model.dtype:
+        return
+    kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:
+        kept |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    log.info("merged model in the base's dtype, %s", str(dtype).removeprefix("torch."))
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not kept & set(name.split(".")):
+            tensor.data = tensor.data.to(dtype)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,6 +216,28 @@ def test_a_full_fine_tune_changes_the_weights_and_writes_no_adapter(root):
     assert len(read_metrics_file(run / run_layout.METRICS_FILE)) == 3
 
 
+def test_a_full_fine_tune_of_a_bf16_base_is_written_in_bf16(root, tmp_path):
+    """A full fine-tune trains fp32 master weights; merged/ is in the base's dtype (the size of the base, and the
+    dtype a consumer's from_pretrained(dtype="auto") reads), not twice a bf16 base's size."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base_dir = tmp_path / "bf16-base"
+    AutoModelForCausalLM.from_pretrained(root / "base", dtype=torch.bfloat16).save_pretrained(base_dir)
+    run_layout.copy_model_files(root / "base", base_dir)
+    summary = train.train(
+        settings_for(root, str(tmp_path / "full"), model_dir=str(base_dir), method="full", max_steps=2)
+    )
+    merged = Path(summary["merged_dir"])
+    base, tuned = tensors(base_dir), tensors(merged)
+    assert {t.dtype for t in tuned.values()} == {torch.bfloat16}
+    assert any(not torch.equal(base[name], tuned[name]) for name in base), "the weights changed"
+    size = sum(p.stat().st_size for p in merged.glob("*.safetensors"))
+    assert size <= 1.01 * sum(p.stat().st_size for p in base_dir.glob("*.safetensors"))
+    assert json.loads((merged / "config.json").read_text())["dtype"] == "bfloat16"
+    assert AutoModelForCausalLM.from_pretrained(merged, dtype="auto").dtype == torch.bfloat16
+
+
 def test_the_same_seed_gives_the_same_losses_through_the_cli(root, tmp_path):
     losses = []
     for name in ("first", "second"):
