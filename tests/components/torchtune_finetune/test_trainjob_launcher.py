@@ -138,6 +138,7 @@ def test_success_streams_logs_shows_progress_and_deletes_the_trainjob(kube, user
     assert "[node-0] Step 2 | loss:2.1000" in user_log.text
     assert "progress: step 3/3 | loss 1.9500 | next step's lr 0.0001 | 126.1 tokens/s" in user_log.text
     assert f"created TrainJob team-a/{NAME}" in user_log.text
+    assert "no preStop hook" not in user_log.text  # runtimes/torchtune-cpu.yaml has it
 
     assert kube.trainjob(NAME) is None
     (delete,) = kube.requests_for("DELETE", "trainjobs")
@@ -219,6 +220,20 @@ def test_crash_is_reported_after_one_attempt_with_the_reason_and_last_lines(kube
             "rule at index 1",
         )
     ]
+
+
+def test_a_runtime_without_the_stop_hook_is_named_in_the_step_log(kube, user_log):
+    """A user's runtime (fail-fast, but without our preStop hook): the TrainJob runs, and the step log says what
+    a stopping pod then saves its checkpoint within."""
+    kube.add_runtime("users-runtime", restart_policy="Never", backoff_limit=0)
+    job = manifest()
+    job["spec"]["runtimeRef"]["name"] = "users-runtime"
+    assert launcher(kube, job).run().status == "Complete"
+    assert (
+        "ClusterTrainingRuntime 'users-runtime' has no preStop hook asking the training to save"
+        in user_log.text
+    )
+    assert "within torchrun's 30 s" in user_log.text
 
 
 @pytest.mark.parametrize("cleanup, deleted", [("on-success", True), ("always", True), ("never", False)])

@@ -16,6 +16,7 @@ from kfp_finetune.components._shared.kube.client import (
     missing_local_queue,
     read_training_runtime,
 )
+from kfp_finetune.components._shared.stop_request import HOOK_COMMAND
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import manifest as tj
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import (
     TrainJobConflict,
@@ -61,6 +62,28 @@ def check_runtime(
         log.info("cannot read %s %r (forbidden); creating the TrainJob anyway", kind, name)
     else:
         check_network(runtime, kind, name, nodes, gpus, allowed=allow_slow_network, log=log)
+        note_missing_stop_hook(runtime, kind, name, log)
+
+
+def note_missing_stop_hook(runtime: Mapping[str, Any], kind: str, name: str, log: Any) -> None:
+    """Say so when the runtime's node container lacks our preStop hook (_shared/stop_request.py): a stopping pod
+    then saves its checkpoint on SIGTERM only, which torchrun follows with a SIGKILL 30 s later."""
+    jobs = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    pods = [
+        (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        for job in jobs
+    ]
+    containers = [c for pod in pods for c in pod.get("containers") or [] if c.get("name") == tj.NODE]
+    hooks = [
+        ((c.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command") for c in containers
+    ]
+    if containers and list(HOOK_COMMAND) not in hooks:
+        log.info(
+            "%s %r has no preStop hook asking the training to save (runtimes/*.yaml have one): a preempted or "
+            "drained pod saves its checkpoint on SIGTERM only, within torchrun's 30 s before it kills the workers",
+            kind,
+            name,
+        )
 
 
 def check_local_queue(
