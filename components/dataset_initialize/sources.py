@@ -2,8 +2,7 @@
 library, and where each loaded row came from (file and line), so validation errors point into the user's files.
 
 Every loaded row carries its position in the source (`SOURCE_ROW`) until validation is done; `Loaded.where`
-turns that position into "train.jsonl line 7" (JSON Lines, CSV, TSV, text: the file's own line number) or
-"data.parquet row 3" (parquet, arrow, JSON arrays: the row index in that file).
+turns that position into "train.jsonl line 7" or "data.parquet row 3" (row_locations.py).
 
 Messages name the settings as a pipeline user sets them (`data_format`, `data_subset`, `data_csv_delimiter`,
 `data_eval_split`, `data_eval_fraction`).
@@ -11,15 +10,13 @@ Messages name the settings as a pipeline user sets them (`data_format`, `data_su
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from kfp_finetune.components._shared import storage, unset
 from kfp_finetune.components._shared.errors import ConfigError
@@ -31,6 +28,7 @@ from kfp_finetune.components.dataset_initialize.formats import (
     column_separator,
     detect_format,
 )
+from kfp_finetune.components.dataset_initialize.row_locations import Locator, open_binary
 
 log = get_logger(__name__)
 
@@ -144,7 +142,7 @@ class Source:
         if len(ds) == 0:
             raise DatasetValidationError(f"{self.uri}: split {expression!r} is empty (no rows)")
         lengths = {n: len(d) for n, d in splits.items()}
-        locator = _Locator(self.format, offsets, lengths, files, self.scratch, self.delimiter or ",")
+        locator = Locator(self.format, offsets, lengths, files, self.scratch, self.delimiter or ",")
         return Loaded(ds, locator.where)
 
     def _load_split(self, split: str, num_proc: int) -> tuple[object, list[str]]:
@@ -342,7 +340,7 @@ def _first_problem(file: str, fmt: str) -> str | None:
     if fmt in ("parquet", "arrow"):
         return _binary_problem(file, fmt)
     try:
-        with _open_binary(file) as stream:
+        with open_binary(file) as stream:
             data = stream.read()
     except (OSError, EOFError, ValueError) as err:  # gzip/bz2/xz/zstd: truncated or corrupt stream
         return f": cannot be decompressed ({err}): the file is truncated or corrupt; write it again"
@@ -411,97 +409,3 @@ def _binary_problem(file: str, fmt: str) -> str | None:
             f"{fmt}; write it again (or set data_format)"
         )
     return None
-
-
-def _open_binary(file: str):
-    import fsspec
-
-    compression = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}.get(PurePosixPath(file).suffix)
-    return fsspec.open(file, "rb", compression=compression).open()
-
-
-# --- where a row came from -----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Locator:
-    """Maps a `SOURCE_ROW` number back to its split, file and line. Work happens only for reported rows."""
-
-    format: str
-    offsets: dict[str, int]  # split -> number of its first row
-    lengths: dict[str, int]
-    files: dict[str, list[str]]  # split -> files in load order (the `datasets` builders keep that order)
-    scratch: Path
-    delimiter: str  # of CSV / TSV files
-
-    def where(self, source_row: int) -> str:
-        split = next(s for s, o in self.offsets.items() if o <= source_row < o + self.lengths[s])
-        row = source_row - self.offsets[split]
-        files = self.files[split]
-        if not files:  # a Hub dataset: its files are the library's business
-            return f"split {split!r} row {row}"
-        for file in files:
-            count = row + 1 if len(files) == 1 else self._rows_in(file)
-            if row < count:
-                return f"{Path(file).name} {self._line(file, row)}"
-            row -= count
-        raise AssertionError(f"source row {source_row} is past the end of split {split!r}")
-
-    def _rows_in(self, file: str) -> int:
-        import datasets
-
-        if self.format == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(file).metadata.num_rows
-        if self.format == "text":
-            with _open_text(file) as lines:
-                return sum(1 for _ in lines)
-        options = {"delimiter": self.delimiter} if self.format in DELIMITERS else {}
-        ds = datasets.load_dataset(
-            BUILDERS.get(self.format, self.format), data_files=[file], split="train",
-            cache_dir=str(self.scratch / "locate"), **options,
-        )  # fmt: skip
-        return len(ds)
-
-    def _line(self, file: str, row: int) -> str:
-        """`line N` (1-based) where the file is line-oriented, else `row N` (0-based) within the file."""
-        if self.format == "text":
-            return f"line {row + 1}"
-        if self.format == "json" and _is_json_lines(file):
-            with _open_text(file) as lines:
-                seen = -1
-                for number, line in enumerate(lines, start=1):
-                    seen += bool(line.strip())  # pyarrow and the datasets JSON builder skip blank lines
-                    if seen == row:
-                        return f"line {number}"
-        if self.format in DELIMITERS:
-            with _open_text(file, newline="") as text:
-                reader = csv.reader(text, delimiter=self.delimiter)
-                next(reader, None)  # the header
-                start, index = reader.line_num + 1, 0
-                for record in reader:  # a quoted value may span lines: a record starts after the previous one
-                    if record:  # pandas skips blank lines
-                        if index == row:
-                            return f"line {start}"
-                        index += 1
-                    start = reader.line_num + 1
-        return f"row {row}"
-
-
-def _is_json_lines(file: str) -> bool:
-    with _open_text(file) as lines:
-        return next((not line.lstrip().startswith("[") for line in lines if line.strip()), False)
-
-
-def _open_text(file: str, newline: str | None = None) -> io.TextIOBase:
-    """A source file as text, decompressed as `datasets` would."""
-    import fsspec
-
-    compression = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}.get(PurePosixPath(file).suffix)
-    return io.TextIOWrapper(
-        fsspec.open(file, "rb", compression=compression).open(),
-        encoding="utf-8",
-        errors="replace",  # counting lines only: a row with bytes that are not UTF-8 must still be found
-        newline=newline,
-    )
