@@ -4,7 +4,7 @@ memory-maps the packs (no tokenization on any rank). The file format is _shared/
 
 from __future__ import annotations
 
-from kfp_finetune.components._shared.torchtune.packing import ArrowPacks
+from kfp_finetune.components._shared.torchtune.pack_file import ArrowPacks
 
 COMPONENT = f"{__name__}.packed_dataset"
 

@@ -1,8 +1,7 @@
 """Tokenize and pack a training split once, on CPU, into memory-mappable Arrow; read the packs back in training.
 
-Both sides live here because both components depend on the one file format: dataset-initialize writes the packs
-(`pack_split`), the fine-tune step's dataset builder (torchtune_finetune/packed_data.py) memory-maps them
-(`ArrowPacks`).
+dataset-initialize writes the packs (`pack_split`) in pack_file.py's format, which the fine-tune step's dataset
+builder (torchtune_finetune/packed_data.py) memory-maps (`pack_file.ArrowPacks`).
 
 Exactness: rows are tokenized by torchtune's own dataset builder (instruct / chat / text, built from the same
 node the fine-tune step would resolve), so tokenizer, prompt template and masking are training's. Whole rows
@@ -26,23 +25,20 @@ fine-tune step uses the packs only when its resolved config gives the same finge
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node
+from kfp_finetune.components._shared.torchtune.pack_file import PACK_COLUMNS, PACKS_FILE, pack_writer
 from kfp_finetune.components._shared.torchtune.sample_packing import IGNORE_INDEX, ignore_sample_starts
 from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len, fits, percentile
 
 log = get_logger(__name__)
 
-PACKS_FILE = "packs.arrow"
-PACK_COLUMNS = ("tokens", "labels", "input_pos", "seq_lens")
 _BATCH_PACKS = 1024
 # Dataset-node keys that say where the rows are, not how they are tokenized.
 _LOCATION_KEYS = ("source", "data_files", "split", "packed")
@@ -259,17 +255,6 @@ class _Rows:
                 yield self.truncated.get(i) or self.tokenized.row(i)
 
 
-def _arrow_writer(path: Path, max_seq_len: int):
-    import pyarrow as pa
-
-    fixed = pa.list_(pa.int32(), max_seq_len)
-    schema = pa.schema(
-        [("tokens", fixed), ("labels", fixed), ("input_pos", fixed), ("seq_lens", pa.list_(pa.int32()))],
-        metadata={"max_seq_len": str(max_seq_len)},
-    )
-    return pa.ipc.new_file(str(path), schema), schema
-
-
 def _packer_class():
     from torchtune.datasets import PackedDataset
 
@@ -277,7 +262,7 @@ def _packer_class():
         """torchtune's PackedDataset, writing each finished pack to Arrow instead of keeping it in memory."""
 
         def __init__(self, ds, *, max_seq_len: int, split_across_pack: bool, path: Path):
-            self._writer, self._schema = _arrow_writer(path, max_seq_len)
+            self._writer, self._schema = pack_writer(path, max_seq_len)
             self._pending: list[dict] = []
             self.num_packs = 0
             super().__init__(ds, max_seq_len=max_seq_len, split_across_pack=split_across_pack)
@@ -437,7 +422,7 @@ def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
     lengths = tokenized.lengths()
     positions = np.arange(tokenized.offsets[-1], dtype=np.int64) - np.repeat(tokenized.offsets[:-1], lengths)
     positions = positions.astype(np.int32)
-    writer, schema = _arrow_writer(path, max_seq_len)
+    writer, schema = pack_writer(path, max_seq_len)
     num_packs = len(bounds) - 1
     with writer:
         for first in range(0, num_packs, _BATCH_PACKS):
@@ -465,50 +450,3 @@ def _pack_whole_rows(tokenized: Tokenized, max_seq_len: int, path: Path) -> int:
             columns.append(pa.array(seq_lens, type=pa.list_(pa.int32())))
             writer.write_batch(pa.record_batch(columns, schema=schema))
     return num_packs
-
-
-# --- reading (in the trainer) ------------------------------------------------------------------------------
-
-
-class ArrowPacks:
-    """Packs memory-mapped from Arrow files: a map-style dataset of dicts of int64 tensors, as PackedDataset's."""
-
-    def __init__(self, paths: list[str | os.PathLike]):
-        import pyarrow as pa
-
-        self._batches = []
-        self._starts = []
-        total = 0
-        self.max_seq_len = None
-        for path in paths:
-            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
-            self.max_seq_len = int(reader.schema.metadata[b"max_seq_len"])
-            for i in range(reader.num_record_batches):
-                batch = reader.get_batch(i)
-                self._starts.append(total)
-                self._batches.append(batch)
-                total += batch.num_rows
-        self._len = total
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, idx: int) -> dict:
-        import numpy as np
-        import torch
-
-        if not -self._len <= idx < self._len:
-            raise IndexError(idx)
-        idx %= self._len
-        b = bisect.bisect_right(self._starts, idx) - 1
-        batch, row = self._batches[b], idx - self._starts[b]
-        out = {}
-        for name in PACK_COLUMNS:
-            column = batch.column(name)
-            if name == "seq_lens":
-                values = np.asarray(column[row].values)
-            else:
-                n = self.max_seq_len
-                values = column.flatten().to_numpy(zero_copy_only=True)[row * n : (row + 1) * n]
-            out[name] = torch.from_numpy(values.astype(np.int64))
-        return out

@@ -16,8 +16,8 @@ pytest.importorskip("torchtune")
 from kfp_finetune.components._shared.bin_packing import plan_packs  # noqa: E402
 from kfp_finetune.components._shared.torchtune import sample_packing  # noqa: E402
 from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir, instantiate  # noqa: E402
+from kfp_finetune.components._shared.torchtune.pack_file import ArrowPacks  # noqa: E402
 from kfp_finetune.components._shared.torchtune.packing import (  # noqa: E402
-    ArrowPacks,
     length_stats,
     pack_fingerprint,
     pack_key,

@@ -21,7 +21,8 @@ import torch.nn.functional as F  # noqa: E402
 from kfp_finetune.components._shared.torchtune import sample_packing  # noqa: E402
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig  # noqa: E402
 from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir  # noqa: E402
-from kfp_finetune.components._shared.torchtune.packing import ArrowPacks, pack_split, sft_node, tokenize  # noqa: E402
+from kfp_finetune.components._shared.torchtune.pack_file import ArrowPacks  # noqa: E402
+from kfp_finetune.components._shared.torchtune.packing import pack_split, sft_node, tokenize  # noqa: E402
 from kfp_finetune.components._shared.torchtune.resolve import resolve_run  # noqa: E402
 
 IGNORE = -100
