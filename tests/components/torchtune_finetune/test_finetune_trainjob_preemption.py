@@ -11,6 +11,7 @@ import json
 import os
 import random
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ TASK = "torchtune-finetune"
 WORKSPACE_PVC = "run-7a11ce55-kfp-workspace"
 STEP_POD, STEP_NODE = "finetune-step-pod", "kfp-node-a"
 STEPS = 8  # 2 epochs x 4 steps
-SEEDS = {"full": 2601, "lora": 2602, "lost": 2603}
+SEEDS = {"full": 2601, "lora": 2602, "lost": 2603, "kueue": 2604}
 TRAINING = {"device": "cpu", "batch_size": 4, "gradient_accumulation_steps": 1, "max_steps_per_epoch": 4,
             "epochs": 2, "seed": 0, "learning_rate": 1e-3, "checkpoint_every_steps": 2}  # fmt: skip
 
@@ -93,8 +94,9 @@ def cluster(kube, workspace: Path, monkeypatch, access_mode: str, *, grace: int 
 
 
 def fine_tune(
-    workspace: Path, base_model, train, tmp_path: Path, run_id: str, method: str, backend: str = "trainjob"
-):
+    workspace: Path, base_model, train, tmp_path: Path, run_id: str, method: str, backend: str = "trainjob",
+    **launch,
+):  # fmt: skip
     """The component's body; returns its result and the run folder."""
     outputs = tmp_path / f"outputs-{run_id}"
     config = TaskConfig(
@@ -105,7 +107,7 @@ def fine_tune(
         config = TaskConfig()
     step = {"backend": backend, "runtime_name": "torchtune-cpu", "runtime_kind": "ClusterTrainingRuntime",
             "num_nodes": 1, "num_proc_per_node": 0, "timeout_seconds": 600, "cleanup_policy": "never",
-            "trainer_image": "", "run_id": run_id, "task_name": TASK}  # fmt: skip
+            "trainer_image": "", "run_id": run_id, "task_name": TASK, **launch}  # fmt: skip
     result = run_component(
         workspace_path=str(workspace), train_data=train, base_model=base_model, eval_data=None,
         kubernetes_config=config, model=Model(uri=str(outputs / "model")),
@@ -218,3 +220,43 @@ def test_a_lost_node_pod_is_replaced_and_training_resumes_from_the_last_interval
     assert resumed % 2 == 0 and 2 <= resumed <= lost_at, f"{where}: resumed after step {resumed}"
     original, _ = check_disrupted_run(kube_standin, lost_id, since, "DeletionByPodGC", None, where)
     assert "stopping after the checkpoint" not in kube_standin.pod_log(original["metadata"]["name"]), where
+
+
+def test_a_trainjob_kueue_preempts_saves_through_the_stop_hook_and_resumes_exactly_once_readmitted(
+    inputs, uninterrupted, kube_standin, tmp_path, monkeypatch
+):
+    """Kueue preempts the queued TrainJob while it trains: it is suspended, the Job deletes its pod and the kubelet
+    runs the runtime's preStop hook, so the training saves and exits before its SIGTERM; once Kueue admits the
+    TrainJob again its new pod resumes from that checkpoint, with an uninterrupted run's steps and losses."""
+    workspace, base_model, train = inputs
+    cluster(kube_standin, workspace, monkeypatch, "ReadWriteOnce")
+    kube_standin.add_local_queue("team-queue")
+    run_id = "kueue-preempted"
+    job = trainjob_name(run_id, TASK)
+    preempt_at = random.Random(SEEDS["kueue"]).randint(1, STEPS - 2)
+    where = f"Kueue preempted at step {preempt_at} (random.Random({SEEDS['kueue']}))"
+    kube_standin.scenario(job, Scenario(execute=True, kueue_preempt_on_line=f"Step {preempt_at} |"))
+    ran: dict = {}
+
+    def step() -> None:
+        ran["result"], ran["run_dir"] = fine_tune(
+            workspace, base_model, train, tmp_path, run_id, "lora", queue_name="team-queue"
+        )
+
+    running = threading.Thread(target=step)
+    running.start()
+    kube_standin.wait_for_trainjob(job, timeout=300)
+    kube_standin.admit(job)
+    first = kube_standin.wait_for_pod(job, lambda pod: "deletionTimestamp" in pod["metadata"], timeout=300)
+    kube_standin.scenario(job, Scenario(execute=True))  # the second start runs to its end
+    kube_standin.admit(job)  # its pods start once the old one has stopped
+    running.join(timeout=600)
+
+    assert "result" in ran, f"{where}: the step did not finish"
+    run_dir = ran["run_dir"]
+    assert curve(run_dir) == uninterrupted("lora"), where
+    (resumed,) = resume_points((run_dir / "logs" / "metrics.txt").read_text().splitlines())
+    assert preempt_at <= resumed < STEPS, where
+    log = kube_standin.pod_log(first["metadata"]["name"])
+    assert f"stopping after the checkpoint at step {resumed} (the pod is stopping)" in log, log[-2000:]
+    assert ran["result"].metrics["resumes"] == 1.0, where

@@ -75,6 +75,8 @@ class Controller:
         self.scenarios: dict[str | None, Scenario] = {None: default_scenario}
         self.execute_configs: dict[str | None, ExecuteConfig] = {}
         self._runs: dict[tuple[str, str], JobRun] = {}
+        # Kueue's eviction of a TrainJob's workload (_kueue.py; the API server's Kueue sets it).
+        self.preempt_workload: Callable[[str, str], None] = _no_kueue
 
     def start(self, job: dict) -> None:
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
@@ -206,6 +208,7 @@ class Controller:
                     delete_pod=self._delete_pod,
                     replace_pod=lambda rank, lost: self._replace_pod(job, template, rank, scenario, lost),
                     fail_job=lambda ended: self._fail_node_job(job, ended, delete=[]),
+                    preempt_workload=lambda: self.preempt_workload(namespace, name),
                 )
                 nodes = NodeProcesses(store, namespace, execute, run.processes, scenario, controls)
                 outcome = nodes.run(pods, wait)
@@ -529,7 +532,8 @@ class Controller:
 
         def stop(p: dict) -> None:
             mark_terminating(p)
-            mark_terminated(p, 143, "Error")
+            if not any("terminated" in c.get("state", {}) for c in p["status"].get("containerStatuses", [])):
+                mark_terminated(p, 143, "Error")  # else the exit the kubelet reported stays (_execute.py)
 
         with self.store.cond:
             if (stopped := self.store.update("pods", namespace, pod, stop)) is not None:
@@ -553,3 +557,7 @@ class Controller:
                 status["jobsStatus"] = jobs_status
 
         self.store.update("trainjobs", namespace, name, mutate)
+
+
+def _no_kueue(namespace: str, name: str) -> None:
+    raise RuntimeError(f"TrainJob {namespace}/{name}: no Kueue to preempt its workload")

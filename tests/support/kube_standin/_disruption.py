@@ -8,7 +8,7 @@ Upstream (kubernetes):
     ``Preempted`` event "Preempted by pod <uid> on node <node>".
   * pkg/kubelet/kuberuntime/kuberuntime_container.go (killContainer): a deleted pod's container gets a ``Killing``
     event "Stopping container <name>", its preStop hook (given at most the grace period; a failure is a
-    ``FailedPreStopHook`` event and the stop goes on), then the stop signal (SIGTERM, to the container's main
+    ``FailedPreStopHook`` event "PreStopHook failed", and the stop goes on), then the stop signal (SIGTERM, to the container's main
     process only: the runtime signals its init process) and SIGKILL for everything left when the rest of the grace
     period ends (at least 2 s, minimumGracePeriodInSeconds); since 1.27 the
     kubelet sets a deleted pod's phase from its containers' exit (Failed unless all exited 0) before it goes
@@ -41,12 +41,13 @@ if TYPE_CHECKING:
 NODE_LOST = ("DeletionByPodGC", "PodGC: node no longer exists")
 PREEMPTED = ("PreemptionByScheduler", "default-scheduler: preempting to accommodate a higher priority pod")
 PREEMPTION, LOST_NODE = "preemption", "lost-node"
+WORKLOAD_PREEMPTION = "workload-preemption"  # Kueue's: the whole TrainJob is suspended
 
 
 @dataclasses.dataclass(frozen=True)
 class Disruption:
-    """Execute mode's disruption of one node pod: ``kind`` (PREEMPTION or LOST_NODE) at the first output line of
-    rank ``rank`` that contains ``on_line``."""
+    """Execute mode's disruption of one node pod (``kind`` PREEMPTION or LOST_NODE), or of the whole workload
+    (WORKLOAD_PREEMPTION), at the first output line of rank ``rank`` that contains ``on_line``."""
 
     kind: str
     rank: int
@@ -54,8 +55,11 @@ class Disruption:
 
     @classmethod
     def of(cls, scenario: Scenario) -> Disruption | None:
-        if scenario.preempt_on_line and scenario.lose_node_on_line:
-            raise ValueError("a scenario preempts its pod or loses its node, not both")
+        given = [scenario.preempt_on_line, scenario.lose_node_on_line, scenario.kueue_preempt_on_line]
+        if sum(bool(line) for line in given) > 1:
+            raise ValueError("a scenario preempts its pod or its workload, or loses its node: one of them")
+        if scenario.kueue_preempt_on_line:
+            return cls(WORKLOAD_PREEMPTION, 0, scenario.kueue_preempt_on_line)
         if scenario.preempt_on_line:
             return cls(PREEMPTION, scenario.preempted_rank, scenario.preempt_on_line)
         if scenario.lose_node_on_line:

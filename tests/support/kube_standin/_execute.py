@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ._container import ExecuteConfig, container_pids, free_port, kill_processes, local_command
 from ._devices import gpu_limit
-from ._disruption import PREEMPTION, Disruption, mark_disrupted, mark_preempted
+from ._disruption import PREEMPTION, WORKLOAD_PREEMPTION, Disruption, mark_disrupted, mark_preempted
 from ._gc import DEFAULT_TERMINATION_GRACE_SECONDS, mark_terminating
 from ._jobpolicy import BACKOFF_LIMIT_EXCEEDED, JobPolicy, crash_loop_delay, match_pod_failure_policy
 from ._store import Store
@@ -47,6 +47,7 @@ class JobControls:
     delete_pod: Callable[[str, str], None]  # a graceful delete of an active pod (the Job failed)
     replace_pod: Callable[[int, str | None], str | None]  # rank, lost node -> the new running pod, or None
     fail_job: Callable[[tuple[str, str]], None]  # the Job's failure event (reason, message)
+    preempt_workload: Callable[[], None]  # Kueue evicts the TrainJob's workload: it is suspended
 
 
 class NodeProcesses:
@@ -107,8 +108,38 @@ class NodeProcesses:
                     failed = True
                     kill_processes(self.processes)  # the Job fails, its other pods are deleted
             if len(exit_codes) < len(self.nodes) and (outcome := wait(0.02)):
+                if outcome == "suspended":
+                    self._stop_running([n for r, n in self.nodes.items() if r not in exit_codes])
                 return outcome
         return "succeeded" if not any(exit_codes.values()) else "failed"
+
+    def _stop_running(self, nodes: list[NodeProcess]) -> None:
+        """The Job was suspended (Kueue preempted the workload; the JobSet suspends its Jobs): the Job controller
+        deletes the active pods (job_controller.go deleteActivePods: a graceful delete), the kubelet stops each
+        container (_stop_container) and reports its own exit; a pod the Job then removes keeps it. The stand-in
+        stopping meanwhile kills what is left."""
+        stopping = []
+        for node in nodes:
+            pod = self.store.update("pods", self.namespace, node.pod, mark_terminating)
+            if pod is None or node.process is None or node.process.poll() is not None:
+                continue
+            self.store.record_event(
+                self.namespace, "Pod", node.pod, "Killing", "Stopping container node", "Normal"
+            )
+            self._stop_container(
+                node, pod, pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
+            )
+            stopping.append(node)
+        for node in stopping:
+            while (code := self._poll(node)) is None:
+                if self.store.stopping:
+                    _signal_container(node, signal.SIGKILL)
+                time.sleep(0.02)
+            _signal_container(node, signal.SIGKILL)  # the container's other processes end with it
+            reason = "Completed" if code == 0 else "Error"
+            self.store.update(
+                "pods", self.namespace, node.pod, lambda p, c=code, r=reason: mark_terminated(p, c, r)
+            )
 
     # One pod's process ------------------------------------------------------------------------------------------
 
@@ -181,7 +212,12 @@ class NodeProcesses:
             planned = self._planned
             if planned is None or planned.rank != rank or planned.on_line not in line:
                 return
-            self._planned, node.disruption = None, planned
+            self._planned = None
+        if planned.kind == WORKLOAD_PREEMPTION:  # the Job's graceful stop of its pods follows (_stop_running)
+            _signal_container(node, signal.SIGSTOP)
+            self.controls.preempt_workload()
+            return
+        node.disruption = planned
         if planned.kind == PREEMPTION:
             pod = self.store.update("pods", self.namespace, node.pod, mark_preempted)
             if pod is None:
@@ -218,48 +254,42 @@ class NodeProcesses:
         if not hook or node.process is None or node.process.poll() is not None:
             node.kill_at = time.monotonic() + grace
             _terminate(node.process)
+            _signal_container(
+                node, signal.SIGCONT
+            )  # held since the disruption's line (kueue_preempt_on_line)
             return
         _signal_container(node, signal.SIGSTOP)
         started = time.monotonic()
 
         def stop() -> None:
-            failure = self._run_hook(node, pod, hook, grace)
-            if failure:
+            if not self._run_hook(node, pod, hook, grace):
+                # kuberuntime_container.go executePreStopHook: the event carries no output, so that no secret leaks
                 self.store.record_event(
-                    self.namespace,
-                    "Pod",
-                    node.pod,
-                    "FailedPreStopHook",
-                    # pkg/kubelet/lifecycle/handlers.go (HandlerRunner.Run), as executePreStopHook records it
-                    f'Exec lifecycle hook ({hook}) for Container "node" in Pod '
-                    f'"{self.namespace}/{node.pod}" failed - {failure}',
-                    "Warning",
+                    self.namespace, "Pod", node.pod, "FailedPreStopHook", "PreStopHook failed", "Warning"
                 )
             node.kill_at = time.monotonic() + max(grace - (time.monotonic() - started), 2)
             _terminate(node.process)
 
         threading.Thread(target=stop, daemon=True).start()
 
-    def _run_hook(self, node: NodeProcess, pod: dict, hook: list[str], grace: float) -> str | None:
-        """The exec hook in the container, at most `grace` seconds; what went wrong, None when it exited 0. The
-        container's processes go on once the hook printed its first line or ended (see _stop_container)."""
+    def _run_hook(self, node: NodeProcess, pod: dict, hook: list[str], grace: float) -> bool:
+        """The exec hook in the container, at most `grace` seconds; whether it exited 0. The container's processes
+        go on once the hook printed its first line or ended (see _stop_container)."""
         try:
             argv, env, cwd = local_command(pod, self.config, self.master_port, command=hook)
             process = subprocess.Popen(
                 argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError):
             _signal_container(node, signal.SIGCONT)
-            return str(error)
+            return False
         self.processes.append(process)
-        output: list[bytes] = []
 
         def read() -> None:
-            for line in iter(process.stdout.readline, b""):
-                if not output:
+            for number, _ in enumerate(iter(process.stdout.readline, b"")):
+                if number == 0:
                     _signal_container(node, signal.SIGCONT)
-                output.append(line)
             _signal_container(node, signal.SIGCONT)
 
         reader = threading.Thread(target=read, daemon=True)
@@ -271,14 +301,7 @@ class NodeProcesses:
             process.wait()
             code = None
         reader.join(timeout=5)
-        if code == 0:
-            return None
-        text = b"".join(output).decode(errors="replace").strip()[-500:]
-        return (
-            f"error: command terminated with exit code {code}, message: {text!r}"
-            if code is not None
-            else (f"error: not completed in the grace period ({grace:g}s)")
-        )
+        return code == 0
 
     def _disrupted_pod_ended(self, rank: int, node: NodeProcess, code: int, wait: Wait) -> str | None:
         """The disrupted pod's process ended: the kubelet's (or PodGC's) last word on the pod, then the Job

@@ -63,6 +63,11 @@ class Scenario:
             every process of the pod is SIGKILLed at once, PodGC marks the pod (``DeletionByPodGC``, phase Failed,
             container statuses as last reported) and deletes it, and the podFailurePolicy decides as above. A
             replacement pinned to the lost node (required node affinity) can never be scheduled.
+        kueue_preempt_on_line: Execute mode: at the first rank-0 output line that contains this text, Kueue
+            preempts the queued TrainJob's workload (as ``KubeStandin.preempt``): it is suspended, the Job deletes its
+            pods gracefully (the preStop hook, SIGTERM, SIGKILL at the end of the grace period, each pod keeping its
+            exit code) and it waits in its queue until ``KubeStandin.admit``. For test determinism the container is
+            held (SIGSTOP) from that line until its stop begins. Once per TrainJob start.
         restart_backoff_scale: Scales the kubelet's crash-loop back-off (10s doubling to 300s) and the Job
             controller's pod back-off when a failing trainer is restarted or replaced (a runtime without
             ``restartPolicy: Never`` / ``backoffLimit: 0``); each restart runs the trainer's log lines again.
@@ -89,6 +94,7 @@ class Scenario:
     preempt_on_line: str | None = None
     preempted_rank: int = 0
     lose_node_on_line: str | None = None
+    kueue_preempt_on_line: str | None = None
 
     @classmethod
     def success(cls, log_lines: list[str] | tuple[str, ...] = DEFAULT_LOG_LINES, **knobs: Any) -> Scenario:

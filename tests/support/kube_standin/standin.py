@@ -67,6 +67,7 @@ class KubeStandin(ScenarioAndFaultKnobs):
         self._store.registry = {normalize_image(image) for image in images}
         self._controller = Controller(self._store, default_scenario or Scenario())
         self._api = ApiServer(self._store, self._controller, schemas, token)
+        self._controller.preempt_workload = self._api.kueue.preempt
         self._server: http.server.ThreadingHTTPServer | None = None
         self._tmpdir: Path | None = None
 
