@@ -8,10 +8,12 @@ killContainer). So the hook asks the training to stop: each training process see
 saves its checkpoint and exits, and the hook returns once every training process of the container has exited. The
 grace period, not torchrun's 30 s, bounds the checkpoint; the SIGTERM that follows finds nothing left to save.
 
-The request and the wait go through two files in the container's own temp folder (each container has its own /tmp;
-the hook runs in the container, with its environment): `requested`, written by the hook, and `training.lock`, which
-every training process holds with a shared flock from its first step until it exits, so the hook's exclusive flock
-is granted exactly when the last one has gone (a killed process's lock goes with it).
+The request and the wait go through two files in a folder of the container's temp folder (the hook runs in the
+container, with its environment), named for the pod (its hostname) and the user, should /tmp be shared with other
+pods or outlive the container: `requested`, which the hook writes with the time, and `training.lock`, which every
+training process holds with a shared flock from its first step until it exits, so the hook's exclusive flock is
+granted exactly when the last one has gone (a killed process's lock goes with it). A request from before the
+training process began belongs to an earlier container and is ignored.
 
     python -m kfp_finetune.components._shared.stop_request      # the preStop hook
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -40,8 +43,8 @@ LOCK = "training.lock"
 
 
 def folder() -> Path:
-    """The container's stop folder: in its temp folder, which no other container shares."""
-    return Path(tempfile.gettempdir()) / FOLDER
+    """The container's stop folder: in its temp folder, named for the pod and the user."""
+    return Path(tempfile.gettempdir()) / f"{FOLDER}-{socket.gethostname()}-{os.getuid()}"
 
 
 class TrainingProcess:
@@ -51,6 +54,7 @@ class TrainingProcess:
     def __init__(self) -> None:
         self._lock_fd: int | None = None
         self._failed = False
+        self._since = time.time()  # an older request is an earlier container's
 
     def hold(self) -> None:
         """Hold the shared lock until this process exits (once; a folder that cannot be written: never)."""
@@ -69,14 +73,19 @@ class TrainingProcess:
         self._lock_fd = fd  # never closed: the lock goes when the process does, whichever way it ends
 
     def requested(self) -> bool:
-        """True once the container's preStop hook asked the training to stop."""
-        return (folder() / REQUESTED).exists()
+        """True once the container's preStop hook asked the training to stop, since this process began."""
+        try:
+            return float((folder() / REQUESTED).read_text()) >= self._since
+        except (OSError, ValueError):  # none, or one being written
+            return False
 
 
 def request() -> None:
-    """The hook's first half: ask the container's training to stop."""
+    """The hook's first half: ask the container's training to stop (the time, renamed into place whole)."""
     folder().mkdir(parents=True, exist_ok=True)
-    (folder() / REQUESTED).write_text(f"{time.time():.3f}\n")
+    partial = folder() / f".{REQUESTED}.{os.getpid()}"
+    partial.write_text(f"{time.time():.6f}\n")
+    partial.replace(folder() / REQUESTED)
 
 
 def wait_for_training() -> float:

@@ -228,8 +228,10 @@ def checkpoint_callback(every_minutes: float) -> Any:
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step >= state.max_steps:
-                # The run ends at this step and writes its outputs, which the preStop hook waits for. A
-                # checkpoint here would be resumed into one step too many: the Trainer trains one before it checks.
+                # The run ends at this step and writes its outputs, which the preStop hook waits for. No checkpoint
+                # here, not even the one the Trainer's own flow asks for at the end under save_strategy "steps":
+                # a restart would resume it into one step too many (the Trainer trains one before it checks).
+                control.should_save = False
                 return
             due = every_minutes > 0 and time.monotonic() - self.saved_at >= every_minutes * 60
             due, stop = agreed(due, self.stop_requested or self.pod_stop.requested())

@@ -74,7 +74,7 @@ HOLDING = textwrap.dedent(
 )
 
 
-def test_the_hooks_lock_is_granted_only_once_the_last_training_process_has_exited(tmp_path):
+def test_the_hooks_lock_is_granted_only_once_the_last_training_process_has_exited(tmp_path, monkeypatch):
     """What the hook's wait is: an exclusive flock on the lock every training process holds shared."""
     import fcntl
 
@@ -89,7 +89,8 @@ def test_the_hooks_lock_is_granted_only_once_the_last_training_process_has_exite
     ]
     for process in training:
         assert process.stdout.readline() == "held\n"
-    lock = os.open(Path(env["TMPDIR"]) / stop_request.FOLDER / stop_request.LOCK, os.O_RDWR)
+    monkeypatch.setattr(tempfile, "tempdir", env["TMPDIR"])  # this test's process in the same container
+    lock = os.open(stop_request.folder() / stop_request.LOCK, os.O_RDWR)
 
     def granted() -> bool:
         try:
@@ -130,3 +131,19 @@ def test_a_container_whose_temp_folder_cannot_be_written_trains_on_without_stop_
     process.hold()
     assert not process.requested()
     assert "only SIGTERM stops this run" in caplog.text
+
+
+def test_a_request_from_before_the_training_process_began_is_an_earlier_containers_and_is_ignored(
+    tmp_path, monkeypatch
+):
+    """A /tmp that outlives the container (a volume mounted there) keeps an earlier stop's request: a new training
+    process must not stop at its first step for it."""
+    from kfp_finetune.components._shared import stop_request
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stop_request.request()
+    process = TrainingProcess()
+    process.hold()
+    assert not process.requested()
+    stop_request.request()
+    assert process.requested()

@@ -236,6 +236,18 @@ def test_a_runtime_without_the_stop_hook_is_named_in_the_step_log(kube, user_log
     assert "within torchrun's 30 s" in user_log.text
 
 
+def test_a_runtime_with_the_stop_hook_but_the_default_grace_period_is_named_too(kube, user_log):
+    runtime = yaml.safe_load((REPO / "runtimes" / "torchtune-cpu.yaml").read_text())
+    runtime["metadata"]["name"] = "short-grace"
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    del pod["terminationGracePeriodSeconds"]
+    kube.add_object(runtime)
+    job = manifest()
+    job["spec"]["runtimeRef"]["name"] = "short-grace"
+    assert launcher(kube, job).run().status == "Complete"
+    assert "'short-grace' has a grace period of 30 s for its preStop hook" in user_log.text
+
+
 @pytest.mark.parametrize("cleanup, deleted", [("on-success", True), ("always", True), ("never", False)])
 @pytest.mark.slow
 def test_runtime_that_restarts_the_trainer_fails_at_the_first_crash_naming_the_fix(

@@ -297,6 +297,42 @@ def test_replacing_a_failed_trainjob_waits_until_its_jobset_and_pods_are_gone(ku
     assert "waiting for the old TrainJob to be gone" in user_log.text
 
 
+@pytest.mark.slow
+def test_a_retry_after_its_trainjob_was_deleted_waits_for_the_old_pods_before_creating(kube, user_log):
+    """The step's pod was evicted and deleted its TrainJob (Background: the TrainJob goes at once); the old pods are
+    still stopping (their grace period: 300 s in our runtimes) when the retry starts. Created then, the TrainJob
+    would inherit the old JobSet and its pods, two trainings sharing the run folder: the retry waits first."""
+    from kubernetes import client
+
+    kube.add_object(base.manifest(), scenario=Scenario.failure(pending_seconds=0.0, log_lines=[]))
+    kube.wait_for_trainjob(NAME, condition="Failed")
+    kube.hold_garbage_collection()
+    client.CustomObjectsApi(kube.api_client()).delete_namespaced_custom_object(
+        tj.GROUP, tj.VERSION, "team-a", tj.PLURAL, NAME
+    )
+    assert kube.trainjob(NAME) is None and kube.jobset(NAME) is not None
+    kube.scenario(NAME, Scenario.success())
+    mark = len(kube.requests)
+    running = Running(base.launcher(kube))
+
+    after = requests_after(kube, mark)
+    first = kube.wait_for_request(
+        None,
+        where=lambda r: after(r) and (r.resource, r.method) in (("trainjobs", "POST"), ("jobsets", "GET")),
+    )
+    assert first.resource == "jobsets", "created the TrainJob while its old JobSet still existed"
+    mark = len(kube.requests)
+    kube.collect_garbage()  # the JobSet goes; its pods terminate
+    # Pods still there: the launcher must look again rather than create. Whichever comes first tells.
+    kube.wait_for_request(None, where=lambda _: next_move(kube, mark) is not None)
+    assert next_move(kube, mark).method == "GET", "created the TrainJob while the old pods were terminating"
+    kube.collect_garbage()  # the pods are gone
+    result = running.result()
+    assert result.status == "Complete" and result.created
+    assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [201]
+    assert f"TrainJob {NAME} of this run and task was deleted, but JobSet {NAME}" in user_log.text
+
+
 def test_a_trainjob_created_while_its_old_jobset_exists_inherits_it(kube):
     """The hazard the launcher avoids, as the stand-in shows it (the Trainer's jobset plugin, see _controller.py)."""
     kube.add_object(base.manifest(), scenario=Scenario.failure(pending_seconds=0.0, log_lines=[]))

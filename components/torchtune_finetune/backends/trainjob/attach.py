@@ -4,8 +4,8 @@ The name is deterministic per KFP run + task, so a 409 means a KFP retry or a re
 TrainJob carries our run/task labels we attach to it (a Failed one is replaced, since a retry is meant to train
 again; one being deleted is waited for); anything else is someone else's and we stop with a clear error. The
 runtime and the Kueue LocalQueue are checked first (permissions.py), and the step's pod becomes the TrainJob's
-owner (owner.py) unless the cleanup policy is "never". A replaced TrainJob must be gone with its JobSet and pods
-before the new one is created (gone.py).
+owner (owner.py) unless the cleanup policy is "never". A replaced or deleted TrainJob must be gone with its JobSet
+and pods before the new one is created (gone.py).
 """
 
 from __future__ import annotations
@@ -77,6 +77,18 @@ def create_or_attach(
     owner = None if cleanup == "never" else step_pod_reference(core, namespace, api=api, log=log)
     if owner is not None:
         manifest["metadata"]["ownerReferences"] = [owner]
+    left = gone.leftovers(custom, core, namespace, name, api=api)
+    if left and not left[0].startswith("TrainJob"):
+        # An earlier attempt's TrainJob was deleted (a Background delete removes it at once) while its JobSet and
+        # pods remain: the pods take their grace period to save and stop (300 s in our runtimes). A TrainJob
+        # created now would inherit them, and two trainings would share the run folder.
+        log.info(
+            "TrainJob %s of this run and task was deleted, but %s remain: waiting for them to be gone, then "
+            "creating",
+            name,
+            ", ".join(left),
+        )
+        wait_gone()
     for _ in range(2):  # a second round after replacing a failed TrainJob of ours
         try:
             api(custom.create_namespaced_custom_object, tj.GROUP, tj.VERSION, namespace, tj.PLURAL, manifest)

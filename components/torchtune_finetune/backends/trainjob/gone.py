@@ -2,7 +2,7 @@
 
 Deletion is asynchronous on a cluster: a Background DELETE removes the TrainJob at once (the Trainer puts no
 finalizer on it), the garbage collector deletes its JobSet later, and the pods terminate within their grace period
-(30 s by default). The Trainer finds a TrainJob's JobSet by the TrainJob's name and leaves an existing one alone
+(30 s by default, 300 s in our runtimes). The Trainer finds a TrainJob's JobSet by the TrainJob's name and leaves an existing one alone
 (kubeflow/trainer v2.3 pkg/runtime/framework/plugins/jobset: Build returns nothing for an existing, unsuspended
 JobSet; Status copies its conditions). A TrainJob re-created while the old JobSet is still there would inherit it:
 the old Failed condition, the old (terminating) pods. So the replacement waits for all three to answer 404 / none.
@@ -18,7 +18,8 @@ from kfp_finetune.components._shared.kube.client import Backoff
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
-WAIT_TIMEOUT = 300.0  # pods' default grace period (30 s) plus garbage-collector latency, with room to spare
+# The pods' grace period (300 s in our runtimes: time to save a checkpoint) plus garbage-collector latency, with room.
+WAIT_TIMEOUT = 480.0
 
 
 def leftovers(custom: Any, core: Any, namespace: str, name: str, *, api: Callable[..., Any]) -> list[str]:

@@ -24,6 +24,9 @@ from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import 
 )
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.network import check_network
 
+#: Kubernetes' terminationGracePeriodSeconds when a pod sets none.
+DEFAULT_GRACE_SECONDS = 30
+
 
 def check_runtime(
     custom: Any,
@@ -66,24 +69,33 @@ def check_runtime(
 
 
 def note_missing_stop_hook(runtime: Mapping[str, Any], kind: str, name: str, log: Any) -> None:
-    """Say so when the runtime's node container lacks our preStop hook (_shared/stop_request.py): a stopping pod
-    then saves its checkpoint on SIGTERM only, which torchrun follows with a SIGKILL 30 s later."""
+    """Say so when the runtime's node pods lack our preStop hook (_shared/stop_request.py), or a grace period longer
+    than Kubernetes' default 30 s to use it in: a stopping pod then saves its checkpoint on SIGTERM only, which
+    torchrun follows with a SIGKILL 30 s later."""
     jobs = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
     pods = [
         (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
         for job in jobs
     ]
-    containers = [c for pod in pods for c in pod.get("containers") or [] if c.get("name") == tj.NODE]
-    hooks = [
-        ((c.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command") for c in containers
-    ]
-    if containers and list(HOOK_COMMAND) not in hooks:
-        log.info(
-            "%s %r has no preStop hook asking the training to save (runtimes/*.yaml have one): a preempted or "
-            "drained pod saves its checkpoint on SIGTERM only, within torchrun's 30 s before it kills the workers",
-            kind,
-            name,
-        )
+    nodes = [(pod, c) for pod in pods for c in pod.get("containers") or [] if c.get("name") == tj.NODE]
+    if not nodes:
+        return
+    pod, container = nodes[0]
+    hook = (((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
+    grace = pod.get("terminationGracePeriodSeconds") or DEFAULT_GRACE_SECONDS
+    if hook != list(HOOK_COMMAND):
+        missing = "no preStop hook asking the training to save (runtimes/*.yaml have one)"
+    elif grace <= DEFAULT_GRACE_SECONDS:
+        missing = f"a grace period of {grace} s for its preStop hook (runtimes/*.yaml give 300 s)"
+    else:
+        return
+    log.info(
+        "%s %r has %s: a preempted or drained pod saves its checkpoint on SIGTERM only, within torchrun's 30 s "
+        "before it kills the workers",
+        kind,
+        name,
+        missing,
+    )
 
 
 def check_local_queue(

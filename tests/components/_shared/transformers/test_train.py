@@ -406,22 +406,28 @@ def test_the_pods_stop_request_saves_and_stops_the_run_but_not_at_its_last_step(
     the run finishes and writes its outputs instead: the Trainer would resume that checkpoint into one step more."""
     import tempfile
 
-    from transformers import TrainerControl, TrainerState
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import DefaultFlowCallback
 
     from kfp_finetune.components._shared import stop_request
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this container's temp folder
     callback = train.checkpoint_callback(every_minutes=0)
+    # With checkpoint_every_steps the Trainer saves by steps, and its own flow asks for a checkpoint at the end.
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), save_strategy="steps", save_steps=10, report_to=[]
+    )
 
     def at(step: int) -> TrainerControl:
-        control = TrainerControl()
-        callback.on_step_end(None, TrainerState(global_step=step, max_steps=3), control)
+        control, state = TrainerControl(), TrainerState(global_step=step, max_steps=3, save_steps=10)
+        for flow in (DefaultFlowCallback(), callback):  # in the Trainer's order: its defaults first
+            flow.on_step_end(args, state, control)
         return control
 
     assert not at(1).should_save
     stop_request.request()
     assert (at(2).should_save, at(2).should_training_stop) == (True, True)
-    assert (at(3).should_save, at(3).should_training_stop) == (False, False)
+    assert (at(3).should_save, at(3).should_training_stop) == (False, True)  # the end, as planned
 
 
 @pytest.mark.parametrize(
