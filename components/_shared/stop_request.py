@@ -15,6 +15,11 @@ training process holds with a shared flock from its first step until it exits, s
 granted exactly when the last one has gone (a killed process's lock goes with it). A request from before the
 training process began belongs to an earlier container and is ignored.
 
+A training process that sees the request says so (`acknowledged`), and so does one that has finished training and
+writes its outputs (`finishing`). When none has within ACK_SECONDS — a rank stuck in a collective whose peer is gone
+(another node's crash failed the Job), a step or an epoch-end save longer than that — the hook stops waiting and
+leaves the container to SIGTERM, rather than hold its GPUs for the whole grace period.
+
     python -m kfp_finetune.components._shared.stop_request      # the preStop hook
 
 Where the folder cannot be written (a read-only root filesystem) training goes on without it and SIGTERM alone stops
@@ -39,7 +44,10 @@ log = get_logger(__name__)
 HOOK_COMMAND = ("python", "-m", "kfp_finetune.components._shared.stop_request")
 FOLDER = "kfp-finetune-stop"
 REQUESTED = "requested"
+ACKNOWLEDGED = "acknowledged"
 LOCK = "training.lock"
+#: How long the hook waits for a training process to see its request (one step boundary, at most).
+ACK_SECONDS = 120.0
 
 
 def folder() -> Path:
@@ -73,38 +81,79 @@ class TrainingProcess:
         self._lock_fd = fd  # never closed: the lock goes when the process does, whichever way it ends
 
     def requested(self) -> bool:
-        """True once the container's preStop hook asked the training to stop, since this process began."""
-        try:
-            return float((folder() / REQUESTED).read_text()) >= self._since
-        except (OSError, ValueError):  # none, or one being written
+        """True once the container's preStop hook asked the training to stop, since this process began (and the
+        hook is told this process acts on it)."""
+        asked = _time_in(REQUESTED)
+        if asked is None or asked < self._since:
             return False
+        self.acknowledge()
+        return True
+
+    def acknowledge(self) -> None:
+        """Tell a waiting hook that this process is saving and will exit by itself."""
+        if self._lock_fd is not None:
+            _write(ACKNOWLEDGED, f"{time.time():.6f}")
+
+    def finishing(self) -> None:
+        """Tell a hook, now or later, that this process has finished training and exits once its outputs are
+        written: whenever a request comes, it is acknowledged."""
+        if self._lock_fd is not None:
+            _write(ACKNOWLEDGED, "inf")
+
+
+def _write(name: str, value: str) -> None:
+    """`value` into the stop folder's file `name`, renamed into place whole."""
+    folder().mkdir(parents=True, exist_ok=True)
+    partial = folder() / f".{name}.{os.getpid()}"
+    partial.write_text(value + "\n")
+    partial.replace(folder() / name)
+
+
+def _time_in(name: str) -> float | None:
+    try:
+        return float((folder() / name).read_text())
+    except (OSError, ValueError):  # none, or a folder that cannot be read
+        return None
 
 
 def request() -> None:
-    """The hook's first half: ask the container's training to stop (the time, renamed into place whole)."""
-    folder().mkdir(parents=True, exist_ok=True)
-    partial = folder() / f".{REQUESTED}.{os.getpid()}"
-    partial.write_text(f"{time.time():.6f}\n")
-    partial.replace(folder() / REQUESTED)
+    """The hook's first half: ask the container's training to stop."""
+    _write(REQUESTED, f"{time.time():.6f}")
 
 
-def wait_for_training() -> float:
+def wait_for_training(ack_seconds: float = ACK_SECONDS) -> tuple[float, bool]:
     """The hook's second half: wait until every training process of the container exited (the kubelet ends the
-    wait at the grace period); the seconds waited."""
+    wait at the grace period), or for `ack_seconds` when none acknowledged the request. The seconds waited, and
+    whether they exited."""
     started = time.monotonic()
+    asked = _time_in(REQUESTED) or 0.0
     fd = os.open(folder() / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - started, True
+            except BlockingIOError:
+                pass
+            waited = time.monotonic() - started
+            if waited >= ack_seconds and (_time_in(ACKNOWLEDGED) or 0.0) < asked:
+                return waited, False
+            time.sleep(0.2)
     finally:
         os.close(fd)
-    return time.monotonic() - started
 
 
 def main() -> int:
     request()
     print("kfp-finetune: the pod is stopping: asked the training to save a checkpoint and exit", flush=True)
-    waited = wait_for_training()
-    print(f"kfp-finetune: the training processes exited after {waited:.1f}s", flush=True)
+    waited, exited = wait_for_training()
+    if exited:
+        print(f"kfp-finetune: the training processes exited after {waited:.1f}s", flush=True)
+    else:
+        print(
+            f"kfp-finetune: no training process acknowledged in {waited:.0f}s: leaving it to SIGTERM",
+            flush=True,
+        )
     return 0
 
 

@@ -336,6 +336,7 @@ def train(settings: SftSettings) -> dict:
         )
         return {**summary, "interrupted": True}
     log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
+    trainer.checkpoint_callback.pod_stop.finishing()  # a stop hook now waits for the outputs
     # Every process is done training; the others leave now rather than wait in a barrier while rank 0 merges and
     # writes (a large model's merge on CPU can outlast the collectives' timeout, which would fail the finished run).
     trainer.accelerator.wait_for_everyone()

@@ -10,6 +10,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from kfp_finetune.components._shared.stop_request import HOOK_COMMAND, TrainingProcess
 
 # A training process: holds the lock, says so, waits for the request, then "saves" (a marker) and exits 143.
@@ -147,3 +149,49 @@ def test_a_request_from_before_the_training_process_began_is_an_earlier_containe
     assert not process.requested()
     stop_request.request()
     assert process.requested()
+
+
+# A training process in three manners: "never" sees requests (stuck), "acts" on one (acknowledges it) or is
+# "finishing" (past training); the last two exit a second later, after the hook's acknowledgement timeout.
+MANNERS = textwrap.dedent(
+    """
+    import sys, time
+    from kfp_finetune.components._shared.stop_request import TrainingProcess
+
+    process, manner = TrainingProcess(), sys.argv[1]
+    process.hold()
+    if manner == "finishing":
+        process.finishing()
+    print("held", flush=True)
+    if manner == "never":
+        time.sleep(600)
+    while manner == "acts" and not process.requested():
+        time.sleep(0.01)
+    time.sleep(1.0)
+    """
+)
+
+
+@pytest.mark.parametrize("manner", ["never", "acts", "finishing"])
+def test_the_hook_leaves_a_training_that_never_acknowledges_to_sigterm_and_waits_for_one_that_does(
+    tmp_path, monkeypatch, manner
+):
+    from kfp_finetune.components._shared import stop_request
+
+    env = container_env(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", env["TMPDIR"])  # the hook's side, in the same container
+    training = subprocess.Popen(
+        [sys.executable, "-c", MANNERS, manner], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert training.stdout.readline() == "held\n"
+        stop_request.request()
+        waited, exited = stop_request.wait_for_training(ack_seconds=0.3)
+        if manner == "never":
+            assert not exited and training.poll() is None, "gave up on it, and left it running for SIGTERM"
+        else:
+            assert exited and waited > 0.3
+            assert training.wait(timeout=60) == 0
+    finally:
+        training.kill()
+        training.wait()
