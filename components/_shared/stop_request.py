@@ -11,7 +11,7 @@ grace period, not torchrun's 30 s, bounds the checkpoint; the SIGTERM that follo
 The request and the wait go through two files in a folder of the container's temp folder (the hook runs in the
 container, with its environment), named for the pod (its hostname) and the user, should /tmp be shared with other
 pods or outlive the container: `requested`, which the hook writes with the time, and `training.lock`, which every
-training process holds with a shared flock from its first step until it exits, so the hook's exclusive flock is
+training process holds with a shared flock from the start of training until it exits, so the hook's exclusive flock is
 granted exactly when the last one has gone (a killed process's lock goes with it). A request from before the
 training process began belongs to an earlier container and is ignored.
 
@@ -56,8 +56,8 @@ def folder() -> Path:
 
 
 class TrainingProcess:
-    """This process's side: `hold()` once it has trained a step (the hook then waits for it to exit), and
-    `requested()`, asked between two steps."""
+    """This process's side: `hold()` once training begins (a hook then waits for it to exit), and `requested()`,
+    asked between two steps."""
 
     def __init__(self) -> None:
         self._lock_fd: int | None = None

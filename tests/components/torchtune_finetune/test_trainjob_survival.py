@@ -11,7 +11,7 @@ import yaml
 
 from kfp_finetune.components.torchtune_finetune.backends.trainjob import TrainJobError, TrainJobFailed
 from tests.components.torchtune_finetune import test_trainjob_launcher as base
-from tests.components.torchtune_finetune.test_trainjob_lifecycle import Running
+from tests.components.torchtune_finetune.test_trainjob_lifecycle import Running, requests_after
 from tests.support.kube_standin import Scenario
 
 NAME = base.NAME
@@ -110,8 +110,11 @@ def test_a_retry_waits_for_its_own_terminating_trainjob_then_creates(kube, user_
     assert kube.trainjob(NAME)["metadata"]["deletionTimestamp"]
     kube.scenario(NAME, Scenario.success(["new run"]))
     running = Running(base.launcher(kube))
-    kube.wait_for_request("GET", "trainjobs", where=lambda r: r.name == NAME)  # after the 409
-    kube.wait_for_request("GET", "jobsets")  # waiting for what is left of it
+    kube.wait_for_request("POST", "trainjobs")  # the 409
+    mark = len(kube.requests)
+    kube.wait_for_request(
+        "GET", "jobsets", where=requests_after(kube, mark)
+    )  # waiting for what is left of it
     assert [r.status for r in kube.requests_for("POST", "trainjobs")] == [409]
     while kube.collect_garbage():
         pass
