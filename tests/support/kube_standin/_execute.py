@@ -254,9 +254,8 @@ class NodeProcesses:
         if not hook or node.process is None or node.process.poll() is not None:
             node.kill_at = time.monotonic() + grace
             _terminate(node.process)
-            _signal_container(
-                node, signal.SIGCONT
-            )  # held since the disruption's line (kueue_preempt_on_line)
+            # Held since the disruption's line (kueue_preempt_on_line): it goes on, and handles the SIGTERM.
+            _signal_container(node, signal.SIGCONT)
             return
         _signal_container(node, signal.SIGSTOP)
         started = time.monotonic()

@@ -2,9 +2,9 @@
 
 Deletion is asynchronous on a cluster: a Background DELETE removes the TrainJob at once (the Trainer puts no
 finalizer on it), the garbage collector deletes its JobSet later, and the pods terminate within their grace period
-(30 s by default, 300 s in our runtimes). The Trainer finds a TrainJob's JobSet by the TrainJob's name and leaves an existing one alone
-(kubeflow/trainer v2.3 pkg/runtime/framework/plugins/jobset: Build returns nothing for an existing, unsuspended
-JobSet; Status copies its conditions). A TrainJob re-created while the old JobSet is still there would inherit it:
+(30 s by default, 300 s in our runtimes). The Trainer finds a TrainJob's JobSet by the TrainJob's name and leaves an
+existing one alone (kubeflow/trainer v2.3 pkg/runtime/framework/plugins/jobset: Build returns nothing for an
+existing, unsuspended JobSet; Status copies its conditions). A TrainJob re-created while the old JobSet is still there would inherit it:
 the old Failed condition, the old (terminating) pods. So the replacement waits for all three to answer 404 / none.
 """
 
