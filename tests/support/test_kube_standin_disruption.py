@@ -167,6 +167,42 @@ def test_a_preempted_pod_gets_sigterm_fails_with_its_exit_code_and_its_replaceme
     ]
 
 
+def test_a_pod_whose_command_exits_with_an_ignored_code_is_kept_and_replaced_and_any_other_code_fails_the_job(
+    kube_standin, custom, tmp_path
+):
+    """pod_failure_policy.go applies to every failed pod, not only disrupted ones: an Ignore rule on the exit code
+    (our runtimes' 75) replaces the pod without counting it, and the failed pod stays (restartPolicy Never); the
+    FailJob rule after it still fails the Job on another code."""
+    policy = {"rules": [
+        {"action": "Ignore", "onExitCodes": {"containerName": "node", "operator": "In", "values": [75]}},
+        {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "NotIn", "values": [0]}},
+    ]}  # fmt: skip
+    kube_standin.add_runtime("fail-fast", restart_policy="Never", backoff_limit=0, pod_failure_policy=policy)
+    # The first run exits with FIRST_EXIT; the next one succeeds.
+    script = (
+        "import os, pathlib, sys; ran = pathlib.Path(os.environ['WORKSPACE'], 'ran'); first = not ran.exists(); "
+        "ran.touch(); print('first' if first else 'again', flush=True); "
+        "sys.exit(int(os.environ['FIRST_EXIT']) if first else 0)"
+    )
+    for name, first_exit in (("ignored", "75"), ("failing", "3")):
+        (workspace := tmp_path / name).mkdir()
+        kube_standin.execute(job=name, extra_env={"WORKSPACE": str(workspace), "FIRST_EXIT": first_exit})
+        body = {"apiVersion": TRAINER_API_VERSION, "kind": "TrainJob", "metadata": {"name": name}, "spec": {
+            "runtimeRef": {"name": "fail-fast"}, "trainer": {"command": [sys.executable, "-c", script]}}}  # fmt: skip
+        custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, NS, "trainjobs", body)
+
+    kube_standin.wait_for_trainjob("ignored", condition="Complete", timeout=30)
+    kube_standin.wait_for_trainjob("failing", condition="Failed", timeout=30)
+    pods = sorted(kube_standin.pods("ignored"), key=lambda p: kube_standin.pod_log(p["metadata"]["name"]))
+    assert [kube_standin.pod_log(p["metadata"]["name"]) for p in pods] == ["again\n", "first\n"]
+    assert [(p["status"]["phase"], p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"])
+            for p in pods] == [("Succeeded", 0), ("Failed", 75)]  # fmt: skip
+    assert all(disruption_of(p) is None for p in pods)
+    (failed,) = kube_standin.pods("failing")
+    assert kube_standin.pod_log(failed["metadata"]["name"]) == "first\n"
+    assert [reason for _, reason, _ in node_events(kube_standin, "failing-node-0")] == ["PodFailurePolicy"]
+
+
 def test_a_preempted_pod_that_ignores_sigterm_is_killed_when_its_grace_period_ends(
     kube_standin, custom, tmp_path
 ):

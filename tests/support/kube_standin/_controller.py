@@ -341,7 +341,9 @@ class Controller:
             everyone = store.list_objects("pods", namespace)
         blocked = False
         for pod_name in pods:
-            pod = next(p for p in everyone if p["metadata"]["name"] == pod_name)
+            pod = next((p for p in everyone if p["metadata"]["name"] == pod_name), None)
+            if pod is None:  # already deleted with its TrainJob (the garbage collector does not wait for us)
+                continue
             others = [p for p in everyone if p["metadata"]["name"] not in pods]
             if error := multi_attach_error(pod, claims, others):
                 store.record_event(namespace, "Pod", pod_name, "FailedAttachVolume", error, "Warning")

@@ -88,23 +88,25 @@ class NodeProcesses:
                     exit_codes[rank] = code
                     self.controls.delete_pod(self.namespace, node.pod)
                     continue
-                if node.disruption is not None:
-                    ended = self._disrupted_pod_ended(rank, node, code, wait)
-                    if ended == "replaced":
-                        continue
-                    if ended not in ("succeeded", "failed"):
-                        return ended
-                    exit_codes[rank] = 0 if ended == "succeeded" else code or 1
-                    if ended == "failed":
+                # restartPolicy OnFailure would restart a failed container in place, which execute mode does not
+                # do: the Job fails at once instead, never kinder than the cluster.
+                if node.disruption is None and (code == 0 or self.controls.policy.restart_policy != "Never"):
+                    reason = "Completed" if code == 0 else "Error"
+                    self.store.update(
+                        "pods", self.namespace, node.pod, lambda p, c=code, r=reason: mark_terminated(p, c, r)
+                    )
+                    exit_codes[rank] = code
+                    if code != 0:
                         failed = True
                         kill_processes(self.processes)  # the Job fails, its other pods are deleted
                     continue
-                reason = "Completed" if code == 0 else "Error"
-                self.store.update(
-                    "pods", self.namespace, node.pod, lambda p, c=code, r=reason: mark_terminated(p, c, r)
-                )
-                exit_codes[rank] = code
-                if code != 0:
+                ended = self._pod_ended(rank, node, code, wait)
+                if ended == "replaced":
+                    continue
+                if ended not in ("succeeded", "failed"):
+                    return ended
+                exit_codes[rank] = 0 if ended == "succeeded" else code or 1
+                if ended == "failed":
                     failed = True
                     kill_processes(self.processes)  # the Job fails, its other pods are deleted
             if len(exit_codes) < len(self.nodes) and (outcome := wait(0.02)):
@@ -198,21 +200,22 @@ class NodeProcesses:
         for raw in iter(process.stdout.readline, b""):
             line = raw.decode(errors="replace")
             self.store.append_log(self.namespace, node.pod, line)
-            self._maybe_disrupt(rank, node, line)
+            self._maybe_disrupt(rank, line)
         process.stdout.close()
         process.wait()  # the container's processes are gone (none holds its output open): its GPUs are free
         self._give_back_gpus(node)
 
     # Disruption ---------------------------------------------------------------------------------------------
 
-    def _maybe_disrupt(self, rank: int, node: NodeProcess, line: str) -> None:
-        """At the scenario's line (in the reader thread, so the process has gone no further than a pipe's worth):
-        the scheduler preempts the pod, or its node is lost."""
+    def _maybe_disrupt(self, rank: int, line: str) -> None:
+        """At the scenario's line in rank 0's log, where training logs (in its reader thread, so the process has
+        gone no further than a pipe's worth): the scheduler preempts the planned rank's pod, or its node is lost."""
         with self._lock:
             planned = self._planned
-            if planned is None or planned.rank != rank or planned.on_line not in line:
+            if planned is None or rank != 0 or planned.on_line not in line or planned.rank not in self.nodes:
                 return
             self._planned = None
+            node = self.nodes[planned.rank]
         if planned.kind == WORKLOAD_PREEMPTION:  # the Job's graceful stop of its pods follows (_stop_running)
             _signal_container(node, signal.SIGSTOP)
             self.controls.preempt_workload()
@@ -302,17 +305,21 @@ class NodeProcesses:
         reader.join(timeout=5)
         return code == 0
 
-    def _disrupted_pod_ended(self, rank: int, node: NodeProcess, code: int, wait: Wait) -> str | None:
-        """The disrupted pod's process ended: the kubelet's (or PodGC's) last word on the pod, then the Job
-        controller's: "replaced", "succeeded", "failed", or what ended the wait."""
-        namespace = self.namespace
-        if node.disruption is not None and node.disruption.kind == PREEMPTION:
+    def _pod_ended(self, rank: int, node: NodeProcess, code: int, wait: Wait) -> str | None:
+        """A disrupted pod's process ended, or a pod's process failed: the kubelet's (or PodGC's) last word on the
+        pod, then the Job controller's, which applies the podFailurePolicy to every failed pod
+        (pod_failure_policy.go): "replaced", "succeeded", "failed", or what ended the wait. A disrupted pod is
+        being deleted and goes; a failed one stays (restartPolicy Never), also when the Job replaces it."""
+        namespace, disruption = self.namespace, node.disruption
+        if disruption is None or disruption.kind == PREEMPTION:
             reason = "Completed" if code == 0 else "Error"
             pod = self.store.update("pods", namespace, node.pod, lambda p: mark_terminated(p, code, reason))
         else:  # PodGC: phase Failed, container statuses as the lost kubelet last reported them
             pod = self.store.update("pods", namespace, node.pod, mark_disrupted)
         lost_node = (
-            None if node.disruption.kind == PREEMPTION else (pod or {}).get("spec", {}).get("nodeName")
+            (pod or {}).get("spec", {}).get("nodeName")
+            if disruption is not None and disruption.kind != PREEMPTION
+            else None
         )
         if pod is not None and pod["status"]["phase"] == "Succeeded":
             self._remove(node.pod)
@@ -324,12 +331,14 @@ class NodeProcesses:
             self.controls.fail_job(
                 ("PodFailurePolicy", message) if action == "FailJob" else BACKOFF_LIMIT_EXCEEDED
             )
-            self._remove(node.pod)
+            if disruption is not None:
+                self._remove(node.pod)
             return "failed"
         # podReplacementPolicy Failed: a replacement once the pod is terminal, after the pod-failure back-off
         if outcome := wait(crash_loop_delay(self._failed_pods, self.scenario.restart_backoff_scale)):
             return outcome
-        self._remove(node.pod)
+        if disruption is not None:
+            self._remove(node.pod)
         replacement = self.controls.replace_pod(rank, lost_node)
         if replacement is None:  # it can never start: the job waits for its deadline or deletion
             del self.nodes[rank]

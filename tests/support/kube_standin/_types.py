@@ -50,14 +50,15 @@ class Scenario:
             its pod gets a ``DisruptionTarget`` condition and fails, and the Job controller applies the runtime's
             podFailurePolicy (``_disruption.py``): ``Ignore`` replaces the pod (the trainer starts over, once).
         lost_node_rank: Which rank's node is lost.
-        preempt_on_line: Execute mode: at the first output line of rank ``preempted_rank`` that contains this text
-            (e.g. ``"Step 3 |"``), the scheduler preempts the pod (``_disruption.py``): ``DisruptionTarget``
-            (``PreemptionByScheduler``), a graceful delete, the node container's ``preStop`` exec hook (if any),
+        preempt_on_line: Execute mode: at the first output line of rank 0 (where training logs) that contains
+            this text (e.g. ``"Step 3 |"``), the scheduler preempts rank ``preempted_rank``'s pod
+            (``_disruption.py``): ``DisruptionTarget`` (``PreemptionByScheduler``), a graceful delete, the node container's ``preStop`` exec hook (if any),
             SIGTERM to the command, SIGKILL to all its processes when the pod's ``terminationGracePeriodSeconds``
             (default 30) is over (_execute.py, ``_stop_container``); the pod fails with the command's exit
             code and the Job controller applies the runtime's podFailurePolicy: ``Ignore`` replaces the pod (after
             the pod back-off, scaled by ``restart_backoff_scale``) and the replacement runs the same command. Once
-            per TrainJob start.
+            per TrainJob start. The policy applies as well to any other pod whose command fails (an ``Ignore`` on
+            its exit code replaces it; the failed pod stays).
         preempted_rank: Which rank ``preempt_on_line`` preempts.
         lose_node_on_line: Execute mode: as ``preempt_on_line``, but the node of rank ``lost_node_rank`` is lost:
             every process of the pod is SIGKILLed at once, PodGC marks the pod (``DeletionByPodGC``, phase Failed,
