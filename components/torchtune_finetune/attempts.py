@@ -8,7 +8,8 @@ unchanged model, a full GPU fail once however many retries the task has.
 
 Infrastructure (trained again, from the newest checkpoint): the step's own pod stopped by a signal (eviction,
 preemption, node drain); a TrainJob whose node pods were disrupted (DisruptionTarget: preemption, eviction, node
-loss) or stopped by SIGTERM (exit 143, after saving a checkpoint); the Kubernetes API unreachable. A step pod
+loss) or stopped for a pod's stop after saving a checkpoint (exit 143, or 75 on the nodes that stopped with
+another node's pod: _shared/stop_exit.py); the Kubernetes API unreachable. A step pod
 killed outright (node loss) records nothing, and its retry trains again.
 
 A failure older than the window is not held against a new attempt: that is a person retrying the run, after
@@ -26,15 +27,16 @@ from pathlib import Path
 
 from kfp_finetune.components._shared.cancel import Interrupted
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.stop_exit import OTHER_POD_STOPPING, OWN_POD_STOPPING
 
 ATTEMPTS_FILE = "attempts.json"
 INFRASTRUCTURE = "infrastructure"
 FAILED = "failed"
 #: Longer than the pipelines' whole retry back-off (pipelines/settings.py: 3 retries, 1 + 2 + 4 minutes apart).
 AUTOMATIC_RETRY_WINDOW = 15 * 60.0
-#: The exit code of a trainer stopped by SIGTERM (after saving its checkpoint: recipe.py). 137 is not here: it is
-#: also how an out-of-memory kill ends, which a retry repeats.
-_SIGNAL_EXITS = (143,)
+#: The exit codes of a trainer that saved its checkpoint and stopped for a pod's stop (_shared/stop_exit.py). 137 is
+#: not here: it is also how an out-of-memory kill ends, which a retry repeats.
+_STOP_EXITS = (OWN_POD_STOPPING, OTHER_POD_STOPPING)
 _DISRUPTED = ("DisruptionTarget", "disrupted", "preempted", "evicted", "node was lost")
 
 
@@ -57,12 +59,11 @@ def classify(error: BaseException) -> str:
     if isinstance(error, Interrupted):
         return INFRASTRUCTURE
     if isinstance(error, TrainingFailed):
-        return INFRASTRUCTURE if error.returncode in _SIGNAL_EXITS or (error.returncode or 0) < 0 else FAILED
+        return INFRASTRUCTURE if error.returncode in _STOP_EXITS or (error.returncode or 0) < 0 else FAILED
     if isinstance(error, TrainJobFailed):
         text = f"{error.result.reason} {error.result.message} {error}"
-        return (
-            INFRASTRUCTURE if any(word in text for word in _DISRUPTED) or "exit code 143" in text else FAILED
-        )
+        stopped = any(f"exit code {code}" in text for code in _STOP_EXITS)
+        return INFRASTRUCTURE if any(word in text for word in _DISRUPTED) or stopped else FAILED
     if isinstance(error, ConfigError):
         return FAILED
     if _api_unreachable(error):

@@ -10,7 +10,8 @@ layout's logit parity with transformers; for transformers TRL's argument checks)
 one clear line (exit code 2) instead of a traceback minutes into model loading. A good one goes on to the engine's
 command, called in this process (`run_node_command`): torch is imported once per pod. One device: the training
 runs here, so it is this process that receives the pod's SIGTERM (torchtune's recipe checkpoints on it,
-recipe.py). Several: torchrun's agent runs here and starts the workers, forwarding signals to them. The checks
+recipe.py). Several: torchrun's agent runs here and starts the workers, forwarding signals to them; workers that
+stopped for a pod's stop give the pod their exit code, not torchrun's error (_shared/stop_exit.py). The checks
 leave the process-wide state training starts from as they found it (process_state.py): RNGs, dtype, grad mode,
 flags, signal handlers, memory.
 
@@ -176,7 +177,6 @@ def checked_run(engine: str, command: list[str], *, local: bool = False) -> tupl
 
 
 def main(argv: list[str]) -> int:
-    from kfp_finetune.components._shared import engines
     from kfp_finetune.components.torchtune_finetune.lease import guard_with_lease
 
     if argv[:1] == [PROBE]:
@@ -190,7 +190,29 @@ def main(argv: list[str]) -> int:
         return refused
     if not local:  # a TrainJob's training stops if the step that launched it is gone (lease.py)
         guard_with_lease(run_dir)
-    return engines.face(engine).run_node_command(command)
+    return train(engine, command)
+
+
+def train(engine: str, command: list[str]) -> int:
+    """The engine's training command in this process; under torchrun, workers that all stopped for a pod's stop
+    give the pod their exit code (stop_exit.py) rather than torchrun's error, which Python would end with 1."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from kfp_finetune.components._shared import engines
+    from kfp_finetune.components._shared.stop_exit import OTHER_POD_STOPPING, node_exit_code
+
+    try:
+        return engines.face(engine).run_node_command(command)
+    except ChildFailedError as error:
+        code = node_exit_code(failure.exitcode for failure in error.failures.values())
+        if code is None:
+            raise
+        why = "another node's pod is stopping" if code == OTHER_POD_STOPPING else "this pod is stopping"
+        print(
+            f"{PREFIX}the training processes stopped ({why}): exit code {code}",
+            flush=True,
+        )
+        return code
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ before the next batch is drawn — the recipe may save its whole training state:
 scheduler, the dataloader's position, the step and epoch counters and every RNG. That happens every
 `checkpoint_every_steps` steps / `checkpoint_every_minutes` minutes, and at once when the pod stops (its preStop hook's
 request, _shared/stop_request.py, or SIGTERM: a preempted or evicted pod gets a grace period before SIGKILL), after
-which the process exits 143 as if the signal had ended it.
+which the process exits 143 as if the signal had ended it (75 on the nodes whose own pod is not stopping:
+_shared/stop_exit.py).
 A run started on a run folder with a complete checkpoint of the same config continues from it: the steps, the
 learning rate at every step and the data order are an uninterrupted run's.
 
@@ -29,13 +30,13 @@ import hashlib
 import importlib.util
 import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kfp_finetune.components._shared.cancel import StopSignals
+from kfp_finetune.components._shared.stop_exit import stop_exit_code
 from kfp_finetune.components._shared.stop_request import TrainingProcess
 from kfp_finetune.components._shared.torchtune import installed, resume
 from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
@@ -45,8 +46,6 @@ if TYPE_CHECKING:  # torch is imported where it runs: the trainer image; the com
     import torch
     from omegaconf import DictConfig
 
-#: How a process that saved its state on SIGTERM exits: as the signal would have ended it.
-EXIT_AFTER_SIGTERM = 128 + signal.SIGTERM
 #: A checkpoint's reason when a pod's preStop hook asked for it (stop_request.py).
 STOP_REQUEST = "pod stop"
 PREFIX = "kfp-finetune: "
@@ -232,6 +231,8 @@ class Resumable:
         stop = signalled or requested
         if not (stop or due):
             return
+        # This pod's own stop, or only another node's (asked again: it may have come since the all-reduce).
+        own_pod = stop and (self._stop.received is not None or self._stop_request.requested())
         reason = ("SIGTERM" if signalled else STOP_REQUEST) if stop else "interval"
         started = time.monotonic()
         point = resume.new_point(
@@ -246,9 +247,10 @@ class Resumable:
         _say(f"checkpoint at {point.describe()} written in {time.monotonic() - started:.1f}s")
         if stop:
             why = "SIGTERM" if reason == "SIGTERM" else "the pod is stopping"
+            why = why if own_pod else "another node's pod is stopping"
             _say(f"stopping after the checkpoint at step {step} ({why}): a retry resumes from it")
             sys.stdout.flush()
-            os._exit(EXIT_AFTER_SIGTERM)  # no teardown: the grace period is short, the state is on disk
+            os._exit(stop_exit_code(own_pod))  # no teardown: the grace period is short, the state is on disk
 
     # --- the training state -------------------------------------------------------------------------------------
 

@@ -332,6 +332,22 @@ def test_runtime_fails_fast_on_a_trainer_crash(where, job):
 
 
 @pytest.mark.parametrize("where, job", _runtime_jobs(), ids=[where for where, _ in _runtime_jobs()])
+def test_a_node_pod_that_stopped_for_another_nodes_pod_is_replaced_and_only_that(where, job):
+    """On several nodes a preempted pod's training stops the others' at the same step; they exit 75 and must be
+    replaced as the preempted one is (every new pod resumes), ahead of the FailJob rule. A SIGTERM'd one (143: a
+    lapsed lease stops the training that way) must still fail the TrainJob."""
+    from kfp_finetune.components._shared.stop_exit import OTHER_POD_STOPPING
+
+    rules = job["template"]["spec"]["podFailurePolicy"]["rules"]
+    on_codes = [(i, r) for i, r in enumerate(rules) if "onExitCodes" in r]
+    ignored = [(i, r["onExitCodes"]) for i, r in on_codes if r["action"] == "Ignore"]
+    assert [codes for _, codes in ignored] == [
+        {"containerName": NODE, "operator": "In", "values": [OTHER_POD_STOPPING]}
+    ], where
+    assert ignored[0][0] < min(i for i, r in on_codes if r["action"] == "FailJob"), where
+
+
+@pytest.mark.parametrize("where, job", _runtime_jobs(), ids=[where for where, _ in _runtime_jobs()])
 def test_a_stopping_node_pod_asks_its_training_to_save_before_the_sigterm(where, job):
     """The node container's preStop hook asks the training to save and waits for it (torchrun SIGKILLs its workers
     30 s after a SIGTERM), within a grace period longer than Kubernetes' default 30 s."""

@@ -553,7 +553,7 @@ def test_restart_policy_never_fails_the_job_and_keeps_the_failed_pods(
     if event == "PodFailurePolicy":
         assert message == (
             f"Container node for pod {NS}/{kept[0].metadata.name} failed with exit code 137 matching FailJob rule "
-            "at index 1"
+            "at index 2"
         )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
+from kfp_finetune.components._shared.stop_exit import stop_exit_code
 from kfp_finetune.components._shared.stop_request import TrainingProcess
 from kfp_finetune.components._shared.transformers import run_layout
 from kfp_finetune.components._shared.transformers.rows import (
@@ -49,8 +50,6 @@ from kfp_finetune.components._shared.workspace import atomic_dir, write_json_ato
 
 log = get_logger(__name__)
 
-#: The exit code of a run stopped by its pod's stop after saving its checkpoint (128 + SIGTERM).
-INTERRUPTED = 128 + 15
 #: The label of a position left out of the loss (transformers' and TRL's -100).
 IGNORED_LABEL = -100
 
@@ -214,6 +213,7 @@ def checkpoint_callback(every_minutes: float) -> Any:
     class Checkpoints(TrainerCallback):
         def __init__(self) -> None:
             self.stop_requested = False
+            self.own_pod_stopping = False
             self.saved_at = time.monotonic()
             self.previous_handler: Any = None
             self.pod_stop = TrainingProcess()
@@ -238,6 +238,8 @@ def checkpoint_callback(every_minutes: float) -> Any:
             if due or stop:
                 control.should_save = True
             if stop:
+                # This pod's own stop, or only another node's (asked again: it may have come since agreed).
+                self.own_pod_stopping = self.stop_requested or self.pod_stop.requested()
                 self.stop_requested = control.should_training_stop = True
 
         def on_save(self, args, state, control, **kwargs):
@@ -330,11 +332,13 @@ def train(settings: SftSettings) -> dict:
         # Every process's part of the checkpoint (its RNG state) is written before any exits: torchrun stops the
         # other workers as soon as one has exited.
         trainer.accelerator.wait_for_everyone()
+        own_pod = trainer.checkpoint_callback.own_pod_stopping
         log.info(
-            "stopped (the pod is stopping) at step %d, its checkpoint saved: a restart resumes from it",
+            "stopped (%s) at step %d, its checkpoint saved: a restart resumes from it",
+            "the pod is stopping" if own_pod else "another node's pod is stopping",
             result.global_step,
         )
-        return {**summary, "interrupted": True}
+        return {**summary, "interrupted": True, "own_pod_stopping": own_pod}
     log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
     trainer.checkpoint_callback.pod_stop.finishing()  # a stop hook now waits for the outputs
     # Every process is done training; the others leave now rather than wait in a barrier while rank 0 merges and
@@ -425,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = train(SftSettings.from_json(args.settings))
     if is_rank_zero():
         print(summary, flush=True)
-    # Stopped by the pod's stop: the exit a terminated process has, so the pod is not taken for a finished one.
-    return INTERRUPTED if summary.get("interrupted") else 0
+    # Stopped by a pod's stop: not taken for a finished run, and replaced as the runtimes' podFailurePolicy says.
+    return stop_exit_code(summary["own_pod_stopping"]) if summary.get("interrupted") else 0
 
 
 if __name__ == "__main__":

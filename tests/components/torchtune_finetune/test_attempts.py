@@ -33,6 +33,10 @@ def _failed_trainjob(reason, message):
             ),
             attempts.INFRASTRUCTURE,
         ),  # fmt: skip
+        (
+            _failed_trainjob("PodFailurePolicy", "pod j-node-0-0 (rank 0): Error (exit code 75)"),
+            attempts.INFRASTRUCTURE,
+        ),  # stopped with another node's pod (_shared/stop_exit.py), under a runtime that does not replace it
         (ConnectionError("connection refused"), attempts.INFRASTRUCTURE),  # the API server unreachable
         (TrainingFailed("Traceback ... exit code 1", 1, []), attempts.FAILED),  # a crash
         (_failed_trainjob("PodFailurePolicy", "node-0: OOMKilled (exit code 137)"), attempts.FAILED),

@@ -217,9 +217,35 @@ def test_crash_is_reported_after_one_attempt_with_the_reason_and_last_lines(kube
         (
             "PodFailurePolicy",
             f"Container node for pod team-a/{pod['metadata']['name']} failed with exit code 137 matching FailJob "
-            "rule at index 1",
+            "rule at index 2",
         )
     ]
+
+
+def test_a_node_stopped_with_another_nodes_pod_names_the_rule_a_runtime_of_ones_own_lacks(kube):
+    """Exit 75 (_shared/stop_exit.py): the node saved its checkpoint and stopped with a preempted node; a runtime
+    whose podFailurePolicy fails the Job on it (only the DisruptionTarget is ignored) is told the rule to add."""
+    policy = {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "node", "operator": "NotIn", "values": [0]},
+            },
+        ]
+    }
+    kube.add_runtime("team-torch", restart_policy="Never", backoff_limit=0, pod_failure_policy=policy)
+    kube.scenario(None, Scenario.failure(exit_code=75, log_lines=["Step 1 | loss:2.0"]))
+    job = tj.build_trainjob(
+        NAME, ["tune", "run", "full_finetune_distributed", "--config", "c.yaml"], runtime="team-torch",
+        run_id=RUN_ID, task_name=TASK, num_nodes=2,
+    )  # fmt: skip
+    with pytest.raises(TrainJobFailed) as raised:
+        launcher(kube, job).run()
+    assert (
+        "(rank 0): Error (exit code 75). It saved the checkpoint and stopped because another node's pod was "
+        "stopping; the runtime's podFailurePolicy should Ignore exit code 75 on the node container"
+    ) in str(raised.value)
 
 
 def test_a_runtime_without_the_stop_hook_is_named_in_the_step_log(kube, user_log):

@@ -53,10 +53,10 @@ def cluster(kube_standin, inputs, monkeypatch):
     return serve_workspace(kube_standin, inputs[0], monkeypatch)
 
 
-def serve_workspace(kube_standin, workspace: Path, monkeypatch):
+def serve_workspace(kube_standin, workspace: Path, monkeypatch, access_mode: str = "ReadWriteOnce"):
     """The transformers-cpu runtime; this process as the step pod holding the workspace; node commands executed."""
     kube_standin.add_object(yaml.safe_load((RUNTIMES / "transformers-cpu.yaml").read_text()))
-    kube_standin.add_claim(WORKSPACE_PVC, "ReadWriteOnce")
+    kube_standin.add_claim(WORKSPACE_PVC, access_mode)
     kube_standin.add_running_pod(STEP_POD, STEP_NODE, claims=(WORKSPACE_PVC,))
     monkeypatch.setenv("KFP_POD_NAME", STEP_POD)
     monkeypatch.setenv("KUBECONFIG", str(kube_standin.kubeconfig_path))
@@ -173,20 +173,50 @@ def test_a_run_the_node_refuses_fails_the_trainjob_with_the_reason_before_traini
     assert not list(Path(inputs[0]).glob("runs/*/logs/metrics.txt")), "training never started"
 
 
-def test_two_processes_per_node_train_data_parallel_under_torchrun(inputs, cluster, tmp_path):
-    """`torchrun` from Trainer's PET_* environment starts one process per device and the Trainer trains at world
-    size 2 (KEP-2839 found `accelerate launch` silently trained at world size 1): the recorded world size is 2 and
-    each optimizer step consumed two micro-batches, one per process."""
-    result, artifacts = fine_tune(inputs, tmp_path, "trainjob", task_config(inputs[0]), num_proc_per_node=2)
+def test_two_nodes_train_data_parallel_and_resume_together_when_one_is_preempted(
+    inputs, kube_standin, monkeypatch, tmp_path
+):
+    """Two node pods: `torchrun` from Trainer's PET_* environment trains at world size 2 (KEP-2839 found `accelerate
+    launch` silently trained at world size 1). The scheduler preempts rank 1's pod: its preStop hook asks for the
+    stop, both pods save the checkpoint at the same step; rank 0's pod, whose own pod is not stopping, exits 75,
+    which the runtime's podFailurePolicy ignores as it ignores the preempted pod's DisruptionTarget (with 143 its
+    FailJob rule would fail the TrainJob). The Job replaces both pods, which resume from that checkpoint together;
+    every step is trained once."""
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
+
+    cluster = serve_workspace(kube_standin, inputs[0], monkeypatch, "ReadWriteMany")
+    job = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
+    cluster.scenario(job, standin.Scenario(execute=True, preempt_on_line="Step 2 |", preempted_rank=1))
+    result, artifacts = fine_tune(
+        inputs, tmp_path, "trainjob", task_config(inputs[0]), num_nodes=2, max_steps_per_epoch=6,
+        cleanup_policy="never",
+    )  # fmt: skip
+
     spec = cluster.requests_for("POST", "trainjobs")[0].body["spec"]
     command = spec["trainer"]["command"]
     assert command[5] == "torchrun" and command[-3:-1] == ["-m", TRAIN_MODULE]
-    assert spec["trainer"]["numProcPerNode"] == 2
+    assert spec["trainer"]["numNodes"] == 2
     resolved = json.loads(
         (Path(inputs[0]) / artifacts["model"].metadata["run_dir"] / "trl_config.json").read_text()
     )
     assert resolved["world_size"] == 2
-    assert len(result.steps) == 3
+    assert [s.step for s in result.steps] == list(range(1, 7)) and result.metrics["resumes"] == 1.0
+    (preempted,) = [e["involvedObject"]["name"] for e in cluster.events() if e["reason"] == "Preempted"]
+    assert "-node-0-1-" in preempted
+    pods = cluster.pods(job)  # the failed pod stays (restartPolicy Never); the preempted one was deleted
+    (other,) = [p for p in pods if p["status"]["phase"] == "Failed"]
+    state = other["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert "-node-0-0-" in other["metadata"]["name"] and state["exitCode"] == 75
+    log = cluster.pod_log(other["metadata"]["name"])
+    assert "the training processes stopped (another node's pod is stopping): exit code 75" in log, log[-3000:]
+    replacements = [p for p in pods if p["status"]["phase"] == "Succeeded"]
+    assert len(replacements) == 2
+    saved = int(re.search(r"stopped \(another node's pod is stopping\) at step (\d+)", log)[1])
+    resumed = f"an earlier start of this run saved checkpoint-{saved}: training resumes from it"
+    assert 2 <= saved < 6 and any(resumed in cluster.pod_log(p["metadata"]["name"]) for p in replacements)
+    assert f"stopped (the pod is stopping) at step {saved}" in cluster.pod_log(preempted)
+    assert cluster.trainjob(job)["status"]["conditions"][-1]["type"] == "Complete"
+    assert not [e for e in cluster.events() if e["reason"] in ("PodFailurePolicy", "FailedPreStopHook")]
 
 
 def test_a_preempted_torchrun_pod_saves_its_checkpoint_before_torchrun_could_kill_its_workers(
@@ -209,6 +239,10 @@ def test_a_preempted_torchrun_pod_saves_its_checkpoint_before_torchrun_could_kil
     (preempted,) = [e["involvedObject"]["name"] for e in cluster.events() if e["reason"] == "Preempted"]
     stopped = re.search(r"stopped \(the pod is stopping\) at step (\d+)", cluster.pod_log(preempted))
     assert stopped, cluster.pod_log(preempted)[-3000:]
+    # The pod exits as its workers did (143), not with torchrun's error for workers that exited non-zero.
+    assert "the training processes stopped (this pod is stopping): exit code 143" in cluster.pod_log(
+        preempted
+    )
     saved = int(stopped[1])
     assert [s.step for s in result.steps] == list(range(1, len(result.steps) + 1))
     assert 1 < saved < len(result.steps) and result.metrics["resumes"] == 1.0

@@ -34,6 +34,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kfp_finetune.components._shared.stop_exit import OTHER_POD_STOPPING
 from kfp_finetune.components.torchtune_finetune.backends.trainjob.errors import api_message
 
 NODE = "node"
@@ -366,8 +367,8 @@ def restarting_message(runtime_ref: Mapping[str, Any], restarts: list[Restart]) 
         "defaults its node pods to restartPolicy OnFailure and the Job to backoffLimit 6, so a crash is retried up "
         "to 7 times and the pods (exit code, log) are deleted when the Job fails.\nFix: in the runtime's node "
         "replicated job set `restartPolicy: Never` on the pod template and `backoffLimit: 0` on the Job template "
-        "(with a podFailurePolicy: Ignore on DisruptionTarget, FailJob on the node container's non-zero exit "
-        "codes), as runtimes/torchtune.yaml does; or use that runtime."
+        "(with a podFailurePolicy: Ignore on DisruptionTarget and on the node container's exit code 75, FailJob on "
+        "its other non-zero exit codes), as runtimes/torchtune.yaml does; or use that runtime."
     )
 
 
@@ -386,5 +387,11 @@ def termination_summary(pods: Iterable[Mapping[str, Any]]) -> list[str]:
                 detail = f"{terminated.get('reason') or 'Error'} (exit code {terminated.get('exitCode')})"
                 if terminated.get("message"):
                     detail += f": {terminated['message'].strip()}"
+                if terminated.get("exitCode") == OTHER_POD_STOPPING:
+                    detail += (
+                        f". It saved the checkpoint and stopped because another node's pod was stopping; the "
+                        f"runtime's podFailurePolicy should Ignore exit code {OTHER_POD_STOPPING} on the node "
+                        "container, as runtimes/torchtune.yaml does, so that the Job replaces it"
+                    )
                 lines.append(f"pod {pod['metadata']['name']} (rank {rank}): {detail}")
     return lines

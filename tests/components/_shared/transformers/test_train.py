@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kfp_finetune.components._shared.metrics_file import read_metrics_file, read_resume_points
+from kfp_finetune.components._shared.stop_exit import OWN_POD_STOPPING
 from kfp_finetune.components._shared.transformers import face, run_layout, train
 from kfp_finetune.components._shared.transformers.rows import ASSISTANT_TURNS, chat_loss_mode, load_rows
 from kfp_finetune.components._shared.transformers.settings import SftSettings
@@ -383,7 +384,7 @@ def test_a_run_stopped_by_sigterm_saves_a_checkpoint_and_its_restart_resumes_whe
             first.send_signal(signal.SIGTERM)
             break
     rest = first.stdout.read()
-    assert first.wait(timeout=600) == train.INTERRUPTED, rest[-3000:]
+    assert first.wait(timeout=600) == OWN_POD_STOPPING, rest[-3000:]
     (saved,) = list((Path(stopped.output_dir) / "trainer").glob("checkpoint-*"))
     at = int(saved.name.rpartition("-")[2])
     assert 15 <= at < 24 and "stopped (the pod is stopping)" in rest  # in the second epoch, not at its start
