@@ -183,6 +183,10 @@ class SftSettings:
                 found.append(SettingError("lora_dropout", f"must be in [0, 1) (got {self.lora_dropout!r})"))
             if not self.target_modules:
                 found.append(SettingError("target_modules", "is empty: use all-linear or list module names"))
+            if self.target_parameters and _number(self.lora_dropout) and self.lora_dropout > 0:
+                # PEFT's lora.ParamWrapper cannot factor the input out of lora_B(lora_A(dropout(x))).
+                found.append(SettingError("lora_dropout", "must be 0 with target_parameters (PEFT has no dropout "
+                                                          "for a parameter's adapter): set it to 0"))  # fmt: skip
         elif self.target_parameters:
             found.append(
                 SettingError("target_parameters", "needs an adapter: set method to lora, or remove it")

@@ -48,6 +48,11 @@ def offline(monkeypatch):
             "target_parameters",
             "method to lora",
         ),
+        (  # PEFT refuses it as it wraps the model (lora.ParamWrapper), minutes into a run
+            {"target_parameters": ["mlp.experts.down_proj"], "lora_dropout": 0.05},
+            "lora_dropout",
+            "0 with target_parameters",
+        ),
         ({"seed": -1}, "seed", "0 or more"),
     ],
 )
