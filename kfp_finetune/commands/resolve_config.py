@@ -135,7 +135,10 @@ def _print_preview(face, choice, settings: dict, args: argparse.Namespace) -> in
     given = {k: v for k, v in settings.items() if v is not None}
     data = Path(args.data) if args.data else Path("data.parquet")
     files = sorted(str(p) for p in data.iterdir() if p.is_file()) if data.is_dir() else [str(data)]
-    text = face.preview(given, model_dir=args.model_dir, data_files=files, run_dir=args.run_dir)
+    text = face.preview(
+        given, model_dir=args.model_dir, data_files=files, run_dir=args.run_dir, devices=args.devices,
+        nodes=args.nodes,
+    )  # fmt: skip
     note = (
         "# the run's settings file; `auto` settings are chosen where it trains, with their reasons in its log"
     )

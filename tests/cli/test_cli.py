@@ -1,5 +1,8 @@
 """The command line: resolve-config shows what would run, and bad input exits 2 with the reason."""
 
+import json
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -55,11 +58,46 @@ def test_resolve_config_names_the_engine_and_shows_the_transformers_engines_sett
     assert main(["resolve-config", "--model-dir", str(tiny_llama), *data, "--engine", "megatron"]) == 2
     assert "tune_engine='megatron' is not an engine" in capsys.readouterr().err
     # A classifier of a family torchtune serves: the engine that trains classifiers, and its settings.
-    classify = ["--set", "dataset_type=classification"]
-    assert main(["resolve-config", "--model-dir", str(tiny_llama), *data, *classify]) == 0
+    from kfp_finetune.tiny.reviews import write_reviews
+
+    classify = ["--set", "dataset_type=classification", "--run-dir", str(tmp_path / "run")]
+    reviews = ["--data", str(write_reviews(tmp_path / "yelp.jsonl", count=60))]
+    assert main(["resolve-config", "--model-dir", str(tiny_llama), *reviews, *classify]) == 0
     out = capsys.readouterr().out
     assert "LlamaForSequenceClassification" in out.splitlines()[0]
     assert yaml.safe_load(out)["dataset_type"] == "classification"
+    # Instruct rows read as a classifier's: the columns it needs are not there (the run would fail on them).
+    assert main(["resolve-config", "--model-dir", str(tiny_llama), *data, *classify]) == 2
+    assert (
+        "the classification data has no column label, text (it has input, output)" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists(), "resolve-config runs and writes nothing"
+
+
+def test_resolve_config_plans_a_transformers_runs_length_from_the_datas_rows_as_the_run_does(
+    tmp_path, capsys
+):
+    """The run-length floor (run_floor.py) the fine-tune step applies from dataset-initialize's row count: the
+    preview counts the --data rows over --devices and shows the same choices, or refuses data too small."""
+    pytest.importorskip("transformers")
+    from kfp_finetune.tiny.hf_models import build_tiny_hf_model
+
+    moe = build_tiny_hf_model(tmp_path / "moe", "qwen3_moe")
+
+    def rows(count: int) -> Path:
+        data = tmp_path / f"rows-{count}.jsonl"
+        data.write_text(
+            "".join(json.dumps({"input": f"q{i}", "output": f"a{i}"}) + "\n" for i in range(count))
+        )
+        return data
+
+    args = ["resolve-config", "--model-dir", str(moe), "--run-dir", str(tmp_path / "run")]
+    assert main([*args, "--data", str(rows(60)), "--devices", "2"]) == 0
+    settings = yaml.safe_load(capsys.readouterr().out)
+    assert settings["batch_size"] < 8 and settings["planned"][-1]["setting"] == "optimizer steps"
+    assert "60 rows over batch 8 x accumulation 1 x 2 process(es)" in settings["planned"][0]["reason"]
+    assert main([*args, "--data", str(rows(4))]) == 2
+    assert "too little training data for a run that learns" in capsys.readouterr().err
     assert not (tmp_path / "run").exists(), "resolve-config runs and writes nothing"
 
 

@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kfp_finetune.components._shared.errors import SettingError
+from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.transformers import run_layout, run_length
+from kfp_finetune.components._shared.transformers.rows import count_rows
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 from kfp_finetune.components._shared.workspace import write_json_atomic
 
@@ -153,11 +154,25 @@ def sft_settings(
 
 
 def preview(
-    values: dict[str, Any], *, model_dir: str | os.PathLike, data_files: list[str], run_dir: str | os.PathLike
+    values: dict[str, Any],
+    *,
+    model_dir: str | os.PathLike,
+    data_files: list[str],
+    run_dir: str | os.PathLike,
+    devices: int = 1,
+    nodes: int = 1,
 ) -> str:
     """The `sft_settings.json` plan_run would write for these settings, as text; nothing is written (resolve-
-    config). Refused as plan_run refuses."""
-    settings = sft_settings(values, model_dir=model_dir, data_files=data_files, run_dir=run_dir)
+    config). Refused as plan_run refuses; where the data files are here, their rows plan the run's length as the
+    fine-tune step's row count does."""
+    where = {"model_dir": model_dir, "data_files": data_files, "run_dir": run_dir}
+    settings = sft_settings(values, **where)
+    if all(Path(path).is_file() for path in data_files):
+        try:
+            rows = count_rows(settings)
+        except ValueError as error:  # columns the settings do not find, formats mixed
+            raise ConfigError(str(error)) from None
+        settings = sft_settings(values, **where, num_rows=rows, world=devices * nodes)
     return json.dumps(asdict(settings), indent=2) + "\n"
 
 

@@ -25,8 +25,17 @@ DATASETS_CACHE = ".datasets-cache"
 ASSISTANT_TURNS, LAST_ASSISTANT_TURN = "assistant_turns", "last_assistant_turn"
 
 
-def read_rows(settings: SftSettings) -> Any:
-    """The data files as a `datasets.Dataset`, checked for the columns the settings' dataset type reads."""
+def count_rows(settings: SftSettings) -> int:
+    """How many rows the data files hold, read as training reads them; nothing is left in the run folder."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        return len(read_rows(settings, cache_dir=cache))
+
+
+def read_rows(settings: SftSettings, cache_dir: str | None = None) -> Any:
+    """The data files as a `datasets.Dataset`, checked for the columns the settings' dataset type reads (`datasets`'
+    cache: the run folder's unless given)."""
     import datasets
 
     builders = {data_format(path) for path in settings.data_files}
@@ -38,7 +47,7 @@ def read_rows(settings: SftSettings) -> Any:
         builders.pop(),
         data_files=[str(p) for p in settings.data_files],
         split="train",
-        cache_dir=str(Path(settings.output_dir) / DATASETS_CACHE),
+        cache_dir=cache_dir or str(Path(settings.output_dir) / DATASETS_CACHE),
     )
     wanted = {name: settings.column(name) for name in settings.columns()}
     missing = sorted(column for column in wanted.values() if column not in rows.column_names)

@@ -2,13 +2,15 @@
 from dataset-initialize's row count before anything trains, so data too small for a run that learns is refused
 before a TrainJob starts. Steps are counted as the Trainer counts them: each process's share of the rows in
 batches (the last one partial), over the accumulation steps, capped by max_steps_per_epoch. Padding-free packing
-(chosen by the training process on a GPU with flash attention) puts several rows in one sample, so a packed run
-can train fewer steps than planned here.
+(chosen by the training process on a GPU with flash attention) puts several rows in one sample: where the packs
+of the built trainer would train fewer than MIN_OPTIMIZER_STEPS, the training process unpacks the rows again
+(`unpacked_for_floor`), as torchtune's defaults do.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from kfp_finetune.components._shared import run_floor
@@ -83,3 +85,32 @@ def fit_run_length(fields: dict[str, Any], given: set[str], rows: int | None, wo
         counted, run_floor.MIN_OPTIMIZER_STEPS, ", ".join(accepted),
     )  # fmt: skip
     return choices
+
+
+def trained_steps(trainer: Any, settings: SftSettings) -> int:
+    """The optimizer steps a built trainer trains: this process's batches of its dataloader (rows, or packed,
+    packs) over the accumulation steps, capped by max_steps_per_epoch, times the epochs."""
+    batches = len(trainer.get_train_dataloader())
+    per_epoch = max(math.ceil(batches / settings.gradient_accumulation_steps), 1)
+    if settings.max_steps_per_epoch:
+        per_epoch = min(per_epoch, settings.max_steps_per_epoch)
+    return per_epoch * settings.epochs
+
+
+def unpacked_for_floor(settings: SftSettings, trainer: Any) -> SftSettings | None:
+    """The settings with the rows unpacked (one per sample, as the row count planned the run), the choice and its
+    reason among the planned ones, where packing chosen here (auto) leaves the built trainer fewer than
+    MIN_OPTIMIZER_STEPS; None where the packs are enough, nothing is packed, or the user set max_steps or packing
+    (a warning then, where the packs are too few)."""
+    if not getattr(trainer.args, "packing", False) or settings.max_steps is not None:
+        return None
+    steps = trained_steps(trainer, settings)
+    if steps >= run_floor.MIN_OPTIMIZER_STEPS:
+        return None
+    packed = (f"packed, the rows make {len(trainer.train_dataset)} sample(s): {steps} optimizer step(s), fewer than "
+              f"the {run_floor.MIN_OPTIMIZER_STEPS} a run needs (MIN_OPTIMIZER_STEPS)")  # fmt: skip
+    if settings.packing is True:
+        log.warning("%s; kept as set (tune_packed)", packed)
+        return None
+    choice = {"setting": "packing", "value": False, "reason": f"{packed}: rows unpacked, one per sample"}
+    return replace(settings, packing=False, planned=[*settings.planned, choice])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
 from kfp_finetune.components._shared.stop_exit import stop_exit_code
 from kfp_finetune.components._shared.stop_request import TrainingProcess
-from kfp_finetune.components._shared.transformers import run_layout
+from kfp_finetune.components._shared.transformers import run_layout, run_length
 from kfp_finetune.components._shared.transformers.rows import (
     ASSISTANT_TURNS,
     DATASETS_CACHE,
@@ -305,8 +304,13 @@ def train(settings: SftSettings) -> dict:
     processes = world_size()
     log.info("training %s with TRL (%s) on %d process(es)", settings.model_dir, settings.method, processes)
     trainer = build_trainer(settings)
+    unpacked = run_length.unpacked_for_floor(settings, trainer)
+    if unpacked is not None:  # the packs are too few for a run that learns: the rows, one per sample
+        del trainer
+        settings = unpacked
+        trainer = build_trainer(settings)
     if settings.max_steps is None and settings.max_steps_per_epoch is not None:
-        trainer.args.max_steps = capped_steps(trainer, settings)
+        trainer.args.max_steps = run_length.trained_steps(trainer, settings)
         log.info(
             "tune_max_steps_per_epoch=%d: %d steps", settings.max_steps_per_epoch, trainer.args.max_steps
         )
@@ -364,14 +368,6 @@ def experts_note(settings: SftSettings, model: Any) -> str | None:
         f"LoRA adapts the linear layers; the experts' weights ({', '.join(sorted(names))}) are 3D parameters "
         "PEFT's all-linear does not reach, so they stay the base's: tune_method=full trains them"
     )
-
-
-def capped_steps(trainer: Any, settings: SftSettings) -> int:
-    """The run's optimizer steps under torchtune's cap per epoch: min(cap, the data's steps per epoch) x epochs,
-    the steps per epoch counted as the Trainer counts them (this process's batches over the accumulation)."""
-    batches = len(trainer.get_train_dataloader())
-    per_epoch = max(math.ceil(batches / settings.gradient_accumulation_steps), 1)
-    return min(settings.max_steps_per_epoch, per_epoch) * settings.epochs
 
 
 def write_outputs(trainer: Any, settings: SftSettings) -> dict:

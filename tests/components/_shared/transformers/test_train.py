@@ -16,7 +16,7 @@ import pytest
 
 from kfp_finetune.components._shared.metrics_file import read_metrics_file, read_resume_points
 from kfp_finetune.components._shared.stop_exit import OWN_POD_STOPPING
-from kfp_finetune.components._shared.transformers import face, run_layout, train
+from kfp_finetune.components._shared.transformers import face, run_layout, run_length, train
 from kfp_finetune.components._shared.transformers.rows import ASSISTANT_TURNS, chat_loss_mode, load_rows
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
@@ -491,3 +491,32 @@ def test_a_lora_run_says_which_expert_weights_it_leaves_to_the_base(root):
     assert train.experts_note(targeted, train.build_trainer(targeted).model) is None
     full = replace(lora, method="full")
     assert train.experts_note(full, train.build_trainer(full).model) is None
+
+
+def test_packs_too_few_for_a_run_that_learns_are_unpacked_and_a_packing_the_user_set_is_kept(root, log_lines):
+    """Packing chosen where the run trains (auto: on a GPU with flash attention) puts many rows in one sample, so a
+    run the row count planned at 40 optimizer steps would train a handful: the rows are unpacked again (one per
+    sample), the choice and its reason recorded. Packing the user set is kept, with a warning."""
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    settings = settings_for(root, "packed", max_steps=None, epochs=1, max_seq_len=256)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+    sft, lora, rows = train.formatted_rows(settings, tokenizer)
+    sft.packing = True  # as fast.py chooses it on a GPU with flash attention (here TRL packs under SDPA)
+    packed = SFTTrainer(
+        settings.model_dir, args=sft, train_dataset=rows, processing_class=tokenizer, peft_config=lora
+    )
+    steps = run_length.trained_steps(packed, settings)
+    assert steps < 20 and len(packed.train_dataset) < len(rows) == 160
+
+    unpacked = run_length.unpacked_for_floor(settings, packed)
+    assert unpacked.packing is False and unpacked.planned[-1]["setting"] == "packing"
+    assert unpacked.planned[-1]["reason"] == (
+        f"packed, the rows make {len(packed.train_dataset)} sample(s): {steps} optimizer step(s), fewer than the 20 a "
+        "run needs (MIN_OPTIMIZER_STEPS): rows unpacked, one per sample"
+    )
+    assert run_length.trained_steps(train.build_trainer(unpacked), unpacked) == 40  # 160 rows, batch 4
+    assert run_length.unpacked_for_floor(replace(settings, packing=True), packed) is None
+    assert any("fewer than the 20 a run needs (MIN_OPTIMIZER_STEPS); kept as set (tune_packed)" in line
+               for line in log_lines)  # fmt: skip
