@@ -208,10 +208,7 @@ def train(engine: str, command: list[str]) -> int:
         if code is None:
             raise
         why = "another node's pod is stopping" if code == OTHER_POD_STOPPING else "this pod is stopping"
-        print(
-            f"{PREFIX}the training processes stopped ({why}): exit code {code}",
-            flush=True,
-        )
+        print(f"{PREFIX}the training processes stopped ({why}): exit code {code}", flush=True)
         return code
 
 

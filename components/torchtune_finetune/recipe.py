@@ -246,8 +246,11 @@ class Resumable:
         self._last_saved_step, self._last_saved_time = step, time.monotonic()
         _say(f"checkpoint at {point.describe()} written in {time.monotonic() - started:.1f}s")
         if stop:
-            why = "SIGTERM" if reason == "SIGTERM" else "the pod is stopping"
-            why = why if own_pod else "another node's pod is stopping"
+            why = (
+                ("SIGTERM" if signalled else "the pod is stopping")
+                if own_pod
+                else "another node's pod is stopping"
+            )
             _say(f"stopping after the checkpoint at step {step} ({why}): a retry resumes from it")
             sys.stdout.flush()
             os._exit(stop_exit_code(own_pod))  # no teardown: the grace period is short, the state is on disk

@@ -52,7 +52,8 @@ class Scenario:
         lost_node_rank: Which rank's node is lost.
         preempt_on_line: Execute mode: at the first output line of rank 0 (where training logs) that contains
             this text (e.g. ``"Step 3 |"``), the scheduler preempts rank ``preempted_rank``'s pod
-            (``_disruption.py``): ``DisruptionTarget`` (``PreemptionByScheduler``), a graceful delete, the node container's ``preStop`` exec hook (if any),
+            (``_disruption.py``): ``DisruptionTarget`` (``PreemptionByScheduler``), a graceful delete, the node
+            container's ``preStop`` exec hook (if any),
             SIGTERM to the command, SIGKILL to all its processes when the pod's ``terminationGracePeriodSeconds``
             (default 30) is over (_execute.py, ``_stop_container``); the pod fails with the command's exit
             code and the Job controller applies the runtime's podFailurePolicy: ``Ignore`` replaces the pod (after
