@@ -150,3 +150,44 @@ def test_a_transformers_run_on_an_image_without_trl_is_refused_naming_the_runtim
     assert entrypoint.check(argv) == entrypoint.CONFIG_REFUSED
     (said,) = capsys.readouterr().err.strip().splitlines()
     assert "this image has no TRL" in said and "tune_runtime=auto" in said, said
+
+
+def torchrun_error(worker_exit_codes: list[int], *, interrupted: bool) -> Exception:
+    """What torchrun's agent raises when its workers exited with `worker_exit_codes`: ChildFailedError, or, where the
+    kubelet's SIGTERM came while it was still closing its rendezvous (launcher/api.py launch_agent's finally), the
+    SignalException raised while handling it."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failures = {
+        rank: ProcessFailure(rank, 100 + rank, code, "<N/A>") for rank, code in enumerate(worker_exit_codes)
+    }
+    try:
+        try:
+            raise ChildFailedError("train", failures)
+        finally:
+            if interrupted:
+                raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+    except Exception as error:
+        return error
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_pod_whose_workers_stopped_exits_with_their_stop_code_even_when_sigterm_interrupts_torchrun(
+    interrupted, capsys
+):
+    assert (
+        entrypoint.stopped_node_exit_code(torchrun_error([143, -signal.SIGTERM], interrupted=interrupted))
+        == 143
+    )
+    assert "the training processes stopped (this pod is stopping): exit code 143" in capsys.readouterr().out
+    assert entrypoint.stopped_node_exit_code(torchrun_error([75, 75], interrupted=interrupted)) == 75
+    assert "(another node's pod is stopping): exit code 75" in capsys.readouterr().out
+
+
+def test_a_crash_or_a_sigterm_before_the_workers_ended_keeps_torchruns_error(capsys):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    assert entrypoint.stopped_node_exit_code(torchrun_error([75, 1], interrupted=True)) is None
+    assert entrypoint.stopped_node_exit_code(SignalException("got signal: 15", sigval=signal.SIGTERM)) is None
+    assert capsys.readouterr().out == ""
