@@ -62,6 +62,15 @@ LONGEST_FILES = (
 )
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The call phase's report on the item (`call_report`), for fixtures that add to a failed test's report."""
+    report = yield
+    if report.when == "call":
+        item.call_report = report
+    return report
+
+
 def pytest_collection_modifyitems(items):
     def rank(item):
         path = item.nodeid.split("::", 1)[0]

@@ -100,6 +100,7 @@ Known deviations from a real API server:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -125,12 +126,15 @@ __all__ = [
 
 
 @pytest.fixture
-def kube_standin() -> Iterator[KubeStandin]:
+def kube_standin(request) -> Iterator[KubeStandin]:
     """A started stand-in (namespace ``team-a``) with ClusterTrainingRuntime ``torch-distributed`` seeded.
 
-    At the end no TrainJob a launcher created may still run, unless launched with cleanup policy ``never``."""
+    At the end no TrainJob a launcher created may still run, unless launched with cleanup policy ``never``. A test
+    that failed (also by its timeout) gets the stand-in's state and logs in its report."""
     with KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torch-distributed")
         yield kube
+        if getattr(request.node, "call_report", None) is not None and request.node.call_report.failed:
+            print(f"kube-standin at the failure:\n{kube.state_report()}", file=sys.stderr)
         outliving = kube.outliving_trainjobs()
         assert not outliving, f"TrainJobs still running after their step ended: {outliving}"

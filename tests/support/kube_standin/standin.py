@@ -380,6 +380,30 @@ class KubeStandin(ScenarioAndFaultKnobs):
         """Everything the pod's ``node`` container has logged so far."""
         return "".join(line for _, line in self._store.log_entries(namespace or self.namespace, pod_name))
 
+    def state_report(self, log_lines: int = 30) -> str:
+        """What a failed test's reader needs: each TrainJob's conditions, each pod's phase and conditions, the
+        events, and the tail of every node container's log (also of pods since removed)."""
+        lines = []
+        for job in self._store.list_objects("trainjobs", None):
+            conditions = [c["type"] for c in (job.get("status") or {}).get("conditions") or []]
+            lines.append(f"TrainJob {job['metadata']['name']}: conditions {conditions}")
+        for pod in self._store.list_objects("pods", None):
+            conditions = [
+                c["type"] for c in pod["status"].get("conditions") or [] if c.get("status") == "True"
+            ]
+            deleting = " (deleting)" if pod["metadata"].get("deletionTimestamp") else ""
+            lines.append(
+                f"pod {pod['metadata']['name']}: {pod['status'].get('phase')}{deleting} {conditions}"
+            )
+        for event in self._store.list_objects("events", None):
+            lines.append(f"event {event['involvedObject']['name']}: {event['reason']}: {event['message']}")
+        with self._store.cond:
+            logs = dict(self._store.logs)
+        for (_, pod), entries in logs.items():
+            lines.append(f"--- log of {pod} (last {log_lines} lines)")
+            lines.extend(line.rstrip("\n")[:300] for _, line in entries[-log_lines:])
+        return "\n".join(lines)
+
     def wait_for_pod(
         self, job: str, where: Callable[[dict], bool], *, timeout: float = 10.0, namespace: str | None = None
     ) -> dict:
