@@ -28,6 +28,7 @@ it, as before.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -79,6 +80,7 @@ class TrainingProcess:
             )
             return
         self._lock_fd = fd  # never closed: the lock goes when the process does, whichever way it ends
+        _remove_older(ACKNOWLEDGED, self._since)
 
     def requested(self) -> bool:
         """True once the container's preStop hook asked the training to stop, since this process began (and the
@@ -107,6 +109,16 @@ def _write(name: str, value: str) -> None:
     partial = folder() / f".{name}.{os.getpid()}"
     partial.write_text(value + "\n")
     partial.replace(folder() / name)
+
+
+def _remove_older(name: str, since: float) -> None:
+    """Remove the stop folder's file `name` if it was written before `since`: an earlier container's (a /tmp that
+    outlived it), whose "finishing" would keep a hook waiting on this container's training for the whole grace
+    period. This container's processes all hold the lock before any of them acknowledges (their first step's
+    collectives wait for each other), so none removes another's."""
+    with contextlib.suppress(OSError):
+        if (folder() / name).stat().st_mtime < since:
+            (folder() / name).unlink()
 
 
 def _time_in(name: str) -> float | None:

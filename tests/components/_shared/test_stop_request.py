@@ -151,6 +151,24 @@ def test_a_request_from_before_the_training_process_began_is_an_earlier_containe
     assert process.requested()
 
 
+def test_an_earlier_containers_finishing_does_not_keep_the_hook_waiting_on_a_stuck_training(
+    tmp_path, monkeypatch
+):
+    """An earlier container's training said "finishing" into a /tmp that outlived it: a new container's training
+    that is stuck (it never acknowledges) must still be left to SIGTERM after the acknowledgement timeout, not hold
+    the hook for the whole grace period."""
+    from kfp_finetune.components._shared import stop_request
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stop_request._write(stop_request.ACKNOWLEDGED, "inf")  # the earlier container's, an hour ago
+    acknowledged = stop_request.folder() / stop_request.ACKNOWLEDGED
+    os.utime(acknowledged, (acknowledged.stat().st_atime - 3600, acknowledged.stat().st_mtime - 3600))
+    TrainingProcess().hold()  # this container's, stuck from here on
+    stop_request.request()
+    waited, exited = stop_request.wait_for_training(ack_seconds=0.3)
+    assert not exited and waited >= 0.3
+
+
 # A training process in three manners: "never" sees requests (stuck), "acts" on one (acknowledges it) or is
 # "finishing" (past training); the last two exit a second later, after the hook's acknowledgement timeout.
 MANNERS = textwrap.dedent(
