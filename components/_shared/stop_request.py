@@ -114,8 +114,8 @@ def _write(name: str, value: str) -> None:
 def _remove_older(name: str, since: float) -> None:
     """Remove the stop folder's file `name` if it was written before `since`: an earlier container's (a /tmp that
     outlived it), whose "finishing" would keep a hook waiting on this container's training for the whole grace
-    period. This container's processes all hold the lock before any of them acknowledges (their first step's
-    collectives wait for each other), so none removes another's."""
+    period. Every training process of this container began (`since`) before any of them could acknowledge: the
+    first step's collectives wait for all of them, so none removes another's."""
     with contextlib.suppress(OSError):
         if (folder() / name).stat().st_mtime < since:
             (folder() / name).unlink()
