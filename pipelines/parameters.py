@@ -180,6 +180,11 @@ TABLE: tuple[Parameter, ...] = (
     _p("tune_apply_lora_to_output", str, "auto",
        "A LoRA adapter on the output projection (not with tied embeddings): true, false or auto (the base config's).",
        "torchtune_finetune.apply_lora_to_output", "preflight.tune_apply_lora_to_output"),
+    _p("tune_lora_target_parameters", list, [],
+       "3D weights that get LoRA adapters too, by their name within a layer: a mixture of experts' fused experts "
+       "(e.g. mlp.experts.gate_up_proj, mlp.experts.down_proj; the step log names a model's); transformers engine "
+       "only, with tune_lora_dropout 0; empty: none.",
+       "torchtune_finetune.lora_target_parameters", "preflight.tune_lora_target_parameters"),
     _p("tune_max_seq_len", int, -1,
        "Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the tokenized lengths "
        "(never set by the single longest row) rounded up to 256, capped by the model, on every device; rows "

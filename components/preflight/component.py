@@ -38,6 +38,7 @@ def preflight(
     tune_lora_attn_modules: list = [],  # noqa: B006
     tune_apply_lora_to_mlp: str = "auto",
     tune_apply_lora_to_output: str = "auto",
+    tune_lora_target_parameters: list = [],  # noqa: B006
     tune_max_seq_len: int = -1,
     tune_num_warmup_steps: int = -1,
     tune_packed: str = "auto",
@@ -148,6 +149,9 @@ def preflight(
         tune_apply_lora_to_mlp: LoRA adapters on the MLP layers too: true, false or auto (the base config's).
         tune_apply_lora_to_output: A LoRA adapter on the output projection (not with tied embeddings): true,
             false or auto (the base config's).
+        tune_lora_target_parameters: 3D weights that get LoRA adapters too, by their name within a layer: a
+            mixture of experts' fused experts (e.g. mlp.experts.gate_up_proj, mlp.experts.down_proj; the step log
+            names a model's); transformers engine only, with tune_lora_dropout 0; empty: none.
         tune_max_seq_len: Truncate (or pack) examples to this many tokens; -1: the 99th percentile of the
             tokenized lengths (never set by the single longest row) rounded up to 256, capped by the model, on
             every device; rows whose prompt fills it train nothing and are counted (more than 1% of the rows
@@ -243,6 +247,7 @@ def preflight(
         "tune_lora_attn_modules": tune_lora_attn_modules,
         "tune_apply_lora_to_mlp": tune_apply_lora_to_mlp,
         "tune_apply_lora_to_output": tune_apply_lora_to_output,
+        "tune_lora_target_parameters": tune_lora_target_parameters,
         "tune_max_seq_len": tune_max_seq_len,
         "tune_num_warmup_steps": tune_num_warmup_steps,
         "tune_packed": tune_packed,

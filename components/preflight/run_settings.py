@@ -21,7 +21,13 @@ from kfp_finetune.components._shared.export_settings import dtype_problem, forma
 from kfp_finetune.components._shared.gpus import gpu_counts
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.model_files import fetch_config_and_tokenizer
-from kfp_finetune.components._shared.torchtune.config import SWITCHES, TorchtuneConfig, from_flat
+from kfp_finetune.components._shared.torchtune.config import (
+    OTHER_ENGINES_SETTINGS,
+    SWITCHES,
+    TorchtuneConfig,
+    from_flat,
+    other_engines_settings,
+)
 from kfp_finetune.components.preflight.problems import Problem
 
 if TYPE_CHECKING:
@@ -110,8 +116,10 @@ def named(error: ConfigError, fallback: str) -> Problem:
 
 def check_training(settings: RunSettings) -> tuple[TorchtuneConfig | None, list[Problem]]:
     """The typed torchtune settings (types, ranges, vocabularies, combinations), and the device they run on."""
+    # Another engine's settings are checked once the model says which engine trains (check_model_and_run).
+    torchtune_settings = {k: v for k, v in settings.training().items() if k not in OTHER_ENGINES_SETTINGS}
     try:
-        config = from_flat(settings.training())
+        config = from_flat(torchtune_settings)
     except ConfigError as error:
         return None, [named(error, "tune_overrides")]
     if config.device == unset.AUTO:
@@ -221,6 +229,9 @@ def check_model_and_run(
             model = inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Problem("model_uri", str(error).replace(folder, model_uri))]
+        refused = [named(problem, "tune_engine") for problem in other_engines_settings(settings.training())]
+        if refused:
+            return refused
         unproven = check_layout_proven(model, model_uri)
         if unproven:
             return unproven

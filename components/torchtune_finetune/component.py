@@ -52,6 +52,7 @@ def torchtune_finetune(
     lora_attn_modules: list = [],  # noqa: B006 (KFP needs a literal default)
     apply_lora_to_mlp: str = "auto",
     apply_lora_to_output: str = "auto",
+    lora_target_parameters: list = [],  # noqa: B006
     save_adapter_weights_only: str = "auto",
     export_format: str = "merged",
     dataset_type: str = "",
@@ -146,6 +147,9 @@ def torchtune_finetune(
             the base config's.
         apply_lora_to_mlp: Adapters on the MLP layers too: true, false or auto (the base config's).
         apply_lora_to_output: An adapter on the output projection (not for tied embeddings): true, false or auto.
+        lora_target_parameters: 3D weights that get adapters too, by their name within a layer: a mixture of
+            experts' fused experts (e.g. mlp.experts.gate_up_proj, mlp.experts.down_proj; the step log names a
+            model's); transformers engine only, with lora_dropout 0; empty: none.
         save_adapter_weights_only: Save only the adapter, no merged model (lora/qlora/dora): true, false or auto
             (true: no GPU idles while the merged model is written at every epoch end; export and evaluate merge
             the adapter into the base after training, on CPU). false: torchtune also writes the merged model at

@@ -85,6 +85,12 @@ FINETUNE_ROWS = [
     ("unknown-device", {"device": "tpu"}, None, ["device", "'tpu'"]),
     ("misspelt-setting", {"learning_rat": 1e-4}, None, ["unknown setting 'learning_rat'", "learning_rate"]),
     (
+        "another-engines-setting",
+        {"lora_target_parameters": ["mlp.experts.down_proj"]},
+        None,
+        ["lora_target_parameters is not read by torchtune", "tune_engine=transformers"],
+    ),
+    (
         "qlora-without-quantize",
         {"method": "qlora", "quantize_base": False},
         None,

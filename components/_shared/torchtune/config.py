@@ -308,6 +308,20 @@ def parse_value(text: str) -> Any:
 
 
 _NESTED = {"lora": LoraSettings, "dataset": DatasetSettings}
+#: The step's settings only another engine reads, and why torchtune does not: refused by name, never dropped.
+OTHER_ENGINES_SETTINGS = {
+    "lora_target_parameters": "its LoRA adapts linear layers only, no 3D parameter such as a mixture-of-experts' "
+    "fused experts",
+}
+
+
+def other_engines_settings(values: dict[str, Any]) -> list[SettingError]:
+    """A problem for each setting in `values` that only another engine reads."""
+    return [
+        SettingError(name, f"is not read by torchtune ({why}): unset it, or set tune_engine=transformers")
+        for name, why in OTHER_ENGINES_SETTINGS.items()
+        if values.get(name) is not None
+    ]
 
 
 def from_flat(values: dict[str, Any], unknown_to_overrides: bool = False) -> TorchtuneConfig:
@@ -323,6 +337,8 @@ def from_flat(values: dict[str, Any], unknown_to_overrides: bool = False) -> Tor
             f"(got {type(overrides).__name__} {overrides!r})"
         )
     overrides = dict(overrides)
+    if refused := other_engines_settings(values):
+        raise refused[0]
     for name, value in values.items():
         if name == "overrides":
             continue

@@ -34,6 +34,7 @@ READ = {
     "lora_rank": "lora_rank",
     "lora_alpha": "lora_alpha",
     "lora_dropout": "lora_dropout",
+    "lora_target_parameters": "target_parameters",
     "dataset_type": "dataset_type",
     "column_map": "column_map",
     "max_seq_len": "max_seq_len",

@@ -185,8 +185,14 @@ class SftSettings:
                 found.append(SettingError("target_modules", "is empty: use all-linear or list module names"))
             if self.target_parameters and _number(self.lora_dropout) and self.lora_dropout > 0:
                 # PEFT's lora.ParamWrapper cannot factor the input out of lora_B(lora_A(dropout(x))).
-                found.append(SettingError("lora_dropout", "must be 0 with target_parameters (PEFT has no dropout "
-                                                          "for a parameter's adapter): set it to 0"))  # fmt: skip
+                found.append(SettingError("lora_dropout", "must be 0 where LoRA adapts 3D parameters (PEFT has no "
+                                                          "dropout for a parameter's adapter): set it to 0"))  # fmt: skip
+            if not isinstance(self.target_parameters, list) or not all(
+                isinstance(name, str) and name.strip() for name in self.target_parameters
+            ):
+                found.append(SettingError("target_parameters", "must be a list of parameter names within a layer, "
+                                                               "e.g. [\"mlp.experts.gate_up_proj\"] (got "
+                                                               f"{self.target_parameters!r})"))  # fmt: skip
         elif self.target_parameters:
             found.append(
                 SettingError("target_parameters", "needs an adapter: set method to lora, or remove it")

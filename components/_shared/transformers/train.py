@@ -366,7 +366,8 @@ def experts_note(settings: SftSettings, model: Any) -> str | None:
         return None
     return (
         f"LoRA adapts the linear layers; the experts' weights ({', '.join(sorted(names))}) are 3D parameters "
-        "PEFT's all-linear does not reach, so they stay the base's: tune_method=full trains them"
+        "PEFT's all-linear does not reach, so they stay the base's: name them in tune_lora_target_parameters to "
+        "adapt them too, or tune_method=full trains them"
     )
 
 

@@ -16,6 +16,7 @@ from tests.support.sources import hub_env, result, run_python
 
 # A valid CPU run on a cluster: each case changes what it names.
 VALID = {"tune_device": "cpu", "tune_gpus_per_node": 0}
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 TYPO_SCHEDULER = "torchtune.training.lr_schedulers.get_cosine_schedul_with_warmup"
 
 # case -> (settings over VALID, model repo, the parameter named, what the message says)
@@ -47,6 +48,14 @@ CASES = {
     "unsupported family": ({}, "org/made-up", "model_uri", "no causal-LM class for model_type 'made_up_lm'"),
     "torchtune setting on the transformers engine": (
         {"tune_compile": "true", "tune_backend": "local"}, "org/qwen3-moe", "tune_compile", "is a torchtune setting the transformers engine",
+    ),
+    "transformers setting on the torchtune engine": (
+        {"tune_lora_target_parameters": EXPERTS}, "org/tiny", "tune_lora_target_parameters",
+        "is not read by torchtune (its LoRA adapts linear layers only",
+    ),
+    "dropout on adapted experts": (
+        {"tune_lora_target_parameters": EXPERTS, "tune_lora_dropout": 0.1, "tune_backend": "local"},
+        "org/qwen3-moe", "tune_lora_dropout", "must be 0 where LoRA adapts 3D parameters",
     ),
     # tune_runtime auto: the chosen engine's runtime, which this cluster lacks (it has torchtune's only).
     "the engine's runtime not installed": (
@@ -121,6 +130,9 @@ def outcomes(tiny_llama, tmp_path_factory):
         "org/huge", {"tune_device": "cuda", "tune_gpus_per_node": 8, "tune_gpu_memory_gib": 141.0}
     )
     scenarios["valid"] = _arguments("org/tiny", {})
+    scenarios["experts adapted"] = _arguments(
+        "org/qwen3-moe", {"tune_lora_target_parameters": EXPERTS, "tune_backend": "local"}
+    )
     scenarios["two problems"] = _arguments("org/made-up", {"tune_method": "lorra"})
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torchtune")
@@ -140,6 +152,11 @@ def outcomes(tiny_llama, tmp_path_factory):
 @pytest.mark.slow
 def test_a_valid_run_passes_with_the_model_resolved_from_its_config_and_tokenizer(outcomes):
     assert outcomes["valid"]["done"] == ["model_uri", "model", "tune_runtime"], outcomes["valid"]
+
+
+@pytest.mark.slow
+def test_lora_on_the_experts_passes_where_the_transformers_engine_trains(outcomes):
+    assert "error" not in outcomes["experts adapted"], outcomes["experts adapted"]
 
 
 @pytest.mark.slow

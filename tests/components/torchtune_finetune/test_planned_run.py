@@ -73,6 +73,19 @@ def test_a_model_torchtune_cannot_serve_trains_on_the_engine_that_can(workspace,
     assert "engine: transformers" in result.report_html
 
 
+@pytest.mark.filterwarnings("ignore:Unsupported layer type")  # PEFT's word for a 3D-parameter target
+def test_the_experts_named_in_lora_target_parameters_are_adapted_through_the_step(workspace, caplog):
+    """The step's lora_target_parameters reaches PEFT: the merged model's expert weights are no longer the base's,
+    and the step log no longer says they stay the base's."""
+    root, _ = workspace
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    meta = finetune(workspace, "experts", lora_target_parameters=experts).model_metadata
+    base, merged = dict(tensors(root / "models" / "moe")), dict(tensors(root / meta["merged_path"]))
+    changed = {name for name in base if base[name].read() != merged[name].read()}
+    assert {name for name in changed if ".experts." in name}, sorted(changed)
+    assert "so they stay the base's" not in caplog.text
+
+
 def test_a_full_fine_tune_hands_on_the_merged_folder_alone(workspace):
     meta = finetune(workspace, "auto-full", method="full").model_metadata
     assert meta["engine"] == "transformers" and meta["adapter_path"] == ""

@@ -51,7 +51,7 @@ def offline(monkeypatch):
         (  # PEFT refuses it as it wraps the model (lora.ParamWrapper), minutes into a run
             {"target_parameters": ["mlp.experts.down_proj"], "lora_dropout": 0.05},
             "lora_dropout",
-            "0 with target_parameters",
+            "0 where LoRA adapts 3D parameters",
         ),
         ({"seed": -1}, "seed", "0 or more"),
     ],
