@@ -196,34 +196,41 @@ def main(argv: list[str]) -> int:
 def train(engine: str, command: list[str]) -> int:
     """The engine's training command in this process; under torchrun, workers that all stopped for a pod's stop
     give the pod their exit code (stop_exit.py) rather than torchrun's error, which Python would end with 1."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    import time
 
     from kfp_finetune.components._shared import engines
 
+    started = time.time()
     try:
         return engines.face(engine).run_node_command(command)
-    except (ChildFailedError, SignalException) as error:
-        code = stopped_node_exit_code(error)
+    except Exception as error:  # torchrun's: its workers failed, a signal came, its rendezvous store went
+        code = stopped_node_exit_code(error, since=started)
         if code is None:
             raise
         return code
 
 
-def stopped_node_exit_code(error: BaseException) -> int | None:
-    """The pod's exit code where torchrun's error says its workers all stopped for a pod's stop (said in one line),
-    else None. The kubelet's SIGTERM follows the preStop hook as soon as the workers have exited, and may reach
-    torchrun while it still closes its rendezvous: its SignalException then carries the workers' ChildFailedError as
-    the exception it interrupted."""
+def stopped_node_exit_code(error: BaseException, *, since: float) -> int | None:
+    """The pod's exit code where this node's workers all stopped for a pod's stop (said in one line), else None.
+    Their exit codes come from torchrun's ChildFailedError, also where the kubelet's SIGTERM (which follows the
+    preStop hook as soon as the workers exited) interrupted torchrun's cleanup of it, a SignalException with the
+    ChildFailedError as its context; else from what the workers recorded since `since` (stop_exit.record_stop),
+    where torchrun failed before it saw them end."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from kfp_finetune.components._shared.stop_exit import OTHER_POD_STOPPING, node_exit_code
+    from kfp_finetune.components._shared.stop_exit import (
+        OTHER_POD_STOPPING,
+        node_exit_code,
+        recorded_stop_codes,
+    )
 
-    while error is not None and not isinstance(error, ChildFailedError):
-        error = error.__context__
-    if error is None:
-        return None
-    code = node_exit_code(failure.exitcode for failure in error.failures.values())
+    failed: BaseException | None = error
+    while failed is not None and not isinstance(failed, ChildFailedError):
+        failed = failed.__context__
+    if failed is not None:
+        code = node_exit_code(failure.exitcode for failure in failed.failures.values())
+    else:
+        code = node_exit_code(recorded_stop_codes(since))
     if code is not None:
         why = "another node's pod is stopping" if code == OTHER_POD_STOPPING else "this pod is stopping"
         print(f"{PREFIX}the training processes stopped ({why}): exit code {code}", flush=True)

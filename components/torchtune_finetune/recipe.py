@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kfp_finetune.components._shared.cancel import StopSignals
-from kfp_finetune.components._shared.stop_exit import stop_exit_code
+from kfp_finetune.components._shared.stop_exit import record_stop, stop_exit_code
 from kfp_finetune.components._shared.stop_request import TrainingProcess
 from kfp_finetune.components._shared.torchtune import installed, resume
 from kfp_finetune.components._shared.torchtune.resume import CheckpointSettings, ResumePoint
@@ -253,6 +253,9 @@ class Resumable:
             )
             _say(f"stopping after the checkpoint at step {step} ({why}): a retry resumes from it")
             sys.stdout.flush()
+            record_stop(
+                stop_exit_code(own_pod)
+            )  # for the node's entrypoint, should torchrun lose track of us
             os._exit(stop_exit_code(own_pod))  # no teardown: the grace period is short, the state is on disk
 
     # --- the training state -------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
-from kfp_finetune.components._shared.stop_exit import stop_exit_code
+from kfp_finetune.components._shared.stop_exit import record_stop, stop_exit_code
 from kfp_finetune.components._shared.stop_request import TrainingProcess
 from kfp_finetune.components._shared.transformers import run_layout, run_length
 from kfp_finetune.components._shared.transformers.rows import (
@@ -337,6 +337,7 @@ def train(settings: SftSettings) -> dict:
         # other workers as soon as one has exited.
         trainer.accelerator.wait_for_everyone()
         own_pod = trainer.checkpoint_callback.own_pod_stopping
+        record_stop(stop_exit_code(own_pod))  # for the node's entrypoint, should torchrun lose track of us
         log.info(
             "stopped (%s) at step %d, its checkpoint saved: a restart resumes from it",
             "the pod is stopping" if own_pod else "another node's pod is stopping",

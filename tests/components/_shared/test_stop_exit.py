@@ -29,3 +29,27 @@ def test_the_pod_exits_as_its_stopped_workers_did_and_a_crash_stays_a_crash(work
 
 def test_a_stop_for_the_own_pod_exits_as_sigterm_would_and_one_for_another_pod_75():
     assert (stop_exit_code(True), stop_exit_code(False)) == (128 + signal.SIGTERM, 75)
+
+
+def test_the_workers_recorded_stops_count_only_when_every_worker_of_this_container_recorded_one(
+    tmp_path, monkeypatch
+):
+    import os
+    import tempfile
+    import time
+
+    from kfp_finetune.components._shared.stop_exit import record_stop, recorded_stop_codes
+    from kfp_finetune.components._shared.stop_request import folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    started = time.time() - 1
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    record_stop(75)
+    assert recorded_stop_codes(started) == []  # local rank 1 said nothing (yet)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    record_stop(143)
+    assert sorted(recorded_stop_codes(started)) == [75, 143]
+    earlier = folder() / "stopped-1"  # an earlier container's, in a /tmp that outlived it
+    os.utime(earlier, (started - 60, started - 60))
+    assert recorded_stop_codes(started) == []

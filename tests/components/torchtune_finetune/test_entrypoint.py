@@ -177,17 +177,106 @@ def test_a_pod_whose_workers_stopped_exits_with_their_stop_code_even_when_sigter
     interrupted, capsys
 ):
     assert (
-        entrypoint.stopped_node_exit_code(torchrun_error([143, -signal.SIGTERM], interrupted=interrupted))
+        entrypoint.stopped_node_exit_code(
+            torchrun_error([143, -signal.SIGTERM], interrupted=interrupted), since=0
+        )
         == 143
     )
     assert "the training processes stopped (this pod is stopping): exit code 143" in capsys.readouterr().out
-    assert entrypoint.stopped_node_exit_code(torchrun_error([75, 75], interrupted=interrupted)) == 75
+    assert entrypoint.stopped_node_exit_code(torchrun_error([75, 75], interrupted=interrupted), since=0) == 75
     assert "(another node's pod is stopping): exit code 75" in capsys.readouterr().out
 
 
 def test_a_crash_or_a_sigterm_before_the_workers_ended_keeps_torchruns_error(capsys):
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    assert entrypoint.stopped_node_exit_code(torchrun_error([75, 1], interrupted=True)) is None
-    assert entrypoint.stopped_node_exit_code(SignalException("got signal: 15", sigval=signal.SIGTERM)) is None
+    assert entrypoint.stopped_node_exit_code(torchrun_error([75, 1], interrupted=True), since=0) is None
+    assert (
+        entrypoint.stopped_node_exit_code(SignalException("got signal: 15", sigval=signal.SIGTERM), since=0)
+        is None
+    )
     assert capsys.readouterr().out == ""
+
+
+# The rank-0 node's agent, as far as the others see it: the host of the c10d rendezvous store.
+STORE_HOST = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, multi_tenant=True, timeout=timedelta(seconds=60))
+print("hosting", flush=True)
+time.sleep(600)
+"""
+# A worker of the other node, on its way out: it saved its part of the stop's checkpoint (another node's pod is
+# stopping) and recorded its exit, or (a crash took the store) recorded nothing.
+WORKER = """
+import os, sys, time
+from pathlib import Path
+from kfp_finetune.components._shared.stop_exit import record_stop
+if sys.argv[1] == "recorded":
+    record_stop(75)
+Path(sys.argv[2], "ready-" + os.environ["LOCAL_RANK"]).touch()
+time.sleep(600)
+"""
+# That node: torchrun over the store, its error read as the node entrypoint reads it.
+NODE = """
+import sys, time
+from torch.distributed.run import main as torchrun
+from kfp_finetune.components.torchtune_finetune import entrypoint
+started = time.time()
+try:
+    torchrun(sys.argv[1:])
+except Exception as error:
+    print(type(error).__name__, flush=True)
+    code = entrypoint.stopped_node_exit_code(error, since=started)
+    sys.exit(1 if code is None else code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_node_whose_rendezvous_store_went_first_exits_with_the_stop_its_workers_recorded(
+    tmp_path, recorded
+):
+    """On several nodes the c10d rendezvous store lives in the rank-0 node's agent. When that pod stops first, the
+    other nodes' agents fail at their next look at the store (RendezvousConnectionError), before they saw their
+    workers end: the pod still exits with the stop code its workers recorded, not torchrun's 1. Workers that
+    recorded nothing (a crash took the store) keep torchrun's error."""
+    import socket
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = subprocess.Popen(
+        [sys.executable, "-c", STORE_HOST, str(port)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    node = None
+    try:
+        assert store.stdout.readline() == "hosting\n"
+        worker = tmp_path / "worker.py"
+        worker.write_text(WORKER)
+        node = subprocess.Popen(
+            [sys.executable, "-c", NODE, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job", "--monitor-interval", "0.1", str(worker),
+             "recorded" if recorded else "nothing", str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < 2:  # both workers are where the test wants them
+            assert node.poll() is None and time.monotonic() < deadline, "the workers never got ready"
+            time.sleep(0.05)
+        store.kill()  # the rank-0 node's agent exits: its pod stopped
+        out, _ = node.communicate(timeout=120)
+    finally:
+        for process in (store, node):
+            if process is not None:
+                process.kill()
+                process.wait()
+    assert "RendezvousConnectionError" in out, out[-3000:]
+    if recorded:
+        assert node.returncode == 75, out[-3000:]
+        assert "the training processes stopped (another node's pod is stopping): exit code 75" in out
+    else:
+        assert node.returncode == 1, out[-3000:]
