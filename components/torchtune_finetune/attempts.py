@@ -9,7 +9,8 @@ unchanged model, a full GPU fail once however many retries the task has.
 Infrastructure (trained again, from the newest checkpoint): the step's own pod stopped by a signal (eviction,
 preemption, node drain); a TrainJob whose node pods were disrupted (DisruptionTarget: preemption, eviction, node
 loss) or stopped for a pod's stop after saving a checkpoint (exit 143, or 75 on the nodes that stopped with
-another node's pod: _shared/stop_exit.py); the Kubernetes API unreachable. A step pod
+another node's pod: _shared/stop_exit.py), or on several nodes that failed soon after one of them was lost (its
+message names the lost pod: disruptions.py); the Kubernetes API unreachable. A step pod
 killed outright (node loss) records nothing, and its retry trains again.
 
 A failure older than the window is not held against a new attempt: that is a person retrying the run, after

@@ -219,6 +219,32 @@ def test_two_nodes_train_data_parallel_and_resume_together_when_one_is_preempted
     assert not [e for e in cluster.events() if e["reason"] in ("PodFailurePolicy", "FailedPreStopHook")]
 
 
+def test_two_nodes_where_one_node_is_lost_fail_as_the_infrastructures_for_the_steps_retry(
+    inputs, kube_standin, monkeypatch, tmp_path
+):
+    """Rank 1's node is lost at step 2: rank 0's collectives fail with the vanished peer and its pod crashes, which
+    the runtime's FailJob rule makes the TrainJob's failure, while PodGC's lost pod is being replaced. The failure
+    names the lost pod, so the step's KFP retry takes it for the infrastructure's and trains again from the newest
+    checkpoint (a crash of its own would not be retried)."""
+    from kfp_finetune.components.torchtune_finetune import attempts
+    from kfp_finetune.components.torchtune_finetune.backends.trainjob.manifest import trainjob_name
+
+    cluster = serve_workspace(kube_standin, inputs[0], monkeypatch, "ReadWriteMany")
+    job = trainjob_name(f"{RUN_ID}-trainjob", "torchtune-finetune")
+    cluster.scenario(job, standin.Scenario(execute=True, lose_node_on_line="Step 2 |", lost_node_rank=1))
+    with pytest.raises(TrainJobFailed) as failed:
+        fine_tune(
+            inputs, tmp_path, "trainjob", task_config(inputs[0]), num_nodes=2, max_steps_per_epoch=6,
+            cleanup_policy="never",
+        )  # fmt: skip
+
+    assert re.search(r"-node-0-1-\w+ \(rank 1\): disrupted \(DeletionByPodGC", str(failed.value)), str(
+        failed.value
+    )
+    recorded = attempts.read(Path(inputs[0]) / "runs" / job)
+    assert recorded is not None and recorded.outcome == attempts.INFRASTRUCTURE, recorded
+
+
 def test_a_preempted_torchrun_pod_saves_its_checkpoint_before_torchrun_could_kill_its_workers(
     inputs, cluster, tmp_path, monkeypatch
 ):

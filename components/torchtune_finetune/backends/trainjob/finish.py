@@ -48,13 +48,14 @@ def finish(
     api: Callable[..., Any],
     log: Any,
     shown_events: set[str],
+    gone_disruptions: Callable[[list[dict]], list[str]],
 ) -> TrainJobResult:
     """Report the end: return the result of a Complete TrainJob, raise TrainJobFailed / TrainJobDiverged.
 
     ``ended``: our own (reason, message) when we stop before the TrainJob ends; ``diverged``: why, when it is a
     non-finite loss (a one-line failure: the log was shown). ``node_pods``: as the pod watch saw them;
     ``listed_node_pods``: a fresh list (following.py); ``delete(reason=...)``: deletion.py; ``started``: the
-    monotonic time the run started.
+    monotonic time the run started; ``gone_disruptions(pods)``: disruptions.PodChanges'.
     """
     terminal = dict(zip(("reason", "message"), ended, strict=True)) if ended else condition(job, state) or {}
     lines, steps = rank0_log.shown()
@@ -71,7 +72,7 @@ def finish(
     )
     if state == "Failed":
         pods = listed_node_pods()
-        terminations = termination_summary(pods) + disruption_summary(pods)
+        terminations = termination_summary(pods) + disruption_summary(pods) + gone_disruptions(pods)
         if not result.log_lines:
             rank0_log.fetch_tail(api, pods)
         if ended and not diverged:

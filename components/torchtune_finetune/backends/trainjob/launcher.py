@@ -216,7 +216,9 @@ class TrainJobLauncher:
         self._diverged: LossDiverged | None = None
         self._started = time.monotonic()
         self._shown_events: set[str] = set()
-        self._pod_changes = PodChanges()
+        self._pod_changes = PodChanges(
+            nodes=int((self.manifest["spec"].get("trainer") or {}).get("numNodes") or 1)
+        )
         self._rank0_log = RankZeroLog(
             self.core,
             self.namespace,
@@ -521,6 +523,7 @@ class TrainJobLauncher:
             api=self._api,
             log=self.log,
             shown_events=self._shown_events,
+            gone_disruptions=self._pod_changes.gone_disruptions,
         )
 
     def _delete(self, *, reason: str, retry_seconds: float | None = None) -> Deletion:
