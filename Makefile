@@ -35,8 +35,9 @@ LM_EVAL_DESELECT := $(foreach test,gemma3.py::test_a_packed_cuda_run_s_model_com
 	qwen3.py::test_activation_checkpointing_fsdp2_and_per_layer_compile_keep_the_logits_and_gradients, \
 	--deselect tests/components/_shared/torchtune/families/test_$(test))
 LM_EVAL_TESTS ?= $(LM_EVAL_DESELECT) $(LM_EVAL_TRAINING) tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py tests/components/_shared/torchtune/families/test_smollm2.py tests/components/_shared/torchtune/families/test_mistral_nemo.py tests/components/_shared/torchtune/test_hf_tokenizer.py
-# transformers-engine needs transformers 5, which the lm-eval environment cannot have (pyproject.toml).
-MAIN_EXTRAS := train,test,transformers-engine,tracking-server,registry
+# transformers-engine needs transformers 5, which the lm-eval environment cannot have (pyproject.toml); gpu
+# (bitsandbytes, which quantizes on the CPU too) is what the transformers engine's QLoRA tests train with.
+MAIN_EXTRAS := train,test,transformers-engine,tracking-server,registry,gpu
 LM_EVAL_EXTRAS := train,test,lm-eval
 
 # $(call make-env,<env dir>,<extras>): a virtualenv with pip and uv, then torch and kfp-finetune (editable) with the

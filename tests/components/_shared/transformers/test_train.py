@@ -169,6 +169,23 @@ def test_lora_on_the_expert_parameters_reaches_the_experts(root):
     assert_adapter_matches_merged(run, root)
 
 
+def test_qlora_trains_an_adapter_on_the_4_bit_base_and_merges_it_into_the_full_precision_one(root):
+    """tune_method=qlora (KEP-2401's quantize_base): the base's linear layers train as bitsandbytes' 4-bit NF4 with
+    the adapter beside them in full precision; the adapter is merged into the base read afresh, so the merged
+    folder carries no 4-bit rounding, and PEFT's adapter on the base gives its logits."""
+    bnb = pytest.importorskip("bitsandbytes")
+
+    settings = settings_for(root, "qlora", method="qlora", device="cpu")
+    quantized = [m for m in train.build_trainer(settings).model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert quantized, "the base was not loaded in 4 bits"
+    run = Path(train.train(settings_for(root, "qlora-run", method="qlora", device="cpu"))["run_dir"])
+    base, merged = tensors(root / "base"), tensors(run / run_layout.MERGED_DIR)
+    assert {name: tensor.dtype for name, tensor in merged.items()} == {
+        name: t.dtype for name, t in base.items()
+    }
+    assert_adapter_matches_merged(run, root)
+
+
 def test_face_merges_a_run_that_has_only_the_adapter(lora_run, root, tmp_path):
     import torch
 
