@@ -35,8 +35,9 @@ USABLE_SHARE = 0.85
 #: Transformer Models" (2022), 34·s·b·h per layer.
 ACTIVATION_BYTES = 34
 #: Bytes a parameter costs in training by method: full = fp32 weights, gradients and Adam's two moments; LoRA = the
-#: frozen bf16 base; QLoRA = 4-bit NF4 with its double-quantized scales (~4.5 bits). Adapters are a rounding error.
-BYTES_PER_PARAMETER = {"full": 16.0, "lora": 2.0, "qlora": 0.56}
+#: frozen bf16 base (DoRA's too); QLoRA = 4-bit NF4 with its double-quantized scales (~4.5 bits). Adapters are a
+#: rounding error.
+BYTES_PER_PARAMETER = {"full": 16.0, "lora": 2.0, "dora": 2.0, "qlora": 0.56}
 #: Logits and their gradient in fp32 per token and vocabulary entry, unless Liger's fused cross-entropy computes
 #: the loss in chunks without them.
 LOGIT_BYTES = 8

@@ -31,7 +31,8 @@ _READ_FORMATS = ("parquet", "json")
 MULTIMODAL = "multimodal"
 IMAGES = "images"
 DATASET_TYPES = (*TEXT_DATASET_TYPES, MULTIMODAL, CLASSIFICATION)
-METHODS = ("lora", "qlora", "full")
+#: dora: LoRA with its weight-decomposed magnitude (PEFT use_dora; torchtune's dora).
+METHODS = ("lora", "qlora", "dora", "full")
 DEVICES = ("auto", "cpu", "cuda")
 #: The columns each dataset type reads, under these names unless column_map renames them (as torchtune's
 #: builders take column_map: {"input": "question"} reads the input from the `question` column).
@@ -183,6 +184,11 @@ class SftSettings:
                 found.append(SettingError("lora_dropout", f"must be in [0, 1) (got {self.lora_dropout!r})"))
             if not self.target_modules:
                 found.append(SettingError("target_modules", "is empty: use all-linear or list module names"))
+            if self.target_parameters and self.method == "dora":
+                # PEFT's lora.ParamWrapper refuses use_dora, as it wraps the model.
+                found.append(SettingError("target_parameters", "cannot be adapted with DoRA (PEFT has no DoRA for "
+                                                               "a parameter's adapter): use method lora, or empty "
+                                                               "it"))  # fmt: skip
             if self.target_parameters and _number(self.lora_dropout) and self.lora_dropout > 0:
                 # PEFT's lora.ParamWrapper cannot factor the input out of lora_B(lora_A(dropout(x))).
                 found.append(SettingError("lora_dropout", "must be 0 where LoRA adapts 3D parameters (PEFT has no "
@@ -335,6 +341,7 @@ class SftSettings:
             lora_dropout=self.lora_dropout,
             target_modules=self.target_modules,
             target_parameters=list(self.target_parameters) or None,
+            use_dora=self.method == "dora",
             bias="none",
             # A classifier's new head (PEFT: `classifier` / `score`) trains in full beside the adapter.
             task_type="SEQ_CLS" if self.task == CLASSIFICATION else "CAUSAL_LM",

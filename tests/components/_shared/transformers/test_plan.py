@@ -111,7 +111,7 @@ def test_a_setting_only_torchtune_reads_is_refused_by_its_pipeline_name(values, 
     [
         ({"lora_rank": 0}, "tune_lora_rank must be a whole number of at least 1"),
         ({"num_warmup_steps": -1}, "tune_num_warmup_steps must be a whole number, 0 or more"),
-        ({"method": "lorra"}, "tune_method must be one of lora, qlora, full .* did you mean 'lora'"),
+        ({"method": "lorra"}, "tune_method must be one of lora, qlora, dora, full .* did you mean 'lora'"),
         ({"device": "tpu"}, "tune_device must be one of auto, cpu, cuda"),
         ({"dtype": "fp16"}, "tune_dtype must be bf16 or fp32"),
     ],

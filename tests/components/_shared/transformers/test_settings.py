@@ -53,6 +53,16 @@ def offline(monkeypatch):
             "lora_dropout",
             "0 where LoRA adapts 3D parameters",
         ),
+        (  # PEFT refuses it as it wraps the model (lora.ParamWrapper)
+            {"method": "dora", "target_parameters": ["mlp.experts.down_proj"]},
+            "target_parameters",
+            "cannot be adapted with DoRA",
+        ),
+        (
+            {"target_parameters": "mlp.experts.down_proj"},
+            "target_parameters",
+            "must be a list of parameter names",
+        ),
         ({"seed": -1}, "seed", "0 or more"),
     ],
 )

@@ -186,6 +186,18 @@ def test_qlora_trains_an_adapter_on_the_4_bit_base_and_merges_it_into_the_full_p
     assert_adapter_matches_merged(run, root)
 
 
+def test_dora_trains_a_magnitude_beside_the_adapter_and_merges_both(root):
+    """tune_method=dora (torchtune's dora, PEFT's use_dora): the adapter learns each weight's magnitude beside its
+    low-rank direction, and the merged folder gives the logits of PEFT's DoRA adapter on the base."""
+    from safetensors.torch import load_file
+
+    run = Path(train.train(settings_for(root, "dora", method="dora"))["run_dir"])
+    adapter = load_file(run / run_layout.ADAPTER_DIR / "adapter_model.safetensors")
+    assert any("lora_magnitude_vector" in name for name in adapter), sorted(adapter)[:5]
+    assert json.loads((run / run_layout.ADAPTER_DIR / "adapter_config.json").read_text())["use_dora"] is True
+    assert_adapter_matches_merged(run, root)
+
+
 def test_face_merges_a_run_that_has_only_the_adapter(lora_run, root, tmp_path):
     import torch
 
