@@ -2,7 +2,7 @@
 
 Every train row is tokenized here, so this is where the rows that would fail are found (seq_len.py's rule): rows
 whose masked prompt fills max_seq_len are left out of the packs, counted, and the first few named by file and
-line (`where`); more than seq_len.MAX_UNFIT_SHARE of them is refused before any pack is kept.
+line (`where`); more than unfit_rows.MAX_UNFIT_SHARE of them is refused before any pack is kept.
 
 The packs go to `<dataset entry>/packs/<key>/` (key, packing.pack_key: tokenizer, template and masking —
 train_on_input, new_system_prompt — and the max_seq_len asked for), beside the parquet shards, with a
@@ -142,10 +142,11 @@ def _unfit(
     """The warning about the rows whose prompt fills max_seq_len, left out of the packs where `packed` (empty:
     none); raises when they are too many."""
     from kfp_finetune.components._shared.torchtune import seq_len
+    from kfp_finetune.components._shared.unfit_rows import too_many_unfit
 
     if not result.unfit_rows:
         return ""
-    count, refused = len(result.unfit_rows), seq_len.too_many_unfit(len(result.unfit_rows), rows)
+    count, refused = len(result.unfit_rows), too_many_unfit(len(result.unfit_rows), rows)
     named = [where(i) for i in result.unfit_rows[:MAX_NAMED_ROWS]]
     message = seq_len.unfit_message(
         count, rows, result.max_seq_len, result.unfit_needed, named, refused, max_position_embeddings

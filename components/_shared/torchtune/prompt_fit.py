@@ -5,7 +5,7 @@ and prompts are masked (`train_on_input: False`), the row keeps no trained token
 last kept token by a masked EOS, so a prompt of P tokens needs max_seq_len >= P + 2): it trains nothing, and a
 micro-batch of only such rows has a loss of 0/0, NaN, which poisons the run. The rule is seq_len.py's, as for
 dataset-initialize's packs (which leave such rows out): a few are counted and reported; more than
-seq_len.MAX_UNFIT_SHARE of the rows, or as many as one micro-batch holds (then a micro-batch of only them can
+unfit_rows.MAX_UNFIT_SHARE of the rows, or as many as one micro-batch holds (then a micro-batch of only them can
 happen: torchtune drops only the last, incomplete batch), are refused with the numbers and the fix.
 
 Here the rows are tokenized exactly as training will (the resolved dataset and tokenizer nodes, through
@@ -21,6 +21,7 @@ from typing import Any
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune import seq_len
+from kfp_finetune.components._shared.unfit_rows import too_many_unfit
 
 log = get_logger(__name__)
 
@@ -60,7 +61,7 @@ def check_prompts_fit(config: dict[str, Any]) -> None:
         return
     unfit.sort()
     batch_size = int(config.get("batch_size") or 1)
-    refused = seq_len.too_many_unfit(len(unfit), len(dataset))
+    refused = too_many_unfit(len(unfit), len(dataset))
     if not refused and len(unfit) >= batch_size:
         refused = f"enough to fill a micro-batch of {batch_size}, whose loss would be NaN"
     named = [f"train_data row {index} (counted from 0)" for index, _ in unfit[:MAX_NAMED_ROWS]]

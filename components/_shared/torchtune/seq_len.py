@@ -12,7 +12,7 @@ prompt (`train_on_input: False`) fills max_seq_len keeps no trained token once c
 or chat row in a masked EOS: a prompt of P tokens needs P + 2 — prompt, one trained token, EOS): it trains
 nothing, and a micro-batch of only such rows makes the loss NaN. Such "unfit" rows are left out of
 dataset-initialize's packs, counted, and the first few named by file and line; the fine-tune step, where it
-tokenizes the rows itself, counts them the same way (prompt_fit.py). More than `MAX_UNFIT_SHARE` of the rows (and
+tokenizes the rows itself, counts them the same way (prompt_fit.py). More than `unfit_rows.MAX_UNFIT_SHARE` of the rows (and
 more than one) is refused with the numbers and the fix: a longer max_seq_len (`tune_max_seq_len`), or
 `train_on_input`. So memory and the pack length follow the data, not its longest outlier.
 """
@@ -26,9 +26,6 @@ PERCENTILE = 99.0
 MULTIPLE = 256
 #: Tokens a cut row needs beyond its prompt: one trained token and the masked EOS torchtune ends the cut with.
 CUT_EXTRA = 2
-#: The share of rows whose prompt may leave no trained token within max_seq_len (left out, counted) before the
-#: run is refused: the 99th percentile rule itself lets at most this share be longer than max_seq_len.
-MAX_UNFIT_SHARE = 0.01
 #: The fix the messages about such rows give, in the pipeline's parameter names.
 FIX = "set tune_max_seq_len to at least {needed} (their prompt + response), set tune_train_on_input=true, or remove them"
 
@@ -67,14 +64,6 @@ def fits(prompt_tokens, max_seq_len: int):
     """Whether a row whose masked prompt is `prompt_tokens` long (an int, or a numpy array of them) keeps a
     trained token when cut at max_seq_len."""
     return prompt_tokens + CUT_EXTRA <= max_seq_len
-
-
-def too_many_unfit(unfit: int, rows: int) -> str:
-    """Why `unfit` rows of `rows` that keep no trained token are too many to leave out (see MAX_UNFIT_SHARE);
-    empty when they are not."""
-    if unfit > max(1, MAX_UNFIT_SHARE * rows):
-        return f"more than {MAX_UNFIT_SHARE:.0%} of the rows"
-    return ""
 
 
 def unfit_message(

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
 from kfp_finetune.components._shared.stop_exit import record_stop, stop_exit_code
@@ -45,6 +46,7 @@ from kfp_finetune.components._shared.transformers.settings import (
     TRAINER_DIR,
     SftSettings,
 )
+from kfp_finetune.components._shared.unfit_rows import too_many_unfit
 from kfp_finetune.components._shared.workspace import atomic_dir, write_json_atomic
 
 log = get_logger(__name__)
@@ -286,7 +288,7 @@ def build_trainer(settings: SftSettings) -> Any:
     else:
         processing = AutoTokenizer.from_pretrained(settings.model_dir)
     sft_config, lora_config, rows = formatted_rows(settings, processing, world_size())
-    return counting_trainer(trained, checkpoints, SFTTrainer)(
+    trainer = counting_trainer(trained, checkpoints, SFTTrainer)(
         model=settings.model_dir,
         args=sft_config,
         train_dataset=rows,
@@ -294,6 +296,28 @@ def build_trainer(settings: SftSettings) -> Any:
         peft_config=lora_config,
         callbacks=callbacks,
     )
+    trainer.rows_given = len(rows)  # what unfit_rows_problem compares TRL's prepared rows with
+    return trainer
+
+
+def unfit_rows_problem(settings: SftSettings, trainer: Any) -> str:
+    """TRL cuts each row at max_length and drops those left with no trained token (a masked prompt that fills
+    tune_max_seq_len: trl SFTTrainer._prepare_dataset): said in the step log; "" when none was dropped, raises
+    ConfigError when too many were (unfit_rows.py). Packed runs are not cut row by row."""
+    given = getattr(trainer, "rows_given", None)
+    if given is None or trainer.args.packing:
+        return ""
+    dropped = given - len(trainer.train_dataset)
+    if dropped <= 0:
+        return ""
+    line = (
+        f"{dropped} of {given} training rows train nothing at tune_max_seq_len={settings.max_seq_len}: their "
+        "prompt fills it, so the cut leaves no trained token"
+    )
+    refused = too_many_unfit(dropped, given)
+    if refused:
+        raise ConfigError(f"{line} ({refused}): set tune_max_seq_len higher, or shorten or remove those rows")
+    return f"{line}; they are left out"
 
 
 def train(settings: SftSettings) -> dict:
@@ -314,6 +338,9 @@ def train(settings: SftSettings) -> dict:
         log.info(
             "tune_max_steps_per_epoch=%d: %d steps", settings.max_steps_per_epoch, trainer.args.max_steps
         )
+    unfit = unfit_rows_problem(settings, trainer)
+    if unfit:
+        log.warning("%s", unfit)
     note = experts_note(settings, trainer.model)
     if note:
         log.info("%s", note)

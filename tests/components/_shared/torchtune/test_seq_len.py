@@ -5,8 +5,8 @@ from kfp_finetune.components._shared.torchtune.seq_len import (
     cut_length,
     fits,
     percentile,
-    too_many_unfit,
 )
+from kfp_finetune.components._shared.unfit_rows import too_many_unfit
 
 
 def test_p99_rounded_up_to_256_and_capped_by_the_model():

@@ -198,6 +198,35 @@ def test_dora_trains_a_magnitude_beside_the_adapter_and_merges_both(root):
     assert_adapter_matches_merged(run, root)
 
 
+def test_rows_whose_prompt_fills_max_seq_len_are_said_and_too_many_are_refused_before_training(
+    root, tmp_path, log_lines
+):
+    """TRL drops the rows its cut at max_length leaves with no trained token: one of 61 is said in the step log and
+    the run trains on; three of 63 (more than 1%, unfit_rows.py) refuse the run before its first step, with the fix."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kfp_finetune.components._shared.errors import ConfigError
+
+    def rows_with(long_prompts: int) -> str:
+        rows = [{"input": f"Reverse {i}.", "output": str(i)[::-1]} for i in range(100, 160)]
+        rows += [{"input": "word " * 200, "output": "x"}] * long_prompts
+        path = tmp_path / f"rows-{long_prompts}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return str(path)
+
+    one = settings_for(root, "one-unfit", data_files=[rows_with(1)], max_steps=2)
+    train.train(one)
+    said = "1 of 61 training rows train nothing at tune_max_seq_len=64: their prompt fills it"
+    assert any(line.startswith(said) and line.endswith("they are left out") for line in log_lines), log_lines
+    many = settings_for(root, "many-unfit", data_files=[rows_with(3)], max_steps=2)
+    with pytest.raises(
+        ConfigError, match=r"^3 of 63 training rows .* \(more than 1% of the rows\): set tune_max_seq_len"
+    ):
+        train.train(many)
+    assert not (Path(many.output_dir) / run_layout.METRICS_FILE).exists(), "training never started"
+
+
 def test_face_merges_a_run_that_has_only_the_adapter(lora_run, root, tmp_path):
     import torch
 
