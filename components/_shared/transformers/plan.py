@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.transformers import run_layout, run_length
 from kfp_finetune.components._shared.transformers.rows import count_rows
@@ -140,7 +141,10 @@ def sft_settings(
                 "tune_dtype", f"must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
             )
         fields["bf16"] = _DTYPES[given["dtype"]]
-    planned = run_length.fit_run_length(fields, set(given), num_rows, world)
+    planned = [
+        *_fit_positions(fields, model_dir),
+        *run_length.fit_run_length(fields, set(given), num_rows, world),
+    ]
     settings = SftSettings(
         model_dir=str(model_dir),
         data_files=list(data_files),
@@ -152,6 +156,34 @@ def sft_settings(
     if problems:
         raise by_parameter(problems[0])
     return settings
+
+
+def _fit_positions(fields: dict[str, Any], model_dir: str | os.PathLike) -> list[dict]:
+    """max_seq_len within the model's positions (config.json max_position_embeddings; a vision-language model's
+    text_config): the default is lowered to them, with its reason; a longer one set by the user is refused. A model
+    with learned positions (BERT: 512) fails on the first row longer than them; a rotary one was never trained
+    there. Nothing where no config.json is at hand (pre-flight's check of the settings alone)."""
+    try:
+        config = engines.model_config(model_dir)
+    except ConfigError:
+        return []
+    positions = (config.get("text_config") or config).get("max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        return []
+    asked = fields.get("max_seq_len")
+    if asked is not None:
+        if isinstance(asked, int) and asked > positions:
+            raise SettingError("tune_max_seq_len", f"is {asked}, more than the {positions} positions the model has "
+                                                   f"(config.json max_position_embeddings): set it to {positions} "
+                                                   "or less, or leave it unset")  # fmt: skip
+        return []
+    if positions >= SftSettings.max_seq_len:
+        return []
+    fields["max_seq_len"] = positions
+    reason = (
+        f"the model has {positions} positions (config.json max_position_embeddings), fewer than the default"
+    )
+    return [{"setting": "max_seq_len", "value": positions, "reason": reason}]
 
 
 def preview(

@@ -130,6 +130,29 @@ def test_a_full_fine_tune_learns_the_classes_and_beats_its_base_on_held_out_rows
     assert accuracy(Path(settings.output_dir) / "merged") > accuracy(base) + 0.3
 
 
+def test_a_review_longer_than_berts_positions_trains_cut_to_them_and_more_is_refused(kit, tmp_path):
+    """BERT learned 512 positions: the plan lowers the default max_seq_len (2048) to them, with its reason, so a
+    review of 600 words is cut there and trains (uncut, BERT's embeddings fail at its batch: 2048 positions
+    against 512); a longer max_seq_len set by the user is refused before anything is read."""
+    from kfp_finetune.components._shared.errors import SettingError
+    from kfp_finetune.components._shared.transformers import plan
+
+    _, base, _ = kit
+    rows = review_rows(11) + [{"text": "great food " * 300, "label": 2}]  # one epoch of 3 batches: every row
+    data = write_split(tmp_path / "long.parquet", rows)
+    step = {"dataset_type": "classification", "max_steps_per_epoch": 3, "batch_size": 4, "device": "cpu"}
+    where = {"model_dir": base, "data_files": [data], "run_dir": tmp_path / "run"}
+    settings = plan.sft_settings(step, **where, data_hints={"data_style": "classification"})
+    assert settings.max_seq_len == 512
+    assert [c["setting"] for c in settings.planned][:1] == ["max_seq_len"]
+    summary = train.train(settings)
+    assert summary["global_step"] >= 3
+    with pytest.raises(
+        SettingError, match="^tune_max_seq_len is 1024, more than the 512 positions the model has"
+    ):
+        plan.sft_settings({**step, "max_seq_len": 1024}, **where)
+
+
 def test_packing_a_classifier_is_refused_by_its_setting(tmp_path):
     settings = SftSettings(model_dir="m", data_files=["t.parquet"], output_dir="r", dataset_type="classification",
                            packing=True)  # fmt: skip
