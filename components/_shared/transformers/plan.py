@@ -167,8 +167,8 @@ def _fit_positions(fields: dict[str, Any], model_dir: str | os.PathLike) -> list
         config = engines.model_config(model_dir)
     except ConfigError:
         return []
-    positions = (config.get("text_config") or config).get("max_position_embeddings")
-    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+    positions = _positions(config.get("text_config") or config)
+    if positions is None:
         return []
     asked = fields.get("max_seq_len")
     if asked is not None:
@@ -184,6 +184,22 @@ def _fit_positions(fields: dict[str, Any], model_dir: str | os.PathLike) -> list
         f"the model has {positions} positions (config.json max_position_embeddings), fewer than the default"
     )
     return [{"setting": "max_seq_len", "value": positions, "reason": reason}]
+
+
+def _positions(config: dict) -> int | None:
+    """The positions a model serves: max_position_embeddings, or where its rotary embedding is scaled (rope_scaling
+    or transformers 5's rope_parameters with a factor: YaRN, linear, dynamic; Qwen2.5 ships 32768 and documents
+    YaRN x4) the original length times the factor, if that is more."""
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        return None
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1:
+        original = scaling.get("original_max_position_embeddings") or positions
+        if isinstance(original, int) and not isinstance(original, bool):
+            return max(positions, int(original * factor))
+    return positions
 
 
 def preview(
