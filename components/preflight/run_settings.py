@@ -225,7 +225,7 @@ def check_model_and_run(
                 if hasattr(
                     face, "check_settings"
                 ):  # a wing that plans its own runs checks the settings itself
-                    return check_planned(face, settings)
+                    return check_planned(face, settings, folder)
             model = inspect_model_dir(folder, weights_required=False)
         except (ConfigError, storage.StorageError, ValueError) as error:
             return [Problem("model_uri", str(error).replace(folder, model_uri))]
@@ -268,10 +268,12 @@ def check_model_and_run(
     return too_big
 
 
-def check_planned(face: Any, settings: RunSettings) -> list[Problem]:
-    """The step's settings as the engine's wing plans them (its `check_settings`), each problem by its parameter."""
+def check_planned(face: Any, settings: RunSettings, model_dir: str) -> list[Problem]:
+    """The step's settings as the engine's wing plans them (its `check_settings`, against the model's config.json
+    in `model_dir`), each problem by its parameter."""
+    values = {**settings.training(), "dataset_type": settings.get("data_type", "instruct")}
     try:  # with the data's type: a classifier's or a vision-language model's settings have rules of their own
-        face.check_settings({**settings.training(), "dataset_type": settings.get("data_type", "instruct")})
+        face.check_settings(values, model_dir)
     except SettingError as error:
         return [Problem(error.setting, error.problem)]
     log.info("tune_*: the %s engine's settings checked", face.NAME)

@@ -14,7 +14,7 @@ _shared/torchtune/face.py for the names every face has).
 
 Beyond the common names, this wing plans its own runs: `plan_run(settings, model_dir=, data_files=, run_dir=,
 data_hints=, devices=, nodes=, num_rows=)` plans and checks a run from the fine-tune step's settings (plan.py; its
-length from the row count: run_length.py), `check_settings(settings)` makes the same checks for pre-flight, and
+length from the row count: run_length.py), `check_settings(settings, model_dir)` makes the same checks for pre-flight, and
 `preview(settings, model_dir=, data_files=, run_dir=, devices=, nodes=)` is the settings file a run would get
 (`kfp-finetune resolve-config`; its length planned from the data files' rows where they are here). torchtune's
 face has neither: the step plans torchtune's runs itself (resolve.py over dataset-initialize's packs).

@@ -225,9 +225,10 @@ def preview(
     return json.dumps(asdict(settings), indent=2) + "\n"
 
 
-def check_settings(values: dict[str, Any]) -> None:
-    """The step's settings checked as `plan_run` checks them, where no model or data is at hand (pre-flight)."""
-    sft_settings(values, model_dir="model", data_files=["data.parquet"], run_dir="run")
+def check_settings(values: dict[str, Any], model_dir: str | os.PathLike = "model") -> None:
+    """The step's settings checked as `plan_run` checks them, where no data is at hand (pre-flight); `model_dir`:
+    a folder with the model's config.json, or none."""
+    sft_settings(values, model_dir=model_dir, data_files=["data.parquet"], run_dir="run")
 
 
 def plan_run(

@@ -53,6 +53,10 @@ CASES = {
         {"tune_lora_target_parameters": EXPERTS}, "org/tiny", "tune_lora_target_parameters",
         "is not read by torchtune (its LoRA adapts linear layers only",
     ),
+    "max_seq_len beyond the model's positions": (
+        {"tune_max_seq_len": 10_000_000, "tune_backend": "local"}, "org/qwen3-moe", "tune_max_seq_len",
+        "more than the",
+    ),
     "dropout on adapted experts": (
         {"tune_lora_target_parameters": EXPERTS, "tune_lora_dropout": 0.1, "tune_backend": "local"},
         "org/qwen3-moe", "tune_lora_dropout", "must be 0 where LoRA adapts 3D parameters",
