@@ -157,6 +157,10 @@ class Resumable:
         elif self._logged_before():  # killed before its first checkpoint: the curve starts over too
             self._mark_resume(0, "no complete checkpoint: training started over")
         self._say_plan()
+        if self._checkpoints.checkpoints:
+            # From here to the exit a stopping pod's hook waits for us: a request during the first step is seen at
+            # its end (held only then, the hook would find no holder and leave us to torchrun's SIGTERM).
+            self._stop_request.hold()
 
     def _mark_resume(self, step: int, how: str) -> None:
         logger = getattr(self, "_metric_logger", None)  # rank 0's only
@@ -214,7 +218,6 @@ class Resumable:
         step = self.global_step
         if not self._checkpoints.checkpoints or step >= self._total_steps:
             return
-        self._stop_request.hold()
         if step == self._last_saved_step:
             return
         signalled, requested = self._stop.received is not None, self._stop_request.requested()
