@@ -256,10 +256,9 @@ class Resumable:
             )
             _say(f"stopping after the checkpoint at step {step} ({why}): a retry resumes from it")
             sys.stdout.flush()
-            record_stop(
-                stop_exit_code(own_pod)
-            )  # for the node's entrypoint, should torchrun lose track of us
-            os._exit(stop_exit_code(own_pod))  # no teardown: the grace period is short, the state is on disk
+            code = stop_exit_code(own_pod)
+            record_stop(code)  # for the node's entrypoint, should torchrun lose track of us
+            os._exit(code)  # no teardown: the grace period is short, the state is on disk
 
     # --- the training state -------------------------------------------------------------------------------------
 

@@ -302,7 +302,7 @@ def build_trainer(settings: SftSettings) -> Any:
 
 def unfit_rows_problem(settings: SftSettings, trainer: Any) -> str:
     """TRL cuts each row at max_length and drops those left with no trained token (a masked prompt that fills
-    tune_max_seq_len: trl SFTTrainer._prepare_dataset): said in the step log; "" when none was dropped, raises
+    tune_max_seq_len: trl SFTTrainer._prepare_dataset): the step log's line about them, "" when none was dropped;
     ConfigError when too many were (unfit_rows.py). Packed runs are not cut row by row."""
     given = getattr(trainer, "rows_given", None)
     if given is None or trainer.args.packing:
