@@ -187,8 +187,14 @@ def test_a_pod_whose_workers_stopped_exits_with_their_stop_code_even_when_sigter
     assert "(another node's pod is stopping): exit code 75" in capsys.readouterr().out
 
 
-def test_a_crash_or_a_sigterm_before_the_workers_ended_keeps_torchruns_error(capsys):
+def test_a_crash_or_a_sigterm_before_the_workers_ended_keeps_torchruns_error(capsys, tmp_path, monkeypatch):
+    import tempfile
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    monkeypatch.setattr(
+        tempfile, "tempdir", str(tmp_path)
+    )  # this container's stop folder: no worker recorded
 
     assert entrypoint.stopped_node_exit_code(torchrun_error([75, 1], interrupted=True), since=0) is None
     assert (
