@@ -13,9 +13,10 @@ the exit codes the runtimes' podFailurePolicy tells apart (runtimes/).
 Under torchrun the pod's exit is its agent's, which raises ChildFailedError (Python then exits 1) when any worker
 exits non-zero: `node_exit_code` gives the pod its workers' stop code instead. The agent can also fail before it
 saw its workers end: on several nodes the rendezvous store lives in one node's agent, which may exit first, and the
-others' agents then raise RendezvousConnectionError at their next look at it. So each worker that saved its part of
-the stop's checkpoint says so before it exits (`record_stop`, in the container's stop folder), and the node's
-entrypoint reads what they said (`recorded_stop_codes`) where torchrun's error has no exit codes.
+others' agents then raise RendezvousConnectionError at their next look at it and end their workers. So each worker
+that saved its part of the stop's checkpoint says so before the checkpoint's last barrier, which no node's pod passes
+before every worker said it (`record_stop`, in the container's stop folder), and the node's entrypoint reads what
+they said (`recorded_stop_codes`) where torchrun's error has no exit codes.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -245,10 +246,12 @@ class Resumable:
             reason=reason,
             config_sha256=self._config_sha256,
         )
-        self._save(point)
-        self._last_saved_step, self._last_saved_time = step, time.monotonic()
-        _say(f"checkpoint at {point.describe()} written in {time.monotonic() - started:.1f}s")
-        if stop:
+        code = stop_exit_code(own_pod) if stop else None
+
+        def saved() -> None:
+            _say(f"checkpoint at {point.describe()} written in {time.monotonic() - started:.1f}s")
+            if code is None:
+                return
             why = (
                 ("SIGTERM" if signalled else "the pod is stopping")
                 if own_pod
@@ -256,8 +259,11 @@ class Resumable:
             )
             _say(f"stopping after the checkpoint at step {step} ({why}): a retry resumes from it")
             sys.stdout.flush()
-            code = stop_exit_code(own_pod)
             record_stop(code)  # for the node's entrypoint, should torchrun lose track of us
+
+        self._save(point, saved)
+        self._last_saved_step, self._last_saved_time = step, time.monotonic()
+        if code is not None:
             os._exit(code)  # no teardown: the grace period is short, the state is on disk
 
     # --- the training state -------------------------------------------------------------------------------------
@@ -278,7 +284,10 @@ class Resumable:
             "lr_scheduler": self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
         }
 
-    def _save(self, point: ResumePoint) -> None:
+    def _save(self, point: ResumePoint, saved: Callable[[], None]) -> None:
+        """Write the checkpoint for `point`, then call `saved()` before the last barrier: past it, another node's
+        pod may exit, and with it the rendezvous store its agent may hold, whose loss ends this node's agent and
+        this process before it could say so."""
         import torch
 
         partial = resume.partial_dir(self._run_dir, point.step)
@@ -291,6 +300,7 @@ class Resumable:
             }
             _save_file(state, partial / "state.pt")
             resume.publish(partial, point)
+            saved()
             return
         import torch.distributed.checkpoint as dcp
 
@@ -304,6 +314,7 @@ class Resumable:
         torch.distributed.barrier()  # every rank's files are on disk before the marker says so
         if rank == 0:
             resume.publish(partial, point)
+        saved()
         torch.distributed.barrier()
 
     def _sharded_state(self) -> tuple[dict, dict]:

@@ -9,10 +9,12 @@ StatefulDistributedSampler — what the mixin saves through torch.distributed.ch
     torchrun --nproc_per_node 2 fsdp_resume_probe.py <run_dir> [--signal-rank R --signal-after-step K]
 
 Prints `STEP <n> <loss> <lr>` on rank 0. With --signal-*, rank R alone notes a SIGTERM after step K (as when one
-node's pod is preempted): every rank must save together and exit 143.
+node's pod is preempted): every rank must save together and exit 143. Each rank prints `BARRIER <rank> <recorded>` as
+it enters a barrier: 1 when its stop's record (stop_exit.record_stop) is on disk by then.
 """
 
 import argparse
+import os
 import signal
 
 import torch
@@ -22,6 +24,8 @@ from torch.distributed.fsdp import fully_shard
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
+from kfp_finetune.components._shared import stop_exit
+from kfp_finetune.components._shared.stop_request import folder
 from kfp_finetune.components._shared.torchtune import resume
 from kfp_finetune.components.torchtune_finetune.recipe import Resumable
 
@@ -91,6 +95,17 @@ class ResumableProbe(Resumable, ProbeRecipe):
     pass
 
 
+def said_barrier(barrier):
+    """`barrier`, which first prints whether this process's stop record is on disk."""
+
+    def said(*args, **kwargs):
+        record = folder() / f"{stop_exit._STOPPED}{os.environ['LOCAL_RANK']}"
+        print(f"BARRIER {dist.get_rank()} {int(record.exists())}", flush=True)
+        return barrier(*args, **kwargs)
+
+    return said
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir")
@@ -99,6 +114,7 @@ def main() -> None:
     parser.add_argument("--optimizer-in-bwd", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
+    dist.barrier = said_barrier(dist.barrier)  # recipe.py calls torch.distributed.barrier: this one
     settings = resume.CheckpointSettings("full_finetune_distributed", every_steps=3, every_minutes=0)
     cfg = OmegaConf.create({"output_dir": args.run_dir, resume.CONFIG_KEY: settings.as_config()})
     recipe = ResumableProbe(args.signal_rank, args.signal_after_step, args.optimizer_in_bwd)

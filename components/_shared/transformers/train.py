@@ -360,16 +360,18 @@ def train(settings: SftSettings) -> dict:
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     summary = {"global_step": result.global_step, "train_loss": result.training_loss, "run_dir": str(run_dir)}
     if trainer.checkpoint_callback.stop_requested and result.global_step < trainer.state.max_steps:
-        # Every process's part of the checkpoint (its RNG state) is written before any exits: torchrun stops the
-        # other workers as soon as one has exited.
-        trainer.accelerator.wait_for_everyone()
         own_pod = trainer.checkpoint_callback.own_pod_stopping
-        record_stop(stop_exit_code(own_pod))  # for the node's entrypoint, should torchrun lose track of us
+        # Said before the barrier, for the node's entrypoint and for people: past it, another node's pod may exit,
+        # and with it the rendezvous store its agent may hold, whose loss ends this node's agent and this process.
+        record_stop(stop_exit_code(own_pod))
         log.info(
             "stopped (%s) at step %d, its checkpoint saved: a restart resumes from it",
             "the pod is stopping" if own_pod else "another node's pod is stopping",
             result.global_step,
         )
+        # Every process's part of the checkpoint (its RNG state) is written before any exits: torchrun stops the
+        # other workers as soon as one has exited.
+        trainer.accelerator.wait_for_everyone()
         return {**summary, "interrupted": True, "own_pod_stopping": own_pod}
     log.info("trained %d steps in %.0f s", result.global_step, time.monotonic() - started)
     trainer.checkpoint_callback.pod_stop.finishing()  # a stop hook now waits for the outputs

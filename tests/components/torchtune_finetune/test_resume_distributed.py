@@ -21,9 +21,10 @@ STEPS = 12
 SEED = 20261127
 
 
-def probe(run_dir, *args, kill_after_step=None):
-    """(exit code, {step: (loss, lr)}) of one torchrun of the probe; `kill_after_step`: SIGKILL its whole process
-    group once that step is printed (a node lost: no grace)."""
+def probe(run_dir, *args, kill_after_step=None, barriers=None):
+    """(exit code, {step: (loss, lr)}, its output's tail) of one torchrun of the probe, in a temp folder of its own;
+    `kill_after_step`: SIGKILL its whole process group once that step is printed (a node lost: no grace);
+    `barriers`: a list, given each barrier's (rank, whether its stop record was on disk)."""
     command = [
         str(Path(sys.executable).parent / "torchrun"),
         "--nproc_per_node",
@@ -32,7 +33,9 @@ def probe(run_dir, *args, kill_after_step=None):
         str(run_dir),
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    temp = Path(run_dir) / "tmp"  # the node container's own, as each has its own /tmp: the stop folder
+    temp.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temp)}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                start_new_session=True)  # fmt: skip
     steps, output = {}, []
@@ -43,6 +46,9 @@ def probe(run_dir, *args, kill_after_step=None):
             steps[int(step)] = (loss, lr)
             if kill_after_step == int(step):
                 os.killpg(process.pid, signal.SIGKILL)
+        elif line.startswith("BARRIER ") and barriers is not None:
+            _, rank, recorded = line.split()
+            barriers.append((int(rank), recorded == "1"))
     return process.wait(timeout=300), steps, "".join(output[-30:])
 
 
@@ -55,7 +61,10 @@ def uninterrupted(tmp_path_factory):
 
 def test_a_sigterm_on_one_rank_saves_every_rank_and_the_retry_continues_exactly(uninterrupted, tmp_path):
     after = random.Random(SEED).randint(2, STEPS - 2)
-    code, before, tail = probe(tmp_path, "--signal-rank", "1", "--signal-after-step", str(after))
+    barriers = []
+    code, before, tail = probe(
+        tmp_path, "--signal-rank", "1", "--signal-after-step", str(after), barriers=barriers
+    )
     # The signalled rank exits as SIGTERM ends a process; the other, as a node whose own pod is not stopping
     # (_shared/stop_exit.py), 75.
     exits = dict(re.findall(r"rank +: (\d) \(local_rank: \d\)\n +exitcode +: (\d+)", tail))
@@ -63,6 +72,10 @@ def test_a_sigterm_on_one_rank_saves_every_rank_and_the_retry_continues_exactly(
     point = resume.latest(tmp_path)
     assert (point.step, point.reason) == (after, "SIGTERM"), tail  # all ranks stopped at the next boundary
     assert sorted(p.name for p in point.path.glob("rank_*.pt")) == ["rank_00000.pt", "rank_00001.pt"]
+    # Each rank said how it stops before the save's last barrier: past it, another node's pod may exit with the
+    # rendezvous store, and this node's agent, failing at once, ends the process before it could say so.
+    last = {rank: recorded for rank, recorded in barriers}
+    assert last == {0: True, 1: True}, barriers
 
     code, rest, tail = probe(tmp_path)
     assert code == 0, tail

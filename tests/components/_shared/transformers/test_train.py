@@ -489,6 +489,39 @@ def test_the_pods_stop_request_saves_and_stops_the_run_but_not_at_its_last_step(
     assert (at(3).should_save, at(3).should_training_stop) == (False, True)  # the end, as planned
 
 
+def test_a_stopped_process_records_its_stop_before_the_last_barrier(root, tmp_path, monkeypatch):
+    """The stop's record (stop_exit.record_stop) is on disk when the process enters the barrier after its checkpoint:
+    past it another node's pod may exit with the rendezvous store, and this node's agent, failing at once, ends this
+    process before it could say how it stopped (CI: the pod exited 1, which the runtimes' FailJob rule took for a
+    crash)."""
+    import tempfile
+
+    from accelerate import Accelerator
+
+    from kfp_finetune.components._shared import stop_request
+    from kfp_finetune.components._shared.stop_exit import recorded_stop_codes
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this container's temp folder
+    hold = stop_request.TrainingProcess.hold
+
+    def hold_then_asked(process):  # the preStop hook's request comes as training begins
+        hold(process)
+        stop_request.request()
+
+    recorded_at_barriers = []
+    barrier = Accelerator.wait_for_everyone
+
+    def spied_barrier(accelerator):
+        recorded_at_barriers.append(recorded_stop_codes(since=0))
+        barrier(accelerator)
+
+    monkeypatch.setattr(stop_request.TrainingProcess, "hold", hold_then_asked)
+    monkeypatch.setattr(Accelerator, "wait_for_everyone", spied_barrier)
+    summary = train.train(settings_for(root, "stopped-at-once", max_steps=3))
+    assert summary["interrupted"] and summary["global_step"] == 1
+    assert recorded_at_barriers[-1] == [OWN_POD_STOPPING]
+
+
 @pytest.mark.parametrize(
     ("global_step", "marker"),
     [(4, "Resumed after step 4 (from checkpoint-4)"), (0, "Resumed after step 0 (no complete checkpoint")],
