@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import bench_tiny_defaults as bench
-from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len
+from kfp_finetune.components._shared.seq_len_rule import choose_max_seq_len
 
 
 @pytest.mark.slow

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from dataclasses import asdict, dataclass
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.seq_len_rule import (
+    SAMPLE_ROWS,
+    SAMPLE_SEED,
+    choose_max_seq_len,
+    sample_indices,
+)
 from kfp_finetune.components._shared.torchtune.choices import Choice, user_set
 from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 from kfp_finetune.components._shared.torchtune.memory_model import (
@@ -41,7 +46,7 @@ from kfp_finetune.components._shared.torchtune.run_length import (
     fit_schedule,
     scale_learning_rate,
 )
-from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len, cut_length, fits
+from kfp_finetune.components._shared.torchtune.seq_len import cut_length, fits
 
 log = get_logger(__name__)
 
@@ -59,8 +64,6 @@ BUSY_FLOOR_RANGE = (1024, 8192)
 #: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
 #: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
 MULTI_NODE_MICRO_BATCH_TOKENS = 32768
-SAMPLE_ROWS = 2000
-SAMPLE_SEED = 0
 #: Characters per token assumed when the tokenizer cannot be loaded (a preview with placeholder files):
 #: low, so lengths are over- rather than under-estimated.
 CHARS_PER_TOKEN = 3.0
@@ -104,7 +107,7 @@ def sample_token_lengths(
             data_files=dataset_node["data_files"],
             split=dataset_node.get("split", "train"),
         )
-        picked = _sample(len(data), rows, seed)
+        picked = sample_indices(len(data), rows, seed)
         lengths = [
             max(1, math.ceil(sum(len(str(v)) for v in data[i].values() if v is not None) / CHARS_PER_TOKEN))
             for i in picked
@@ -112,7 +115,7 @@ def sample_token_lengths(
         how = f"estimated from characters ÷ {CHARS_PER_TOKEN:g} ({why}) of {len(picked)} rows"
         return TokenLengths(lengths, len(data), how)
     dataset = rows_as_trained(config, tokenizer)
-    picked = _sample(len(dataset), rows, seed)
+    picked = sample_indices(len(dataset), rows, seed)
     lengths, prompts = [], [0]
     for i in picked:
         row = dataset[i]
@@ -126,10 +129,6 @@ def sample_token_lengths(
         else f"all {len(dataset)} rows"
     )
     return TokenLengths(lengths, len(dataset), how, longest_prompt=max(prompts))
-
-
-def _sample(total: int, rows: int, seed: int) -> list[int]:
-    return sorted(random.Random(seed).sample(range(total), rows)) if total > rows else list(range(total))
 
 
 # --- the choices -------------------------------------------------------------------------------------------------

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.seq_len_rule import choose_max_seq_len, percentile
 from kfp_finetune.components._shared.torchtune.dataset_node import dataset_builder_node
 from kfp_finetune.components._shared.torchtune.pack_file import PACK_COLUMNS, PACKS_FILE, pack_writer
 from kfp_finetune.components._shared.torchtune.sample_packing import IGNORE_INDEX, ignore_sample_starts
-from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len, fits, percentile
+from kfp_finetune.components._shared.torchtune.seq_len import fits
 
 log = get_logger(__name__)
 

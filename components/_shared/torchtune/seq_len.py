@@ -1,9 +1,8 @@
-"""How long a training sequence is by default: long enough for almost every row, never set by one outlier.
+"""How long a torchtune training sequence is by default: the rule both engines follow (_shared/seq_len_rule.py).
 
-The rule, on every path (dataset-initialize's packs, and the fine-tune step's tokenizer on every device, CPU
-included): `max_seq_len` is the 99th percentile of the rows' prompt + response tokens (template included; nearest
-rank, and never the single longest row: with fewer than 100 rows that is the longest but one), rounded up to a
-multiple of 256 (kernel- and packing-friendly), capped by the model's `max_position_embeddings`. Where the data's
+On every torchtune path (dataset-initialize's packs, and the fine-tune step's tokenizer on every device, CPU
+included): `max_seq_len` is seq_len_rule's choice over the rows' prompt + response tokens as torchtune tokenizes
+them (template included), capped by the model's `max_position_embeddings`. Where the data's
 lengths were not measured (no dataset-initialize stats; on CUDA a sample is tokenized) the fine-tune step's
 tokenizer gets the model's limit (`cut_length`), so no row ever reaches past the model's positions.
 
@@ -19,37 +18,14 @@ more than one) is refused with the numbers and the fix: a longer max_seq_len (`t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-PERCENTILE = 99.0
-MULTIPLE = 256
+from kfp_finetune.components._shared.seq_len_rule import choose_max_seq_len
+
 #: Tokens a cut row needs beyond its prompt: one trained token and the masked EOS torchtune ends the cut with.
 CUT_EXTRA = 2
 #: The fix the messages about such rows give, in the pipeline's parameter names.
 FIX = "set tune_max_seq_len to at least {needed} (their prompt + response), set tune_train_on_input=true, or remove them"
-
-
-def percentile(lengths: Sequence[int], q: float = PERCENTILE) -> int:
-    """The `q`-th percentile of `lengths` (nearest rank: a length some row really has). Below the 100th it is
-    never the single longest of two or more rows: one outlier does not set it."""
-    if not lengths:
-        raise ValueError("no lengths: the training data is empty")
-    ordered = sorted(lengths)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    if q < 100 and len(ordered) > 1:
-        rank = min(rank, len(ordered) - 1)
-    return ordered[rank - 1]
-
-
-def _round_up(tokens: int) -> int:
-    return math.ceil(tokens / MULTIPLE) * MULTIPLE
-
-
-def choose_max_seq_len(lengths: Sequence[int], max_position_embeddings: int | None) -> int:
-    """The default max_seq_len for rows of these token lengths (see the module docstring)."""
-    wanted = _round_up(percentile(lengths))
-    return min(wanted, max_position_embeddings) if max_position_embeddings else wanted
 
 
 def cut_length(lengths: Sequence[int] | None, max_position_embeddings: int | None) -> int | None:

@@ -10,9 +10,9 @@ pytest.importorskip("torchtune")
 
 from kfp_finetune.components._shared.contract import DatasetSplit  # noqa: E402
 from kfp_finetune.components._shared.cpus import pod_processes  # noqa: E402
+from kfp_finetune.components._shared.seq_len_rule import MULTIPLE  # noqa: E402
 from kfp_finetune.components._shared.torchtune import packing  # noqa: E402
 from kfp_finetune.components._shared.torchtune.pack_file import ArrowPacks  # noqa: E402
-from kfp_finetune.components._shared.torchtune.seq_len import MULTIPLE  # noqa: E402
 from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset  # noqa: E402
 from kfp_finetune.tiny.dataset import build_tiny_dataset  # noqa: E402
 

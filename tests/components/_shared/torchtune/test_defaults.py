@@ -501,7 +501,7 @@ def test_the_component_passes_gpu_memory_to_the_resolver(monkeypatch, tmp_path):
 def test_recorded_lengths_give_the_length_dataset_initialize_packed_to():
     """The fine-tune step reads dataset-initialize's stats of every row: the max_seq_len default is the pack length."""
     from kfp_finetune.components._shared.contract import DatasetSplit
-    from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len
+    from kfp_finetune.components._shared.seq_len_rule import choose_max_seq_len
     from kfp_finetune.components.torchtune_finetune.finetune import recorded_lengths
 
     lengths = recorded_lengths(DatasetSplit(token_stats={"count": 1000, "p50": 120, "p99": 700, "max": 3000}))

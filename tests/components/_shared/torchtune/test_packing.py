@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torchtune")
 
 from kfp_finetune.components._shared.bin_packing import plan_packs  # noqa: E402
+from kfp_finetune.components._shared.seq_len_rule import choose_max_seq_len  # noqa: E402
 from kfp_finetune.components._shared.torchtune import sample_packing  # noqa: E402
 from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir, instantiate  # noqa: E402
 from kfp_finetune.components._shared.torchtune.pack_file import ArrowPacks  # noqa: E402
@@ -25,7 +26,6 @@ from kfp_finetune.components._shared.torchtune.packing import (  # noqa: E402
     sft_node,
     tokenize,
 )
-from kfp_finetune.components._shared.torchtune.seq_len import choose_max_seq_len  # noqa: E402
 
 ROWS = 240
 
