@@ -46,21 +46,30 @@ def class_names(rows: Any, label_column: str) -> list[str]:
 def tokenized_rows(settings: SftSettings, rows: Any, tokenizer: Any) -> Any:
     """`rows` (the data files, read by rows.read_rows) as model inputs: input ids truncated to max_seq_len, and
     `labels`, the class id."""
-    text, pair, label = settings.column("text"), settings.column("text_pair"), settings.column("label")
-    has_pair = pair in rows.column_names
+    from kfp_finetune.components._shared.transformers.seq_len import require_chosen
+
+    require_chosen(settings)
+    label = settings.column("label")
 
     def tokenize(batch: dict) -> dict:
-        encoded = tokenizer(
-            batch[text],
-            batch[pair] if has_pair else None,
-            truncation=True,
-            max_length=settings.max_seq_len,
-        )
+        encoded = _encode(settings, rows, batch, tokenizer, truncation=True, max_length=settings.max_seq_len)
         return {**encoded, "labels": batch[label]}
 
     return rows.map(
         tokenize, batched=True, remove_columns=rows.column_names, desc="Tokenizing classification rows"
     )
+
+
+def token_lengths(settings: SftSettings, rows: Any, tokenizer: Any) -> list[int]:
+    """The token lengths of `rows` (read by rows.read_rows), uncut, as tokenized_rows tokenizes them."""
+    return [len(ids) for ids in _encode(settings, rows, rows[:], tokenizer)["input_ids"]]
+
+
+def _encode(settings: SftSettings, rows: Any, batch: dict, tokenizer: Any, **cut: Any) -> Any:
+    """A batch of `rows`' text (and text pair, where the rows have one) through the tokenizer."""
+    pair = settings.column("text_pair")
+    pairs = batch[pair] if pair in rows.column_names else None
+    return tokenizer(batch[settings.column("text")], pairs, **cut)
 
 
 def prepare_tokenizer(tokenizer: Any) -> Any:

@@ -32,7 +32,8 @@ from kfp_finetune.components._shared.eval_examples import Example, ModelScores, 
 from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
-from kfp_finetune.components._shared.transformers import classify, plan, train, vision
+from kfp_finetune.components._shared.transformers import classify, plan, seq_len, train, vision
+from kfp_finetune.components._shared.transformers.fast import AUTO
 from kfp_finetune.components._shared.transformers.run_layout import trained_class
 from kfp_finetune.components._shared.transformers.settings import (
     CLASSIFICATION,
@@ -255,6 +256,10 @@ def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
         # The settings check wants a model folder; the rows need only the tokenizer's, which is the same.
         folder = text_tokenizer(tokenizer).name_or_path
         settings = dataclasses.replace(settings, model_dir=folder, output_dir=scratch)
+        if (
+            settings.max_seq_len == AUTO
+        ):  # neither the run's nor evaluate's own: the model's positions at most
+            settings = dataclasses.replace(settings, max_seq_len=seq_len.model_limit(folder))
         if settings.task == CLASSIFICATION:
             try:
                 return classify.eval_rows(settings, tokenizer)

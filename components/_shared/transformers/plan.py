@@ -19,6 +19,7 @@ from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.errors import ConfigError, SettingError
 from kfp_finetune.components._shared.transformers import run_layout, run_length
 from kfp_finetune.components._shared.transformers.rows import count_rows
+from kfp_finetune.components._shared.transformers.seq_len import positions
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 from kfp_finetune.components._shared.workspace import write_json_atomic
 
@@ -141,10 +142,8 @@ def sft_settings(
                 "tune_dtype", f"must be bf16 or fp32 on the transformers engine (got {given['dtype']!r})"
             )
         fields["bf16"] = _DTYPES[given["dtype"]]
-    planned = [
-        *_fit_positions(fields, model_dir),
-        *run_length.fit_run_length(fields, set(given), num_rows, world),
-    ]
+    _check_positions(fields, model_dir)
+    planned = run_length.fit_run_length(fields, set(given), num_rows, world)
     settings = SftSettings(
         model_dir=str(model_dir),
         data_files=list(data_files),
@@ -158,48 +157,22 @@ def sft_settings(
     return settings
 
 
-def _fit_positions(fields: dict[str, Any], model_dir: str | os.PathLike) -> list[dict]:
-    """max_seq_len within the model's positions (config.json max_position_embeddings; a vision-language model's
-    text_config): the default is lowered to them, with its reason; a longer one set by the user is refused. A model
-    with learned positions (BERT: 512) fails on the first row longer than them; a rotary one was never trained
-    there. Nothing where no config.json is at hand (pre-flight's check of the settings alone)."""
-    try:
-        config = engines.model_config(model_dir)
-    except ConfigError:
-        return []
-    positions = _positions(config.get("text_config") or config)
-    if positions is None:
-        return []
+def _check_positions(fields: dict[str, Any], model_dir: str | os.PathLike) -> None:
+    """A max_seq_len the user set within the model's positions (seq_len.positions; the training process caps its
+    own choice there): a model with learned positions (BERT: 512) fails on the first row longer than them, a rotary
+    one was never trained there. Nothing to check where no config.json is at hand (pre-flight's check of the
+    settings alone)."""
     asked = fields.get("max_seq_len")
-    if asked is not None:
-        if isinstance(asked, int) and asked > positions:
-            raise SettingError("tune_max_seq_len", f"is {asked}, more than the {positions} positions the model has "
-                                                   f"(config.json max_position_embeddings): set it to {positions} "
-                                                   "or less, or leave it unset")  # fmt: skip
-        return []
-    if positions >= SftSettings.max_seq_len:
-        return []
-    fields["max_seq_len"] = positions
-    reason = (
-        f"the model has {positions} positions (config.json max_position_embeddings), fewer than the default"
-    )
-    return [{"setting": "max_seq_len", "value": positions, "reason": reason}]
-
-
-def _positions(config: dict) -> int | None:
-    """The positions a model serves: max_position_embeddings, or where its rotary embedding is scaled (rope_scaling
-    or transformers 5's rope_parameters with a factor: YaRN, linear, dynamic; Qwen2.5 ships 32768 and documents
-    YaRN x4) the original length times the factor, if that is more."""
-    positions = config.get("max_position_embeddings")
-    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
-        return None
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    factor = scaling.get("factor") if isinstance(scaling, dict) else None
-    if isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1:
-        original = scaling.get("original_max_position_embeddings") or positions
-        if isinstance(original, int) and not isinstance(original, bool):
-            return max(positions, int(original * factor))
-    return positions
+    if not isinstance(asked, int) or isinstance(asked, bool):
+        return
+    try:
+        limit = positions(engines.model_config(model_dir))
+    except ConfigError:
+        return
+    if limit is not None and asked > limit:
+        raise SettingError("tune_max_seq_len", f"is {asked}, more than the {limit} positions the model has "
+                                               f"(config.json max_position_embeddings): set it to {limit} or less, "
+                                               "or leave it unset")  # fmt: skip
 
 
 def preview(

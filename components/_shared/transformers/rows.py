@@ -59,6 +59,14 @@ def read_rows(settings: SftSettings, cache_dir: str | None = None) -> Any:
     return rows
 
 
+def trained_rows(settings: SftSettings, tokenizer: Any) -> tuple[Any, str | None]:
+    """The training rows in TRL's format for this tokenizer (load_rows), and how chat rows' loss is masked
+    (chat_loss_mode; None for other rows)."""
+    chat_loss = chat_loss_mode(tokenizer) if settings.row_kind == "chat" else None
+    has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+    return load_rows(settings, has_chat_template, chat_loss or ASSISTANT_TURNS), chat_loss
+
+
 def load_rows(settings: SftSettings, has_chat_template: bool, chat_loss: str = ASSISTANT_TURNS) -> Any:
     """The data files as a `datasets.Dataset` in TRL's format for the settings' dataset type (multimodal rows:
     also their `images`)."""

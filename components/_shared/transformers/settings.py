@@ -80,7 +80,8 @@ class SftSettings:
     planned: list[dict] = field(default_factory=list)
     batch_size: int = 8  # per device
     gradient_accumulation_steps: int = 1
-    max_seq_len: int = 2048
+    # auto: the training process chooses from the rows' token lengths and the model's positions (seq_len.py).
+    max_seq_len: int | str = AUTO
     # auto: the training process chooses from its hardware and the model (fast.py), with its reasons.
     packing: bool | str = AUTO
     gradient_checkpointing: bool | str = AUTO  # TRL's default is on; off is faster where memory allows (§7)
@@ -154,7 +155,9 @@ class SftSettings:
                     found.append(
                         SettingError("data_files", f"has {path!r}: use .parquet, .jsonl or .json files")
                     )
-        at_least_one = ["epochs", "batch_size", "gradient_accumulation_steps", "max_seq_len", "logging_steps"]
+        at_least_one = ["epochs", "batch_size", "gradient_accumulation_steps", "logging_steps"]
+        if self.max_seq_len != AUTO:
+            at_least_one.append("max_seq_len")
         if self.method != "full":
             at_least_one.append("lora_rank")
         at_least_one += [
@@ -321,7 +324,7 @@ class SftSettings:
         packing = chosen.get("packing", self.packing)
         sft = SFTConfig(
             **common,
-            max_length=self.max_seq_len,
+            max_length=self.cut_length(),
             packing=packing,
             # torchtune trains instruct rows with train_on_input false: the prompt is masked out of the loss.
             completion_only_loss=self.row_kind == "instruct",
@@ -329,6 +332,11 @@ class SftSettings:
             model_init_kwargs=self.model_init_kwargs(bf16, packing),
         )
         return sft, self.lora_config()
+
+    def cut_length(self) -> int | None:
+        """Where rows are cut: max_seq_len; None while it is auto (the training process chooses it from the rows
+        before it builds a trainer, seq_len.py: settings checked before that have nothing to cut yet)."""
+        return None if self.max_seq_len == AUTO else self.max_seq_len
 
     def lora_config(self) -> Any:
         if self.method == "full":

@@ -32,13 +32,11 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.metrics_file import RESUMED, parse_metric_line
 from kfp_finetune.components._shared.stop_exit import record_stop, stop_exit_code
 from kfp_finetune.components._shared.stop_request import TrainingProcess
-from kfp_finetune.components._shared.transformers import run_layout, run_length
+from kfp_finetune.components._shared.transformers import run_layout, run_length, seq_len
 from kfp_finetune.components._shared.transformers.rows import (
-    ASSISTANT_TURNS,
     DATASETS_CACHE,
     LAST_ASSISTANT_TURN,
-    chat_loss_mode,
-    load_rows,
+    trained_rows,
 )
 from kfp_finetune.components._shared.transformers.settings import (
     CLASSIFICATION,
@@ -257,11 +255,11 @@ def formatted_rows(settings: SftSettings, tokenizer: Any, processes: int = 1) ->
     """TRL's SFTConfig and PEFT's LoraConfig for the settings, and the data rows in TRL's format, masked as they
     train (chat rows: every assistant turn, or the last one where the template cannot mark the turns). The
     evaluate step builds its eval rows with this too (evaluation.py), so they are masked as training masked."""
+    seq_len.require_chosen(settings)
     sft_config, lora_config = settings.trl_config(processes)
-    chat_loss = chat_loss_mode(tokenizer) if settings.row_kind == "chat" else None
+    rows, chat_loss = trained_rows(settings, tokenizer)
     if chat_loss == LAST_ASSISTANT_TURN:
         sft_config.assistant_only_loss, sft_config.completion_only_loss = False, True
-    rows = load_rows(settings, bool(getattr(tokenizer, "chat_template", None)), chat_loss or ASSISTANT_TURNS)
     return sft_config, lora_config, rows
 
 
@@ -323,6 +321,7 @@ def unfit_rows_problem(settings: SftSettings, trainer: Any) -> str:
 def train(settings: SftSettings) -> dict:
     """Run the fine-tune and write the run folder; returns a summary (steps, mean training loss, output paths)."""
     settings.check()
+    settings = seq_len.fit_to_rows(settings)
     run_dir = Path(settings.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     processes = world_size()

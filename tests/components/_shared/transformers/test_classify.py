@@ -111,7 +111,9 @@ def test_a_full_fine_tune_learns_the_classes_and_beats_its_base_on_held_out_rows
     trained = losses(Path(settings.output_dir))
     assert min(trained[-10:]) < trained[0] - 0.3, "the classifier learned"
     held_out = dataclasses.replace(
-        settings, data_files=[write_split(tmp_path / "eval.parquet", review_rows(40, seed=1))]
+        settings,
+        data_files=[write_split(tmp_path / "eval.parquet", review_rows(40, seed=1))],
+        max_seq_len=128,
     )
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows = classify.eval_rows(held_out, tokenizer)
@@ -131,22 +133,24 @@ def test_a_full_fine_tune_learns_the_classes_and_beats_its_base_on_held_out_rows
 
 
 def test_a_review_longer_than_berts_positions_trains_cut_to_them_and_more_is_refused(kit, tmp_path):
-    """BERT learned 512 positions: the plan lowers the default max_seq_len (2048) to them, with its reason, so a
-    review of 600 words is cut there and trains (uncut, BERT's embeddings fail at its batch: 2048 positions
-    against 512); a longer max_seq_len set by the user is refused before anything is read."""
+    """BERT learned 512 positions: the max_seq_len chosen from reviews of 600 words stops there, with its reason,
+    so they are cut there and train (uncut, BERT's embeddings fail at their batch); a longer max_seq_len set by
+    the user is refused before anything is read."""
     from kfp_finetune.components._shared.errors import SettingError
     from kfp_finetune.components._shared.transformers import plan
 
     _, base, _ = kit
-    rows = review_rows(11) + [{"text": "great food " * 300, "label": 2}]  # one epoch of 3 batches: every row
+    rows = review_rows(10) + [{"text": "great food " * 300, "label": 2}] * 2  # one epoch of 3 batches: all
     data = write_split(tmp_path / "long.parquet", rows)
     step = {"dataset_type": "classification", "max_steps_per_epoch": 3, "batch_size": 4, "device": "cpu"}
     where = {"model_dir": base, "data_files": [data], "run_dir": tmp_path / "run"}
     settings = plan.sft_settings(step, **where, data_hints={"data_style": "classification"})
-    assert settings.max_seq_len == 512
-    assert [c["setting"] for c in settings.planned][:1] == ["max_seq_len"]
     summary = train.train(settings)
     assert summary["global_step"] >= 3
+    resolved = json.loads((Path(settings.output_dir) / run_layout.RESOLVED_CONFIG).read_text())
+    assert resolved["settings"]["max_seq_len"] == 512
+    (choice,) = [c for c in resolved["choices"] if c["setting"] == "max_seq_len"]
+    assert "capped at the model's 512 positions" in choice["reason"]
     with pytest.raises(
         SettingError, match="^tune_max_seq_len is 1024, more than the 512 positions the model has"
     ):
@@ -184,7 +188,7 @@ def test_a_classifier_step_is_its_mean_loss_over_the_accumulation_steps(kit, tmp
     settings = SftSettings(
         model_dir=str(base), data_files=[data], output_dir=str(tmp_path / "run"), dataset_type="classification",
         data_style="classification", method="lora", max_steps=1, batch_size=4, gradient_accumulation_steps=4,
-        device="cpu",
+        device="cpu", max_seq_len=128,
     )  # fmt: skip
     trainer = classify.build_trainer(settings, Trainer, [])
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
@@ -203,7 +207,7 @@ def test_a_lora_classifier_trains_its_new_head_in_fp32_beside_a_bf16_base(kit, t
     root, base, data = kit
     settings = SftSettings(
         model_dir=str(base), data_files=[data], output_dir=str(tmp_path / "run"), dataset_type="classification",
-        data_style="classification", method="lora", max_steps=1, device="cpu", bf16=True,
+        data_style="classification", method="lora", max_steps=1, device="cpu", bf16=True, max_seq_len=128,
     )  # fmt: skip
     model = classify.build_trainer(settings, Trainer, []).model
     trained = {name: p.dtype for name, p in model.named_parameters() if p.requires_grad}
@@ -253,7 +257,7 @@ def test_sentence_pairs_are_scored_with_their_segment_ids(kit, tmp_path):
     datasets.Dataset.from_list(rows, features=features).to_parquet(data)
     settings = SftSettings(
         model_dir=str(base), data_files=[data], output_dir=str(tmp_path / "run"), dataset_type="classification",
-        data_style="classification", column_map={"text_pair": "reply"}, device="cpu",
+        data_style="classification", column_map={"text_pair": "reply"}, device="cpu", max_seq_len=128,
     )  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(base)
     dataset = classify.eval_rows(settings, tokenizer)

@@ -48,6 +48,12 @@ def test_a_gpu_with_flash_attention_packs_padding_free_and_liger_is_used_where_i
     assert by_setting["liger_kernel"].value is False and "not installed" in by_setting["liger_kernel"].reason
 
 
+def test_before_max_seq_len_is_chosen_from_the_rows_checkpointing_waits_for_it():
+    """The node pod's check builds TRL's arguments before the training process measured the rows."""
+    (choice,) = [c for c in fast.choose(settings(), H100, LLAMA_8B) if c.setting == "gradient_checkpointing"]
+    assert choice.value is True and "until max_seq_len is chosen" in choice.reason
+
+
 @pytest.mark.parametrize(
     ("method", "model", "tokens", "hardware", "checkpointing"),
     [

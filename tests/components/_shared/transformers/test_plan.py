@@ -204,25 +204,17 @@ def test_the_run_length_floor_chooses_what_the_step_left_unset():
     assert plan.sft_settings({}, **WHERE).planned == []  # no row count: nothing planned
 
 
-@pytest.mark.parametrize(
-    ("config", "asked", "planned"),
-    [
-        ({"max_position_embeddings": 512}, None, 512),  # BERT: lowered from the default, with its reason
-        ({"max_position_embeddings": 32768}, None, None),  # more than the default: the default stands
-        # Qwen2.5 with YaRN as its model card says to enable it: 32768 x 4 positions, so 65536 may be asked for.
-        ({"max_position_embeddings": 32768,
-          "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 65536, None),
-        ({"text_config": {"max_position_embeddings": 1024}}, None, 1024),  # a vision-language model's text model
-    ],
-)  # fmt: skip
-def test_max_seq_len_stays_within_the_models_positions(tmp_path, config, asked, planned):
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    values = {} if asked is None else {"max_seq_len": asked}
-    settings = plan.sft_settings(values, **{**WHERE, "model_dir": str(tmp_path)})
-    assert settings.max_seq_len == (asked or planned or SftSettings.max_seq_len)
-    assert [c["value"] for c in settings.planned if c["setting"] == "max_seq_len"] == (
-        [planned] if planned else []
-    )
+def test_an_unset_max_seq_len_is_left_to_the_training_process_and_a_set_one_within_the_positions_kept(
+    tmp_path,
+):
+    """The training process chooses it from the rows' tokens (seq_len.py); a user's value within the model's
+    positions (a scaled rotary length counts: Qwen2.5 with YaRN x4) is planned as given."""
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768, "rope_scaling": {
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}))  # fmt: skip
+    where = {**WHERE, "model_dir": str(tmp_path)}
+    unset = plan.sft_settings({}, **where)
+    assert unset.max_seq_len == "auto" and not [c for c in unset.planned if c["setting"] == "max_seq_len"]
+    assert plan.sft_settings({"max_seq_len": 65536}, **where).max_seq_len == 65536
 
 
 def test_a_max_seq_len_beyond_the_models_positions_is_refused(tmp_path):

@@ -129,7 +129,9 @@ def test_a_lora_run_trains_on_the_pictures_and_its_merged_folder_is_base_plus_ad
 
 
 def eval_settings(settings: SftSettings, kit) -> SftSettings:
-    return dataclasses.replace(settings, data_files=[kit[3]])
+    """The run's settings as it trained with them (trl_config.json), pointed at the eval rows."""
+    resolved = json.loads((Path(settings.output_dir) / run_layout.RESOLVED_CONFIG).read_text())
+    return dataclasses.replace(SftSettings.from_dict(resolved["settings"]), data_files=[kit[3]])
 
 
 @pytest.mark.slow
