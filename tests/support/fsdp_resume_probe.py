@@ -9,8 +9,9 @@ StatefulDistributedSampler — what the mixin saves through torch.distributed.ch
     torchrun --nproc_per_node 2 fsdp_resume_probe.py <run_dir> [--signal-rank R --signal-after-step K]
 
 Prints `STEP <n> <loss> <lr>` on rank 0. With --signal-*, rank R alone notes a SIGTERM after step K (as when one
-node's pod is preempted): every rank must save together and exit 143. Each rank prints `BARRIER <rank> <recorded>` as
-it enters a barrier: 1 when its stop's record (stop_exit.record_stop) is on disk by then.
+node's pod is preempted): every rank must save together and exit 143. Each rank writes a line to
+`<run_dir>/barriers-<rank>.txt` as it enters a barrier: 1 when its stop's record (stop_exit.record_stop) is on disk
+by then, else 0 (a file of its own: the ranks' lines on one stdout could interleave).
 """
 
 import argparse
@@ -95,12 +96,13 @@ class ResumableProbe(Resumable, ProbeRecipe):
     pass
 
 
-def said_barrier(barrier):
-    """`barrier`, which first prints whether this process's stop record is on disk."""
+def said_barrier(barrier, run_dir: str):
+    """`barrier`, which first writes whether this process's stop record is on disk."""
 
     def said(*args, **kwargs):
         record = folder() / f"{stop_exit._STOPPED}{os.environ['LOCAL_RANK']}"
-        print(f"BARRIER {dist.get_rank()} {int(record.exists())}", flush=True)
+        with open(os.path.join(run_dir, f"barriers-{dist.get_rank()}.txt"), "a") as out:
+            out.write(f"{int(record.exists())}\n")
         return barrier(*args, **kwargs)
 
     return said
@@ -114,7 +116,9 @@ def main() -> None:
     parser.add_argument("--optimizer-in-bwd", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    dist.barrier = said_barrier(dist.barrier)  # recipe.py calls torch.distributed.barrier: this one
+    dist.barrier = said_barrier(
+        dist.barrier, args.run_dir
+    )  # recipe.py calls torch.distributed.barrier: this one
     settings = resume.CheckpointSettings("full_finetune_distributed", every_steps=3, every_minutes=0)
     cfg = OmegaConf.create({"output_dir": args.run_dir, resume.CONFIG_KEY: settings.as_config()})
     recipe = ResumableProbe(args.signal_rank, args.signal_after_step, args.optimizer_in_bwd)
