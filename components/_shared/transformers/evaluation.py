@@ -256,9 +256,8 @@ def build_dataset(settings: SftSettings, tokenizer: Any) -> list[dict]:
         # The settings check wants a model folder; the rows need only the tokenizer's, which is the same.
         folder = text_tokenizer(tokenizer).name_or_path
         settings = dataclasses.replace(settings, model_dir=folder, output_dir=scratch)
-        if (
-            settings.max_seq_len == AUTO
-        ):  # neither the run's nor evaluate's own: the model's positions at most
+        # Neither the run's max_seq_len nor evaluate's own: the model's positions at most.
+        if settings.max_seq_len == AUTO:
             settings = dataclasses.replace(settings, max_seq_len=seq_len.model_limit(folder))
         if settings.task == CLASSIFICATION:
             try:

@@ -177,9 +177,8 @@ def _checkpointing(settings: Any, hardware: Hardware, model: ModelSize | None, l
     if not hardware.cuda or not hardware.gpu_bytes:
         return Choice("gradient_checkpointing", False, "training runs on the CPU: no GPU memory to save, and "
                                                        "recomputing activations would only slow it")  # fmt: skip
-    if (
-        settings.max_seq_len == AUTO
-    ):  # a check before the training process chose it from the rows (seq_len.py)
+    # A check before the training process chose max_seq_len from the rows (seq_len.py).
+    if settings.max_seq_len == AUTO:
         return Choice(
             "gradient_checkpointing", True, "until max_seq_len is chosen from the rows: TRL's default"
         )

@@ -32,11 +32,12 @@ WITHOUT_LENGTHS = 2048
 
 
 def positions(config: dict) -> int | None:
-    """The positions a model serves: max_position_embeddings (GPT-2: n_positions), or where its rotary embedding is scaled (rope_scaling
-    or transformers 5's rope_parameters with a factor: YaRN, linear, dynamic; Qwen2.5 ships 32768 and documents
-    YaRN x4) the original length times the factor, if that is more. A vision-language model's: its text model's."""
+    """The positions a model serves: max_position_embeddings (GPT-2: n_positions), or where its rotary embedding
+    is scaled (rope_scaling or transformers 5's rope_parameters with a factor: YaRN, linear, dynamic; Qwen2.5 ships
+    32768 and documents YaRN x4) the original length times the factor, if that is more. A vision-language model's:
+    its text model's."""
     config = config.get("text_config") or config
-    found = config.get("max_position_embeddings", config.get("n_positions"))  # n_positions: GPT-2's name
+    found = config.get("max_position_embeddings", config.get("n_positions"))
     if not isinstance(found, int) or isinstance(found, bool) or found < 1:
         return None
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
@@ -63,8 +64,8 @@ def fit_to_rows(settings: SftSettings) -> SftSettings:
     if settings.task == IMAGE_TEXT:
         value = model_limit(settings.model_dir)
         reason = (
-            f"image + text rows: {WITHOUT_LENGTHS} tokens, at most the model's {limit} positions (TRL tokenizes "
-            "them batch by batch, images included: their lengths are not known before)"
+            f"image + text rows: {WITHOUT_LENGTHS} tokens at most, and at most the model's positions (TRL "
+            "tokenizes them batch by batch, images included: their lengths are not known before)"
         )
     else:
         lengths = token_lengths(settings)
