@@ -7,7 +7,9 @@ log, recorded in `trl_config.json` and shown in the report. An explicit setting 
   of each batch is padding; image + text rows are neither packed nor grouped (TRL tokenizes them batch by batch);
 - Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) where the image has liger-kernel
   and training runs on a GPU;
-- activation checkpointing only when a memory model says the run does not fit the GPU without it.
+- activation checkpointing only when a memory model says the run does not fit the GPU without it;
+- on several GPUs, DDP where one GPU holds a whole training replica (only the gradients cross between them), FSDP2
+  where it does not (the weights, gradients and optimizer states sharded over every GPU of the run).
 
 Imports torch only in `Hardware.here`.
 """
@@ -96,9 +98,12 @@ def _tensor_elements(path: Path) -> int:
     return sum(math.prod(entry["shape"]) for entry in read_tensor_entries(path).values())
 
 
-def training_bytes(method: str, model: ModelSize, tokens: int, *, checkpointing: bool, liger: bool) -> int:
-    """The memory model: one device's bytes to train `tokens` tokens per micro-batch (no sharding)."""
-    weights = model.parameters * BYTES_PER_PARAMETER[method]
+def training_bytes(
+    method: str, model: ModelSize, tokens: int, *, checkpointing: bool, liger: bool, shards: int = 1
+) -> int:
+    """The memory model: one device's bytes to train `tokens` tokens per micro-batch, the weights and their
+    training state sharded over `shards` GPUs (FSDP2; 1: a whole replica)."""
+    weights = model.parameters * BYTES_PER_PARAMETER[method] / shards
     layer = tokens * model.hidden * ACTIVATION_BYTES
     # Checkpointed: each layer's 16-bit input is kept, and one layer's activations are rebuilt at a time.
     activations = layer + tokens * model.hidden * 2 * model.layers if checkpointing else layer * model.layers
@@ -106,9 +111,10 @@ def training_bytes(method: str, model: ModelSize, tokens: int, *, checkpointing:
     return int(weights + activations + logits)
 
 
-def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) -> list[Choice]:
-    """The choices for `settings`' auto settings (SftSettings: packing, liger_kernel, gradient_checkpointing).
-    `model` is read only for the memory model (a GPU, checkpointing left to us)."""
+def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None, world: int = 1) -> list[Choice]:
+    """The choices for `settings`' auto settings (SftSettings: packing, liger_kernel, fsdp, gradient_checkpointing)
+    for a run of `world` processes. `model` is read only for the memory model (a GPU, checkpointing or sharding
+    left to us: `needs_model`)."""
     chosen = []
     classifier = settings.task == CLASSIFICATION
     if settings.packing == AUTO:
@@ -118,9 +124,20 @@ def choose(settings: Any, hardware: Hardware, model: ModelSize | None = None) ->
         found = _liger(hardware, classifier)
         liger = found.value
         chosen.append(found)
+    sharded = settings.fsdp
+    if settings.fsdp == AUTO and world > 1:
+        found = _sharding(settings, hardware, model, world, bool(liger))
+        sharded = found.value
+        chosen.append(found)
     if settings.gradient_checkpointing == AUTO:
-        chosen.append(_checkpointing(settings, hardware, model, liger))
+        chosen.append(_checkpointing(settings, hardware, model, liger, world if sharded is True else 1))
     return chosen
+
+
+def needs_model(settings: Any, hardware: Hardware, world: int) -> bool:
+    """Whether `choose` reads the model's size: its memory model decides checkpointing or sharding on a GPU."""
+    left = settings.gradient_checkpointing == AUTO or (settings.fsdp == AUTO and world > 1)
+    return hardware.cuda and bool(hardware.gpu_bytes) and left
 
 
 def _batching(hardware: Hardware, classifier: bool = False) -> list[Choice]:
@@ -173,7 +190,39 @@ def _liger(hardware: Hardware, classifier: bool = False) -> Choice:
                                         "RMSNorm / RoPE / SwiGLU (less memory, more tokens/s)")  # fmt: skip
 
 
-def _checkpointing(settings: Any, hardware: Hardware, model: ModelSize | None, liger: bool) -> Choice:
+def _micro_batch_tokens(settings: Any) -> int:
+    """Tokens per micro-batch at most (0 before the training process chose max_seq_len from the rows)."""
+    return 0 if settings.max_seq_len == AUTO else settings.batch_size * settings.max_seq_len
+
+
+def _sharding(settings: Any, hardware: Hardware, model: ModelSize | None, world: int, liger: bool) -> Choice:
+    if not hardware.cuda or not hardware.gpu_bytes:
+        return Choice("fsdp", False, f"training runs on the CPU: the {world} processes train data-parallel "
+                                     "(accelerate shards GPU runs only)")  # fmt: skip
+    if settings.method == "qlora":
+        return Choice("fsdp", False, f"QLoRA's 4-bit base is small and its quantized weights are not sharded "
+                                     f"here: the {world} GPUs train data-parallel (DDP)")  # fmt: skip
+    tokens = _micro_batch_tokens(settings)
+    # The leanest replica: activations recomputed unless the user turned that off.
+    checkpointing = settings.gradient_checkpointing is not False
+    budget = hardware.gpu_bytes * USABLE_SHARE
+    replica = training_bytes(settings.method, model, tokens, checkpointing=checkpointing, liger=liger)
+    sizes = f"{replica / GIB:.1f} GiB{f' for {tokens} tokens per micro-batch' if tokens else ''}"
+    if replica <= budget:
+        return Choice("fsdp", False, f"one GPU holds a whole replica ({sizes}, of {budget / GIB:.1f} GiB "
+                                     f"usable): the {world} GPUs train data-parallel (DDP), only the gradients "
+                                     "cross between them, not FSDP2's gathered weights")  # fmt: skip
+    shard = training_bytes(
+        settings.method, model, tokens, checkpointing=checkpointing, liger=liger, shards=world
+    )
+    return Choice("fsdp", True, f"a whole replica needs {sizes}, more than the {budget / GIB:.1f} GiB usable: "
+                                f"FSDP2 shards the weights, gradients and optimizer states over the {world} GPUs "
+                                f"({shard / GIB:.1f} GiB each)")  # fmt: skip
+
+
+def _checkpointing(
+    settings: Any, hardware: Hardware, model: ModelSize | None, liger: bool, shards: int = 1
+) -> Choice:
     if not hardware.cuda or not hardware.gpu_bytes:
         return Choice("gradient_checkpointing", False, "training runs on the CPU: no GPU memory to save, and "
                                                        "recomputing activations would only slow it")  # fmt: skip
@@ -182,10 +231,15 @@ def _checkpointing(settings: Any, hardware: Hardware, model: ModelSize | None, l
         return Choice(
             "gradient_checkpointing", True, "until max_seq_len is chosen from the rows: TRL's default"
         )
-    tokens = settings.batch_size * settings.max_seq_len
+    tokens = _micro_batch_tokens(settings)
     budget = hardware.gpu_bytes * USABLE_SHARE
-    need = training_bytes(settings.method, model, tokens, checkpointing=False, liger=bool(liger))
-    sizes = f"{need / GIB:.1f} GiB for {tokens} tokens per micro-batch, of {budget / GIB:.1f} GiB usable"
+    need = training_bytes(
+        settings.method, model, tokens, checkpointing=False, liger=bool(liger), shards=shards
+    )
+    sharded = f", sharded over {shards} GPUs" if shards > 1 else ""
+    sizes = (
+        f"{need / GIB:.1f} GiB for {tokens} tokens per micro-batch{sharded}, of {budget / GIB:.1f} GiB usable"
+    )
     if need <= budget:
         return Choice("gradient_checkpointing", False, f"fits without recomputing activations ({sizes})")
     return Choice(

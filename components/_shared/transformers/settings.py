@@ -86,6 +86,8 @@ class SftSettings:
     packing: bool | str = AUTO
     gradient_checkpointing: bool | str = AUTO  # TRL's default is on; off is faster where memory allows (§7)
     liger_kernel: bool | str = AUTO
+    # auto: on several GPUs, FSDP2 where one GPU cannot hold a whole training replica, else DDP (fast.py).
+    fsdp: bool | str = AUTO
     # Resume (train.py): a checkpoint every N optimizer steps (0: none), every M minutes (0: none) and on SIGTERM.
     checkpoint_every_steps: int = 0
     checkpoint_every_minutes: float = 30.0
@@ -140,7 +142,7 @@ class SftSettings:
             + one_of("device", self.device, DEVICES)
             + one_of("data_style", self.data_style, DATA_STYLES)
         )
-        for name in ("bf16", "packing", "gradient_checkpointing", "liger_kernel"):
+        for name in ("bf16", "packing", "gradient_checkpointing", "liger_kernel", "fsdp"):
             if getattr(self, name) not in SWITCH_CHOICES:
                 found.append(SettingError(name, f"must be auto, true or false (got {getattr(self, name)!r})"))
         if not self.model_dir:
@@ -228,6 +230,13 @@ class SftSettings:
         if self.task == IMAGE_TEXT and self.packing is True:
             found.append(SettingError("packing", "cannot pack image + text rows (TRL trains a vision-language "
                                                  "model on whole rows with their images): set it false or auto"))  # fmt: skip
+        if self.fsdp is True and self.method == "qlora":
+            found.append(
+                SettingError("fsdp", "cannot shard QLoRA's 4-bit weights here: set it false or auto")
+            )
+        if self.fsdp is True and self.device == "cpu":
+            found.append(SettingError("fsdp", "shards GPU runs only (accelerate trains CPU processes data-"
+                                              "parallel): set it false or auto"))  # fmt: skip
         if not isinstance(self.image_tag, str):
             found.append(SettingError("image_tag", f"must be text (got {self.image_tag!r})"))
         return found
@@ -284,7 +293,9 @@ class SftSettings:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise SettingError("device", "is cuda, but CUDA sees no GPU here: set it to auto or cpu")
         bf16 = self.use_bf16()
-        chosen = {choice.setting: choice.value for choice in self.fast_choices()}
+        chosen = {choice.setting: choice.value for choice in self.fast_choices(world_size)}
+        checkpointing = chosen.get("gradient_checkpointing", self.gradient_checkpointing)
+        sharded = chosen.get("fsdp", self.fsdp) is True and world_size > 1
         common = dict(
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
             num_train_epochs=self.epochs,
@@ -294,7 +305,10 @@ class SftSettings:
             learning_rate=self.learning_rate,
             lr_scheduler_type=self.lr_scheduler,
             warmup_steps=self.warmup_steps,
-            gradient_checkpointing=chosen.get("gradient_checkpointing", self.gradient_checkpointing),
+            # Under FSDP2 its own activation checkpointing (fsdp_arguments): the Trainer's would gather each
+            # layer's weights once more in the backward pass (transformers' own warning, issue 30404).
+            gradient_checkpointing=checkpointing and not sharded,
+            **(fsdp_arguments(checkpointing) if sharded else {}),
             use_liger_kernel=chosen.get("liger_kernel", self.liger_kernel),
             train_sampling_strategy=chosen.get("train_sampling_strategy", "random"),
             bf16=bf16,
@@ -355,11 +369,12 @@ class SftSettings:
             task_type="SEQ_CLS" if self.task == CLASSIFICATION else "CAUSAL_LM",
         )
 
-    def fast_choices(self) -> list[fast.Choice]:
-        """What the auto settings become where this process trains (fast.py; imports torch)."""
+    def fast_choices(self, world_size: int = 1) -> list[fast.Choice]:
+        """What the auto settings become where this process trains in a run of `world_size` processes (fast.py;
+        imports torch)."""
         hardware = fast.Hardware.here(self.device)
-        needs_model = hardware.cuda and self.gradient_checkpointing == AUTO
-        return fast.choose(self, hardware, fast.ModelSize.of(self.model_dir) if needs_model else None)
+        model = fast.ModelSize.of(self.model_dir) if fast.needs_model(self, hardware, world_size) else None
+        return fast.choose(self, hardware, model, world_size)
 
     def model_init_kwargs(self, bf16: bool, packing: bool) -> dict[str, Any]:
         # A frozen LoRA base is read in bf16 where training computes in bf16 (half the memory); a full fine-tune
@@ -390,10 +405,27 @@ class SftSettings:
             "engine": "transformers",
             "settings": {**asdict(self), "bf16": sft.bf16},
             "world_size": world_size,
-            "choices": [*self.planned, *(asdict(choice) for choice in self.fast_choices())],
+            "choices": [*self.planned, *(asdict(choice) for choice in self.fast_choices(world_size))],
             arguments: _jsonable(sft.to_dict()),
             "lora_config": _jsonable(lora.to_dict()) if lora is not None else None,
         }
+
+
+def fsdp_arguments(checkpointing: bool) -> dict[str, Any]:
+    """The Trainer's arguments for FSDP2 over every process of the run: each decoder layer (the model's
+    _no_split_modules) a unit whose weights are gathered for its forward and backward and resharded after each;
+    checkpoints saved sharded (each process its own part, none gathering the whole model); activations recomputed
+    by FSDP where `checkpointing`."""
+    return {
+        "fsdp": True,
+        "fsdp_config": {
+            "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "reshard_after_forward": True,
+            "state_dict_type": "SHARDED_STATE_DICT",
+            "activation_checkpointing": bool(checkpointing),
+        },
+    }
 
 
 def data_format(path: str) -> str | None:

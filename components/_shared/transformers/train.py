@@ -376,10 +376,11 @@ def train(settings: SftSettings) -> dict:
     trainer.checkpoint_callback.pod_stop.finishing()  # a stop hook now waits for the outputs
     # Every process is done training; the others leave now rather than wait in a barrier while rank 0 merges and
     # writes (a large model's merge on CPU can outlast the collectives' timeout, which would fail the finished run).
+    state = gathered_state(trainer)
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.state.destroy_process_group()
     if trainer.is_world_process_zero():
-        summary.update(write_outputs(trainer, settings))
+        summary.update(write_outputs(trainer, settings, state))
         shutil.rmtree(run_dir / DATASETS_CACHE, ignore_errors=True)
         shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)  # its checkpoints: the run is complete
     return summary
@@ -400,19 +401,29 @@ def experts_note(settings: SftSettings, model: Any) -> str | None:
     )
 
 
-def write_outputs(trainer: Any, settings: SftSettings) -> dict:
-    """The adapter (PEFT runs) and the merged HF folder, each renamed into place only when complete."""
+def gathered_state(trainer: Any) -> dict | None:
+    """Under FSDP2, the whole model's weights gathered to rank 0's CPU (every process takes part, so it runs before
+    the process group ends; the other ranks get an empty dict); None where each process holds the whole model."""
+    if not trainer.is_fsdp_enabled:
+        return None
+    return trainer.accelerator.get_state_dict(trainer.model)
+
+
+def write_outputs(trainer: Any, settings: SftSettings, state: dict | None = None) -> dict:
+    """The adapter (PEFT runs) and the merged HF folder, each renamed into place only when complete; `state`: the
+    weights gathered from the processes that each held a shard (gathered_state), else the model's own."""
     run_dir = Path(settings.output_dir)
     model = trainer.accelerator.unwrap_model(trainer.model)
     written = {}
     if settings.method == "full":
-        stored_as_base(model, settings.model_dir)
+        state = stored_as_base(model, settings.model_dir, state)
         with atomic_dir(run_dir / run_layout.MERGED_DIR) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             run_layout.copy_model_files(settings.model_dir, tmp)
     else:
         with atomic_dir(run_dir / run_layout.ADAPTER_DIR) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True)
+            # PEFT keeps the adapter's weights of a given state dict.
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             if settings.task == CLASSIFICATION:
                 from kfp_finetune.components._shared.transformers.classify import write_labels
 
@@ -427,25 +438,32 @@ def write_outputs(trainer: Any, settings: SftSettings) -> dict:
     return written
 
 
-def stored_as_base(model: Any, base_dir: str) -> None:
-    """Cast a full fine-tune's floating weights to the dtype its base is stored in, the one a consumer's
+def stored_as_base(model: Any, base_dir: str, state: dict | None = None) -> dict | None:
+    """A full fine-tune's floating weights cast to the dtype its base is stored in, the one a consumer's
     from_pretrained(dtype="auto") reads the base in (config.json's dtype, else the weights'): it trained fp32 master
     weights, which saved as they are would make merged/ twice a bf16 base's size. What transformers keeps in fp32
-    at that dtype (the model's _keep_in_fp32_modules_strict; for fp16 also _keep_in_fp32_modules) stays fp32."""
+    at that dtype (the model's _keep_in_fp32_modules_strict; for fp16 also _keep_in_fp32_modules) stays fp32.
+    The model's own tensors are cast in place (None returned); a gathered `state` is returned cast."""
     import torch
     from transformers import AutoConfig
 
     dtype = AutoConfig.from_pretrained(base_dir).dtype or run_layout.weights_dtype(base_dir)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if dtype is None or dtype == model.dtype:
-        return
+    tensors = state if state is not None else dict([*model.named_parameters(), *model.named_buffers()])
+    if dtype is None or all(t.dtype == dtype for t in tensors.values() if t.is_floating_point()):
+        return state
     kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
     if dtype == torch.float16:
         kept |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
     log.info("merged model in the base's dtype, %s", str(dtype).removeprefix("torch."))
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.is_floating_point() and not kept & set(name.split(".")):
-            tensor.data = tensor.data.to(dtype)
+    cast = {}
+    for name, tensor in tensors.items():
+        cast[name] = (
+            tensor.to(dtype) if tensor.is_floating_point() and not kept & set(name.split(".")) else tensor
+        )
+        if state is None:
+            tensor.data = cast[name]
+    return None if state is None else cast
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,10 @@ def settings(**changes) -> SftSettings:
     return SftSettings(model_dir="/nowhere", data_files=["t.parquet"], output_dir="/tmp/run", **changes)
 
 
-def chosen(settings_: SftSettings, hardware: Hardware, model: ModelSize | None = None) -> dict:
-    return {c.setting: c.value for c in fast.choose(settings_, hardware, model)}
+def chosen(
+    settings_: SftSettings, hardware: Hardware, model: ModelSize | None = None, world: int = 1
+) -> dict:
+    return {c.setting: c.value for c in fast.choose(settings_, hardware, model, world)}
 
 
 def test_on_the_cpu_rows_are_grouped_by_length_and_nothing_gpu_only_is_chosen():
@@ -89,6 +91,42 @@ def test_an_explicit_setting_is_never_chosen_over():
     assert (
         chosen(settings(packing=False, liger_kernel=True, gradient_checkpointing=True), H100, LLAMA_8B) == {}
     )
+
+
+@pytest.mark.parametrize(
+    ("method", "model", "world", "sharded"),
+    [
+        # A full 8B needs 128 GB of weights, gradients and Adam state per replica: sharded over 8 GPUs, 16 GB
+        # each. An 8B LoRA replica (a 16 GB bf16 base) fits one GPU, so DDP moves only the adapter's gradients.
+        ("full", LLAMA_8B, 8, True),
+        ("lora", LLAMA_8B, 8, False),
+        ("full", LLAMA_1B, 2, False),
+        ("qlora", LLAMA_8B, 8, False),
+    ],
+)
+def test_several_gpus_shard_the_model_with_fsdp2_only_where_one_cannot_hold_a_replica(
+    method, model, world, sharded
+):
+    run = settings(method=method, batch_size=2, max_seq_len=2048)
+    by_setting = {c.setting: c for c in fast.choose(run, H100, model, world)}
+    assert by_setting["fsdp"].value is sharded, by_setting["fsdp"].reason
+    expected = {True: "FSDP2 shards", False: "QLoRA" if method == "qlora" else "data-parallel (DDP)"}[sharded]
+    assert expected in by_setting["fsdp"].reason
+    if (
+        sharded
+    ):  # the memory model then counts one GPU's shard: 16 GB of state and the activations fit an H100
+        checkpointing = by_setting["gradient_checkpointing"]
+        assert checkpointing.value is False and f"sharded over {world} GPUs" in checkpointing.reason
+
+
+def test_one_process_or_the_cpu_shards_nothing():
+    assert "fsdp" not in chosen(settings(method="full", max_seq_len=2048), H100, LLAMA_8B, world=1)
+    (choice,) = [c for c in fast.choose(settings(method="full"), CPU, None, 4) if c.setting == "fsdp"]
+    assert choice.value is False and "CPU" in choice.reason
+    assert fast.needs_model(settings(gradient_checkpointing=False), H100, 8)
+    assert not fast.needs_model(settings(gradient_checkpointing=False), H100, 1)
+    assert not fast.needs_model(settings(), CPU, 8)
+    assert "fsdp" not in chosen(settings(method="full", fsdp=False), H100, LLAMA_8B, world=8)
 
 
 def test_the_model_size_is_read_from_the_folder_as_transformers_counts_it(tmp_path):

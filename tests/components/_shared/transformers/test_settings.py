@@ -147,3 +147,50 @@ def test_packing_needs_flash_attention(monkeypatch):
     )
     sft, _ = settings(packing=True).trl_config()
     assert sft.packing and sft.model_init_kwargs["attn_implementation"] == "flash_attention_2"
+
+
+def test_fsdp_is_refused_where_it_cannot_shard():
+    for changes, fix in (({"method": "qlora"}, "4-bit"), ({"device": "cpu"}, "GPU runs only")):
+        problems = SftSettings(
+            model_dir="m", data_files=["t.parquet"], output_dir="r", fsdp=True, **changes
+        ).problems()
+        assert [p.setting for p in problems] == ["fsdp"] and fix in problems[0].problem
+
+
+def test_the_fsdp2_arguments_are_the_ones_transformers_reads():
+    """transformers drops an fsdp_config key it does not know: each one set is read into accelerate's plugin."""
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    from kfp_finetune.components._shared.transformers.settings import fsdp_arguments
+
+    plugin = TrainingArguments(
+        output_dir="/tmp/unused", use_cpu=True, **fsdp_arguments(True)
+    ).fsdp_plugin_args
+    assert plugin["fsdp_version"] == 2 and plugin["reshard_after_forward"] is True
+    assert plugin["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert plugin["state_dict_type"] == "SHARDED_STATE_DICT" and plugin["activation_checkpointing"] is True
+    unchecked = TrainingArguments(output_dir="/tmp/unused", use_cpu=True, **fsdp_arguments(False))
+    assert unchecked.fsdp_plugin_args["activation_checkpointing"] is False
+
+
+def test_a_run_sharded_on_several_gpus_gets_fsdp2_and_fsdps_own_checkpointing(monkeypatch, tmp_path):
+    """The choice made on a GPU host (fast.py) becomes the Trainer's arguments: FSDP2, and activation checkpointing
+    by FSDP rather than the Trainer's (which would gather each layer once more)."""
+    pytest.importorskip("trl")
+    from kfp_finetune.components._shared.transformers import fast
+
+    small_gpu = fast.Hardware(cuda=True, gpu_bytes=24 * fast.GIB)
+    monkeypatch.setattr(fast.Hardware, "here", classmethod(lambda cls, device: small_gpu))
+    monkeypatch.setattr(
+        fast.ModelSize,
+        "of",
+        classmethod(lambda cls, folder: fast.ModelSize(8_030_261_248, 4096, 32, 128_256)),
+    )
+    run = SftSettings(model_dir=str(tmp_path), data_files=["t.parquet"], output_dir=str(tmp_path / "run"),
+                      method="full", max_seq_len=2048, batch_size=1)  # fmt: skip
+    sft, _ = run.trl_config(world_size=8)
+    assert sft.fsdp is True and sft.fsdp_plugin_args["fsdp_version"] == 2
+    assert sft.fsdp_plugin_args["activation_checkpointing"] is True and sft.gradient_checkpointing is False
+    single, _ = run.trl_config(world_size=1)
+    assert not single.fsdp and single.gradient_checkpointing is True

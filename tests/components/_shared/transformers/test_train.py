@@ -297,6 +297,35 @@ def test_a_full_fine_tune_of_a_bf16_base_is_written_in_bf16(root, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(merged, dtype="auto").dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_under_fsdp2_the_outputs_are_written_from_the_gathered_weights(root, tmp_path, method):
+    """Under FSDP2 a process's module holds only its shard of each weight: the outputs are written from the whole
+    state gathered to rank 0 (accelerate's get_state_dict: torch's full, CPU-offloaded model state dict), not from
+    the module. Here the module's own weights are zeroed after the gathering, as a shard would be wrong."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    run_settings = settings_for(root, str(tmp_path / "run"), method=method, max_steps=2)
+    trainer = train.build_trainer(run_settings)
+    trainer.train()
+    assert train.gathered_state(trainer) is None  # one process holds the whole model: nothing to gather
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = {name: tensor.clone() for name, tensor in get_model_state_dict(model, options=options).items()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    train.write_outputs(trainer, run_settings, state)
+    written = run_layout.ADAPTER_DIR if method == "lora" else run_layout.MERGED_DIR
+    saved = tensors(tmp_path / "run" / written)
+    assert saved and all(tensor.count_nonzero() for name, tensor in saved.items() if "lora_B" not in name)
+    if method == "full":  # transformers saves fused experts one by one: compared as it loads them back
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / written).state_dict()
+        assert set(loaded) == set(state) and all(torch.equal(loaded[name], state[name]) for name in state)
+
+
 def test_the_same_seed_gives_the_same_losses_through_the_cli(root, tmp_path):
     losses = []
     for name in ("first", "second"):
