@@ -140,7 +140,8 @@ TABLE: tuple[Parameter, ...] = (
        "Examples per device per step; -1: on GPUs whole sequences of about 8-16k tokens per micro-batch (down to a "
        "floor by model width, 1-8k tokens, where that spares activation checkpointing or each GPU's share of the "
        "base config's global batch is smaller; 32k on several nodes where it fits without it), on CPU the base "
-       "config's; smaller where the data are too few for 20 optimizer steps.",
+       "config's (transformers engine: 8, as for image + text rows); smaller where the data are too few for 20 "
+       "optimizer steps.",
        "torchtune_finetune.batch_size", "preflight.tune_batch_size",
        "dataset_initialize.batch_size"),
     _p("tune_gradient_accumulation_steps", int, -1,

@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.micro_batch_rule import MICRO_BATCH_TOKENS, busy_floor, busy_sequences
 from kfp_finetune.components._shared.seq_len_rule import (
     SAMPLE_ROWS,
     SAMPLE_SEED,
@@ -52,15 +53,6 @@ log = get_logger(__name__)
 
 #: Fraction of the GPU the estimate may fill: the rest is the CUDA context, allocator fragmentation, NCCL buffers.
 MEMORY_MARGIN = 0.85
-#: Tokens per micro-batch, most first: big enough to keep an H100 busy, small enough for activations.
-MICRO_BATCH_TOKENS = (16384, 8192)
-#: The smallest micro-batch that still keeps a GPU's matmuls busy scales inversely with the model's width: tokens x
-#: hidden size of 2^23 (4096 tokens for a 1B model's 2048, 2048 for 8B's 4096, 1024 for 70B's 8192), within
-#: [1024, 8192]. Micro-batches down to it are tried without activation checkpointing before checkpointing is turned
-#: on (recomputing every layer's forward costs ~30 % of the step, more than such a micro-batch loses), and a base
-#: config's small global batch shrinks the micro-batch down to it rather than being outgrown by a fixed 8k.
-BUSY_TOKENS_X_WIDTH = 2**23
-BUSY_FLOOR_RANGE = (1024, 8192)
 #: Tried first on several nodes, only where it fits without activation checkpointing: every micro-batch's gradient
 #: reduce-scatter crosses the nodes, so fewer, larger micro-batches (fewer accumulation steps) cut that traffic.
 MULTI_NODE_MICRO_BATCH_TOKENS = 32768
@@ -277,9 +269,8 @@ def _reshard_after_forward(
 
 
 def busy_floor_tokens(model: ModelDir) -> int:
-    """The model-size floor of a micro-batch (BUSY_TOKENS_X_WIDTH)."""
-    low, high = BUSY_FLOOR_RANGE
-    return max(low, min(high, BUSY_TOKENS_X_WIDTH // int(model.hf_config["hidden_size"])))
+    """The model-size floor of a micro-batch (micro_batch_rule.busy_floor)."""
+    return busy_floor(int(model.hf_config["hidden_size"]))
 
 
 def _memory_and_batch(
@@ -326,7 +317,7 @@ def _memory_and_batch(
         options = [int(config.get("batch_size") or 1) * int(seq or 2048)]
     else:
         # Whole sequences, rounded down: a micro-batch never grows past the busy sizes to fill a sequence.
-        busy = [max(1, t // seq) * seq for t in MICRO_BATCH_TOKENS]
+        busy = [n * seq for n in busy_sequences(seq)]
         # Below them, the base config's share of each GPU, down to what still keeps this model's matmuls busy.
         least = min(busy[-1], max(math.ceil(floor / seq), int(share // seq), 1) * seq)
         options = [t for t in busy if t <= share] or [least]

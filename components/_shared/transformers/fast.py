@@ -7,6 +7,9 @@ log, recorded in `trl_config.json` and shown in the report. An explicit setting 
   of each batch is padding; image + text rows are neither packed nor grouped (TRL tokenizes them batch by batch);
 - Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) where the image has liger-kernel
   and training runs on a GPU;
+- the micro-batch (`choose_batch`, once max_seq_len is chosen): on a GPU whole sequences of about 8-16k tokens
+  (_shared/micro_batch_rule.py) that fit without activation checkpointing, then fewer down to what keeps the
+  model's matmuls busy, then with checkpointing; PLANNED_BATCH on the CPU and for image + text rows;
 - activation checkpointing only when a memory model says the run does not fit the GPU without it;
 - on several GPUs, DDP where one GPU holds a whole training replica (only the gradients cross between them), FSDP2
   where it does not (the weights, gradients and optimizer states sharded over every GPU of the run).
@@ -19,11 +22,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kfp_finetune.components._shared.engines import CLASSIFICATION, IMAGE_TEXT
+from kfp_finetune.components._shared.micro_batch_rule import busy_floor, busy_sequences
 from kfp_finetune.components._shared.safetensors_header import read_tensor_entries
 
 AUTO = "auto"
@@ -43,6 +47,10 @@ BYTES_PER_PARAMETER = {"full": 16.0, "lora": 2.0, "dora": 2.0, "qlora": 0.56}
 #: Logits and their gradient in fp32 per token and vocabulary entry, unless Liger's fused cross-entropy computes
 #: the loss in chunks without them.
 LOGIT_BYTES = 8
+#: Rows per micro-batch where no GPU is to be filled (the CPU), where the rows' tokens are not known before
+#: training (image + text rows), and what the run floor counts before the training process chooses
+#: (run_length.py).
+PLANNED_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -190,9 +198,59 @@ def _liger(hardware: Hardware, classifier: bool = False) -> Choice:
                                         "RMSNorm / RoPE / SwiGLU (less memory, more tokens/s)")  # fmt: skip
 
 
+def choose_batch(settings: Any, hardware: Hardware, model: ModelSize | None, world: int = 1) -> Choice:
+    """The micro-batch (rows, or packs, per device) where batch_size is auto, once max_seq_len is chosen; `model`
+    is read on a GPU only. Rows of one micro-batch are padded to its longest (length-grouped) or packed to
+    max_seq_len, so memory is planned for whole sequences."""
+    if not hardware.cuda or not hardware.gpu_bytes:
+        return Choice("batch_size", PLANNED_BATCH, "training runs on the CPU: no GPU to keep busy")
+    if settings.task == IMAGE_TEXT:
+        return Choice("batch_size", PLANNED_BATCH, "image + text rows: their tokens, images included, are known "
+                                                   "only batch by batch")  # fmt: skip
+    seq = settings.max_seq_len
+    floor = busy_floor(model.hidden)
+    busy = busy_sequences(seq)
+    smaller = [n for n in range(busy[-1] - 1, 0, -1) if n * seq >= floor]
+    plans = [(n, False) for n in busy + smaller] + [(n, True) for n in busy] + [(1, True)]
+    if isinstance(settings.gradient_checkpointing, bool):
+        plans = [plan for plan in plans if plan[1] is settings.gradient_checkpointing]
+    liger = settings.liger_kernel if isinstance(settings.liger_kernel, bool) else _liger(hardware).value
+    shards = world if _sharded(replace(settings, batch_size=1), hardware, model, world, liger) else 1
+    budget = hardware.gpu_bytes * USABLE_SHARE
+
+    def need(plan: tuple[int, bool]) -> int:
+        rows, checkpointing = plan
+        return training_bytes(settings.method, model, rows * seq, checkpointing=checkpointing, liger=liger,
+                              shards=shards)  # fmt: skip
+
+    rows, checkpointing = next((plan for plan in plans if need(plan) <= budget), plans[-1])
+    tokens = rows * seq
+    sizes = f"{need((rows, checkpointing)) / GIB:.1f} GiB of {budget / GIB:.1f} GiB usable"
+    if need((rows, checkpointing)) > budget:
+        why = f"the least there is, and still OVER the GPU ({sizes}): expect out-of-memory, lower tune_max_seq_len"
+    elif checkpointing and settings.gradient_checkpointing == AUTO:
+        why = f"with activation checkpointing: without, even {floor} tokens would not fit ({sizes})"
+    elif rows in busy:
+        why = f"8-16k tokens keep the GPU busy ({sizes})"
+    else:
+        why = f"the most that fits without activation checkpointing, which would cost ~30 % of each step ({sizes})"
+    return Choice(
+        "batch_size", rows, f"{rows} x {seq} tokens = {tokens} tokens per micro-batch at most: {why}"
+    )
+
+
 def _micro_batch_tokens(settings: Any) -> int:
-    """Tokens per micro-batch at most (0 before the training process chose max_seq_len from the rows)."""
-    return 0 if settings.max_seq_len == AUTO else settings.batch_size * settings.max_seq_len
+    """Tokens per micro-batch at most (0 before the training process chose max_seq_len and the micro-batch)."""
+    if AUTO in (settings.max_seq_len, settings.batch_size):
+        return 0
+    return settings.batch_size * settings.max_seq_len
+
+
+def _sharded(settings: Any, hardware: Hardware, model: ModelSize | None, world: int, liger: bool) -> bool:
+    """Whether the run's weights are sharded over its `world` processes (FSDP2): as set, else as `_sharding`."""
+    if isinstance(settings.fsdp, bool):
+        return settings.fsdp and world > 1
+    return world > 1 and _sharding(settings, hardware, model, world, liger).value
 
 
 def _sharding(settings: Any, hardware: Hardware, model: ModelSize | None, world: int, liger: bool) -> Choice:
@@ -226,12 +284,11 @@ def _checkpointing(
     if not hardware.cuda or not hardware.gpu_bytes:
         return Choice("gradient_checkpointing", False, "training runs on the CPU: no GPU memory to save, and "
                                                        "recomputing activations would only slow it")  # fmt: skip
-    # A check before the training process chose max_seq_len from the rows (seq_len.py).
-    if settings.max_seq_len == AUTO:
-        return Choice(
-            "gradient_checkpointing", True, "until max_seq_len is chosen from the rows: TRL's default"
-        )
+    # A check before the training process chose max_seq_len from the rows (seq_len.py) and the micro-batch.
     tokens = _micro_batch_tokens(settings)
+    if not tokens:
+        return Choice("gradient_checkpointing", True,
+                      "until max_seq_len and the micro-batch are chosen from the rows: TRL's default")  # fmt: skip
     budget = hardware.gpu_bytes * USABLE_SHARE
     need = training_bytes(
         settings.method, model, tokens, checkpointing=False, liger=bool(liger), shards=shards

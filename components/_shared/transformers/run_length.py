@@ -16,6 +16,9 @@ from typing import Any
 from kfp_finetune.components._shared import run_floor
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.transformers import fast
+from kfp_finetune.components._shared.transformers.fast import AUTO, PLANNED_BATCH
+from kfp_finetune.components._shared.transformers.rows import count_rows
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 
 log = get_logger(__name__)
@@ -40,6 +43,9 @@ def fit_run_length(fields: dict[str, Any], given: set[str], rows: int | None, wo
     if not rows:
         return []
     accumulation, batch, epochs = (fields.get(name, getattr(SftSettings, name)) for name in _CHOSEN)
+    # Left to the training process: planned at the batch it takes where no GPU is to be filled; a larger one it
+    # chooses is lowered again to keep the floor (fit_micro_batch).
+    batch = PLANNED_BATCH if batch == AUTO else batch
     cap = fields.get("max_steps_per_epoch")
     fixed = run_floor.Given(
         batch="batch_size" in given,
@@ -85,6 +91,42 @@ def fit_run_length(fields: dict[str, Any], given: set[str], rows: int | None, wo
         counted, run_floor.MIN_OPTIMIZER_STEPS, ", ".join(accepted),
     )  # fmt: skip
     return choices
+
+
+def fit_micro_batch(settings: SftSettings, world: int) -> SftSettings:
+    """`settings` with the micro-batch chosen where it is auto (fast.choose_batch: from max_seq_len, the model and
+    the GPU), at most the largest that still plans MIN_OPTIMIZER_STEPS for the training rows over `world`
+    processes (the floor the plan kept at fast.PLANNED_BATCH), the choice and its reason added to `planned`."""
+    if settings.batch_size != AUTO:
+        return settings
+    hardware = fast.Hardware.here(settings.device)
+    model = fast.ModelSize.of(settings.model_dir) if hardware.cuda else None
+    choice = fast.choose_batch(settings, hardware, model, world)
+    batch, reason = choice.value, choice.reason
+    if settings.max_steps is None and batch > PLANNED_BATCH:  # fewer rows per step than planned: more steps
+        rows = count_rows(settings)
+        kept = _keeping_floor(settings, rows, batch, world)
+        if kept < batch:
+            steps = per_epoch(
+                rows, kept, settings.gradient_accumulation_steps, world, settings.max_steps_per_epoch
+            )
+            reason += (f"; lowered to {kept}: {rows} rows over {world} process(es) then plan {steps * settings.epochs}"
+                       f" optimizer steps, at least the {run_floor.MIN_OPTIMIZER_STEPS} a run needs")  # fmt: skip
+            batch = kept
+    chosen = {"setting": "batch_size", "value": batch, "reason": reason}
+    return replace(settings, batch_size=batch, planned=[*settings.planned, chosen])
+
+
+def _keeping_floor(settings: SftSettings, rows: int, batch: int, world: int) -> int:
+    """The largest micro-batch up to `batch` whose steps reach MIN_OPTIMIZER_STEPS; where none does (a short run
+    the user's settings keep), the planned one at most."""
+    for size in range(batch, 0, -1):
+        steps = per_epoch(
+            rows, size, settings.gradient_accumulation_steps, world, settings.max_steps_per_epoch
+        )
+        if steps * settings.epochs >= run_floor.MIN_OPTIMIZER_STEPS:
+            return size
+    return min(batch, PLANNED_BATCH)
 
 
 def trained_steps(trainer: Any, settings: SftSettings) -> int:

@@ -78,7 +78,8 @@ class SftSettings:
     max_steps_per_epoch: int | None = None
     # What the planner chose for the run's length where the step left it unset (run_length.py), with its reasons.
     planned: list[dict] = field(default_factory=list)
-    batch_size: int = 8  # per device
+    # per device; auto: the training process chooses from max_seq_len, the model and its GPU (fast.py).
+    batch_size: int | str = AUTO
     gradient_accumulation_steps: int = 1
     # auto: the training process chooses from the rows' token lengths and the model's positions (seq_len.py).
     max_seq_len: int | str = AUTO
@@ -157,9 +158,8 @@ class SftSettings:
                     found.append(
                         SettingError("data_files", f"has {path!r}: use .parquet, .jsonl or .json files")
                     )
-        at_least_one = ["epochs", "batch_size", "gradient_accumulation_steps", "logging_steps"]
-        if self.max_seq_len != AUTO:
-            at_least_one.append("max_seq_len")
+        at_least_one = ["epochs", "gradient_accumulation_steps", "logging_steps"]
+        at_least_one += [name for name in ("batch_size", "max_seq_len") if getattr(self, name) != AUTO]
         if self.method != "full":
             at_least_one.append("lora_rank")
         at_least_one += [
@@ -300,7 +300,7 @@ class SftSettings:
             output_dir=str(Path(self.output_dir) / TRAINER_DIR),
             num_train_epochs=self.epochs,
             max_steps=self.step_budget or -1,  # the cap per epoch: train.py lowers it to what the data has
-            per_device_train_batch_size=self.batch_size,
+            per_device_train_batch_size=self.micro_batch(),
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             learning_rate=self.learning_rate,
             lr_scheduler_type=self.lr_scheduler,
@@ -351,6 +351,11 @@ class SftSettings:
         """Where rows are cut: max_seq_len; None while it is auto (the training process chooses it from the rows
         before it builds a trainer, seq_len.py: settings checked before that have nothing to cut yet)."""
         return None if self.max_seq_len == AUTO else self.max_seq_len
+
+    def micro_batch(self) -> int:
+        """Rows per device per step: batch_size; fast.PLANNED_BATCH while it is auto (settings checked before the
+        training process chose it)."""
+        return fast.PLANNED_BATCH if self.batch_size == AUTO else self.batch_size
 
     def lora_config(self) -> Any:
         if self.method == "full":

@@ -322,9 +322,10 @@ def train(settings: SftSettings) -> dict:
     """Run the fine-tune and write the run folder; returns a summary (steps, mean training loss, output paths)."""
     settings.check()
     settings = seq_len.fit_to_rows(settings)
+    processes = world_size()
+    settings = run_length.fit_micro_batch(settings, processes)
     run_dir = Path(settings.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    processes = world_size()
     log.info("training %s with TRL (%s) on %d process(es)", settings.model_dir, settings.method, processes)
     trainer = build_trainer(settings)
     unpacked = run_length.unpacked_for_floor(settings, trainer)

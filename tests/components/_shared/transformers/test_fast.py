@@ -53,7 +53,7 @@ def test_a_gpu_with_flash_attention_packs_padding_free_and_liger_is_used_where_i
 def test_before_max_seq_len_is_chosen_from_the_rows_checkpointing_waits_for_it():
     """The node pod's check builds TRL's arguments before the training process measured the rows."""
     (choice,) = [c for c in fast.choose(settings(), H100, LLAMA_8B) if c.setting == "gradient_checkpointing"]
-    assert choice.value is True and "until max_seq_len is chosen" in choice.reason
+    assert choice.value is True and "until max_seq_len and the micro-batch are chosen" in choice.reason
 
 
 @pytest.mark.parametrize(
@@ -127,6 +127,42 @@ def test_one_process_or_the_cpu_shards_nothing():
     assert not fast.needs_model(settings(gradient_checkpointing=False), H100, 1)
     assert not fast.needs_model(settings(), CPU, 8)
     assert "fsdp" not in chosen(settings(method="full", fsdp=False), H100, LLAMA_8B, world=8)
+
+
+@pytest.mark.parametrize(
+    ("method", "model", "seq", "hardware", "rows", "why"),
+    [
+        # 1B LoRA: 16k tokens fit an H100 without checkpointing (Liger: no logits kept), as 32 rows of 512.
+        ("lora", LLAMA_1B, 512, H100, 32, "8-16k tokens keep the GPU busy"),
+        # 8B LoRA at 4096 on an 80 GiB GPU without Liger: 16k tokens do not fit, 8k (2 rows) do.
+        ("lora", LLAMA_8B, 4096, BARE_GPU, 2, "8-16k tokens keep the GPU busy"),
+        # A 40 GiB GPU: one 2048-token row of 8B LoRA fits without checkpointing, down at the 8B's busy floor.
+        ("lora", LLAMA_8B, 2048, Hardware(cuda=True, gpu_bytes=40 * GIB), 1, "the most that fits without"),
+        # A 6 GiB GPU with Liger: not even the 1B's busy floor (4096 tokens) fits without checkpointing, 16k
+        # tokens fit with it.
+        ("lora", LLAMA_1B, 2048, Hardware(cuda=True, gpu_bytes=6 * GIB, liger=True), 8, "with activation"),
+        # A full 8B on one GPU fits no micro-batch: the least, said to be over.
+        ("full", LLAMA_8B, 2048, H100, 1, "OVER the GPU"),
+    ],
+)
+def test_on_a_gpu_the_micro_batch_holds_8_to_16k_tokens_within_the_gpu(
+    method, model, seq, hardware, rows, why
+):
+    choice = fast.choose_batch(settings(method=method, max_seq_len=seq), hardware, model)
+    assert choice.value == rows and why in choice.reason, choice.reason
+    # The checkpointing the memory model chooses for that micro-batch agrees with the reason.
+    run = settings(method=method, max_seq_len=seq, batch_size=rows)
+    (checkpointing,) = [c for c in fast.choose(run, hardware, model) if c.setting == "gradient_checkpointing"]
+    assert checkpointing.value is (why in ("with activation", "OVER the GPU"))
+
+
+def test_the_cpu_and_image_rows_train_the_planned_micro_batch():
+    assert fast.choose_batch(settings(max_seq_len=512), CPU, None).value == fast.PLANNED_BATCH
+    image_rows = settings(max_seq_len=2048, dataset_type="multimodal")
+    assert fast.choose_batch(image_rows, H100, LLAMA_1B).value == fast.PLANNED_BATCH
+    # Checkpointing the user turned on: the micro-batch is planned with it.
+    with_it = fast.choose_batch(settings(max_seq_len=2048, gradient_checkpointing=True), BARE_GPU, LLAMA_8B)
+    assert with_it.value == 8
 
 
 def test_the_model_size_is_read_from_the_folder_as_transformers_counts_it(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -180,6 +181,38 @@ def test_the_planned_command_trains_the_tiny_moe(tmp_path, monkeypatch):
     assert len(run.metrics_path.read_text().splitlines()) == 3
     assert run_layout.last_adapter_state(run.run_dir) is not None
     assert (run.run_dir / run_layout.MERGED_DIR / "config.json").is_file()
+
+
+def test_a_micro_batch_chosen_on_a_gpu_keeps_the_run_floor(tmp_path, monkeypatch):
+    """The plan counts the floor at fast.PLANNED_BATCH and leaves batch_size auto; the training process's GPU
+    choice (32 rows of 512 tokens) would train 240 rows in 8 steps: it is lowered to 12 (20 steps), the reason in
+    the run's choices. Where the plan lowered the micro-batch itself, it is the user's to keep."""
+    pytest.importorskip("datasets")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kfp_finetune.components._shared.transformers import fast, run_length
+
+    monkeypatch.setattr(
+        fast.Hardware, "here", classmethod(lambda cls, device: fast.Hardware(True, 80 * fast.GIB))
+    )
+    monkeypatch.setattr(
+        fast.ModelSize, "of", classmethod(lambda cls, folder: fast.ModelSize(10**9, 2048, 16, 32_000))
+    )
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"input": ["a question"] * 240, "output": ["an answer"] * 240}), data)
+    where = {"model_dir": str(tmp_path), "data_files": [str(data)], "run_dir": str(tmp_path / "run")}
+    settings = plan.sft_settings({"max_seq_len": 512}, **where, num_rows=240)
+    assert settings.batch_size == "auto" and settings.planned == []  # 30 steps at the planned batch of 8
+    fitted = run_length.fit_micro_batch(settings, world=1)
+    assert fitted.batch_size == 12
+    (choice,) = fitted.planned
+    assert choice["reason"].startswith("32 x 512 tokens") and "lowered to 12" in choice["reason"]
+    assert (
+        run_length.fit_micro_batch(replace(settings, max_steps=5), world=1).batch_size == 32
+    )  # as set: no floor
+    small = plan.sft_settings({"max_seq_len": 512}, **where, num_rows=60)  # the plan lowered it to 3
+    assert run_length.fit_micro_batch(small, world=1) is small
 
 
 def test_the_run_length_floor_chooses_what_the_step_left_unset():

@@ -135,6 +135,9 @@ def test_packing_needs_flash_attention(monkeypatch):
     """Packed rows are kept apart only by flash attention; without flash-attn packing is refused before training."""
     import importlib.util
 
+    # Imported before flash-attn is faked: transformers' import-time checks read the package's metadata.
+    from trl import SFTConfig  # noqa: F401
+
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real(name, *a)
