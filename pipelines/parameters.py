@@ -151,8 +151,8 @@ TABLE: tuple[Parameter, ...] = (
        "dataset_initialize.gradient_accumulation_steps"),
     _p("tune_dtype", str, "", "bf16, fp16 or fp32; empty: the base config's (fp32 on CPU).", "torchtune_finetune.dtype", "preflight.tune_dtype"),
     _p("tune_learning_rate", float, -1.0,
-       "Peak learning rate; -1: the base config's, times the square root of how much larger the global batch is "
-       "than the base config's (at most 2x).",
+       "Peak learning rate; -1: the base config's (transformers engine: 2e-4 for 8 rows per device), times the "
+       "square root of how much larger the global batch is than the base config's (at most 2x).",
        "torchtune_finetune.learning_rate", "preflight.tune_learning_rate"),
     _p("tune_optimizer", str, "", "Optimizer component, e.g. torch.optim.AdamW; empty: the base config's.",
        "torchtune_finetune.optimizer", "preflight.tune_optimizer"),

@@ -12,10 +12,9 @@ epochs plan fewer (fewer than MIN_OPTIMIZER_STEPS / MAX_DEFAULT_EPOCHS = 7 rows 
 for a run that learns and the step refuses, unless the user set one of those settings (which accepts a short run).
 
 The learning rate. Where the global batch (tokens per optimizer step over all devices) is more than
-GLOBAL_GROWTH_ACCEPTED times the base config's, an Adam-type optimizer's learning rate is the base config's times
-the square root of that ratio, at most LR_SCALE_CAP times (the square-root rule for adaptive optimizers: Malladi et
-al., "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022). A learning rate the user set
-is kept; where it is below what the rule gives, a WARNING says so. A smaller global batch keeps the base's rate.
+GLOBAL_GROWTH_ACCEPTED times the base config's, an Adam-type optimizer's learning rate follows it by the square-root
+rule (_shared/micro_batch_rule.py). A learning rate the user set is kept; where it is below what the rule gives, a
+WARNING says so. A smaller global batch keeps the base's rate.
 
 The warmup. torchtune's cosine schedule trains its first step at lr 0; the defaults use lr_schedule.py's instead
 (first step above 0), and cap the base config's warmup at WARMUP_CAP of the planned steps.
@@ -28,6 +27,11 @@ from typing import TYPE_CHECKING
 
 from kfp_finetune.components._shared import run_floor
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.micro_batch_rule import (
+    GLOBAL_GROWTH_ACCEPTED,
+    LR_SCALE_CAP,
+    square_root_rate,
+)
 from kfp_finetune.components._shared.run_floor import MAX_DEFAULT_EPOCHS, MIN_OPTIMIZER_STEPS
 from kfp_finetune.components._shared.torchtune import lr_schedule
 from kfp_finetune.components._shared.torchtune.choices import Choice, record, user_set
@@ -36,11 +40,6 @@ from kfp_finetune.components._shared.torchtune.config import TorchtuneConfig
 if TYPE_CHECKING:  # defaults.py, which runs these rules, defines it
     from kfp_finetune.components._shared.torchtune.defaults import TokenLengths
 
-#: How much larger than the base config's tokens per optimizer step the global batch may grow before the learning
-#: rate follows it (defaults.py also accepts this growth for a bigger micro-batch).
-GLOBAL_GROWTH_ACCEPTED = 1.5
-#: The most the square-root rule raises the base config's learning rate.
-LR_SCALE_CAP = 2.0
 WARMUP_CAP = 0.05  # of the planned optimizer steps
 WARMUP_NEW = 0.03  # where we add a schedule (full fine-tunes' constant LR)
 TORCHTUNE_COSINE = "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup"
@@ -217,7 +216,7 @@ def scale_learning_rate(
     if "adam" not in str(optimizer.get("_component_", "")).lower():
         return
     factor = min(math.sqrt(ratio), LR_SCALE_CAP)
-    scaled = float(f"{base_lr * factor:.3g}")
+    scaled = square_root_rate(base_lr, ratio)
     grown = f"the global batch is {ratio:.1f}x the base config's tokens per optimizer step"
     rule = f"square-root rule, at most {LR_SCALE_CAP:g}x"
     if not user_set(cfg, "learning_rate", "optimizer.lr"):

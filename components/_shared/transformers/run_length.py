@@ -16,10 +16,11 @@ from typing import Any
 from kfp_finetune.components._shared import run_floor
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.logs import get_logger
+from kfp_finetune.components._shared.micro_batch_rule import LR_SCALE_CAP, square_root_rate
 from kfp_finetune.components._shared.transformers import fast
 from kfp_finetune.components._shared.transformers.fast import AUTO, PLANNED_BATCH
 from kfp_finetune.components._shared.transformers.rows import count_rows
-from kfp_finetune.components._shared.transformers.settings import SftSettings
+from kfp_finetune.components._shared.transformers.settings import DEFAULT_LEARNING_RATE, SftSettings
 
 log = get_logger(__name__)
 
@@ -96,7 +97,8 @@ def fit_run_length(fields: dict[str, Any], given: set[str], rows: int | None, wo
 def fit_micro_batch(settings: SftSettings, world: int) -> SftSettings:
     """`settings` with the micro-batch chosen where it is auto (fast.choose_batch: from max_seq_len, the model and
     the GPU), at most the largest that still plans MIN_OPTIMIZER_STEPS for the training rows over `world`
-    processes (the floor the plan kept at fast.PLANNED_BATCH), the choice and its reason added to `planned`."""
+    processes (the floor the plan kept at fast.PLANNED_BATCH), and an unset learning rate raised by the square-root
+    rule where it grew (micro_batch_rule.py); the choices and their reasons added to `planned`."""
     if settings.batch_size != AUTO:
         return settings
     hardware = fast.Hardware.here(settings.device)
@@ -113,8 +115,16 @@ def fit_micro_batch(settings: SftSettings, world: int) -> SftSettings:
             reason += (f"; lowered to {kept}: {rows} rows over {world} process(es) then plan {steps * settings.epochs}"
                        f" optimizer steps, at least the {run_floor.MIN_OPTIMIZER_STEPS} a run needs")  # fmt: skip
             batch = kept
-    chosen = {"setting": "batch_size", "value": batch, "reason": reason}
-    return replace(settings, batch_size=batch, planned=[*settings.planned, chosen])
+    planned = [*settings.planned, {"setting": "batch_size", "value": batch, "reason": reason}]
+    # The default rate was set for PLANNED_BATCH samples per device (packs where packed, as before the choice).
+    rate = square_root_rate(DEFAULT_LEARNING_RATE, batch / PLANNED_BATCH)
+    if settings.learning_rate != AUTO or rate is None:
+        return replace(settings, batch_size=batch, planned=planned)
+    grown = (f"{DEFAULT_LEARNING_RATE:g} x {rate / DEFAULT_LEARNING_RATE:.2f}: a micro-batch of {batch} is "
+             f"{batch / PLANNED_BATCH:.1f}x the {PLANNED_BATCH} the default rate is for (the square-root rule, at "
+             f"most {LR_SCALE_CAP:g}x; set tune_learning_rate to choose another)")  # fmt: skip
+    planned.append({"setting": "learning_rate", "value": rate, "reason": grown})
+    return replace(settings, batch_size=batch, learning_rate=rate, planned=planned)
 
 
 def _keeping_floor(settings: SftSettings, rows: int, batch: int, world: int) -> int:

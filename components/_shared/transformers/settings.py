@@ -24,6 +24,9 @@ from kfp_finetune.components._shared.transformers.fast import AUTO, SWITCH_CHOIC
 
 _READ_FORMATS = ("parquet", "json")
 
+#: The peak learning rate of a run that leaves it unset, for fast.PLANNED_BATCH rows per device and step: LoRA's
+#: customary 2e-4 (PEFT's and TRL's LoRA examples).
+DEFAULT_LEARNING_RATE = 2e-4
 #: CLASSIFICATION is also the data type of sequence-classification rows (dataset-initialize's labels.py): a text,
 #: optionally a second one, and a class id.
 #: Instruct or chat rows with a list of images each (dataset-initialize's images.py: `images`, embedded Image
@@ -69,7 +72,8 @@ class SftSettings:
     # transformers 5) are not nn.Linear: name them in target_parameters to adapt them too.
     target_modules: str | list[str] = "all-linear"
     target_parameters: list[str] = field(default_factory=list)
-    learning_rate: float = 2e-4
+    # auto: DEFAULT_LEARNING_RATE, raised where the training process's micro-batch grows (run_length.py).
+    learning_rate: float | str = AUTO
     epochs: int = 1
     max_steps: int | None = None  # None: train `epochs` epochs; else stop after this many optimizer steps
     # torchtune's cap: each epoch at most this many optimizer steps, so the run trains min(cap, the data's steps
@@ -176,7 +180,7 @@ class SftSettings:
         if not _number(self.checkpoint_every_minutes) or self.checkpoint_every_minutes < 0:
             found.append(SettingError("checkpoint_every_minutes",
                                       f"must be a number, 0 or more (got {self.checkpoint_every_minutes!r})"))  # fmt: skip
-        if not _positive(self.learning_rate):
+        if self.learning_rate != AUTO and not _positive(self.learning_rate):
             found.append(
                 SettingError("learning_rate", f"must be a number above 0 (got {self.learning_rate!r})")
             )
@@ -302,7 +306,7 @@ class SftSettings:
             max_steps=self.step_budget or -1,  # the cap per epoch: train.py lowers it to what the data has
             per_device_train_batch_size=self.micro_batch(),
             gradient_accumulation_steps=self.gradient_accumulation_steps,
-            learning_rate=self.learning_rate,
+            learning_rate=self.rate(),
             lr_scheduler_type=self.lr_scheduler,
             warmup_steps=self.warmup_steps,
             # Under FSDP2 its own activation checkpointing (fsdp_arguments): the Trainer's would gather each
@@ -351,6 +355,10 @@ class SftSettings:
         """Where rows are cut: max_seq_len; None while it is auto (the training process chooses it from the rows
         before it builds a trainer, seq_len.py: settings checked before that have nothing to cut yet)."""
         return None if self.max_seq_len == AUTO else self.max_seq_len
+
+    def rate(self) -> float:
+        """The peak learning rate: learning_rate; DEFAULT_LEARNING_RATE while it is auto."""
+        return DEFAULT_LEARNING_RATE if self.learning_rate == AUTO else self.learning_rate
 
     def micro_batch(self) -> int:
         """Rows per device per step: batch_size; fast.PLANNED_BATCH while it is auto (settings checked before the

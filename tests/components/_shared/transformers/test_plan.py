@@ -186,7 +186,8 @@ def test_the_planned_command_trains_the_tiny_moe(tmp_path, monkeypatch):
 def test_a_micro_batch_chosen_on_a_gpu_keeps_the_run_floor(tmp_path, monkeypatch):
     """The plan counts the floor at fast.PLANNED_BATCH and leaves batch_size auto; the training process's GPU
     choice (32 rows of 512 tokens) would train 240 rows in 8 steps: it is lowered to 12 (20 steps), the reason in
-    the run's choices. Where the plan lowered the micro-batch itself, it is the user's to keep."""
+    the run's choices; an unset learning rate follows a larger micro-batch. Where the plan lowered the micro-batch
+    itself, it is the user's to keep."""
     pytest.importorskip("datasets")
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -208,9 +209,15 @@ def test_a_micro_batch_chosen_on_a_gpu_keeps_the_run_floor(tmp_path, monkeypatch
     assert fitted.batch_size == 12
     (choice,) = fitted.planned
     assert choice["reason"].startswith("32 x 512 tokens") and "lowered to 12" in choice["reason"]
+    assert fitted.learning_rate == "auto" and fitted.rate() == 2e-4  # 12 rows: 1.5x the 8 the rate is for
+    # Steps as set: no floor, so 32 rows, 4x: the default rate x sqrt(4), unless the user set one.
+    grown = run_length.fit_micro_batch(replace(settings, max_steps=5), world=1)
+    assert (grown.batch_size, grown.learning_rate) == (32, 4e-4)
     assert (
-        run_length.fit_micro_batch(replace(settings, max_steps=5), world=1).batch_size == 32
-    )  # as set: no floor
+        grown.planned[-1]["setting"] == "learning_rate" and "square-root rule" in grown.planned[-1]["reason"]
+    )
+    own_rate = run_length.fit_micro_batch(replace(settings, max_steps=5, learning_rate=1e-4), world=1)
+    assert (own_rate.batch_size, own_rate.learning_rate) == (32, 1e-4)
     small = plan.sft_settings({"max_seq_len": 512}, **where, num_rows=60)  # the plan lowered it to 3
     assert run_length.fit_micro_batch(small, world=1) is small
 
