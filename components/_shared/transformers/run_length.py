@@ -19,7 +19,7 @@ from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.micro_batch_rule import LR_SCALE_CAP, square_root_rate
 from kfp_finetune.components._shared.transformers import fast
 from kfp_finetune.components._shared.transformers.fast import AUTO, PLANNED_BATCH
-from kfp_finetune.components._shared.transformers.rows import count_rows
+from kfp_finetune.components._shared.transformers.rows import read_rows
 from kfp_finetune.components._shared.transformers.settings import DEFAULT_LEARNING_RATE, SftSettings
 
 log = get_logger(__name__)
@@ -106,7 +106,7 @@ def fit_micro_batch(settings: SftSettings, world: int) -> SftSettings:
     choice = fast.choose_batch(settings, hardware, model, world)
     batch, reason = choice.value, choice.reason
     if settings.max_steps is None and batch > PLANNED_BATCH:  # fewer rows per step than planned: more steps
-        rows = count_rows(settings)
+        rows = len(read_rows(settings))  # into the run's datasets cache, which training then reads
         kept = _keeping_floor(settings, rows, batch, world)
         if kept < batch:
             steps = per_epoch(
