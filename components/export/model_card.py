@@ -11,32 +11,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.contract import TunedModel
 from kfp_finetune.components._shared.engines import CLASSIFICATION, IMAGE_TEXT
 
-# Resolved torchtune config keys worth showing, as (label, dotted key).
-_HYPERPARAMETERS = (
-    ("epochs", "epochs"),
-    ("max steps per epoch", "max_steps_per_epoch"),
-    ("batch size", "batch_size"),
-    ("gradient accumulation steps", "gradient_accumulation_steps"),
-    ("optimizer", "optimizer._component_"),
-    ("learning rate", "optimizer.lr"),
-    ("weight decay", "optimizer.weight_decay"),
-    ("lr scheduler", "lr_scheduler._component_"),
-    ("warmup steps", "lr_scheduler.num_warmup_steps"),
-    ("loss", "loss._component_"),
-    ("LoRA rank", "model.lora_rank"),
-    ("LoRA alpha", "model.lora_alpha"),
-    ("LoRA dropout", "model.lora_dropout"),
-    ("LoRA attention modules", "model.lora_attn_modules"),
-    ("LoRA on MLP", "model.apply_lora_to_mlp"),
-    ("LoRA on output", "model.apply_lora_to_output"),
-    ("max sequence length", "tokenizer.max_seq_len"),
-    ("packed", "dataset.packed"),
-    ("training dtype", "dtype"),
-    ("seed", "seed"),
-)
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HF_DATASET = re.compile(r"^hf://(?:datasets/)?([\w.-]+/[\w.-]+)")
 
@@ -55,15 +33,6 @@ class CardInputs:
     run_name: str = ""
     run_id: str = ""
     task_name: str = ""
-
-
-def lookup(config: dict, dotted: str):
-    node = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _fmt(value) -> str:
@@ -85,10 +54,11 @@ def _table(rows: list[tuple[str, object]]) -> list[str]:
 def render_card(card: CardInputs) -> str:
     meta = card.model
     base = meta.base_model
+    face = engines.face(meta.engine)
     front: dict = {
         "library_name": "peft" if card.format == "adapter" else "transformers",
-        "pipeline_tag": "text-generation",
-        "tags": ["kfp-finetune", "torchtune", meta.method or "finetuned"],
+        "pipeline_tag": _PIPELINE_TAGS.get(meta.task, "text-generation"),
+        "tags": ["kfp-finetune", face.NAME, meta.method or "finetuned"],
     }
     if _HF_REPO_ID.match(base):  # only hub ids: a workspace path means nothing to a reader of the card
         front["base_model"] = base
@@ -97,7 +67,7 @@ def render_card(card: CardInputs) -> str:
         front["datasets"] = [dataset.group(1)]
     lines = ["---", yaml.safe_dump(front, sort_keys=True).strip(), "---", "", f"# {card.title}", ""]
     lines += [
-        f"Fine-tuned from **{base or 'an unnamed base model'}** with torchtune ({meta.method or '?'}, "
+        f"Fine-tuned from **{base or 'an unnamed base model'}** with {face.TRAINED_WITH} ({meta.method or '?'}, "
         f"recipe `{meta.recipe or '?'}`) by a kfp-finetune pipeline.",
         "",
         "## Contents",
@@ -143,14 +113,14 @@ def render_card(card: CardInputs) -> str:
             ("dataset", meta.dataset_source),
             ("method", meta.method),
             ("recipe", meta.recipe),
-            ("torchtune config", meta.config),
+            ("base config", meta.config),
             ("steps", meta.steps),
             ("final training loss", meta.final_loss),
             ("min training loss", meta.min_loss),
             ("tokens/s", meta.tokens_per_second),
         ]
     )
-    hyper = [(label, lookup(card.training_config, key)) for label, key in _HYPERPARAMETERS]
+    hyper = face.hyperparameters(card.training_config)
     if any(value is not None for _, value in hyper):
         lines += ["", "### Hyperparameters", ""] + _table(hyper)
     lines += ["", "## Evaluation", ""]
@@ -171,6 +141,8 @@ def render_card(card: CardInputs) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The Hub's pipeline tag by what the model learned (text generation where none is recorded).
+_PIPELINE_TAGS = {CLASSIFICATION: "text-classification", IMAGE_TEXT: "image-text-to-text"}
 _AUTO_CLASSES = {
     CLASSIFICATION: "AutoModelForSequenceClassification",
     IMAGE_TEXT: "AutoModelForImageTextToText",

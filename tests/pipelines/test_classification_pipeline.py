@@ -55,4 +55,6 @@ def test_a_bert_classifier_fine_tunes_on_yelp_reviews_through_the_pipeline(tmp_p
         )
     assert sum(p == stars for stars, p in enumerate(predicted)) >= 3  # the exported model reads the stars
     card = (destination / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card and "with TRL on transformers" in card
+    assert "| learning rate |" in card  # the hyperparameters trl_config.json recorded
     assert "AutoModelForSequenceClassification.from_pretrained" in card

@@ -63,4 +63,6 @@ def test_a_vision_language_model_fine_tunes_on_pictures_through_the_pipeline(tmp
         right += answer.strip().startswith(name)
     assert right >= 3, right  # the exported model reads the colour from the picture
     card = (destination / "README.md").read_text()
+    assert "pipeline_tag: image-text-to-text" in card and "with TRL on transformers" in card
+    assert "| learning rate |" in card  # the hyperparameters trl_config.json recorded
     assert "AutoModelForImageTextToText.from_pretrained" in card

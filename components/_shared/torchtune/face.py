@@ -4,6 +4,8 @@
 - `serves(model_dir, hf_config, task)`: (True, why) when the engine can fine-tune the model for the task
   (engines.GENERATION or CLASSIFICATION), else (False, why not);
 - `read_resolved_config(run_dir)`: the settings the run trained with ({} for a folder this library did not train);
+- `hyperparameters(resolved)`: what a model card shows of them, as (label, value) pairs;
+- `TRAINED_WITH`: the engine as a model card names it;
 - `last_adapter_state(run_dir)`: the run's last adapter in the engine's own names, None when there is none;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the run's adapter merged in, built once;
 - `evaluation()`: the module that loads the tuned model and scores eval rows as training tokenized them;
@@ -27,21 +29,28 @@ from kfp_finetune.components._shared.engines import GENERATION
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune.node import check_node_command, run_node_command
-from kfp_finetune.components._shared.torchtune.run_layout import last_adapter_state, read_resolved_config
+from kfp_finetune.components._shared.torchtune.run_layout import (
+    hyperparameters,
+    last_adapter_state,
+    read_resolved_config,
+)
 
 NAME = "torchtune"
 #: The installed packages only this wing imports (tests/components/test_engine_wings.py).
 PACKAGES = ("torchtune", "torchao")
 DATA_PACKS = True
 RUNTIME = "torchtune"
+TRAINED_WITH = "torchtune"
 
 __all__ = [
     "DATA_PACKS",
     "NAME",
     "PACKAGES",
     "RUNTIME",
+    "TRAINED_WITH",
     "check_node_command",
     "evaluation",
+    "hyperparameters",
     "last_adapter_state",
     "merged_model_dir",
     "read_resolved_config",

@@ -24,6 +24,29 @@ RECIPE_STATE = "recipe_state"
 MERGED_DIR = "merged"
 #: Kept in epoch_N/ for resuming, never handed to consumers.
 TRAINING_STATE = frozenset({ADAPTER_STATE, RECIPE_STATE})
+#: The resolved YAML's keys a model card shows, as (label, dotted key).
+_HYPERPARAMETERS = (
+    ("epochs", "epochs"),
+    ("max steps per epoch", "max_steps_per_epoch"),
+    ("batch size", "batch_size"),
+    ("gradient accumulation steps", "gradient_accumulation_steps"),
+    ("optimizer", "optimizer._component_"),
+    ("learning rate", "optimizer.lr"),
+    ("weight decay", "optimizer.weight_decay"),
+    ("lr scheduler", "lr_scheduler._component_"),
+    ("warmup steps", "lr_scheduler.num_warmup_steps"),
+    ("loss", "loss._component_"),
+    ("LoRA rank", "model.lora_rank"),
+    ("LoRA alpha", "model.lora_alpha"),
+    ("LoRA dropout", "model.lora_dropout"),
+    ("LoRA attention modules", "model.lora_attn_modules"),
+    ("LoRA on MLP", "model.apply_lora_to_mlp"),
+    ("LoRA on output", "model.apply_lora_to_output"),
+    ("max sequence length", "tokenizer.max_seq_len"),
+    ("packed", "dataset.packed"),
+    ("training dtype", "dtype"),
+    ("seed", "seed"),
+)
 
 
 def read_resolved_config(run_dir: str | os.PathLike) -> dict:
@@ -56,3 +79,18 @@ def last_adapter_state(run_dir: str | os.PathLike) -> Path | None:
     """The newest `epoch_N/adapter_model.pt` (the adapter in torchtune's names), None when there is none."""
     found = [epoch / ADAPTER_STATE for epoch in epoch_dirs(run_dir) if (epoch / ADAPTER_STATE).is_file()]
     return found[-1] if found else None
+
+
+def hyperparameters(resolved: dict) -> list[tuple[str, object]]:
+    """What a model card shows of how the run trained, from its resolved YAML (read_resolved_config): (label,
+    value), None where the YAML has no such key."""
+    return [(label, _lookup(resolved, key)) for label, key in _HYPERPARAMETERS]
+
+
+def _lookup(config: dict, dotted: str) -> object:
+    node: object = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node

@@ -4,6 +4,7 @@ _shared/torchtune/face.py for the names every face has).
 - `serves(model_dir, hf_config, task)`: whether the installed transformers has the model's class for the task
   (a causal LM; a sequence classifier; a vision-language model) natively;
 - `read_resolved_config(run_dir)`: the settings the run trained with, `trl_config.json` ({} when absent);
+- `hyperparameters(resolved)`: what a model card shows of them (TRL's arguments as the trainer had them, PEFT's);
 - `last_adapter_state(run_dir)`: the run's PEFT adapter folder, None for a full fine-tune;
 - `merged_model_dir(run_dir, base_dir)`: the HF folder of the base with the adapter merged in, built once;
 - `evaluation()`: the module that loads the tuned model and scores eval rows as TRL tokenized and masked them;
@@ -32,6 +33,7 @@ from kfp_finetune.components._shared.transformers import installed
 from kfp_finetune.components._shared.transformers.node import check_node_command, run_node_command
 from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run, preview
 from kfp_finetune.components._shared.transformers.run_layout import (
+    hyperparameters,
     last_adapter_state,
     merged_model_dir,
     read_resolved_config,
@@ -43,15 +45,18 @@ NAME = "transformers"
 PACKAGES = ("trl",)
 DATA_PACKS = False
 RUNTIME = "transformers"
+TRAINED_WITH = "TRL on transformers"
 
 __all__ = [
     "DATA_PACKS",
     "NAME",
     "PACKAGES",
     "RUNTIME",
+    "TRAINED_WITH",
     "check_node_command",
     "check_settings",
     "evaluation",
+    "hyperparameters",
     "last_adapter_state",
     "merged_model_dir",
     "plan_run",

@@ -128,3 +128,38 @@ def copy_model_files(base_dir: str | os.PathLike, out_dir: str | os.PathLike) ->
     for path in sorted(Path(base_dir).iterdir()):
         if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and not (out_dir / path.name).exists():
             shutil.copyfile(path, out_dir / path.name)
+
+
+#: What the run's trl_config.json records that a model card shows, as (label, section, key): TRL's SFTConfig (or a
+#: classifier's TrainingArguments) as the trainer had it, and PEFT's LoraConfig.
+_HYPERPARAMETERS = (
+    ("epochs", "arguments", "num_train_epochs"),
+    ("max steps", "arguments", "max_steps"),
+    ("batch size", "arguments", "per_device_train_batch_size"),
+    ("gradient accumulation steps", "arguments", "gradient_accumulation_steps"),
+    ("optimizer", "arguments", "optim"),
+    ("learning rate", "arguments", "learning_rate"),
+    ("weight decay", "arguments", "weight_decay"),
+    ("lr scheduler", "arguments", "lr_scheduler_type"),
+    ("warmup steps", "arguments", "warmup_steps"),
+    ("LoRA rank", "lora_config", "r"),
+    ("LoRA alpha", "lora_config", "lora_alpha"),
+    ("LoRA dropout", "lora_config", "lora_dropout"),
+    ("LoRA target modules", "lora_config", "target_modules"),
+    ("DoRA", "lora_config", "use_dora"),
+    ("max sequence length", "arguments", "max_length"),
+    ("packed", "arguments", "packing"),
+    ("bf16", "arguments", "bf16"),
+    ("seed", "arguments", "seed"),
+)
+
+
+def hyperparameters(resolved: dict) -> list[tuple[str, object]]:
+    """What a model card shows of how the run trained, from its trl_config.json (read_resolved_config): (label,
+    value), None where it has no such entry (max steps -1: the epochs decide)."""
+    sections = {
+        "arguments": resolved.get("sft_config") or resolved.get("training_arguments") or {},
+        "lora_config": resolved.get("lora_config") or {},
+    }
+    found = [(label, sections[section].get(key)) for label, section, key in _HYPERPARAMETERS]
+    return [(label, None if label == "max steps" and value == -1 else value) for label, value in found]
