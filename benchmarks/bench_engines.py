@@ -3,6 +3,13 @@ through both engines on this machine (trained tokens/s, loss after N steps)").
 
     python -m benchmarks.run --only engines           # ~3-5 min on 2 cores
     python -m benchmarks.run --only engines --set engines_steps=16 --set engines_rows=2000
+    python -m benchmarks.run --only engines --set engines_job=llama3.2-1b-lora-1gpu   # a GPU reference job
+
+With `engines_job` (a job of the GPU suite, benchmarks/gpu_suite_jobs.py: its real model shape with random weights
+and its long-tailed rows) each engine gets only what a user sets — model, data, method, device cuda and the steps
+— and chooses everything else itself (micro-batch, max_seq_len, packing, checkpointing, learning rate, and on
+several GPUs DDP or FSDP2); each side's choices are recorded beside its tokens/s. `engines_job=tiny` does the same
+with the tiny model on the CPU (the mode's own check).
 
 The fine-tune step's implementation (run_finetune, local backend, in a child process as benchmarks.drivers runs
 it) trains the tiny kit's Llama-3.2-style model (benchmarks.common.tiny_model; both engines serve it) on the
@@ -35,6 +42,7 @@ from benchmarks.common import (
     tiny_model,
 )
 from benchmarks.drivers import parse_result
+from kfp_finetune.components._shared import engines
 
 NAME = "engines"
 TITLE = "13. The two engines on the same tiny model and data (CPU)"
@@ -42,23 +50,41 @@ ENGINES = ("torchtune", "transformers")
 
 
 def _prepare(s: Settings, base: Path) -> dict:
+    from benchmarks import gpu_suite_jobs
     from kfp_finetune.components.dataset_initialize.initialize import initialize_dataset
     from kfp_finetune.components.model_initialize.initialize import initialize_model
 
-    model_dir = tiny_model(s.workdir, dim=64, layers=2, heads=4, kv_heads=2)
-    data = long_tailed_data(s.workdir, rows=int(s.extra.get("engines_rows", 2000)))
+    rows = int(s.extra.get("engines_rows", 2000))
+    steps = int(s.extra.get("engines_steps", s.train_steps))
+    job_name = str(s.extra.get("engines_job", ""))
+    if job_name and job_name != "tiny":
+        job = next((job for job in gpu_suite_jobs.JOBS if job.name == job_name), None)
+        if job is None:
+            raise ValueError(
+                f"engines_job={job_name}: not a GPU suite job ({', '.join(j.name for j in gpu_suite_jobs.JOBS)})"
+            )
+        model_dir = gpu_suite_jobs.model_folder(s.workdir, job, weights=True)
+        data = gpu_suite_jobs.suite_data(s.workdir, rows)
+        settings = {"method": job.method, "device": "cuda", "max_steps_per_epoch": steps, "seed": 0}
+    else:
+        model_dir = tiny_model(s.workdir, dim=64, layers=2, heads=4, kv_heads=2)
+        data = long_tailed_data(s.workdir, rows=rows)
+        settings = {
+            "method": "lora",
+            "device": "cpu",
+            "dtype": "fp32",
+            "max_steps_per_epoch": steps,
+            "seed": 0,
+        }
+        if not job_name:  # the same explicit settings for both engines
+            settings |= {"batch_size": 8, "gradient_accumulation_steps": 1, "max_seq_len": 512,
+                         "learning_rate": 3e-3, "lora_rank": 16, "lora_alpha": 32.0}  # fmt: skip
     workspace = base / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     ds = initialize_dataset(str(data), str(workspace), "rows", dataset_type="instruct")
-    model = initialize_model(str(model_dir), str(workspace), "tiny")
-    steps = int(s.extra.get("engines_steps", s.train_steps))
-    settings = {
-        "method": "lora", "device": "cpu", "dtype": "fp32", "batch_size": 8, "gradient_accumulation_steps": 1,
-        "max_seq_len": 512, "max_steps_per_epoch": steps, "learning_rate": 3e-3, "seed": 0, "lora_rank": 16,
-        "lora_alpha": 32.0,
-    }  # fmt: skip
+    model = initialize_model(str(model_dir), str(workspace), job_name or "tiny")
     return {"workspace": str(workspace), "train_metadata": ds.train_metadata, "model_metadata": model.metadata,
-            "settings": settings, "steps": steps}  # fmt: skip
+            "settings": settings, "steps": steps, "model": job_name or "tiny llama3_2 dim 64, 2 layers"}  # fmt: skip
 
 
 def _side(args: dict, engine: str, base: Path, repeat: int) -> dict:
@@ -74,6 +100,8 @@ def _side(args: dict, engine: str, base: Path, repeat: int) -> dict:
         raise RuntimeError(f"{engine} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     result = parse_result(proc.stdout)
     steps = read_metrics_file(Path(result["metrics_path"]))
+    face = engines.face(engine)
+    chosen = dict(face.hyperparameters(face.read_resolved_config(result["run_dir"])))
     losses = [s.loss for s in steps if s.loss is not None]
     return {
         "tokens_per_second": median(steady([s.tokens_per_second for s in steps if s.tokens_per_second])),
@@ -81,7 +109,12 @@ def _side(args: dict, engine: str, base: Path, repeat: int) -> dict:
         "last3_loss": sum(losses[-3:]) / len(losses[-3:]),
         "steps": len(steps),
         "training_wall_seconds": result["training_wall_seconds"],
+        "trained_with": {label: chosen.get(label) for label in _CHOICES},
     }
+
+
+#: What each side's run trained with (its face's hyperparameters), recorded with its results.
+_CHOICES = ("batch size", "gradient accumulation steps", "max sequence length", "packed", "learning rate")
 
 
 def run(s: Settings, echo=print) -> dict:
@@ -100,6 +133,7 @@ def run(s: Settings, echo=print) -> dict:
             "last_loss": median([r["last_loss"] for r in found]),
             "last3_loss": median([r["last3_loss"] for r in found]),
             "training_wall_seconds": spread([r["training_wall_seconds"] for r in found]),
+            "trained_with": found[0]["trained_with"],
         }
         for engine, found in runs.items()
     }
@@ -115,7 +149,7 @@ def run(s: Settings, echo=print) -> dict:
         "(transformers)",
         "results": {"tokens_per_second_ratio": round(ratio, 4), **summary},
         "settings": {
-            "model": "tiny llama3_2 dim 64, 2 layers",
+            "model": args["model"],
             "data": "long-tailed instruct rows",
             "repeats": s.repeats,
             **args["settings"],
