@@ -39,9 +39,10 @@ def evaluate(
 ) -> NamedTuple("Outputs", [("passed", bool)]):
     """Tell whether fine-tuning helped: the tuned model against its base on held-out data, with a quality gate.
 
-    Loads both models the way training does (torchtune's component builder and HF checkpointer; for a LoRA or
-    DoRA adapter, the base is the same model with its adapter disabled, loaded once) and builds
-    the eval examples with the training run's own torchtune dataset builder and tokenizer, so the loss is
+    Loads both models the way the engine that trained them does (torchtune: its component builder and HF
+    checkpointer; transformers: its Auto classes, the adapter through PEFT; for a LoRA or DoRA adapter, the base is
+    the same model with its adapter disabled, loaded once) and builds the eval examples as that run's training
+    did (torchtune's dataset builder, or TRL's formatting and masking) with its tokenizer, so the loss is
     computed on exactly the tokens training learned (the response; the prompt is masked). For every sample it
     measures teacher-forced loss, then generates greedily (deterministic) from the training prompt format and
     scores the answer against the reference: exact match, token F1 and ROUGE-L. A sequence classifier (trained on
