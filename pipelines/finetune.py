@@ -15,6 +15,7 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
 
+from kfp_finetune.components._shared.engines import trainer_images
 from kfp_finetune.components._shared.model_registry import TOKEN_ENV as MODEL_REGISTRY_TOKEN
 from kfp_finetune.components._shared.tracking import CREDENTIAL_KEYS
 from kfp_finetune.components.dataset_initialize.component import dataset_initialize
@@ -189,6 +190,7 @@ class TunedAndEvaluated(NamedTuple):
     eval_report: HTML
     eval_samples: Dataset
     passed: bool
+    model_image: str  # the image that loads the model as training did (torchtune-finetune's model_image)
 
 
 @parameters.pipeline(
@@ -209,6 +211,7 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
         base_model=p.base_model,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         task_id=TASK_ID,
+        engine_images=trainer_images(),  # this compile's images: the step names its engine's as model_image
         **p.feeding("torchtune_finetune"),
     )
     step(tune, "Fine-tune (torchtune)", settings.TRAIN_STEP_TIMEOUT_SECONDS)
@@ -232,6 +235,9 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
         **p.feeding("evaluate"),
     )
     step(check, "Evaluate: base vs tuned", settings.EVALUATE_TIMEOUT_SECONDS)
+    # The engine that trained the model is chosen at run time: evaluate runs on its image, which builds the eval
+    # rows and loads the model as training did (the transformers engine's needs its TRL and transformers 5).
+    check.set_container_image(tune.outputs["model_image"])
     with_model_cache(check)
     with_tracking_credentials(check, p.mlflow_secret)
     # A model trained on GPUs is evaluated on one, in its training dtype (evaluate's placement.py).
@@ -245,6 +251,7 @@ def tune_and_evaluate(p: parameters.Values) -> TunedAndEvaluated:
         eval_report=check.outputs["report"],
         eval_samples=check.outputs["samples"],
         passed=check.outputs["passed"],
+        model_image=tune.outputs["model_image"],
     )
 
 
@@ -256,6 +263,7 @@ class FinetuneOutputs(NamedTuple):
     eval_report: HTML
     eval_samples: Dataset
     passed: bool
+    model_image: str  # the image that loads the model as training did (torchtune-finetune's model_image)
 
 
 @parameters.pipeline(
@@ -313,4 +321,5 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
         eval_report=tuned.outputs["eval_report"],
         eval_samples=tuned.outputs["eval_samples"],
         passed=gate.output,
+        model_image=tuned.outputs["model_image"],
     )

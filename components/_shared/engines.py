@@ -34,6 +34,8 @@ FACE = (
     "PACKAGES",
     "RUNTIME",
     "TRAINED_WITH",
+    "TRAINER_IMAGE",
+    "LM_EVAL_UNAVAILABLE",
     "serves",
     "read_resolved_config",
     "hyperparameters",
@@ -65,6 +67,12 @@ def face(engine: str) -> ModuleType:
             f"{', '.join(WINGS)}): evaluate and export it with the kfp-finetune version that trained it"
         )
     return importlib.import_module(WINGS[name])
+
+
+def trainer_images() -> dict[str, str]:
+    """Each engine's trainer image, {engine: image}: the image with its packages, where evaluate loads its models.
+    From images.py as this process sees it (when compiling: the KFP_FINETUNE_*_IMAGE settings)."""
+    return {name: face(name).TRAINER_IMAGE for name in WINGS}
 
 
 def model_config(model_dir: str | Path) -> dict:

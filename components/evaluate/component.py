@@ -54,7 +54,8 @@ def evaluate(
     noise (the improvement and the lower bound of its interval are above 0), by at least `min_improvement`, and
     meets every threshold; a NaN never passes. Without a base model only the thresholds decide. Wire `passed`
     into `dsl.If` to export only better models. Runs on a GPU the task requests (the pipelines give it one when
-    the fine-tune used GPUs), else on CPU. Writes samples, report and metrics to
+    the fine-tune used GPUs), else on CPU, and on the image of the engine that trained the model (the fine-tune's
+    `model_image`; lm-eval tasks need torchtune's). Writes samples, report and metrics to
     `<workspace>/eval/<task_name>-<task>/` too (`<task>`: 8 characters of a hash of `task_id`).
 
     Args:

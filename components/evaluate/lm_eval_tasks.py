@@ -68,13 +68,12 @@ def task_examples(output: dict) -> dict[str, int]:
 
 def require_lm_eval(model_eval: ModuleType) -> None:
     """Fail before any model is loaded when lm_eval_tasks cannot run in this image (`model_eval`: the engine's
-    evaluation module, which checks what its lm-eval model needs)."""
+    evaluation module, which checks what its lm-eval model needs and says what to do without lm-eval)."""
     try:
         import lm_eval  # noqa: F401
     except ImportError as err:
         raise ConfigError(
-            f"eval_lm_eval_tasks needs lm-eval in the step's image ({err}): install kfp-finetune[lm-eval] "
-            "(lm-eval>=0.4.5,<0.4.10), or leave eval_lm_eval_tasks empty"
+            f"eval_lm_eval_tasks needs lm-eval in the step's image ({err}): {model_eval.LM_EVAL_MISSING}"
         ) from err
     model_eval.check_lm_eval()
 

@@ -222,6 +222,8 @@ def check_model_and_run(
                 log.info("%s", choice.line())
                 settings.engine = choice.engine
                 face = engines.face(choice.engine)
+                if settings.get("eval_lm_eval_tasks", []) and face.LM_EVAL_UNAVAILABLE:
+                    return [Problem("eval_lm_eval_tasks", face.LM_EVAL_UNAVAILABLE)]
                 if hasattr(
                     face, "check_settings"
                 ):  # a wing that plans its own runs checks the settings itself

@@ -1,5 +1,7 @@
 """The torchtune-finetune KFP component (signature + docstring; the implementation is finetune.py)."""
 
+from typing import NamedTuple
+
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
@@ -82,13 +84,14 @@ def torchtune_finetune(
     queue_timeout_seconds: int = 86400,
     cleanup_policy: str = "on-success",
     trainer_image: str = "",
+    engine_images: dict = {},  # noqa: B006 (KFP needs a literal default)
     run_id: str = "",
     task_name: str = "finetune",
     workspace_pvc: str = "",
     task_id: str = "",
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "kfp-finetune",
-):
+) -> NamedTuple("Outputs", [("model_image", str)]):
     """Fine-tune with torchtune (full, LoRA, QLoRA, DoRA): 0.6.1's families, Qwen3, Gemma 3, SmolLM2, Mistral-Nemo.
 
     Reads the base model folder (config.json, weights, tokenizer) and the dataset, picks the torchtune recipe and
@@ -207,6 +210,9 @@ def torchtune_finetune(
         cleanup_policy: Delete the TrainJob on-success (keep one that failed by itself, for debugging; one the
             step stopped, e.g. pods that could not start, is deleted), always, or never.
         trainer_image: Container image for the TrainJob's node pods; empty: the runtime's image.
+        engine_images: Each engine's trainer image, {"torchtune": ..., "transformers": ...}: what `model_image`
+            names for a model that engine trained. The pipelines pass the images they were compiled with
+            (KFP_FINETUNE_*_IMAGE); an engine not named: this version's own (kfp-finetune-trainer[-transformers]).
         run_id: The KFP run id; pass `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (names the run folder and TrainJob).
         task_name: Readable part of the run folder's and TrainJob's name.
         workspace_pvc: PVC of the workspace, mounted in the TrainJob's node pods at workspace_path; empty: the
@@ -228,10 +234,16 @@ def torchtune_finetune(
             wall_seconds (and peak_memory_gib on GPUs).
         report: Loss, learning-rate and throughput curves with the key settings and the resolved config.
         train_config: A folder with torchtune_config.yaml and, for backend=trainjob, trainjob.yaml.
+        model_image: The image that loads this model as training did: trainer_image when set, else the trainer
+            image of the engine that trained it. Run evaluate there:
+            `evaluate(...).set_container_image(tune.outputs["model_image"])` (the pipelines do).
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
+    from collections import namedtuple
+
     from kfp_finetune.components._shared.errors import usage_errors
     from kfp_finetune.components.torchtune_finetune.finetune import USAGE_ERRORS, run_component
 
+    outputs = namedtuple("Outputs", ["model_image"])
     with usage_errors(*USAGE_ERRORS):
-        run_component(**parameters)
+        return outputs(run_component(**parameters).model_image)

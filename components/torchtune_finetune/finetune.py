@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kfp_finetune.components._shared import engines, tracking, unset
+from kfp_finetune.components._shared import engines, images, tracking, unset
 from kfp_finetune.components._shared.artifacts import entry_path
 from kfp_finetune.components._shared.cancel import Interrupted
 from kfp_finetune.components._shared.contract import (
@@ -81,6 +81,7 @@ class FinetuneResult:
     report_html: str
     config_files: dict[str, str]  # name -> text for the train_config artifact (the resolved config first)
     train_config: dict  # the train_config artifact's metadata
+    model_image: str = ""  # the image evaluate loads the model in (the component sets it: model_image)
 
 
 def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> Path:
@@ -332,7 +333,7 @@ _STEP_PARAMETERS = {
     "kubernetes_config", "backend", "runtime_name", "runtime_kind", "num_nodes", "num_proc_per_node",
     "timeout_seconds", "cleanup_policy", "trainer_image", "run_id", "task_name", "task_id", "workspace_pvc",
     "export_format", "gpu_memory_gib", "queue_name", "priority_class", "queue_timeout_seconds", "allow_slow_network",
-    "engine", "mlflow_tracking_uri", "mlflow_experiment",
+    "engine", "engine_images", "mlflow_tracking_uri", "mlflow_experiment",
 }  # fmt: skip
 
 
@@ -355,6 +356,30 @@ def train_config_metadata(run: ResolvedRun, files: list[str]) -> dict:
         files=files,
         defaults=as_metadata(run.defaults),
     ).to_metadata()
+
+
+def engine_images(params: dict[str, Any]) -> dict[str, str]:
+    """Each engine's trainer image, the engine_images parameter over this version's own; checked before anything
+    is read or launched."""
+    given = params.get("engine_images") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(
+            'engine_images must map an engine\'s name to an image, e.g. {"torchtune": "reg/img:1"}'
+        )
+    known = engines.trainer_images()
+    for name, reference in given.items():
+        if name not in known:
+            raise ConfigError(f"engine_images: {name!r} is not an engine: use {', '.join(known)}")
+        problem = images.reference_problem(reference) if isinstance(reference, str) else "not a string"
+        if problem:
+            raise ConfigError(f"engine_images[{name!r}]: {problem}")
+    return {**known, **given}
+
+
+def model_image(params: dict[str, Any], images_by_engine: dict[str, str], engine: str) -> str:
+    """The image evaluate loads the tuned model in (the component's `model_image` output): the one that trained
+    it — trainer_image when set, else the engine's own — so its packages build the eval rows as training did."""
+    return params.get("trainer_image") or images_by_engine[engine or engines.DEFAULT_ENGINE]
 
 
 def queue_settings(params: dict[str, Any]) -> dict[str, Any]:
@@ -415,6 +440,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
     )
 
     settings = component_settings(params)
+    images_by_engine = engine_images(params)
     tracking.check_tracking(params.get("mlflow_tracking_uri", ""))
     pod = trainjob_spec_from_task_config(params["kubernetes_config"])
     if params.get("workspace_pvc") and not any(
@@ -460,6 +486,8 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
         engine=params.get("engine") or engines.AUTO,
     )
+    result.model_image = model_image(params, images_by_engine, result.model_metadata.get("engine", ""))
+    log.info("model_image (evaluate loads the model there): %s", result.model_image)
     kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model_path)
     if kept:
         log.info("tuned model kept outside the run workspace: %s", kept)

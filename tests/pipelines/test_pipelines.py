@@ -15,8 +15,10 @@ from kfp import compiler, dsl, local
 from kfp.components import load_component_from_file
 
 from kfp_finetune.commands.compile import stale_files
+from kfp_finetune.components._shared import engines
 from kfp_finetune.components._shared.gpus import gpu_counts
 from kfp_finetune.components._shared.tracking import CREDENTIAL_KEYS
+from kfp_finetune.components.torchtune_finetune import finetune
 from kfp_finetune.pipelines import PIPELINES, finetune_pipeline, settings, sweep_pipeline
 from tests.support import kfp_driver
 from tests.support import kube_standin as standin
@@ -180,6 +182,7 @@ def test_every_parameterised_resource_field_is_fed_text_as_the_kfp_driver_reads_
             assert {(s.task, s.source) for s in sources} == {
                 ("torchtune-finetune", "output tune_gpus of gpu-counts"),
                 ("evaluate", "output eval_gpus of gpu-counts"),
+                ("evaluate", "output model_image of torchtune-finetune"),
             }
 
 
@@ -209,10 +212,33 @@ def test_both_steps_get_their_gpus_from_the_gpu_counts_step_as_the_driver_resolv
         values = {
             s.input_name: s.runtime_value(fed[s.source])
             for s in kfp_driver.placeholder_sources(spec)
-            if s.task == task
+            if s.task == task and s.field != "image"
         }
         resources = executors[f"exec-{task}"]["container"]["resources"]
         assert kfp_driver.accelerator_limits(resources, values) == {"nvidia.com/gpu": limit}
+
+
+@pytest.mark.parametrize("engine", sorted(engines.WINGS))
+@pytest.mark.parametrize("trainer_image", ["", "registry.example/own-trainer:2"])
+def test_evaluate_runs_on_the_image_of_the_engine_that_trained_the_model(engine, trainer_image):
+    """The engine is chosen at run time (tune_engine auto), and only its image builds the eval rows and loads the
+    model as training did: the transformers engine's evaluation needs TRL and transformers 5, which the torchtune
+    trainer image (lm-eval's transformers 4) lacks. The image is resolved from the compiled YAML as the driver
+    does, fed the fine-tune step's own model_image for the engine images the pipeline was compiled with."""
+    spec, _ = yaml.safe_load_all((COMPILED / "tune-and-evaluate.yaml").read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    compiled_images = tasks["torchtune-finetune"]["inputs"]["parameters"]["engine_images"]["runtimeValue"]
+    assert compiled_images["constant"] == engines.trainer_images()
+    params = {"engine_images": compiled_images["constant"], "trainer_image": trainer_image}
+    produced = finetune.model_image(params, finetune.engine_images(params), engine)
+    (source,) = [
+        s for s in kfp_driver.placeholder_sources(spec) if (s.task, s.field) == ("evaluate", "image")
+    ]
+    assert source.source == "output model_image of torchtune-finetune"
+    container = spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]
+    image = kfp_driver.resolve_field(container["image"], {source.input_name: source.runtime_value(produced)})
+    assert image == (trainer_image or engines.face(engine).TRAINER_IMAGE)
+    assert "torchtune-finetune" in tasks["evaluate"]["dependentTasks"]
 
 
 # --- whole DAGs under kfp.local ------------------------------------------------------------------------------
@@ -270,6 +296,7 @@ def test_finetune_pipeline_end_to_end_with_the_trainjob_backend_exports_when_the
     outputs = task.outputs
     assert outputs["model"].metadata["backend"] == "trainjob"
     assert outputs["passed"] is True
+    assert outputs["model_image"] == engines.face("torchtune").TRAINER_IMAGE
     # The resolved torchtune YAML, as the train report shows it (kfp.local deletes the run workspace).
     report = Path(outputs["train_report"].path).read_text()
     config = yaml.safe_load(

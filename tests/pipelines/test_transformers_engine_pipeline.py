@@ -5,6 +5,7 @@ merged weights, and for LoRA the PEFT adapter that gives the same logits on the 
 
 import pytest
 
+from kfp_finetune.components._shared.images import TRANSFORMERS_TRAINER_IMAGE
 from kfp_finetune.pipelines.finetune import finetune_pipeline
 from tests.pipelines.test_pipelines import FAST_TRAINING, run_locally
 
@@ -31,6 +32,7 @@ def test_a_mixture_of_experts_fine_tunes_through_the_pipeline_with_no_engine_nam
     )  # fmt: skip
     outputs = task.outputs
     assert outputs["model"].metadata["engine"] == "transformers"
+    assert outputs["model_image"] == TRANSFORMERS_TRAINER_IMAGE  # evaluate ran there on a cluster
     assert outputs["passed"] is True and outputs["train_metrics"].metadata["steps"] == 12
     evaluation = outputs["eval_metrics"].metadata
     assert evaluation["tuned_eval_loss"] < evaluation["base_eval_loss"]

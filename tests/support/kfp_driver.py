@@ -1,11 +1,13 @@
-"""What the KFP driver makes of a task's parameterised resource fields, as upstream does it.
+"""What the KFP driver makes of a task's parameterised resource fields and image, as upstream does it.
 
 kubeflow/pipelines backend/src/v2/driver/driver.go `initPodSpecPatch` resolves a resource field such as
 `resourceCount: "{{$.inputs.parameters['pipelinechannel--x']}}"` with resolve.go
 `resolvePodSpecInputRuntimeParameter`: the named input's `structpb.Value.GetStringValue()`. A value that is not a
 string (an integer parameter or output is a number value) reads as "", and an empty count sets no limit: the
 pod (and, through the task config, the TrainJob's node pods) gets no GPU, and nothing says so. A missing input
-is an error ("executorInput did not contain container Image input parameter").
+is an error ("executorInput did not contain container Image input parameter"). The container's image is resolved
+the same way (driver.go: `resolvePodSpecInputRuntimeParameter(container.Image, executorInput)`), so a task can run
+on an image a previous step names.
 
 `placeholder_sources` walks a compiled pipeline for every such field and where its value comes from, with the
 KFP parameter type of that source, so a test can resolve the fields with the values a run would carry.
@@ -47,11 +49,11 @@ def accelerator_limits(resources: dict, parameter_values: dict[str, object]) -> 
 
 @dataclass(frozen=True)
 class PlaceholderSource:
-    """One parameterised resource field of a task and what feeds it at run time."""
+    """One parameterised resource field (or the image) of a task and what feeds it at run time."""
 
     dag: str  # "root" or the component holding the task's DAG
     task: str
-    field: str  # e.g. "accelerator.resourceCount"
+    field: str  # e.g. "accelerator.resourceCount", "image"
     input_name: str  # the task input the placeholder names
     source: str  # "dag input <name>" or "output <key> of <task>"
     parameter_type: str  # KFP parameter type of the source
@@ -62,7 +64,8 @@ class PlaceholderSource:
 
 
 def placeholder_sources(spec: dict) -> list[PlaceholderSource]:
-    """Every parameterised resource field of every task of a compiled pipeline spec, with its source's type."""
+    """Every parameterised resource field and image of every task of a compiled pipeline spec, with its source's
+    type."""
     components = spec.get("components", {})
     executors = spec.get("deploymentSpec", {}).get("executors", {})
     dags = {"root": spec["root"], **{name: c for name, c in components.items() if "dag" in c}}
@@ -72,10 +75,9 @@ def placeholder_sources(spec: dict) -> list[PlaceholderSource]:
         tasks = holder["dag"]["tasks"]
         for task_name, task in tasks.items():
             executor = components[task["componentRef"]["name"]].get("executorLabel")
-            resources = (
-                executors.get(executor, {}).get("container", {}).get("resources", {}) if executor else {}
-            )
-            fields = {f: resources.get(f) for f in RESOURCE_FIELDS}
+            container = executors.get(executor, {}).get("container", {}) if executor else {}
+            resources = container.get("resources", {})
+            fields = {"image": container.get("image"), **{f: resources.get(f) for f in RESOURCE_FIELDS}}
             for key in ("resourceType", "resourceCount"):
                 fields[f"accelerator.{key}"] = (resources.get("accelerator") or {}).get(key)
             for field, value in fields.items():

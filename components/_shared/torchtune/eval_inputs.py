@@ -37,6 +37,8 @@ _STYLE_TYPES = {
 }
 _DEFAULT_STYLE = {"instruct": "input_output", "chat": "openai", "text": "text"}
 DEFAULT_LM_EVAL_MAX_SEQ_LEN = 4096  # the eleuther_evaluation configs' max_seq_length
+#: What to do where lm-eval does not import (torchtune's eleuther_eval compares its version as a string).
+LM_EVAL_MISSING = "install kfp-finetune[lm-eval] (lm-eval>=0.4.5,<0.4.10), or leave eval_lm_eval_tasks empty"
 WRAPPER_PLACEHOLDER_MODEL = "gpt2"  # what torchtune 0.6.1's _LLMEvalWrapper hands HFLM before its own model
 
 

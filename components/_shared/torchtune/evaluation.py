@@ -21,6 +21,7 @@ from kfp_finetune.components._shared.eval_examples import Example, ModelScores
 from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.torchtune.eval_inputs import (
+    LM_EVAL_MISSING,
     TunedModel,
     check_lm_eval,
     check_same_tokenizer,
@@ -37,6 +38,7 @@ from kfp_finetune.components._shared.torchtune.model_inspection import ModelDir
 log = get_logger(__name__)
 
 __all__ = [
+    "LM_EVAL_MISSING",
     "Example",
     "ModelScores",
     "TunedModel",

@@ -13,6 +13,9 @@
   them through our packed-dataset builder, so no rank tokenizes);
 - `RUNTIME`: the ClusterTrainingRuntime (runtimes/) whose image trains this engine's TrainJobs, when the step's
   runtime is left to the engine;
+- `TRAINER_IMAGE`: the image with the engine's packages (its runtimes' image): evaluate loads the engine's models
+  there, as training did (the fine-tune step's `model_image` output);
+- `LM_EVAL_UNAVAILABLE`: why lm-eval tasks cannot run on that image ("": they can), for pre-flight to refuse;
 - `check_node_command(argv)` / `run_node_command(argv)`: in a TrainJob's node pod (the fine-tune step's
   entrypoint.py), the checks that need torch of the engine's training command, then that command in the pod's
   process (node.py).
@@ -27,6 +30,7 @@ from types import ModuleType
 
 from kfp_finetune.components._shared.engines import GENERATION
 from kfp_finetune.components._shared.errors import ConfigError
+from kfp_finetune.components._shared.images import TRAINER_IMAGE
 from kfp_finetune.components._shared.torchtune.merge import merged_model_dir
 from kfp_finetune.components._shared.torchtune.node import check_node_command, run_node_command
 from kfp_finetune.components._shared.torchtune.run_layout import (
@@ -41,13 +45,16 @@ PACKAGES = ("torchtune", "torchao")
 DATA_PACKS = True
 RUNTIME = "torchtune"
 TRAINED_WITH = "torchtune"
+LM_EVAL_UNAVAILABLE = ""  # the trainer image has the lm-eval extra
 
 __all__ = [
     "DATA_PACKS",
+    "LM_EVAL_UNAVAILABLE",
     "NAME",
     "PACKAGES",
     "RUNTIME",
     "TRAINED_WITH",
+    "TRAINER_IMAGE",
     "check_node_command",
     "evaluation",
     "hyperparameters",

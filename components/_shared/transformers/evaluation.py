@@ -33,6 +33,7 @@ from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
 from kfp_finetune.components._shared.transformers import classify, plan, seq_len, train, vision
+from kfp_finetune.components._shared.transformers.face import LM_EVAL_UNAVAILABLE
 from kfp_finetune.components._shared.transformers.fast import AUTO
 from kfp_finetune.components._shared.transformers.run_layout import trained_class
 from kfp_finetune.components._shared.transformers.settings import (
@@ -44,7 +45,11 @@ from kfp_finetune.components._shared.transformers.settings import (
 
 log = get_logger(__name__)
 
+#: What to do where lm-eval does not import: this engine's image has none (pre-flight refuses the tasks first).
+LM_EVAL_MISSING = LM_EVAL_UNAVAILABLE
+
 __all__ = [
+    "LM_EVAL_MISSING",
     "Example",
     "ModelScores",
     "TunedModel",

@@ -10,6 +10,9 @@ _shared/torchtune/face.py for the names every face has).
 - `evaluation()`: the module that loads the tuned model and scores eval rows as TRL tokenized and masked them;
 - `DATA_PACKS`: False: TRL tokenizes the rows itself (dataset-initialize writes no packs for this engine);
 - `RUNTIME`: `transformers` (runtimes/transformers.yaml: the image with the pinned transformers / TRL / PEFT);
+- `TRAINER_IMAGE`: that image, kfp-finetune-trainer-transformers: evaluate needs its TRL and transformers 5 to
+  build the eval rows as training did and to load families transformers 4 lacks;
+- `LM_EVAL_UNAVAILABLE`: that image has no lm-eval (below);
 - `check_node_command(argv)` / `run_node_command(argv)`: a TrainJob node pod's checks of the training command
   (the settings, the model served by the image's transformers, TRL's argument checks), then the command (node.py).
 
@@ -29,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kfp_finetune.components._shared.engines import CLASSIFICATION, GENERATION, IMAGE_TEXT
+from kfp_finetune.components._shared.images import TRANSFORMERS_TRAINER_IMAGE
 from kfp_finetune.components._shared.transformers import installed
 from kfp_finetune.components._shared.transformers.node import check_node_command, run_node_command
 from kfp_finetune.components._shared.transformers.plan import check_settings, plan_run, preview
@@ -46,13 +50,21 @@ PACKAGES = ("trl",)
 DATA_PACKS = False
 RUNTIME = "transformers"
 TRAINED_WITH = "TRL on transformers"
+TRAINER_IMAGE = TRANSFORMERS_TRAINER_IMAGE
+LM_EVAL_UNAVAILABLE = (
+    "the transformers engine's image (kfp-finetune-trainer-transformers) has no lm-eval: the lm-eval extra's "
+    "versions need transformers 4, the engine transformers 5. Leave eval_lm_eval_tasks empty (evaluate still "
+    "scores loss, generations and the gate), or train with tune_engine=torchtune where it serves the model"
+)
 
 __all__ = [
     "DATA_PACKS",
+    "LM_EVAL_UNAVAILABLE",
     "NAME",
     "PACKAGES",
     "RUNTIME",
     "TRAINED_WITH",
+    "TRAINER_IMAGE",
     "check_node_command",
     "check_settings",
     "evaluation",

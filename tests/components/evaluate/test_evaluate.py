@@ -744,13 +744,21 @@ def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_datas
     assert f"95% CI [{low:.4g}, {high:.4g}]" in gate_line
 
 
-def test_lm_eval_needs_the_extra(workspace, monkeypatch):
-    """Checked before any model is loaded."""
+@pytest.mark.parametrize(
+    ("engine", "fix"),
+    [
+        ("torchtune", r"kfp-finetune\[lm-eval\]"),
+        ("transformers", r"transformers engine's image .* has no lm-eval"),
+    ],
+)
+def test_lm_eval_needs_the_extra(engine, fix, workspace, monkeypatch):
+    """Checked before any model is loaded; the fix is the engine's (the transformers engine's image cannot have
+    the lm-eval extra's transformers 4)."""
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as in an image without kfp-finetune[lm-eval]
-    with pytest.raises(ConfigError, match=r"lm_eval_tasks needs lm-eval.*kfp-finetune\[lm-eval\]"):
+    with pytest.raises(ConfigError, match=rf"lm_eval_tasks needs lm-eval.*{fix}"):
         run_evaluate(
             workspace=workspace,
-            model=ArtifactInput({"workspace_path": "models/tuned"}),
+            model=ArtifactInput({"workspace_path": "models/tuned", "engine": engine}),
             eval_data=ArtifactInput({"data_files": ["eval.parquet"]}),
             base_model=None,
             settings=EvalSettings(lm_eval_tasks=["arc_easy"]),

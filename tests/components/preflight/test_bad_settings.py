@@ -49,6 +49,10 @@ CASES = {
     "torchtune setting on the transformers engine": (
         {"tune_compile": "true", "tune_backend": "local"}, "org/qwen3-moe", "tune_compile", "is a torchtune setting the transformers engine",
     ),
+    "lm-eval tasks on the transformers engine": (
+        {"eval_lm_eval_tasks": ["arc_easy"], "tune_backend": "local"}, "org/qwen3-moe", "eval_lm_eval_tasks",
+        "the transformers engine's image (kfp-finetune-trainer-transformers) has no lm-eval",
+    ),
     "transformers setting on the torchtune engine": (
         {"tune_lora_target_parameters": EXPERTS}, "org/tiny", "tune_lora_target_parameters",
         "is not read by torchtune (its LoRA adapts linear layers only",
