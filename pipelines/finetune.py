@@ -91,9 +91,10 @@ def step(task: dsl.PipelineTask, display_name: str, timeout_seconds: int) -> dsl
 
 
 def publish(
-    display_name: str, hf_token_secret, s3_secret, oci_secret, **export_arguments
+    display_name: str, model_image, hf_token_secret, s3_secret, oci_secret, **export_arguments
 ) -> dsl.PipelineTask:
-    """The export step as every pipeline runs it: time-limited, with credentials from Secrets.
+    """The export step as every pipeline runs it: on the image that trained the model (whose packages merge and
+    convert its weights as training saved them), time-limited, with credentials from Secrets.
 
     No KFP-level retry: it cannot tell a typo from a network blip, so a bad destination would fail several times
     over minutes. The export retries transient errors (network, 5xx, throttling) itself, in-process."""
@@ -105,6 +106,7 @@ def publish(
         **export_arguments,
     )
     step(task, display_name, settings.EXPORT_TIMEOUT_SECONDS)
+    task.set_container_image(model_image)
     task.set_memory_request(settings.EXPORT_MEMORY)  # a merged export of an adapter run merges on CPU
     with_model_cache(task)
     return with_credentials(task, hf_token_secret, s3_secret, oci_secret)
@@ -304,6 +306,7 @@ def finetune_pipeline(p: parameters.Values) -> FinetuneOutputs:
     with dsl.If(gate.output == True, name="quality-gate-passed"):  # noqa: E712 (a KFP condition)
         exported = publish(
             "Export model",
+            tuned.outputs["model_image"],
             p.hf_token_secret,
             p.s3_secret,
             p.oci_secret,

@@ -71,6 +71,7 @@ def sweep_pipeline(p: parameters.Values) -> SweepOutputs:
     with dsl.If(best.outputs["Output"] == True, name="best-trial-passed"):  # noqa: E712 (a KFP condition)
         exported = publish(
             "Export the best model",
+            best.outputs["model_image"],
             p.hf_token_secret,
             p.s3_secret,
             p.oci_secret,

@@ -6,7 +6,8 @@ from kfp.dsl import Artifact, Input, Metrics, Model, Output
 from kfp_finetune.components._shared.images import TRAINER_IMAGE
 
 
-# The trainer image: converting weights to another dtype needs torch.
+# The trainer image: converting weights to another dtype needs torch. The pipelines run it on the image that
+# trained the model instead (torchtune-finetune's model_image), whose packages merge the weights as they were saved.
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
 def export(
     workspace_path: str,

@@ -1,7 +1,7 @@
 """The sweep-grid and select-best KFP components (signatures + docstrings; the implementation is sweep.py)."""
 
 from kfp import dsl
-from kfp.dsl import Input, Metrics, Model, Output
+from kfp.dsl import Input, Metrics, Model, Output, OutputPath
 
 from kfp_finetune.components._shared.images import COMPONENT_IMAGE
 
@@ -31,6 +31,7 @@ def select_best(
     eval_metrics: Input[list[Metrics]],
     best_model: Output[Model],
     best_metrics: Output[Metrics],
+    model_image: OutputPath(str),
     metric: str = "eval_loss",
 ) -> bool:
     """Pick the sweep's best trial by an evaluate metric and pass its model and metrics on.
@@ -44,6 +45,8 @@ def select_best(
     Returns:
         best_model: The best trial's model artifact (same workspace paths and metadata).
         best_metrics: The best trial's evaluate metrics.
+        model_image: The image that trained the best trial, which loads it as training did: run its export there
+            (`export(...).set_container_image(best.outputs["model_image"])`, as sweep-pipeline does).
         Output: Whether the best trial passed its quality gate (branch the export on it).
     """
     parameters = dict(locals())

@@ -63,8 +63,11 @@ def best_trial(eval_metrics: list[dict], metric: str) -> int:
     return values.index(pick(values))
 
 
-def select_best(models: list, eval_metrics: list, best_model: Any, best_metrics: Any, metric: str) -> bool:
-    """Copy the best trial's model and metrics artifacts to the outputs; return whether it passed its gate."""
+def select_best(
+    models: list, eval_metrics: list, best_model: Any, best_metrics: Any, model_image: str, metric: str
+) -> bool:
+    """Copy the best trial's model and metrics artifacts to the outputs and write the image that trained it (where
+    its export loads it) to `model_image`; return whether it passed its gate."""
     if len(models) != len(eval_metrics) or not models:
         raise ValueError(
             f"got {len(models)} models and {len(eval_metrics)} evaluations: one of each per trial"
@@ -80,6 +83,7 @@ def select_best(models: list, eval_metrics: list, best_model: Any, best_metrics:
         log.info("trial %d (%s): %s=%.6g %s", position, trials[position].run_dir or "?", metric,
                  values.values[f"tuned_{metric}"], marker)  # fmt: skip
     best = trials[index]
+    image = best.require("model_image", input_name=f"models[{index}]")
     best.sweep_metric, best.sweep_trial = metric, index
     for source, target, metadata in (
         (models[index], best_model, best.to_metadata()),
@@ -89,4 +93,6 @@ def select_best(models: list, eval_metrics: list, best_model: Any, best_metrics:
         if Path(source.path).is_file():
             Path(target.path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source.path, target.path)
+    Path(model_image).parent.mkdir(parents=True, exist_ok=True)
+    Path(model_image).write_text(image)
     return evaluations[index].passed

@@ -235,8 +235,8 @@ def torchtune_finetune(
         report: Loss, learning-rate and throughput curves with the key settings and the resolved config.
         train_config: A folder with torchtune_config.yaml and, for backend=trainjob, trainjob.yaml.
         model_image: The image that loads this model as training did: trainer_image when set, else the trainer
-            image of the engine that trained it. Run evaluate there:
-            `evaluate(...).set_container_image(tune.outputs["model_image"])` (the pipelines do).
+            image of the engine that trained it (also the model's `model_image` metadata). Run evaluate and
+            export there: `evaluate(...).set_container_image(tune.outputs["model_image"])` (the pipelines do).
     """
     parameters = dict(locals())  # taken first: exactly this component's parameters
     from collections import namedtuple
@@ -246,4 +246,4 @@ def torchtune_finetune(
 
     outputs = namedtuple("Outputs", ["model_image"])
     with usage_errors(*USAGE_ERRORS):
-        return outputs(run_component(**parameters).model_image)
+        return outputs(run_component(**parameters).model_metadata["model_image"])

@@ -81,7 +81,6 @@ class FinetuneResult:
     report_html: str
     config_files: dict[str, str]  # name -> text for the train_config artifact (the resolved config first)
     train_config: dict  # the train_config artifact's metadata
-    model_image: str = ""  # the image evaluate loads the model in (the component sets it: model_image)
 
 
 def workspace_entry(workspace: str | os.PathLike, metadata: dict, what: str) -> Path:
@@ -377,8 +376,9 @@ def engine_images(params: dict[str, Any]) -> dict[str, str]:
 
 
 def model_image(params: dict[str, Any], images_by_engine: dict[str, str], engine: str) -> str:
-    """The image evaluate loads the tuned model in (the component's `model_image` output): the one that trained
-    it — trainer_image when set, else the engine's own — so its packages build the eval rows as training did."""
+    """The image evaluate and export load the tuned model in (the component's `model_image` output): the one that
+    trained it — trainer_image when set, else the engine's own — so its packages build the eval rows and merge
+    or convert the weights as training did."""
     return params.get("trainer_image") or images_by_engine[engine or engines.DEFAULT_ENGINE]
 
 
@@ -486,8 +486,11 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         gpu_memory_gib=gpu_memory_for(params.get("gpu_memory_gib"), pod.node_selector, pod.affinity),
         engine=params.get("engine") or engines.AUTO,
     )
-    result.model_image = model_image(params, images_by_engine, result.model_metadata.get("engine", ""))
-    log.info("model_image (evaluate loads the model there): %s", result.model_image)
+    image = model_image(params, images_by_engine, result.model_metadata.get("engine", ""))
+    result.model_metadata["model_image"] = (
+        image  # also the step's output (the sweep's selection reads it here)
+    )
+    log.info("model_image (evaluate and export load the model there): %s", image)
     kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model_path)
     if kept:
         log.info("tuned model kept outside the run workspace: %s", kept)

@@ -241,6 +241,22 @@ def test_evaluate_runs_on_the_image_of_the_engine_that_trained_the_model(engine,
     assert "torchtune-finetune" in tasks["evaluate"]["dependentTasks"]
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "producer"), [("finetune-pipeline", "tune-and-evaluate"), ("sweep-pipeline", "select-best")]
+)
+def test_export_runs_on_the_image_that_trained_the_model(pipeline, producer):
+    """The export merges an adapter and converts weights with the packages that saved them: a transformers-engine
+    model on the torchtune trainer image would meet transformers 4 and no TRL. The image is the fine-tune step's
+    model_image, for a sweep the best trial's (select-best's), fed into the gate's branch as the driver reads it."""
+    spec, _ = yaml.safe_load_all((COMPILED / f"{pipeline}.yaml").read_text())
+    (source,) = [s for s in kfp_driver.placeholder_sources(spec) if (s.task, s.field) == ("export", "image")]
+    assert kfp_driver.origin(spec, source) == f"output model_image of {producer}"
+    assert source.parameter_type == "STRING"
+    container = spec["deploymentSpec"]["executors"]["exec-export"]["container"]
+    image = kfp_driver.resolve_field(container["image"], {source.input_name: "registry.example/trainer:2"})
+    assert image == "registry.example/trainer:2"
+
+
 # --- whole DAGs under kfp.local ------------------------------------------------------------------------------
 
 FAST_TRAINING = {
@@ -332,6 +348,7 @@ def test_sweep_pipeline_exports_the_best_trial(tiny_llama, tiny_dataset, tmp_pat
         < task.outputs["best_eval_metrics"].metadata["base_eval_loss"]
     )
     assert task.outputs["passed"] is True and (destination / "config.json").is_file()
+    assert best["model_image"] == engines.face("torchtune").TRAINER_IMAGE, "the image its export runs on"
 
 
 @pytest.mark.parametrize("pipeline", [finetune_pipeline, sweep_pipeline], ids=lambda p: p.name)

@@ -97,3 +97,26 @@ def placeholder_sources(spec: dict) -> list[PlaceholderSource]:
                     source = f"output {output['outputParameterKey']} of {output['producerTask']}"
                 found.append(PlaceholderSource(dag_name, task_name, field, match.group(1), source, kind))
     return found
+
+
+def origin(spec: dict, source: PlaceholderSource) -> str:
+    """Where a value reaching a task through nested DAGs (a dsl.If, a ParallelFor) comes from: a DAG input is fed
+    by the task running that DAG in its parent, up to a task's output or a pipeline input ("root input <name>")."""
+    if not source.source.startswith("dag input "):
+        return source.source
+    dag, name = source.dag, source.source.removeprefix("dag input ")
+    while dag != "root":
+        components = spec["components"]
+        parents = {"root": spec["root"], **{n: c for n, c in components.items() if "dag" in c}}
+        (parent, task_name, task), *_ = [
+            (p, t, task)
+            for p, holder in parents.items()
+            for t, task in holder["dag"]["tasks"].items()
+            if task["componentRef"]["name"] == dag
+        ]
+        feed = task["inputs"]["parameters"][name]
+        if "taskOutputParameter" in feed:
+            output = feed["taskOutputParameter"]
+            return f"output {output['outputParameterKey']} of {output['producerTask']}"
+        dag, name = parent, feed["componentInputParameter"]
+    return f"root input {name}"
