@@ -237,9 +237,7 @@ class TunedModel(_Metadata):
     config: str = ""  # torchtune's config name, or "user file"
     method: str = ""  # lora | qlora | dora | full
     engine: str = ""  # the engine that trained it (_shared/engines.py); "" from before engines were recorded
-    model_image: str = (
-        ""  # the image that trained it and loads it as training did (torchtune-finetune's output)
-    )
+    model_image: str = ""  # the image that trained it, where evaluate and export load it
     task: str = (
         ""  # what it learned (engines.task_of): classification, image-text-to-text, or "" (text generation)
     )

@@ -487,9 +487,7 @@ def _run_component(params: dict[str, Any], run_id: str) -> FinetuneResult:
         engine=params.get("engine") or engines.AUTO,
     )
     image = model_image(params, images_by_engine, result.model_metadata.get("engine", ""))
-    result.model_metadata["model_image"] = (
-        image  # also the step's output (the sweep's selection reads it here)
-    )
+    result.model_metadata["model_image"] = image  # the step's output too; select-best reads it here
     log.info("model_image (evaluate and export load the model there): %s", image)
     kept = keep_local_copy(result.checkpoint, params["task_name"], result.run.model_path)
     if kept:

@@ -105,13 +105,12 @@ def origin(spec: dict, source: PlaceholderSource) -> str:
     if not source.source.startswith("dag input "):
         return source.source
     dag, name = source.dag, source.source.removeprefix("dag input ")
+    dags = {"root": spec["root"], **{n: c for n, c in spec["components"].items() if "dag" in c}}
     while dag != "root":
-        components = spec["components"]
-        parents = {"root": spec["root"], **{n: c for n, c in components.items() if "dag" in c}}
-        (parent, task_name, task), *_ = [
-            (p, t, task)
-            for p, holder in parents.items()
-            for t, task in holder["dag"]["tasks"].items()
+        (parent, task), *_ = [
+            (holder_name, task)
+            for holder_name, holder in dags.items()
+            for task in holder["dag"]["tasks"].values()
             if task["componentRef"]["name"] == dag
         ]
         feed = task["inputs"]["parameters"][name]
