@@ -36,8 +36,9 @@ LM_EVAL_DESELECT := $(foreach test,gemma3.py::test_a_packed_cuda_run_s_model_com
 	--deselect tests/components/_shared/torchtune/families/test_$(test))
 LM_EVAL_TESTS ?= $(LM_EVAL_DESELECT) $(LM_EVAL_TRAINING) tests/components/evaluate/test_evaluate.py tests/components/export/test_export.py tests/components/_shared/test_storage.py tests/components/_shared/torchtune/test_parity.py tests/components/_shared/torchtune/families/test_qwen3.py tests/components/_shared/torchtune/families/test_gemma3.py tests/components/_shared/torchtune/families/test_smollm2.py tests/components/_shared/torchtune/families/test_mistral_nemo.py tests/components/_shared/torchtune/test_hf_tokenizer.py
 # transformers-engine needs transformers 5, which the lm-eval environment cannot have (pyproject.toml); gpu
-# (bitsandbytes, which quantizes on the CPU too) is what the transformers engine's QLoRA tests train with.
-MAIN_EXTRAS := train,test,transformers-engine,tracking-server,registry,gpu
+# (bitsandbytes, which quantizes on the CPU too) is what the transformers engine's QLoRA tests train with;
+# lm-eval-transformers is the lm-eval that engine's evaluation scores tasks with (beside transformers 5).
+MAIN_EXTRAS := train,test,transformers-engine,tracking-server,registry,gpu,lm-eval-transformers
 LM_EVAL_EXTRAS := train,test,lm-eval
 
 # $(call make-env,<env dir>,<extras>): a virtualenv with pip and uv, then torch and kfp-finetune (editable) with the
@@ -111,8 +112,9 @@ format: setup
 IMAGE_REGISTRY ?= ghcr.io/kfp-finetune
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 CONTAINER_ENGINE ?= $(if $(shell command -v docker),docker,podman)
-# The transformers engine's trainer: its extra (transformers 5, TRL, PEFT) in place of lm-eval's transformers 4.
-TRANSFORMERS_TRAINER_EXTRAS ?= train,gpu,parity,transformers-engine,tracking
+# The transformers engine's trainer: its extra (transformers 5, TRL, PEFT) and the lm-eval that runs beside
+# transformers 5, in place of the lm-eval extra's (transformers 4).
+TRANSFORMERS_TRAINER_EXTRAS ?= train,gpu,parity,transformers-engine,tracking,lm-eval-transformers
 IMAGE_BUILD_ARGS ?=
 
 .PHONY: images

@@ -35,7 +35,6 @@ FACE = (
     "RUNTIME",
     "TRAINED_WITH",
     "TRAINER_IMAGE",
-    "LM_EVAL_UNAVAILABLE",
     "serves",
     "read_resolved_config",
     "hyperparameters",
@@ -94,6 +93,22 @@ def model_config(model_dir: str | Path) -> dict:
 def task_of(dataset_type: str | None) -> str:
     """The task a fine-tune on data of `dataset_type` (dataset-initialize's) learns."""
     return _TASKS.get(dataset_type or "", GENERATION)
+
+
+def lm_eval_refusal(task: str) -> str:
+    """Why lm-eval's tasks cannot score a model trained for `task` ("": they can; its HF causal-LM model loads
+    text generators only). Pre-flight refuses the tasks with it, evaluate before loading a model."""
+    if task == CLASSIFICATION:
+        return (
+            "eval_lm_eval_tasks: lm-eval's tasks score language models, and this fine-tune trains a sequence "
+            "classifier: leave eval_lm_eval_tasks empty (evaluate reports accuracy and macro_f1)"
+        )
+    if task == IMAGE_TEXT:
+        return (
+            "eval_lm_eval_tasks: lm-eval's text tasks load a causal LM, and this fine-tune trains a vision-language "
+            "model on image + text rows: leave eval_lm_eval_tasks empty (evaluate scores it on the eval images)"
+        )
+    return ""
 
 
 def choose(

@@ -47,7 +47,8 @@ def evaluate(
     measures teacher-forced loss, then generates greedily (deterministic) from the training prompt format and
     scores the answer against the reference: exact match, token F1 and ROUGE-L. A sequence classifier (trained on
     classification data) is scored by its eval_loss on each row's class, accuracy and macro-F1 instead. Optionally runs lm-eval-harness
-    tasks through torchtune's eleuther_eval recipe (needs kfp-finetune[lm-eval] in the image). Base and tuned are
+    tasks on the tuned and base models (torchtune's eleuther_eval recipe, or lm-eval's Hugging Face model for the
+    transformers engine; needs lm-eval in the image, as the trainer images have). Base and tuned are
     scored on the same examples, so each metric's improvement gets a paired bootstrap confidence interval (2,000
     seeded resamples of the examples; lm-eval metrics: a normal approximation from lm-eval's standard errors).
     The quality gate passes when the tuned model beats the base on `gate_metric` by more than the eval set's
@@ -55,7 +56,7 @@ def evaluate(
     meets every threshold; a NaN never passes. Without a base model only the thresholds decide. Wire `passed`
     into `dsl.If` to export only better models. Runs on a GPU the task requests (the pipelines give it one when
     the fine-tune used GPUs), else on CPU, and on the image of the engine that trained the model (the fine-tune's
-    `model_image`; lm-eval tasks need torchtune's). Writes samples, report and metrics to
+    `model_image`). Writes samples, report and metrics to
     `<workspace>/eval/<task_name>-<task>/` too (`<task>`: 8 characters of a hash of `task_id`).
 
     Args:
@@ -85,8 +86,8 @@ def evaluate(
             minimums, or maximums for loss and perplexity metrics.
         lm_eval_tasks: lm-eval-harness task names (e.g. ["arc_easy"]); empty: none. An adapter-only fine-tune is
             merged into its base first (on CPU, once per run). Needs Hub access from the step (task data, and the
-            gpt2 torchtune's eleuther_eval loads first), or a local include path plus gpt2 in the image's Hugging
-            Face cache.
+            gpt2 torchtune's eleuther_eval loads first), or a local include path (plus, for torchtune's models, gpt2
+            in the image's Hugging Face cache). Not for classifiers or vision-language models (pre-flight refuses).
         lm_eval_limit: Examples per lm-eval task; 0: all.
         lm_eval_include_path: A folder of custom lm-eval task YAMLs (e.g. on a mounted volume); empty: none.
         report_samples: Number of samples shown in the report (all are in `samples`).

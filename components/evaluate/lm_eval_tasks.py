@@ -1,12 +1,14 @@
 """Optional lm-eval-harness tasks, scored on the model lm-eval gets from the engine that trained it (the engine's
 evaluation module: `lm_eval_model(model_dir, settings, device, max_seq_len)`, e.g. torchtune's `eleuther_eval`
-recipe wrapper), and the results flattened into metrics with their standard errors. Needs `kfp-finetune[lm-eval]`
-(lm-eval>=0.4.5,<0.4.10, DESIGN.md §4).
+recipe wrapper; the transformers engine's lm-eval HF model), and the results flattened into metrics with their
+standard errors. Needs lm-eval in the step's image: `kfp-finetune[lm-eval]` (lm-eval>=0.4.5,<0.4.10, DESIGN.md §4)
+on torchtune's, `kfp-finetune[lm-eval-transformers]` on the transformers engine's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -27,43 +29,37 @@ class LmEvalScores:
     examples: dict[str, int]
 
 
-def flatten_results(results: dict[str, dict]) -> dict[str, float]:
-    """lm-eval's {task: {"acc,none": 0.5, "acc_stderr,none": ...}} → {"lm_eval_<task>_acc": 0.5}."""
-    flat = {}
+def _scores(results: dict[str, dict]) -> Iterator[tuple[str, str, float]]:
+    """(task, metric, value) for lm-eval's numeric "<metric>,<filter>" entries; the task's other keys ("alias";
+    lm-eval 0.4.10 and later: "name", "sample_len") are not scores."""
     for task, values in sorted(results.items()):
         for key, value in values.items():
-            metric = key.split(",")[0]
-            if "stderr" in metric or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            flat[f"lm_eval_{task}_{metric}"] = float(value)
-    return flat
+            if "," in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield task, key.split(",")[0], float(value)
+
+
+def flatten_results(results: dict[str, dict]) -> dict[str, float]:
+    """lm-eval's {task: {"acc,none": 0.5, "acc_stderr,none": ...}} → {"lm_eval_<task>_acc": 0.5}."""
+    return {
+        f"lm_eval_{task}_{metric}": value
+        for task, metric, value in _scores(results)
+        if not metric.endswith("_stderr")
+    }
 
 
 def flatten_stderrs(results: dict[str, dict]) -> dict[str, float]:
     """{task: {"acc_stderr,none": 0.1}} → {"lm_eval_<task>_acc": 0.1}; lm-eval writes "N/A" where it has none."""
-    flat = {}
-    for task, values in sorted(results.items()):
-        for key, value in values.items():
-            metric = key.split(",")[0]
-            if (
-                not metric.endswith("_stderr")
-                or isinstance(value, bool)
-                or not isinstance(value, (int, float))
-            ):
-                continue
-            if math.isfinite(value):
-                flat[f"lm_eval_{task}_{metric.removesuffix('_stderr')}"] = float(value)
-    return flat
+    return {
+        f"lm_eval_{task}_{metric.removesuffix('_stderr')}": value
+        for task, metric, value in _scores(results)
+        if metric.endswith("_stderr") and math.isfinite(value)
+    }
 
 
 def task_examples(output: dict) -> dict[str, int]:
     """Examples scored per metric, from lm-eval's {"n-samples": {task: {"effective": n}}}."""
     counts = {task: int(n.get("effective", 0)) for task, n in (output.get("n-samples") or {}).items()}
-    return {
-        f"lm_eval_{task}_{key.split(',')[0]}": counts.get(task, 0)
-        for task, values in output["results"].items()
-        for key in values
-    }
+    return {f"lm_eval_{task}_{metric}": counts.get(task, 0) for task, metric, _ in _scores(output["results"])}
 
 
 def require_lm_eval(model_eval: ModuleType) -> None:

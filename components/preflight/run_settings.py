@@ -222,8 +222,8 @@ def check_model_and_run(
                 log.info("%s", choice.line())
                 settings.engine = choice.engine
                 face = engines.face(choice.engine)
-                if settings.get("eval_lm_eval_tasks", []) and face.LM_EVAL_UNAVAILABLE:
-                    return [Problem("eval_lm_eval_tasks", face.LM_EVAL_UNAVAILABLE)]
+                if settings.get("eval_lm_eval_tasks", []) and engines.lm_eval_refusal(choice.task):
+                    return [Problem("eval_lm_eval_tasks", engines.lm_eval_refusal(choice.task))]
                 if hasattr(
                     face, "check_settings"
                 ):  # a wing that plans its own runs checks the settings itself

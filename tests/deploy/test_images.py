@@ -424,7 +424,7 @@ def default_images(monkeypatch) -> list[str]:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_images_tags_the_images_the_components_use_by_default(monkeypatch):
     component_image, trainer_image, transformers_image = default_images(monkeypatch)
-    engine_extras = "--build-arg EXTRAS=train,gpu,parity,transformers-engine,tracking"
+    engine_extras = "--build-arg EXTRAS=train,gpu,parity,transformers-engine,tracking,lm-eval-transformers"
     assert make_images_dry_run("CONTAINER_ENGINE=podman") == [
         f"podman build -f images/component/Dockerfile -t {component_image} .",
         f"podman build -f images/trainer/Dockerfile -t {trainer_image} .",
@@ -445,6 +445,10 @@ def test_the_transformers_engine_image_has_its_extra_and_not_lm_evals_transforme
     optional = PYPROJECT["optional-dependencies"]
     assert set(extras) <= set(optional) and "transformers-engine" in extras and "lm-eval" not in extras
     assert any(r.startswith("trl") for r in optional["transformers-engine"])
+    # Its lm-eval is the one that imports beside transformers 5 (evaluate's lm_eval_tasks on that engine).
+    assert "lm-eval-transformers" in extras and not any(
+        "transformers" in r for r in optional["lm-eval-transformers"]
+    )
 
 
 # --- The registry overlay ------------------------------------------------------------------------------------

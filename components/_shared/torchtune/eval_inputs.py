@@ -37,8 +37,9 @@ _STYLE_TYPES = {
 }
 _DEFAULT_STYLE = {"instruct": "input_output", "chat": "openai", "text": "text"}
 DEFAULT_LM_EVAL_MAX_SEQ_LEN = 4096  # the eleuther_evaluation configs' max_seq_length
-#: What to do where lm-eval does not import (torchtune's eleuther_eval compares its version as a string).
-LM_EVAL_MISSING = "install kfp-finetune[lm-eval] (lm-eval>=0.4.5,<0.4.10), or leave eval_lm_eval_tasks empty"
+#: The lm-eval versions torchtune's eleuther_eval runs (check_lm_eval), and what to do where lm-eval does not import.
+LM_EVAL_LOWEST, LM_EVAL_BEYOND = "0.4.5", "0.4.10"
+LM_EVAL_MISSING = f"install kfp-finetune[lm-eval] (lm-eval>={LM_EVAL_LOWEST},<{LM_EVAL_BEYOND}), or leave eval_lm_eval_tasks empty"
 WRAPPER_PLACEHOLDER_MODEL = "gpt2"  # what torchtune 0.6.1's _LLMEvalWrapper hands HFLM before its own model
 
 
@@ -192,10 +193,21 @@ def check_columns(node: dict, files: list[str]) -> None:
 
 
 def check_lm_eval() -> None:
-    """torchtune 0.6.1's lm-eval wrapper initialises lm-eval's HFLM with `pretrained="gpt2"` (then swaps in the
-    torchtune model): offline, that needs gpt2 in the Hugging Face cache. Checked before any model is loaded."""
-    from huggingface_hub import constants, try_to_load_from_cache
+    """Checked before any model is loaded. torchtune 0.6.1's eleuther_eval compares lm-eval's version with "0.4.5"
+    as strings, so it refuses 0.4.10 and later as too old; and its lm-eval wrapper initialises lm-eval's HFLM with
+    `pretrained="gpt2"` (then swaps in the torchtune model): offline, that needs gpt2 in the Hugging Face cache."""
+    from importlib.metadata import version
 
+    from huggingface_hub import constants, try_to_load_from_cache
+    from packaging.version import Version
+
+    found = version("lm-eval")
+    if not Version(LM_EVAL_LOWEST) <= Version(found) < Version(LM_EVAL_BEYOND):
+        raise ConfigError(
+            f"eval_lm_eval_tasks: this image has lm-eval {found}, and torchtune's eleuther_eval runs "
+            f"lm-eval>={LM_EVAL_LOWEST},<{LM_EVAL_BEYOND} only (it compares versions as strings, so it takes "
+            f"0.4.10 and later for older than {LM_EVAL_LOWEST}): {LM_EVAL_MISSING}"
+        )
     if constants.HF_HUB_OFFLINE and not isinstance(
         try_to_load_from_cache(WRAPPER_PLACEHOLDER_MODEL, "config.json"), str
     ):

@@ -15,7 +15,6 @@
   runtime is left to the engine;
 - `TRAINER_IMAGE`: the image with the engine's packages (its runtimes' image): evaluate loads the engine's models
   there, as training did (the fine-tune step's `model_image` output);
-- `LM_EVAL_UNAVAILABLE`: why lm-eval tasks cannot run on that image ("": they can), for pre-flight to refuse;
 - `check_node_command(argv)` / `run_node_command(argv)`: in a TrainJob's node pod (the fine-tune step's
   entrypoint.py), the checks that need torch of the engine's training command, then that command in the pod's
   process (node.py).
@@ -45,11 +44,9 @@ PACKAGES = ("torchtune", "torchao")
 DATA_PACKS = True
 RUNTIME = "torchtune"
 TRAINED_WITH = "torchtune"
-LM_EVAL_UNAVAILABLE = ""  # the trainer image has the lm-eval extra
 
 __all__ = [
     "DATA_PACKS",
-    "LM_EVAL_UNAVAILABLE",
     "NAME",
     "PACKAGES",
     "RUNTIME",

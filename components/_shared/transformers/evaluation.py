@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kfp_finetune.components._shared import contract
+from kfp_finetune.components._shared import contract, engines
 from kfp_finetune.components._shared.contract import ArtifactInput
 from kfp_finetune.components._shared.errors import ConfigError
 from kfp_finetune.components._shared.eval_examples import Example, ModelScores, require_same_tokenizer
@@ -33,7 +33,6 @@ from kfp_finetune.components._shared.eval_scoring import score_examples
 from kfp_finetune.components._shared.logs import get_logger
 from kfp_finetune.components._shared.storage import hash_file
 from kfp_finetune.components._shared.transformers import classify, plan, seq_len, train, vision
-from kfp_finetune.components._shared.transformers.face import LM_EVAL_UNAVAILABLE
 from kfp_finetune.components._shared.transformers.fast import AUTO
 from kfp_finetune.components._shared.transformers.run_layout import trained_class
 from kfp_finetune.components._shared.transformers.settings import (
@@ -45,8 +44,11 @@ from kfp_finetune.components._shared.transformers.settings import (
 
 log = get_logger(__name__)
 
-#: What to do where lm-eval does not import: this engine's image has none (pre-flight refuses the tasks first).
-LM_EVAL_MISSING = LM_EVAL_UNAVAILABLE
+#: What to do where lm-eval does not import. Its versions before 0.4.10 import transformers.AutoModelForVision2Seq,
+#: which transformers 5 removed (pyproject.toml: the lm-eval-transformers extra).
+LM_EVAL_MISSING = (
+    "install kfp-finetune[lm-eval-transformers] (lm-eval>=0.4.13), or leave eval_lm_eval_tasks empty"
+)
 
 __all__ = [
     "LM_EVAL_MISSING",
@@ -158,16 +160,16 @@ def tuned_model(
 
 
 def lm_eval_folder(tuned: TunedModel, run_dir: Path) -> ModelDir:
-    if tuned.classifier:
-        raise ConfigError(
-            "eval_lm_eval_tasks: lm-eval's tasks score language models, and this model is a sequence classifier: "
-            "leave eval_lm_eval_tasks empty (evaluate reports accuracy and macro_f1)"
-        )
-    if tuned.vision:
-        raise ConfigError(
-            "eval_lm_eval_tasks: lm-eval's text tasks load a causal LM, and this model is a vision-language model "
-            "trained on image + text rows: leave eval_lm_eval_tasks empty (evaluate scores it on the eval images)"
-        )
+    task = (
+        engines.CLASSIFICATION
+        if tuned.classifier
+        else engines.IMAGE_TEXT
+        if tuned.vision
+        else engines.GENERATION
+    )
+    refusal = engines.lm_eval_refusal(task)
+    if refusal:
+        raise ConfigError(refusal)
     return tuned.folder
 
 
@@ -442,7 +444,14 @@ def score_model(
 
 
 def check_lm_eval() -> None:
-    """lm-eval's own HF model loads the folder: nothing beyond lm-eval itself to check."""
+    """lm-eval's own HF model loads the folder: refused before any model is loaded where it does not import with
+    this transformers (lm-eval before 0.4.10 beside transformers 5)."""
+    try:
+        import lm_eval.models.huggingface  # noqa: F401
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            f"eval_lm_eval_tasks: lm-eval's Hugging Face model does not import here ({err}): {LM_EVAL_MISSING}"
+        ) from err
 
 
 def lm_eval_model(model_dir: ModelDir, settings: Any, device: Any, max_seq_len: int | None) -> Any:

@@ -12,7 +12,6 @@ _shared/torchtune/face.py for the names every face has).
 - `RUNTIME`: `transformers` (runtimes/transformers.yaml: the image with the pinned transformers / TRL / PEFT);
 - `TRAINER_IMAGE`: that image, kfp-finetune-trainer-transformers: evaluate needs its TRL and transformers 5 to
   build the eval rows as training did and to load families transformers 4 lacks;
-- `LM_EVAL_UNAVAILABLE`: that image has no lm-eval (below);
 - `check_node_command(argv)` / `run_node_command(argv)`: a TrainJob node pod's checks of the training command
   (the settings, the model served by the image's transformers, TRL's argument checks), then the command (node.py).
 
@@ -51,15 +50,9 @@ DATA_PACKS = False
 RUNTIME = "transformers"
 TRAINED_WITH = "TRL on transformers"
 TRAINER_IMAGE = TRANSFORMERS_TRAINER_IMAGE
-LM_EVAL_UNAVAILABLE = (
-    "the transformers engine's image (kfp-finetune-trainer-transformers) has no lm-eval: the lm-eval extra's "
-    "versions need transformers 4, the engine transformers 5. Leave eval_lm_eval_tasks empty (evaluate still "
-    "scores loss, generations and the gate), or train with tune_engine=torchtune where it serves the model"
-)
 
 __all__ = [
     "DATA_PACKS",
-    "LM_EVAL_UNAVAILABLE",
     "NAME",
     "PACKAGES",
     "RUNTIME",

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +16,7 @@ import pytest
 from kfp_finetune.components._shared.html_report import escape
 from kfp_finetune.components._shared.torchtune import sample_packing
 from kfp_finetune.components._shared.torchtune.config import ConfigError, TorchtuneConfig
-from kfp_finetune.components._shared.torchtune.eval_inputs import check_columns, dataset_node
+from kfp_finetune.components._shared.torchtune.eval_inputs import LM_EVAL_BEYOND, check_columns, dataset_node
 from kfp_finetune.components._shared.torchtune.model_inspection import inspect_model_dir
 from kfp_finetune.components.evaluate import scoring
 from kfp_finetune.components.evaluate.confidence import Interval
@@ -29,6 +30,7 @@ from kfp_finetune.components.evaluate.evaluate import (
 )
 from kfp_finetune.tiny import RECOMMENDED_TRAINING
 from kfp_finetune.tiny.dataset import PROMPT_PREFIX
+from tests.support import lm_eval_task
 
 # The tiny kit's recommended full fine-tune (kfp_finetune.tiny.RECOMMENDED_TRAINING): it reaches exact matches on
 # held-out rows, which LoRA on a random base does not within minutes.
@@ -663,6 +665,27 @@ def test_lm_eval_results_flatten():
         "arc_easy": {"alias": "arc_easy", "acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.25}
     }
     assert flatten_results(results) == {"lm_eval_arc_easy_acc": 0.5, "lm_eval_arc_easy_acc_norm": 0.25}
+    # lm-eval 0.4.10 and later add the task's name and sample count beside its scores.
+    results["arc_easy"] |= {"name": "arc_easy", "sample_len": 20}
+    assert flatten_results(results) == {"lm_eval_arc_easy_acc": 0.5, "lm_eval_arc_easy_acc_norm": 0.25}
+
+
+def require_torchtunes_lm_eval() -> None:
+    """The lm-eval torchtune's eleuther_eval runs: `make test-lm-eval`'s environment has it (so no skipping there);
+    the main one has the transformers engine's newer lm-eval, which that recipe refuses (check_lm_eval)."""
+    if os.environ.get("KFP_FINETUNE_REQUIRE_LM_EVAL"):
+        import lm_eval  # noqa: F401
+
+        return
+    pytest.importorskip("lm_eval", reason="the kfp-finetune[lm-eval] extra; `make test-lm-eval` runs it")
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(version("lm-eval")) >= Version(LM_EVAL_BEYOND):
+        pytest.skip(
+            f"lm-eval {version('lm-eval')} is the transformers engine's; `make test-lm-eval` runs this"
+        )
 
 
 # Runs in a child process: huggingface_hub reads HF_HOME when first imported.
@@ -699,26 +722,10 @@ print("RESULT " + json.dumps(result.metrics))
 @pytest.mark.slow
 def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_dataset, tmp_path):
     """A local lm-eval task (data on disk, so offline) scored for tuned and base through eleuther_eval."""
-    if os.environ.get("KFP_FINETUNE_REQUIRE_LM_EVAL"):
-        import lm_eval  # noqa: F401  (`make test-lm-eval`: its environment has the extra, so no skipping)
-    else:
-        pytest.importorskip("lm_eval", reason="the kfp-finetune[lm-eval] extra; `make test-lm-eval` runs it")
+    require_torchtunes_lm_eval()
 
     workspace, model, eval_data = trained
-    tasks_dir = tmp_path / "tasks"
-    tasks_dir.mkdir()
-    (tasks_dir / "kfp_tiny.yaml").write_text(
-        "task: kfp_tiny\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs: {{data_files: {{test: {tiny_dataset['eval.jsonl']}}}}}\n"
-        "test_split: test\n"
-        "output_type: loglikelihood\n"
-        'doc_to_text: "{{input}}\\n"\n'
-        'doc_to_target: "{{output}}"\n'
-        "metric_list:\n"
-        "  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
-        "  - {metric: perplexity, aggregation: perplexity, higher_is_better: false}\n"
-    )
+    tasks_dir = lm_eval_task.write_task(tmp_path / "tasks", tiny_dataset["eval.jsonl"])
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     args = [
         str(workspace),
@@ -744,11 +751,23 @@ def test_lm_eval_task_through_the_eleuther_recipe(trained, tiny_qwen, tiny_datas
     assert f"95% CI [{low:.4g}, {high:.4g}]" in gate_line
 
 
+def evaluate_lm_eval_tasks(workspace, engine: str) -> None:
+    """Evaluate a model trained by `engine` on an lm-eval task: the checks below refuse it before any load."""
+    run_evaluate(
+        workspace=workspace,
+        model=ArtifactInput({"workspace_path": "models/tuned", "engine": engine}),
+        eval_data=ArtifactInput({"data_files": ["eval.parquet"]}),
+        base_model=None,
+        settings=EvalSettings(lm_eval_tasks=["arc_easy"]),
+        output_name="lm-eval",
+    )
+
+
 @pytest.mark.parametrize(
     ("engine", "fix"),
     [
         ("torchtune", r"kfp-finetune\[lm-eval\]"),
-        ("transformers", r"transformers engine's image .* has no lm-eval"),
+        ("transformers", r"kfp-finetune\[lm-eval-transformers\]"),
     ],
 )
 def test_lm_eval_needs_the_extra(engine, fix, workspace, monkeypatch):
@@ -756,20 +775,46 @@ def test_lm_eval_needs_the_extra(engine, fix, workspace, monkeypatch):
     the lm-eval extra's transformers 4)."""
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as in an image without kfp-finetune[lm-eval]
     with pytest.raises(ConfigError, match=rf"lm_eval_tasks needs lm-eval.*{fix}"):
-        run_evaluate(
-            workspace=workspace,
-            model=ArtifactInput({"workspace_path": "models/tuned", "engine": engine}),
-            eval_data=ArtifactInput({"data_files": ["eval.parquet"]}),
-            base_model=None,
-            settings=EvalSettings(lm_eval_tasks=["arc_easy"]),
-            output_name="lm-eval",
-        )
+        evaluate_lm_eval_tasks(workspace, engine)
+
+
+def lm_eval_in_name_only(monkeypatch, version: str) -> None:
+    """An importable lm-eval of `version` whose modules are missing: what the checks see before loading one."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setitem(sys.modules, "lm_eval", types.ModuleType("lm_eval"))
+    monkeypatch.setitem(sys.modules, "lm_eval.models.huggingface", None)
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: version if name == "lm-eval" else real_version(name)
+    )
+
+
+@pytest.mark.parametrize("found", ["0.4.13", "0.4.4"])
+def test_torchtunes_recipe_refuses_the_lm_evals_it_cannot_run(found, workspace, monkeypatch):
+    """torchtune 0.6.1's eleuther_eval compares lm-eval's version with "0.4.5" as strings, so 0.4.13 would stop it
+    after the models load as "too old": refused first, with the versions it runs."""
+    lm_eval_in_name_only(monkeypatch, found)
+    with pytest.raises(ConfigError, match=rf"lm-eval {found}, .*lm-eval>=0\.4\.5,<0\.4\.10 only"):
+        evaluate_lm_eval_tasks(workspace, "torchtune")
+    assert not (workspace / "eval").exists()
+
+
+def test_the_transformers_engine_refuses_an_lm_eval_that_does_not_import_beside_transformers_5(
+    workspace, monkeypatch
+):
+    """lm-eval 0.4.9's HF model imports transformers.AutoModelForVision2Seq, gone in transformers 5."""
+    lm_eval_in_name_only(monkeypatch, "0.4.9.2")
+    with pytest.raises(
+        ConfigError, match=r"Hugging Face model does not import here .*kfp-finetune\[lm-eval-transformers\]"
+    ):
+        evaluate_lm_eval_tasks(workspace, "transformers")
+    assert not (workspace / "eval").exists()
 
 
 def test_offline_step_without_the_wrappers_gpt2_is_refused_before_loading(workspace, tmp_path):
     """torchtune's lm-eval wrapper loads "gpt2" first: offline with an empty cache, say so before any model load."""
-    if not os.environ.get("KFP_FINETUNE_REQUIRE_LM_EVAL"):
-        pytest.importorskip("lm_eval", reason="the kfp-finetune[lm-eval] extra; `make test-lm-eval` runs it")
+    require_torchtunes_lm_eval()
     script = (
         "import sys\n"
         "from kfp_finetune.components.evaluate.evaluate import ArtifactInput, EvalSettings, run_evaluate\n"

@@ -49,9 +49,9 @@ CASES = {
     "torchtune setting on the transformers engine": (
         {"tune_compile": "true", "tune_backend": "local"}, "org/qwen3-moe", "tune_compile", "is a torchtune setting the transformers engine",
     ),
-    "lm-eval tasks on the transformers engine": (
-        {"eval_lm_eval_tasks": ["arc_easy"], "tune_backend": "local"}, "org/qwen3-moe", "eval_lm_eval_tasks",
-        "the transformers engine's image (kfp-finetune-trainer-transformers) has no lm-eval",
+    "lm-eval tasks on a classifier": (
+        {"eval_lm_eval_tasks": ["arc_easy"], "data_type": "classification", "tune_backend": "local"}, "org/tiny",
+        "eval_lm_eval_tasks", "lm-eval's tasks score language models, and this fine-tune trains a sequence classifier",
     ),
     "transformers setting on the torchtune engine": (
         {"tune_lora_target_parameters": EXPERTS}, "org/tiny", "tune_lora_target_parameters",
@@ -141,6 +141,9 @@ def outcomes(tiny_llama, tmp_path_factory):
     scenarios["experts adapted"] = _arguments(
         "org/qwen3-moe", {"tune_lora_target_parameters": EXPERTS, "tune_backend": "local"}
     )
+    scenarios["lm-eval tasks on the transformers engine"] = _arguments(
+        "org/qwen3-moe", {"eval_lm_eval_tasks": ["arc_easy"], "tune_backend": "local"}
+    )
     scenarios["two problems"] = _arguments("org/made-up", {"tune_method": "lorra"})
     with HubStandin() as hub, KubeStandin(namespace="team-a") as kube:
         kube.add_runtime("torchtune")
@@ -165,6 +168,12 @@ def test_a_valid_run_passes_with_the_model_resolved_from_its_config_and_tokenize
 @pytest.mark.slow
 def test_lora_on_the_experts_passes_where_the_transformers_engine_trains(outcomes):
     assert "error" not in outcomes["experts adapted"], outcomes["experts adapted"]
+
+
+@pytest.mark.slow
+def test_lm_eval_tasks_pass_on_the_transformers_engine_whose_image_has_its_lm_eval(outcomes):
+    outcome = outcomes["lm-eval tasks on the transformers engine"]
+    assert "error" not in outcome, outcome
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The evaluate step on a transformers-engine run (components/_shared/transformers/evaluation.py through
 evaluate.run_evaluate): a real TRL LoRA fine-tune of the tiny Qwen3-MoE on CPU, offline, evaluated against its base
 (loss falls on rows like the training rows); the loss equals a hand computation with transformers on the response
-tokens only; generations for instruct and chat rows, none for text rows."""
+tokens only; generations for instruct and chat rows, none for text rows; a local lm-eval task scored through
+lm-eval's own HF model on the merged folder and the base."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kfp_finetune.components._shared.eval_examples import IGNORE_INDEX
 from kfp_finetune.components._shared.transformers import face, train
 from kfp_finetune.components._shared.transformers.settings import SftSettings
 from kfp_finetune.components.evaluate.evaluate import ArtifactInput, EvalSettings, run_evaluate
+from tests.support import lm_eval_task
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.slow
@@ -219,6 +221,39 @@ def test_text_rows_have_no_generations_and_chat_rows_do(trained, tmp_path):
     )
     assert all(isinstance(s["tuned"], str) for s in chat.samples)
     assert [(s["prompt"], s["reference"]) for s in chat.samples] == [("Uppercase: e f g h", "E F G H")] * 2
+
+
+def test_an_lm_eval_task_scores_the_fine_tune_below_its_base_in_perplexity(trained, tmp_path):
+    """lm-eval 0.4.13's HF model beside transformers 5 loads the merged folder and the base; the gate reads its
+    metric with the interval from lm-eval's standard errors."""
+    pytest.importorskip(
+        "lm_eval.models.huggingface", reason="kfp-finetune[lm-eval-transformers] (make setup)"
+    )
+    workspace, model, eval_data = trained
+    tasks_dir = lm_eval_task.write_task(
+        tmp_path / "tasks", workspace / "datasets" / "eval.jsonl", datasets_cache=tmp_path / "datasets-cache"
+    )
+    result = evaluate(
+        workspace,
+        model,
+        eval_data,
+        "lm-eval",
+        max_samples=4,
+        lm_eval_tasks=[lm_eval_task.TASK],
+        lm_eval_limit=20,
+        lm_eval_include_path=str(tasks_dir),
+        gate_metric=lm_eval_task.GATE_METRIC,
+    )
+    m = result.metrics
+    assert {
+        f"tuned_{lm_eval_task.GATE_METRIC}",
+        "tuned_lm_eval_kfp_tiny_acc",
+        "base_lm_eval_kfp_tiny_acc",
+    } <= set(m)
+    assert m[f"tuned_{lm_eval_task.GATE_METRIC}"] < m[f"base_{lm_eval_task.GATE_METRIC}"], m
+    assert result.gate.metric == lm_eval_task.GATE_METRIC and result.gate.interval is not None
+    low, high = result.gate.interval.low, result.gate.interval.high
+    assert low < result.gate.improvement < high and result.gate.passed == (low > 0)
 
 
 @pytest.mark.parametrize(
